@@ -1,0 +1,160 @@
+import type { IncomingMessage } from 'node:http';
+import type { Registry } from 'prom-client';
+
+/** What the proxied request's rank header carries for an upstream. */
+export type RankHeaderMode = 'global' | 'local' | 'none';
+
+/** One vLLM OpenAI-compatible server (one API server of a data-parallel deployment). */
+export interface UpstreamOptions {
+  /** Base URL, `http:` or `https:`. Required. */
+  url: string;
+  /** Metric label and decision name. Default: the URL's origin. */
+  name?: string;
+  /** How many data-parallel ranks this server serves (`--data-parallel-size`). Default: `1`. */
+  dataParallelSize?: number;
+  /** The first global rank it serves (`--data-parallel-start-rank`). Default: `0`. */
+  startRank?: number;
+  /** Route only to these global ranks. Default: every rank it serves. */
+  ranks?: readonly number[];
+  /**
+   * The rank header value sent to this upstream: `'global'` (internal load balancing),
+   * `'local'` (rank − startRank: hybrid load balancing on vLLM's Python server) or `'none'`
+   * (external load balancing: one server per rank, no header). Default: `'global'`.
+   */
+  rankHeader?: RankHeaderMode;
+}
+
+/** Built-in assignment policies, by name. */
+export type PolicyName =
+  | 'least-outstanding'
+  | 'round-robin'
+  | 'random'
+  | 'power-of-two'
+  | 'session-affinity'
+  | 'prefix-aware';
+
+/** How client rank hints are treated. */
+export interface HintOptions {
+  /**
+   * Whether a caller may name its rank. A function decides per request (e.g. from your own
+   * authentication). Untrusted hints are removed and counted `untrusted`. Default: `false`.
+   */
+  trust?: boolean | ((req: IncomingMessage) => boolean);
+  /** What an invalid trusted hint gets: a rank assigned anyway, or a 400. Default: `'reassign'`. */
+  onInvalid?: 'reassign' | 'reject';
+  /** The incoming hint header. Default: `'x-data-parallel-rank'`. */
+  header?: string;
+  /** A JSON body field read as a hint (e.g. `'routed_dp_rank'`), or `false`. Default: `false`. */
+  bodyField?: string | false;
+}
+
+/** Where the `session-affinity` policy finds a request's key. */
+export interface AffinityOptions {
+  /** Header holding the session key, or `false`. Default: `'x-session-id'`. */
+  header?: string | false;
+  /** Top-level JSON body field holding the key, or `false`. Default: `'user'`. */
+  bodyField?: string | false;
+  /**
+   * Bounded-load factor: an endpoint whose load exceeds `loadFactor ×` the mean is skipped.
+   * Default: `1.25`.
+   */
+  loadFactor?: number;
+}
+
+/** Upstream timeouts; exceeding one answers 504. */
+export interface TimeoutOptions {
+  /** Time to establish the upstream connection. Default: `10_000` ms. */
+  connectMs?: number;
+  /** Time from dispatch until the upstream's response headers. Default: `600_000` ms. */
+  firstByteMs?: number;
+}
+
+/** Metrics settings. */
+export interface MetricsOptions {
+  /** The prom-client registry to register on. Default: prom-client's global `register`. */
+  registry?: Registry;
+  /** Metric name prefix. Default: `'dp_router_'`. */
+  prefix?: string;
+}
+
+/** Options of {@link dpRouter} and {@link dpRank}. */
+export interface Options {
+  /** The vLLM servers and the ranks each serves. Required, at least one. */
+  upstreams: readonly UpstreamOptions[];
+  /** How a rank is assigned when no valid trusted hint was given. Default: `'least-outstanding'`. */
+  policy?: PolicyName | Policy;
+  /** Client hint handling. Default: hints untrusted. */
+  hints?: HintOptions;
+  /** The header set on the proxied request. Default: `'X-data-parallel-rank'`. */
+  header?: string;
+  /** Metrics settings, or `false` for none. Default: `{ registry: register, prefix: 'dp_router_' }`. */
+  metrics?: MetricsOptions | false;
+  /** Session keys for the `session-affinity` policy. */
+  affinity?: AffinityOptions;
+  /** Upstream timeouts. */
+  timeouts?: TimeoutOptions;
+  /** Largest body read when it must be read (body hints, prefix-aware); more answers 413. Default: 16 MiB. */
+  maxBodyBytes?: number;
+  /** Answer with `X-DP-Router-Decision` (reveals server layout). Default: `false`. */
+  exposeDecision?: boolean;
+}
+
+/** One (upstream, global rank) pair that requests can be routed to. */
+export interface Endpoint {
+  /** Unique within a router: `<upstream>#<rank>`. */
+  readonly key: string;
+  /** The upstream's name. */
+  readonly upstream: string;
+  /** The global data-parallel rank. */
+  readonly rank: number;
+  /** Requests dispatched by this router and not yet finished. */
+  readonly inflight: number;
+  /** The load policies balance on: `inflight`, plus engine load where load feedback is on. */
+  readonly load: number;
+  /** Whether the endpoint is in rotation. */
+  readonly healthy: boolean;
+}
+
+/** What a policy may know of the request, as plain values. */
+export interface PickContext {
+  /** The request path as the client sent it (mount path included), e.g. `/v1/chat/completions`. */
+  readonly path: string;
+  /** The session key, for policies with `usesAffinityKey`. */
+  readonly affinityKey: string | undefined;
+  /** The prompt text, for policies with `usesPrompt`, when the body carries one. */
+  readonly prompt: string | undefined;
+}
+
+/** An assignment policy. Candidates are never empty and are all healthy. */
+export interface Policy {
+  readonly name: string;
+  pick(candidates: readonly Endpoint[], ctx: PickContext): Endpoint;
+  /** Ask the router to read the body and pass `ctx.prompt`. */
+  readonly usesPrompt?: boolean;
+  /** Ask the router to read the session key into `ctx.affinityKey`. */
+  readonly usesAffinityKey?: boolean;
+}
+
+/** Where the chosen rank came from. */
+export type DecisionSource = 'hint' | 'assigned';
+
+/** The routing decision for one request, set as `req.dpRank`. */
+export interface DpRankDecision {
+  /** The chosen upstream's name. */
+  readonly upstream: string;
+  /** The chosen upstream's URL. */
+  readonly url: string;
+  /** The global rank. */
+  readonly rank: number;
+  readonly source: DecisionSource;
+  /** The rank header value sent upstream, or `undefined` for `rankHeader: 'none'`. */
+  readonly headerValue: string | undefined;
+}
+
+/** A point-in-time view of one endpoint. */
+export interface EndpointSnapshot {
+  upstream: string;
+  rank: number;
+  inflight: number;
+  healthy: boolean;
+}

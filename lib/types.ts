@@ -158,3 +158,10 @@ export interface EndpointSnapshot {
   inflight: number;
   healthy: boolean;
 }
+
+declare module 'node:http' {
+  interface IncomingMessage {
+    /** The routing decision, set by `dpRank()` and `dpRouter()`. */
+    dpRank?: DpRankDecision;
+  }
+}

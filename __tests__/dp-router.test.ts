@@ -1,0 +1,455 @@
+import { afterEach, beforeEach, describe, expect, it } from '@jest/globals';
+import { request as httpRequest } from 'node:http';
+import { Registry } from 'prom-client';
+import request from 'supertest';
+import type { Options } from '../lib';
+import { startEchoUpstream, type EchoUpstream } from './helpers/echo-upstream';
+import { metricValue, parseExposition, startGateway, sumSamples, type TestGateway } from './helpers/app';
+import { rawRequest } from './helpers/raw-http';
+
+let upstream: EchoUpstream;
+let gateway: TestGateway | undefined;
+
+beforeEach(async () => {
+  upstream = await startEchoUpstream();
+});
+afterEach(async () => {
+  await gateway?.close();
+  gateway = undefined;
+  await upstream.close();
+});
+
+/** The seed scenario: an 8-rank server of which ranks 0, 2, 4, 6 are routed to. */
+const seed = (extra: Partial<Options> = {}): Options => ({
+  upstreams: [{ url: upstream.url, name: 'node-a', dataParallelSize: 8, ranks: [0, 2, 4, 6] }],
+  ...extra,
+});
+
+const post = (path = '/v1/completions') => request(gateway!.url).post(path).send({ model: 'm', prompt: 'hi' });
+
+describe('the seed scenario', () => {
+  it('spreads 100 round-robin requests 25 each over ranks 0, 2, 4, 6 and no other', async () => {
+    gateway = await startGateway(seed({ policy: 'round-robin' }));
+    const counts = new Map<string, number>();
+    for (let index = 0; index < 100; index++) {
+      const response = await post();
+      expect(response.status).toBe(200);
+      const [rank] = response.body.rankHeaders as string[];
+      counts.set(rank, (counts.get(rank) ?? 0) + 1);
+    }
+    expect(Object.fromEntries(counts)).toEqual({ '0': 25, '2': 25, '4': 25, '6': 25 });
+    expect(upstream.seen.every((seen) => seen.url === '/v1/completions' && seen.rankHeaders.length === 1)).toBe(true);
+
+    const samples = parseExposition((await request(gateway.url).get('/metrics')).text);
+    for (const rank of ['0', '2', '4', '6']) {
+      expect(sumSamples(samples, 'dp_router_requests_total', { upstream: 'node-a', rank, source: 'assigned' })).toBe(25);
+    }
+    expect(samples.some((sample) => sample.labels.rank === '1')).toBe(false);
+  });
+
+  it('keeps the mount path: app.use("/v1", router) forwards /v1/...', async () => {
+    gateway = await startGateway(seed(), '/v1');
+    const response = await request(gateway.url).post('/v1/chat/completions?x=1').send({ messages: [] });
+    expect(response.status).toBe(200);
+    expect(upstream.seen[0].url).toBe('/v1/chat/completions?x=1');
+    expect((await request(gateway.url).get('/other')).status).toBe(404);
+    expect(upstream.seen).toHaveLength(1);
+  });
+});
+
+describe('client hints', () => {
+  const trusted = (onInvalid: 'reassign' | 'reject' = 'reassign') => seed({ hints: { trust: true, onInvalid } });
+
+  it('removes an untrusted hint, assigns a rank, and counts it untrusted', async () => {
+    gateway = await startGateway(seed());
+    for (let index = 0; index < 8; index++) {
+      const response = await post().set('X-Data-Parallel-Rank', '2');
+      expect(response.status).toBe(200);
+    }
+    const ranks = upstream.seen.map((seen) => seen.rankHeaders);
+    expect(ranks.every((lines) => lines.length === 1)).toBe(true);
+    expect(new Set(ranks.map(([rank]) => rank))).toEqual(new Set(['0', '2', '4', '6']));
+    expect(await metricValue(gateway.registry, 'dp_router_rank_hints_total', { outcome: 'untrusted' })).toBe(8);
+    expect(await metricValue(gateway.registry, 'dp_router_requests_total', { source: 'hint' })).toBe(0);
+  });
+
+  it('does not parse an untrusted hint: even garbage counts only as untrusted', async () => {
+    gateway = await startGateway(seed({ hints: { onInvalid: 'reject' } }));
+    expect((await post().set('x-data-parallel-rank', '+3')).status).toBe(200);
+    expect(await metricValue(gateway.registry, 'dp_router_rank_hints_total', { outcome: 'untrusted' })).toBe(1);
+    expect(await metricValue(gateway.registry, 'dp_router_rank_hints_total', { outcome: 'malformed' })).toBe(0);
+  });
+
+  it('honours a valid trusted hint with exactly one clean header', async () => {
+    gateway = await startGateway(trusted());
+    for (const rank of ['6', '0', '4']) {
+      const response = await post().set('x-data-parallel-rank', rank);
+      expect(response.body.rankHeaders).toEqual([rank]);
+    }
+    expect(await metricValue(gateway.registry, 'dp_router_rank_hints_total', { outcome: 'accepted' })).toBe(3);
+    expect(await metricValue(gateway.registry, 'dp_router_requests_total', { rank: '6', source: 'hint' })).toBe(1);
+  });
+
+  it('decides trust per request with a function', async () => {
+    gateway = await startGateway(seed({ hints: { trust: (req) => req.headers.authorization === 'Bearer internal' } }));
+    for (let index = 0; index < 4; index++) {
+      expect((await post().set('x-data-parallel-rank', '4').set('authorization', 'Bearer internal')).body.rankHeaders).toEqual(['4']);
+    }
+    const outsider = await Promise.all([0, 1, 2, 3].map(() => post().set('x-data-parallel-rank', '4')));
+    expect(new Set(outsider.map((response) => response.body.rankHeaders[0])).size).toBeGreaterThan(1);
+  });
+
+  const invalid: Array<[string, string, 'malformed' | 'out_of_range']> = [
+    ['plus sign', '+3', 'malformed'],
+    ['underscore', '1_0', 'malformed'],
+    ['decimal', '3.0', 'malformed'],
+    ['hex', '0x1', 'malformed'],
+    ['leading zero', '04', 'malformed'],
+    ['negative', '-1', 'malformed'],
+    ['empty', '', 'malformed'],
+    ['too long', '99999999999', 'malformed'],
+    ['served but not routed', '3', 'out_of_range'],
+    ['beyond the server', '8', 'out_of_range'],
+    ['huge', '4294967296', 'out_of_range'],
+  ];
+
+  it.each(invalid)('reassigns a trusted %s hint (%j) and counts it %s', async (_label, value, outcome) => {
+    gateway = await startGateway(trusted('reassign'));
+    const response = await post().set('x-data-parallel-rank', value);
+    expect(response.status).toBe(200);
+    expect(response.body.rankHeaders).toHaveLength(1);
+    expect(['0', '2', '4', '6']).toContain(response.body.rankHeaders[0]);
+    expect(await metricValue(gateway.registry, 'dp_router_rank_hints_total', { outcome })).toBe(1);
+    expect(await metricValue(gateway.registry, 'dp_router_requests_total', { source: 'assigned' })).toBe(1);
+  });
+
+  it.each(invalid)('rejects a trusted %s hint (%j) with a vLLM 400, forwarding nothing', async (_label, value, outcome) => {
+    gateway = await startGateway(trusted('reject'));
+    const response = await post().set('x-data-parallel-rank', value);
+    expect(response.status).toBe(400);
+    expect(response.headers['content-type']).toMatch(/^application\/json/);
+    expect(response.body).toEqual({
+      error: { message: expect.any(String), type: 'BadRequestError', param: 'x-data-parallel-rank', code: 400 },
+    });
+    if (outcome === 'malformed' && value !== '') expect(response.body.error.message).not.toContain(value);
+    expect(upstream.seen).toHaveLength(0);
+    expect(await metricValue(gateway.registry, 'dp_router_rank_hints_total', { outcome })).toBe(1);
+  });
+
+  it('treats two header lines as malformed, even when equal or differing in case', async () => {
+    gateway = await startGateway(trusted('reject'));
+    for (const [first, second] of [['x-data-parallel-rank', 'x-data-parallel-rank'], ['X-Data-Parallel-Rank', 'x-data-parallel-rank']]) {
+      const answer = await rawRequest(
+        gateway.url,
+        `GET /v1/models HTTP/1.1\r\nHost: x\r\n${first}: 2\r\n${second}: 2\r\nConnection: close\r\n\r\n`,
+      );
+      expect(answer).toMatch(/^HTTP\/1\.1 400 /);
+      expect(answer).toContain('"type":"BadRequestError"');
+    }
+    const joined = await post().set('x-data-parallel-rank', '1, 2');
+    expect(joined.status).toBe(400);
+    expect(upstream.seen).toHaveLength(0);
+    expect(await metricValue(gateway.registry, 'dp_router_rank_hints_total', { outcome: 'malformed' })).toBe(3);
+  });
+
+  it('replaces duplicated client copies with one clean header when reassigning', async () => {
+    gateway = await startGateway(trusted('reassign'));
+    const answer = await rawRequest(
+      gateway.url,
+      `GET /v1/models HTTP/1.1\r\nHost: x\r\nx-data-parallel-rank: 2\r\nX-DATA-PARALLEL-RANK: 9\r\nConnection: close\r\n\r\n`,
+    );
+    expect(answer).toMatch(/^HTTP\/1\.1 200 /);
+    expect(upstream.seen[0].rankHeaders).toHaveLength(1);
+    expect(['0', '2', '4', '6']).toContain(upstream.seen[0].rankHeaders[0]);
+  });
+
+  it('reads a JSON body field hint (SGLang style) and rejects non-integers', async () => {
+    gateway = await startGateway(seed({ hints: { trust: true, onInvalid: 'reject', bodyField: 'routed_dp_rank' } }));
+    const accepted = await request(gateway.url).post('/v1/completions').send({ prompt: 'x', routed_dp_rank: 4 });
+    expect(accepted.body.rankHeaders).toEqual(['4']);
+    expect(JSON.parse(upstream.seen[0].body.toString())).toEqual({ prompt: 'x', routed_dp_rank: 4 });
+    for (const bad of ['4', -1, 4.5, null]) {
+      const rejected = await request(gateway.url).post('/v1/completions').send({ prompt: 'x', routed_dp_rank: bad });
+      expect(rejected.status).toBe(400);
+      expect(rejected.body.error.param).toBe('routed_dp_rank');
+    }
+    const outOfRange = await request(gateway.url).post('/v1/completions').send({ prompt: 'x', routed_dp_rank: 5 });
+    expect(outOfRange.status).toBe(400);
+    expect(await metricValue(gateway.registry, 'dp_router_rank_hints_total', { outcome: 'out_of_range' })).toBe(1);
+    const malformedJson = await request(gateway.url).post('/v1/completions').set('content-type', 'application/json').send('{"prompt":');
+    expect(malformedJson.status).toBe(400);
+    expect(malformedJson.body.error.type).toBe('BadRequestError');
+    expect(upstream.seen).toHaveLength(1);
+  });
+
+  it('answers 413 for a body over maxBodyBytes when the body must be read', async () => {
+    gateway = await startGateway(seed({ maxBodyBytes: 1024, hints: { trust: true, bodyField: 'routed_dp_rank' } }));
+    const response = await request(gateway.url).post('/v1/completions').send({ prompt: 'x'.repeat(4096) });
+    expect(response.status).toBe(413);
+    expect(response.body.error.code).toBe(413);
+    expect(upstream.seen).toHaveLength(0);
+  });
+});
+
+describe('rank header modes', () => {
+  it("sends rank − startRank for rankHeader 'local' (hybrid load balancing)", async () => {
+    gateway = await startGateway({
+      upstreams: [{ url: upstream.url, dataParallelSize: 4, startRank: 4, rankHeader: 'local' }],
+      policy: 'round-robin',
+      hints: { trust: true },
+    });
+    const values = [];
+    for (let index = 0; index < 4; index++) values.push((await post()).body.rankHeaders[0]);
+    expect(values.sort()).toEqual(['0', '1', '2', '3']);
+    expect((await post().set('x-data-parallel-rank', '6')).body.rankHeaders).toEqual(['2']);
+    expect(await metricValue(gateway.registry, 'dp_router_requests_total', { rank: '6', source: 'hint' })).toBe(1);
+  });
+
+  it("sends no header for rankHeader 'none' (external load balancing), stripping the client's", async () => {
+    const second = await startEchoUpstream();
+    try {
+      gateway = await startGateway({
+        upstreams: [
+          { url: upstream.url, name: 'rank-0', startRank: 0, rankHeader: 'none' },
+          { url: second.url, name: 'rank-1', startRank: 1, rankHeader: 'none' },
+        ],
+        policy: 'round-robin',
+        hints: { trust: true },
+      });
+      for (let index = 0; index < 4; index++) expect((await post().set('x-data-parallel-rank', '1')).body.rankHeaders).toEqual([]);
+      expect(second.seen).toHaveLength(4);
+      expect(upstream.seen).toHaveLength(0);
+      await post();
+      await post();
+      expect(upstream.seen.length + second.seen.length).toBe(6);
+    } finally {
+      await second.close();
+    }
+  });
+
+  it('spreads a hinted rank over two replicas serving it', async () => {
+    const replica = await startEchoUpstream();
+    try {
+      gateway = await startGateway({
+        upstreams: [
+          { url: upstream.url, name: 'a', dataParallelSize: 2 },
+          { url: replica.url, name: 'b', dataParallelSize: 2 },
+        ],
+        hints: { trust: true },
+      });
+      upstream.respond = (_req, res) => setTimeout(() => res.end('{}'), 50);
+      replica.respond = (_req, res) => setTimeout(() => res.end('{}'), 50);
+      await Promise.all([0, 1, 2, 3].map(() => post().set('x-data-parallel-rank', '1')));
+      expect(upstream.seen.map((seen) => seen.rankHeaders)).toEqual([['1'], ['1']]);
+      expect(replica.seen.map((seen) => seen.rankHeaders)).toEqual([['1'], ['1']]);
+    } finally {
+      await replica.close();
+    }
+  });
+});
+
+describe('proxying', () => {
+  it('forwards a large body sent with Expect: 100-continue, with the header set', async () => {
+    gateway = await startGateway(seed({ policy: 'round-robin' }));
+    const body = Buffer.alloc(2 * 1024 * 1024, 'a');
+    const status = await new Promise<number>((resolve, reject) => {
+      const outgoing = httpRequest(`${gateway!.url}/v1/completions`, {
+        method: 'POST',
+        headers: { expect: '100-continue', 'content-length': body.length, 'x-data-parallel-rank': '9' },
+      });
+      outgoing.on('continue', () => outgoing.end(body));
+      outgoing.on('response', (response) => {
+        response.resume();
+        response.on('end', () => resolve(response.statusCode!));
+      });
+      outgoing.on('error', reject);
+    });
+    expect(status).toBe(200);
+    expect(upstream.seen[0].body.equals(body)).toBe(true);
+    expect(upstream.seen[0].rankHeaders).toEqual(['0']);
+  });
+
+  it('streams SSE chunk by chunk: the first event arrives before the upstream ends', async () => {
+    gateway = await startGateway(seed());
+    let finishUpstream: () => void = () => undefined;
+    upstream.respond = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write('data: {"n":1}\n\n');
+      finishUpstream = () => res.end('data: [DONE]\n\n');
+    };
+    const firstChunk = await new Promise<string>((resolve, reject) => {
+      const outgoing = httpRequest(`${gateway!.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' } });
+      outgoing.on('response', (response) => {
+        response.setEncoding('utf8');
+        response.once('data', (chunk: string) => resolve(chunk));
+      });
+      outgoing.on('error', reject);
+      outgoing.end('{"stream":true}');
+    });
+    expect(firstChunk).toBe('data: {"n":1}\n\n');
+    expect(await metricValue(gateway.registry, 'dp_router_inflight_requests')).toBe(1);
+    finishUpstream();
+    await waitFor(async () => (await metricValue(gateway!.registry, 'dp_router_inflight_requests')) === 0);
+  });
+
+  it('passes an upstream 4xx and 5xx through unchanged, counting only the 5xx', async () => {
+    gateway = await startGateway(seed({ policy: 'round-robin' }));
+    upstream.respond = (req, res) => {
+      const status = req.url === '/bad' ? 400 : 500;
+      res.writeHead(status, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ error: { message: 'upstream says', type: 'X', param: null, code: status } }));
+    };
+    const bad = await request(gateway.url).get('/bad');
+    expect(bad.status).toBe(400);
+    expect(bad.body.error.message).toBe('upstream says');
+    const broken = await request(gateway.url).get('/broken');
+    expect(broken.status).toBe(500);
+    expect(await metricValue(gateway.registry, 'dp_router_upstream_errors_total', { kind: 'status_5xx' })).toBe(1);
+  });
+
+  it('answers 502 when the upstream refuses the connection', async () => {
+    await upstream.close();
+    gateway = await startGateway(seed());
+    const response = await post();
+    expect(response.status).toBe(502);
+    expect(response.body.error).toMatchObject({ type: 'BadGatewayError', code: 502, param: null });
+    expect(await metricValue(gateway.registry, 'dp_router_upstream_errors_total', { kind: 'connect' })).toBe(1);
+    expect(await metricValue(gateway.registry, 'dp_router_inflight_requests')).toBe(0);
+    upstream = await startEchoUpstream();
+  });
+
+  it('answers 504 when the upstream sends no first byte in time', async () => {
+    gateway = await startGateway(seed({ timeouts: { firstByteMs: 100 } }));
+    upstream.respond = () => undefined;
+    const response = await post();
+    expect(response.status).toBe(504);
+    expect(response.body.error).toMatchObject({ type: 'GatewayTimeoutError', code: 504 });
+    expect(await metricValue(gateway.registry, 'dp_router_upstream_errors_total', { kind: 'timeout' })).toBe(1);
+  });
+
+  it('answers 502 when the upstream resets the connection before answering', async () => {
+    gateway = await startGateway(seed());
+    upstream.respond = (req) => req.socket.destroy();
+    const response = await post();
+    expect(response.status).toBe(502);
+    expect(await metricValue(gateway.registry, 'dp_router_upstream_errors_total', { kind: 'reset' })).toBe(1);
+  });
+});
+
+describe('in-flight accounting', () => {
+  it('returns every in-flight gauge to 0 after 200 concurrent streams, some aborted mid-stream', async () => {
+    gateway = await startGateway(seed());
+    const open = new Set<() => void>();
+    upstream.respond = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write('data: 1\n\n');
+      const timer = setTimeout(() => res.end('data: [DONE]\n\n'), 200);
+      open.add(() => clearTimeout(timer));
+      res.on('close', () => clearTimeout(timer));
+    };
+    const outcomes = await Promise.all(
+      Array.from({ length: 200 }, (_, index) =>
+        new Promise<string>((resolve) => {
+          const outgoing = httpRequest(`${gateway!.url}/v1/completions`, { method: 'POST', agent: false });
+          outgoing.on('response', (response) => {
+            response.once('data', () => {
+              if (index % 3 === 0) {
+                outgoing.destroy();
+                resolve('aborted');
+              }
+            });
+            response.on('end', () => resolve('done'));
+            response.on('error', () => resolve('aborted'));
+          });
+          outgoing.on('error', () => resolve('aborted'));
+          outgoing.end('{}');
+        }),
+      ),
+    );
+    expect(outcomes.filter((outcome) => outcome === 'aborted')).toHaveLength(67);
+    await waitFor(async () => (await metricValue(gateway!.registry, 'dp_router_inflight_requests')) === 0);
+    expect(gateway.router.endpoints().every((endpoint) => endpoint.inflight === 0)).toBe(true);
+    expect(await metricValue(gateway.registry, 'dp_router_requests_total')).toBe(200);
+    const samples = parseExposition((await request(gateway.url).get('/metrics')).text);
+    expect(sumSamples(samples, 'dp_router_request_duration_seconds_count')).toBe(200);
+  });
+});
+
+describe('metrics', () => {
+  it('exports every configured series at 0 before traffic', async () => {
+    gateway = await startGateway(seed());
+    const response = await request(gateway.url).get('/metrics');
+    expect(response.headers['content-type']).toBe(gateway.registry.contentType);
+    const samples = parseExposition(response.text);
+    for (const rank of ['0', '2', '4', '6']) {
+      for (const source of ['hint', 'assigned']) {
+        expect(samples).toContainEqual({ name: 'dp_router_requests_total', labels: { upstream: 'node-a', rank, source }, value: 0 });
+      }
+      expect(samples).toContainEqual({ name: 'dp_router_inflight_requests', labels: { upstream: 'node-a', rank }, value: 0 });
+      expect(samples).toContainEqual({ name: 'dp_router_endpoint_healthy', labels: { upstream: 'node-a', rank }, value: 1 });
+    }
+    for (const outcome of ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable']) {
+      expect(samples).toContainEqual({ name: 'dp_router_rank_hints_total', labels: { outcome }, value: 0 });
+    }
+  });
+
+  it('never takes a label value from the client', async () => {
+    gateway = await startGateway(seed({ hints: { trust: true } }));
+    await post().set('x-data-parallel-rank', '77');
+    await post().set('x-data-parallel-rank', 'node-b');
+    await request(gateway.url).post('/v1/<script>').set('x-session-id', 'evil').send({});
+    const samples = parseExposition((await request(gateway.url).get('/metrics')).text);
+    const allowed: Record<string, string[]> = {
+      upstream: ['node-a'],
+      rank: ['0', '2', '4', '6'],
+      source: ['hint', 'assigned'],
+      outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable'],
+      kind: ['connect', 'timeout', 'reset', 'status_5xx'],
+    };
+    for (const sample of samples) {
+      for (const [label, value] of Object.entries(sample.labels)) {
+        if (label === 'le') continue;
+        expect(allowed[label]).toContain(value);
+      }
+    }
+  });
+
+  it('runs two routers on two registries in one process, each counting its own', async () => {
+    gateway = await startGateway(seed());
+    const other = await startGateway({ upstreams: [{ url: upstream.url, name: 'node-b', dataParallelSize: 2 }] });
+    try {
+      await post();
+      await request(other.url).post('/v1/completions').send({});
+      await request(other.url).post('/v1/completions').send({});
+      expect(await metricValue(gateway.registry, 'dp_router_requests_total')).toBe(1);
+      expect(await metricValue(other.registry, 'dp_router_requests_total')).toBe(2);
+      expect(await metricValue(other.registry, 'dp_router_requests_total', { upstream: 'node-a' })).toBe(0);
+    } finally {
+      await other.close();
+    }
+  });
+
+  it('lets a second router join a registry and prefix without throwing, and sum in-flight', async () => {
+    const registry = new Registry();
+    gateway = await startGateway(seed({ metrics: { registry, prefix: 'edge_' } }));
+    const second = await startGateway(seed({ metrics: { registry, prefix: 'edge_' } }));
+    try {
+      upstream.respond = (_req, res) => setTimeout(() => res.end('{}'), 300);
+      // supertest sends on then(): Promise.all starts both requests now.
+      const pending = Promise.all([post(), request(second.url).post('/v1/completions').send({})]);
+      await waitFor(async () => (await metricValue(registry, 'edge_inflight_requests')) === 2);
+      await pending;
+      expect(await metricValue(registry, 'edge_requests_total')).toBe(2);
+    } finally {
+      await second.close();
+    }
+  });
+});
+
+async function waitFor(condition: () => Promise<boolean>, timeoutMs = 5000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await condition())) {
+    if (Date.now() > deadline) throw new Error('condition not met in time');
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+}

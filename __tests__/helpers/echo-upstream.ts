@@ -1,0 +1,57 @@
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo, Socket } from 'node:net';
+
+/** What the echo upstream saw of one request. */
+export interface SeenRequest {
+  method: string;
+  url: string;
+  /** Every raw line of the rank header, in order. */
+  rankHeaders: string[];
+  headers: IncomingMessage['headers'];
+  body: Buffer;
+}
+
+export interface EchoUpstream {
+  url: string;
+  seen: SeenRequest[];
+  /** Replaces the default JSON echo for the next requests. */
+  respond: ((req: IncomingMessage, res: ServerResponse, body: Buffer) => void) | undefined;
+  close(): Promise<void>;
+}
+
+/** A real upstream on 127.0.0.1:0 that records every request and answers with what it saw. */
+export async function startEchoUpstream(): Promise<EchoUpstream> {
+  const sockets = new Set<Socket>();
+  const upstream: EchoUpstream = { url: '', seen: [], respond: undefined, close: async () => undefined };
+  const server: Server = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (chunk: Buffer) => chunks.push(chunk));
+    req.on('end', () => {
+      const body = Buffer.concat(chunks);
+      const rankHeaders: string[] = [];
+      for (let index = 0; index < req.rawHeaders.length; index += 2) {
+        if (req.rawHeaders[index].toLowerCase() === 'x-data-parallel-rank') rankHeaders.push(req.rawHeaders[index + 1]);
+      }
+      upstream.seen.push({ method: req.method ?? '', url: req.url ?? '', rankHeaders, headers: req.headers, body });
+      if (upstream.respond) {
+        upstream.respond(req, res, body);
+        return;
+      }
+      const payload = JSON.stringify({ url: req.url, rankHeaders, bodyBytes: body.length });
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(payload);
+    });
+  });
+  server.on('connection', (socket) => {
+    sockets.add(socket);
+    socket.on('close', () => sockets.delete(socket));
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  upstream.url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  upstream.close = () =>
+    new Promise<void>((resolve) => {
+      for (const socket of sockets) socket.destroy();
+      server.close(() => resolve());
+    });
+  return upstream;
+}

@@ -1,0 +1,86 @@
+import type { UpstreamConfig } from './options';
+import type { Endpoint, EndpointSnapshot } from './types';
+
+/** An endpoint as the router keeps it: the public view plus what dispatch needs. */
+export class RouteEndpoint implements Endpoint {
+  readonly key: string;
+  readonly upstream: string;
+  readonly rank: number;
+  readonly rankLabel: string;
+  /** The rank header value for this upstream's `rankHeader` mode, computed once. */
+  readonly headerValue: string | undefined;
+  inflight = 0;
+  /** Engine-reported load, added to `inflight` where load feedback is on. */
+  externalLoad = 0;
+  healthy = true;
+
+  constructor(readonly config: UpstreamConfig, rank: number) {
+    this.upstream = config.name;
+    this.rank = rank;
+    this.rankLabel = String(rank);
+    this.key = `${config.name}#${rank}`;
+    this.headerValue =
+      config.rankHeader === 'global' ? this.rankLabel : config.rankHeader === 'local' ? String(rank - config.startRank) : undefined;
+  }
+
+  get load(): number {
+    return this.inflight + this.externalLoad;
+  }
+}
+
+/**
+ * Every endpoint of a router, with the candidate lists policies pick from. The lists are
+ * rebuilt when health changes, never per request.
+ */
+export class EndpointTable {
+  readonly all: readonly RouteEndpoint[];
+  /** Every global rank some upstream routes to. */
+  private readonly byRank = new Map<number, RouteEndpoint[]>();
+  private healthyAll: readonly RouteEndpoint[] = [];
+  private healthyByRank = new Map<number, readonly RouteEndpoint[]>();
+
+  constructor(upstreams: readonly UpstreamConfig[]) {
+    this.all = upstreams.flatMap((upstream) => upstream.ranks.map((rank) => new RouteEndpoint(upstream, rank)));
+    for (const endpoint of this.all) {
+      const replicas = this.byRank.get(endpoint.rank);
+      if (replicas) replicas.push(endpoint);
+      else this.byRank.set(endpoint.rank, [endpoint]);
+    }
+    this.refresh();
+  }
+
+  /** Whether any upstream routes to this global rank (healthy or not). */
+  isRoutable(rank: number): boolean {
+    return this.byRank.has(rank);
+  }
+
+  /** Healthy endpoints, for assignment. */
+  healthy(): readonly RouteEndpoint[] {
+    return this.healthyAll;
+  }
+
+  /** Healthy endpoints serving one global rank (replicas on several upstreams). */
+  healthyOfRank(rank: number): readonly RouteEndpoint[] {
+    return this.healthyByRank.get(rank) ?? [];
+  }
+
+  /** Takes an endpoint in or out of rotation. Returns whether anything changed. */
+  setHealthy(endpoint: RouteEndpoint, healthy: boolean): boolean {
+    if (endpoint.healthy === healthy) return false;
+    endpoint.healthy = healthy;
+    this.refresh();
+    return true;
+  }
+
+  snapshot(): EndpointSnapshot[] {
+    return this.all.map(({ upstream, rank, inflight, healthy }) => ({ upstream, rank, inflight, healthy }));
+  }
+
+  private refresh(): void {
+    this.healthyAll = this.all.filter((endpoint) => endpoint.healthy);
+    this.healthyByRank = new Map();
+    for (const [rank, replicas] of this.byRank) {
+      this.healthyByRank.set(rank, replicas.filter((endpoint) => endpoint.healthy));
+    }
+  }
+}

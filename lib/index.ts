@@ -1,0 +1,16 @@
+import { dpRouter } from './dp-router';
+
+export { dpRouter } from './dp-router';
+export type { DpRouter } from './dp-router';
+export { dpRank } from './dp-rank';
+export type { DpRank } from './dp-rank';
+export { parseRankHint } from './hint';
+export type { RankHintResult } from './hint';
+export { leastOutstanding } from './policies/least-outstanding';
+export { roundRobin } from './policies/round-robin';
+export { random } from './policies/random';
+export { powerOfTwo } from './policies/power-of-two';
+export type { Middleware, RoutingHelpers } from './routing';
+export type * from './types';
+
+export default dpRouter;

@@ -1,0 +1,129 @@
+import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
+import type { RouteEndpoint } from './endpoints';
+import type { DecisionSource } from './types';
+
+/** What became of a client's rank hint. */
+export type HintOutcome = 'accepted' | 'untrusted' | 'malformed' | 'out_of_range' | 'unavailable';
+/** Why an upstream exchange failed. */
+export type UpstreamErrorKind = 'connect' | 'timeout' | 'reset' | 'status_5xx';
+
+export const HINT_OUTCOMES: readonly HintOutcome[] = ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable'];
+export const UPSTREAM_ERROR_KINDS: readonly UpstreamErrorKind[] = ['connect', 'timeout', 'reset', 'status_5xx'];
+/** From a cached short completion to a long generation. */
+const DURATION_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
+
+/** The router's instruments; a no-op stands in when metrics are off. */
+export interface RouterMetrics {
+  hint(outcome: HintOutcome): void;
+  dispatched(endpoint: RouteEndpoint, source: DecisionSource): void;
+  finished(endpoint: RouteEndpoint, seconds: number): void;
+  upstreamError(endpoint: RouteEndpoint, kind: UpstreamErrorKind): void;
+  /** Stops reporting this router's gauges (the families stay for other routers). */
+  close(): void;
+}
+
+interface EndpointInstruments {
+  readonly labels: { upstream: string; rank: string };
+  readonly requests: Record<DecisionSource, { inc(): void }>;
+  readonly errors: Record<UpstreamErrorKind, { inc(): void }>;
+}
+
+type GaugeSource = (gauge: Gauge) => void;
+/**
+ * Gauges are read from the endpoint table at scrape time rather than moved per request.
+ * Routers sharing a registry and prefix share one gauge, so each adds its own source.
+ */
+const gaugeSources = new WeakMap<object, Set<GaugeSource>>();
+
+/** Creates (or joins) the metric families on the registry and zero-fills every configured series. */
+export function createMetrics(
+  registry: Registry,
+  prefix: string,
+  endpoints: readonly RouteEndpoint[],
+): RouterMetrics {
+  const requests = counter(registry, `${prefix}requests_total`, 'Requests dispatched, by endpoint and where the rank came from.', ['upstream', 'rank', 'source']);
+  const hints = counter(registry, `${prefix}rank_hints_total`, 'Client rank hints, by outcome.', ['outcome']);
+  const errors = counter(registry, `${prefix}upstream_errors_total`, 'Failed upstream exchanges, by endpoint and kind.', ['upstream', 'rank', 'kind']);
+  const duration = histogram(registry, `${prefix}request_duration_seconds`, 'Time from dispatch until the response ended, by endpoint.', ['upstream', 'rank']);
+
+  const instruments = new Map<RouteEndpoint, EndpointInstruments>();
+  for (const endpoint of endpoints) {
+    const labels = { upstream: endpoint.upstream, rank: endpoint.rankLabel };
+    const bind = (metric: Counter, extra: Record<string, string>) => {
+      const child = metric.labels({ ...labels, ...extra });
+      child.inc(0);
+      return child;
+    };
+    instruments.set(endpoint, {
+      labels,
+      requests: { hint: bind(requests, { source: 'hint' }), assigned: bind(requests, { source: 'assigned' }) },
+      errors: Object.fromEntries(UPSTREAM_ERROR_KINDS.map((kind) => [kind, bind(errors, { kind })])) as EndpointInstruments['errors'],
+    });
+    duration.zero(labels);
+  }
+  const outcomes = Object.fromEntries(HINT_OUTCOMES.map((outcome) => [outcome, hints.labels({ outcome })])) as Record<HintOutcome, { inc(): void }>;
+  for (const outcome of HINT_OUTCOMES) hints.inc({ outcome }, 0);
+
+  const reportInflight: GaugeSource = (gauge) => {
+    for (const endpoint of endpoints) gauge.inc(instruments.get(endpoint)!.labels, endpoint.inflight);
+  };
+  const reportHealth: GaugeSource = (gauge) => {
+    for (const endpoint of endpoints) gauge.set(instruments.get(endpoint)!.labels, endpoint.healthy ? 1 : 0);
+  };
+  const unsubscribe = [
+    sharedGauge(registry, `${prefix}inflight_requests`, 'Requests dispatched and not yet finished, by endpoint.', reportInflight),
+    sharedGauge(registry, `${prefix}endpoint_healthy`, 'Whether the endpoint is in rotation (1) or ejected (0).', reportHealth),
+  ];
+
+  return {
+    hint: (outcome) => outcomes[outcome].inc(),
+    dispatched: (endpoint, source) => instruments.get(endpoint)!.requests[source].inc(),
+    finished: (endpoint, seconds) => duration.observe(instruments.get(endpoint)!.labels, seconds),
+    upstreamError: (endpoint, kind) => instruments.get(endpoint)!.errors[kind].inc(),
+    close: () => unsubscribe.forEach((stop) => stop()),
+  };
+}
+
+/** Metrics switched off: every call is a no-op. */
+export const NO_METRICS: RouterMetrics = {
+  hint: () => undefined,
+  dispatched: () => undefined,
+  finished: () => undefined,
+  upstreamError: () => undefined,
+  close: () => undefined,
+};
+
+function counter(registry: Registry, name: string, help: string, labelNames: string[]): Counter {
+  const existing = registry.getSingleMetric(name);
+  if (existing instanceof Counter) return existing;
+  return new Counter({ name, help, labelNames, registers: [registry] });
+}
+
+function histogram(registry: Registry, name: string, help: string, labelNames: string[]): Histogram {
+  const existing = registry.getSingleMetric(name);
+  if (existing instanceof Histogram) return existing;
+  return new Histogram({ name, help, labelNames, buckets: DURATION_BUCKETS, registers: [registry] });
+}
+
+function sharedGauge(registry: Registry, name: string, help: string, source: GaugeSource): () => void {
+  const existing = registry.getSingleMetric(name);
+  let sources = existing ? gaugeSources.get(existing) : undefined;
+  if (!sources) {
+    const ownSources = new Set<GaugeSource>();
+    sources = ownSources;
+    const gauge = new Gauge({
+      name,
+      help,
+      labelNames: ['upstream', 'rank'],
+      registers: [registry],
+      collect() {
+        this.reset();
+        for (const report of ownSources) report(this);
+      },
+    });
+    gaugeSources.set(gauge, ownSources);
+  }
+  const joined = sources;
+  joined.add(source);
+  return () => joined.delete(source);
+}

@@ -1,0 +1,200 @@
+import type { IncomingMessage } from 'node:http';
+import { register, type Registry } from 'prom-client';
+import {
+  booleanOption,
+  fail,
+  fieldNameOption,
+  headerNameOption,
+  integerOption,
+  isPlainObject,
+  numberOption,
+  oneOf,
+  optionalObject,
+  rejectUnknownKeys,
+  shown,
+} from './option-checks';
+import { POLICY_NAMES, policyByName } from './policies/by-name';
+import type { Options, Policy, PolicyName, RankHeaderMode } from './types';
+
+/** One upstream, resolved. */
+export interface UpstreamConfig {
+  readonly index: number;
+  readonly name: string;
+  readonly url: string;
+  readonly startRank: number;
+  readonly dataParallelSize: number;
+  /** The global ranks routed to, ascending. */
+  readonly ranks: readonly number[];
+  readonly rankHeader: RankHeaderMode;
+}
+
+/** The options, validated and resolved once at creation. */
+export interface Configuration {
+  readonly upstreams: readonly UpstreamConfig[];
+  readonly policy: Policy;
+  /** `true`/`false` when fixed, else asked per request. */
+  readonly trust: boolean | ((req: IncomingMessage) => boolean);
+  readonly onInvalid: 'reassign' | 'reject';
+  readonly hintHeader: string;
+  readonly hintBodyField: string | undefined;
+  /** The outgoing rank header, lower-cased. */
+  readonly header: string;
+  readonly metrics: { readonly registry: Registry; readonly prefix: string } | undefined;
+  readonly affinityHeader: string | undefined;
+  readonly affinityBodyField: string | undefined;
+  readonly connectTimeoutMs: number;
+  readonly firstByteTimeoutMs: number;
+  readonly maxBodyBytes: number;
+  readonly exposeDecision: boolean;
+}
+
+const TOP_LEVEL_KEYS = [
+  'upstreams',
+  'policy',
+  'hints',
+  'header',
+  'metrics',
+  'affinity',
+  'timeouts',
+  'maxBodyBytes',
+  'exposeDecision',
+] as const;
+const UPSTREAM_KEYS = ['url', 'name', 'dataParallelSize', 'startRank', 'ranks', 'rankHeader'] as const;
+const RANK_HEADER_MODES: readonly RankHeaderMode[] = ['global', 'local', 'none'];
+/** Node's setTimeout ceiling; larger delays fire at once. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+const MAX_RANK = 9_999_999_999;
+const METRIC_PREFIX = /^(?:[a-zA-Z_:][a-zA-Z0-9_:]*)?$/;
+
+/** Validates `options` and resolves every default. Throws `TypeError` on the first wrong option. */
+export function parseOptions(options: Options): Configuration {
+  if (!isPlainObject(options)) {
+    fail('options', `must be an object, got ${shown(options)}`, "Pass e.g. `dpRouter({ upstreams: [{ url: 'http://127.0.0.1:8000' }] })`.");
+  }
+  rejectUnknownKeys('', options, TOP_LEVEL_KEYS);
+  const hints = optionalObject('hints', options.hints);
+  rejectUnknownKeys('hints', hints, ['trust', 'onInvalid', 'header', 'bodyField']);
+  const affinity = optionalObject('affinity', options.affinity);
+  rejectUnknownKeys('affinity', affinity, ['header', 'bodyField', 'loadFactor']);
+  const timeouts = optionalObject('timeouts', options.timeouts);
+  rejectUnknownKeys('timeouts', timeouts, ['connectMs', 'firstByteMs']);
+
+  const affinityLoadFactor = numberOption('affinity.loadFactor', affinity.loadFactor, 1.25, 1, 1000);
+  return {
+    upstreams: parseUpstreams(options.upstreams),
+    policy: parsePolicy(options.policy, affinityLoadFactor),
+    trust: parseTrust(hints.trust),
+    onInvalid: oneOf('hints.onInvalid', hints.onInvalid, ['reassign', 'reject'], 'reassign'),
+    hintHeader: headerNameOption('hints.header', hints.header, 'x-data-parallel-rank')!,
+    hintBodyField: fieldNameOption('hints.bodyField', hints.bodyField, false),
+    header: headerNameOption('header', options.header, 'X-data-parallel-rank')!,
+    metrics: parseMetrics(options.metrics),
+    affinityHeader: headerNameOption('affinity.header', affinity.header, 'x-session-id'),
+    affinityBodyField: fieldNameOption('affinity.bodyField', affinity.bodyField, 'user'),
+    connectTimeoutMs: integerOption('timeouts.connectMs', timeouts.connectMs, 10_000, 1, MAX_TIMER_MS),
+    firstByteTimeoutMs: integerOption('timeouts.firstByteMs', timeouts.firstByteMs, 600_000, 1, MAX_TIMER_MS),
+    maxBodyBytes: integerOption('maxBodyBytes', options.maxBodyBytes, 16 * 1024 * 1024, 1, 2 ** 31),
+    exposeDecision: booleanOption('exposeDecision', options.exposeDecision, false),
+  };
+}
+
+function parseUpstreams(value: unknown): UpstreamConfig[] {
+  if (!Array.isArray(value) || value.length === 0) {
+    fail('upstreams', `must be a non-empty array, got ${shown(value)}`, "Pass e.g. `upstreams: [{ url: 'http://127.0.0.1:8000', dataParallelSize: 8 }]`.");
+  }
+  const names = new Set<string>();
+  return value.map((upstream, index) => {
+    const config = parseUpstream(`upstreams[${index}]`, upstream, index);
+    if (names.has(config.name)) {
+      fail(`upstreams[${index}].name`, `repeats the name '${config.name}'`, 'Give each upstream its own `name`: it labels the metrics.');
+    }
+    names.add(config.name);
+    return config;
+  });
+}
+
+function parseUpstream(path: string, value: unknown, index: number): UpstreamConfig {
+  if (!isPlainObject(value)) fail(path, `must be an object, got ${shown(value)}`, "Use e.g. `{ url: 'http://127.0.0.1:8000' }`.");
+  rejectUnknownKeys(path, value, UPSTREAM_KEYS);
+  const url = parseUrl(`${path}.url`, value.url);
+  const name = value.name === undefined ? url.origin : value.name;
+  if (typeof name !== 'string' || name.length === 0 || name.length > 128) {
+    fail(`${path}.name`, `must be a non-empty string of at most 128 characters, got ${shown(value.name)}`, "Use e.g. `name: 'node-a'`.");
+  }
+  const dataParallelSize = integerOption(`${path}.dataParallelSize`, value.dataParallelSize, 1, 1, 65_536);
+  const startRank = integerOption(`${path}.startRank`, value.startRank, 0, 0, MAX_RANK - dataParallelSize + 1);
+  return {
+    index,
+    name,
+    url: url.href.replace(/\/$/, ''),
+    startRank,
+    dataParallelSize,
+    ranks: parseRanks(`${path}.ranks`, value.ranks, startRank, dataParallelSize),
+    rankHeader: oneOf(`${path}.rankHeader`, value.rankHeader, RANK_HEADER_MODES, 'global'),
+  };
+}
+
+function parseUrl(path: string, value: unknown): URL {
+  let url: URL | undefined;
+  if (typeof value === 'string') {
+    try {
+      url = new URL(value);
+    } catch {
+      url = undefined;
+    }
+  }
+  if (!url || (url.protocol !== 'http:' && url.protocol !== 'https:')) {
+    fail(path, `must be an http: or https: URL, got ${shown(value)}`, "Use e.g. `url: 'http://127.0.0.1:8000'`.");
+  }
+  return url;
+}
+
+function parseRanks(path: string, value: unknown, startRank: number, size: number): number[] {
+  const last = startRank + size - 1;
+  if (value === undefined) return Array.from({ length: size }, (_, offset) => startRank + offset);
+  if (!Array.isArray(value) || value.length === 0) {
+    fail(path, `must be a non-empty array of global ranks, got ${shown(value)}`, `Use ranks from ${startRank} to ${last}, e.g. \`ranks: [${startRank}]\`, or leave it out.`);
+  }
+  const ranks = new Set<number>();
+  for (const rank of value) {
+    if (typeof rank !== 'number' || !Number.isInteger(rank) || rank < startRank || rank > last) {
+      fail(path, `holds ${shown(rank)}, which this upstream does not serve`, `It serves global ranks ${startRank} to ${last} (startRank … startRank + dataParallelSize − 1).`);
+    }
+    if (ranks.has(rank)) fail(path, `lists rank ${rank} twice`, 'List each rank once.');
+    ranks.add(rank);
+  }
+  return [...ranks].sort((a, b) => a - b);
+}
+
+function parsePolicy(value: unknown, affinityLoadFactor: number): Policy {
+  if (value === undefined) return policyByName('least-outstanding', { affinityLoadFactor });
+  if (typeof value === 'string') {
+    if (!POLICY_NAMES.includes(value as PolicyName)) {
+      fail('policy', `is ${shown(value)}, not a known policy`, `Use one of ${POLICY_NAMES.map((name) => `'${name}'`).join(', ')}, or a Policy object.`);
+    }
+    return policyByName(value as PolicyName, { affinityLoadFactor });
+  }
+  if (isPlainObject(value) && typeof value.name === 'string' && typeof value.pick === 'function') return value as unknown as Policy;
+  return fail('policy', `must be a policy name or an object with \`name\` and \`pick(candidates, ctx)\`, got ${shown(value)}`, "Use e.g. `policy: 'least-outstanding'`.");
+}
+
+function parseTrust(value: unknown): boolean | ((req: IncomingMessage) => boolean) {
+  if (value === undefined) return false;
+  if (typeof value === 'boolean' || typeof value === 'function') return value as boolean | ((req: IncomingMessage) => boolean);
+  return fail('hints.trust', `must be a boolean or a function (req) => boolean, got ${shown(value)}`, 'Use e.g. `trust: (req) => req.socket.remoteAddress === "127.0.0.1"`.');
+}
+
+function parseMetrics(value: unknown): Configuration['metrics'] {
+  if (value === false) return undefined;
+  const metrics = optionalObject('metrics', value);
+  rejectUnknownKeys('metrics', metrics, ['registry', 'prefix']);
+  const registry = metrics.registry ?? register;
+  if (!isPlainObject(registry) || typeof (registry as { getSingleMetric?: unknown }).getSingleMetric !== 'function') {
+    fail('metrics.registry', `must be a prom-client Registry, got ${shown(metrics.registry)}`, 'Pass `new Registry()` from prom-client, or leave it out for the global registry.');
+  }
+  const prefix = metrics.prefix ?? 'dp_router_';
+  if (typeof prefix !== 'string' || !METRIC_PREFIX.test(prefix)) {
+    fail('metrics.prefix', `must be a valid Prometheus metric name prefix, got ${shown(metrics.prefix)}`, "Use e.g. `prefix: 'dp_router_'`.");
+  }
+  return { registry: registry as unknown as Registry, prefix };
+}

@@ -1,0 +1,217 @@
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { hasBody, isJson, readBody } from './body';
+import type { EndpointTable, RouteEndpoint } from './endpoints';
+import { sendError } from './errors';
+import { countHeaderLines, parseBodyRankHint, parseRankHint, type RankHintResult } from './hint';
+import type { HintOutcome, RouterMetrics } from './metrics';
+import type { Configuration } from './options';
+import type { DecisionSource, DpRankDecision, PickContext } from './types';
+
+/** Where the proxy finds the chosen endpoint and the bytes it must replay. */
+export const CHOSEN_ENDPOINT = Symbol('dpRouter.endpoint');
+export const BUFFERED_BODY = Symbol('dpRouter.body');
+
+export interface RoutedRequest extends IncomingMessage {
+  [CHOSEN_ENDPOINT]?: RouteEndpoint;
+  [BUFFERED_BODY]?: Buffer;
+  /** Set by body parsers such as `express.json()`. */
+  body?: unknown;
+  originalUrl?: string;
+}
+
+/** Continues the chain: with an error for the code's problems, without once a rank is set. */
+export type Done = (error?: unknown) => void;
+
+type JudgedHint = { outcome: HintOutcome; rank?: number; param: string };
+type HintVerdict = { outcome: 'none' } | JudgedHint;
+
+const NO_HINT: HintVerdict = { outcome: 'none' };
+
+/**
+ * The per-request core shared by `dpRank()` and `dpRouter()`: strips client copies of the
+ * rank header, judges any hint, assigns a rank, and holds the in-flight slot until the
+ * response closes. Client mistakes are answered here; only the code's own faults reach `done(error)`.
+ */
+export function createRankHandler(config: Configuration, table: EndpointTable, metrics: RouterMetrics) {
+  const { hintHeader, header, hintBodyField, policy, trust, onInvalid } = config;
+  const readsAffinityBody = policy.usesAffinityKey === true && config.affinityBodyField !== undefined;
+  const routableList = [...new Set(table.all.map((endpoint) => endpoint.rank))].sort((a, b) => a - b).join(', ');
+  const decisions = new Map<RouteEndpoint, Record<DecisionSource, DpRankDecision>>();
+  const receipts = new Map<RouteEndpoint, Record<DecisionSource, string>>();
+  for (const endpoint of table.all) {
+    const decision = (source: DecisionSource): DpRankDecision =>
+      Object.freeze({ upstream: endpoint.upstream, url: endpoint.config.url, rank: endpoint.rank, source, headerValue: endpoint.headerValue });
+    decisions.set(endpoint, { hint: decision('hint'), assigned: decision('assigned') });
+    const receipt = (source: DecisionSource) => `upstream=${endpoint.upstream}; rank=${endpoint.rank}; source=${source}`;
+    receipts.set(endpoint, { hint: receipt('hint'), assigned: receipt('assigned') });
+  }
+
+  function handle(req: RoutedRequest, res: ServerResponse, done: Done): void {
+    let trusted: boolean;
+    try {
+      trusted = trust === true || (trust !== false && trust(req) === true);
+    } catch (error) {
+      done(error);
+      return;
+    }
+    const headerHint = req.headers[hintHeader] !== undefined ? judgeHeader(req, trusted) : NO_HINT;
+    delete req.headers[hintHeader];
+    delete req.headers[header];
+    // Node answered `100 Continue` itself before this handler ran; forwarding the expectation
+    // would only make http-proxy skip its `proxyReq` event, where timeouts are armed.
+    delete req.headers.expect;
+
+    const wantsBody =
+      policy.usesPrompt === true || readsAffinityBody || (trusted && hintBodyField !== undefined && headerHint === NO_HINT);
+    if (!wantsBody || !hasBody(req) || !isJson(req)) {
+      decide(req, res, done, trusted, headerHint, undefined);
+      return;
+    }
+    if (req.readableEnded) {
+      // A body parser ran first: use its result and replay it, since the stream is spent.
+      replayParsedBody(req);
+      decide(req, res, done, trusted, headerHint, req.body);
+      return;
+    }
+    readBody(req, config.maxBodyBytes).then((result) => {
+      if (!result.ok) {
+        if (result.failure === 'too_large') {
+          res.setHeader('connection', 'close');
+          sendError(res, 413, 'RequestEntityTooLargeError', `Request body exceeds ${config.maxBodyBytes} bytes.`);
+        }
+        return;
+      }
+      let body: unknown;
+      try {
+        body = JSON.parse(result.bytes.toString('utf8'));
+      } catch {
+        sendError(res, 400, 'BadRequestError', 'Request body is not valid JSON.');
+        return;
+      }
+      req[BUFFERED_BODY] = result.bytes;
+      decide(req, res, done, trusted, headerHint, body);
+    }, done);
+  }
+
+  function judgeHeader(req: IncomingMessage, trusted: boolean): HintVerdict {
+    if (!trusted) return { outcome: 'untrusted', param: hintHeader };
+    if (countHeaderLines(req.rawHeaders, hintHeader) !== 1) return { outcome: 'malformed', param: hintHeader };
+    return judgeRank(parseRankHint(req.headers[hintHeader]), hintHeader);
+  }
+
+  function judgeBodyField(body: unknown, trusted: boolean): HintVerdict {
+    if (hintBodyField === undefined || typeof body !== 'object' || body === null || !Object.hasOwn(body, hintBodyField)) {
+      return NO_HINT;
+    }
+    if (!trusted) return { outcome: 'untrusted', param: hintBodyField };
+    return judgeRank(parseBodyRankHint((body as Record<string, unknown>)[hintBodyField]), hintBodyField);
+  }
+
+  function judgeRank(parsed: RankHintResult, param: string): HintVerdict {
+    if (!parsed.ok) return { outcome: 'malformed', param };
+    if (!table.isRoutable(parsed.rank)) return { outcome: 'out_of_range', rank: parsed.rank, param };
+    if (table.healthyOfRank(parsed.rank).length === 0) return { outcome: 'unavailable', rank: parsed.rank, param };
+    return { outcome: 'accepted', rank: parsed.rank, param };
+  }
+
+  function decide(req: RoutedRequest, res: ServerResponse, done: Done, trusted: boolean, headerHint: HintVerdict, body: unknown): void {
+    if (res.destroyed) return;
+    const verdict = headerHint === NO_HINT ? judgeBodyField(body, trusted) : headerHint;
+    if (verdict.outcome !== 'none') metrics.hint(verdict.outcome);
+    if (verdict.outcome === 'accepted') {
+      dispatch(req, res, done, leastLoaded(table.healthyOfRank(verdict.rank!)), 'hint');
+      return;
+    }
+    if (onInvalid === 'reject' && verdict.outcome !== 'none' && verdict.outcome !== 'untrusted') {
+      reject(res, verdict);
+      return;
+    }
+    const candidates = table.healthy();
+    if (candidates.length === 0) {
+      sendError(res, 503, 'ServiceUnavailableError', 'No healthy data-parallel endpoint is available.');
+      return;
+    }
+    const context: PickContext = {
+      path: req.originalUrl ?? req.url ?? '/',
+      affinityKey: policy.usesAffinityKey ? affinityKeyOf(req, body) : undefined,
+      prompt: undefined, // TODO(prompt.ts): extractPrompt(body) once the prompt extractor lands
+    };
+    let chosen: RouteEndpoint;
+    try {
+      chosen = policy.pick(candidates, context) as RouteEndpoint;
+    } catch (error) {
+      done(error);
+      return;
+    }
+    if (!candidates.includes(chosen)) {
+      done(new TypeError(`express-dp-router: policy '${policy.name}' returned an endpoint that was not among the candidates.`));
+      return;
+    }
+    dispatch(req, res, done, chosen, 'assigned');
+  }
+
+  function reject(res: ServerResponse, verdict: JudgedHint): void {
+    const name = verdict.param;
+    if (verdict.outcome === 'malformed') {
+      sendError(res, 400, 'BadRequestError', `${name} must be a single non-negative decimal rank without sign, spaces or leading zeros.`, name);
+    } else if (verdict.outcome === 'out_of_range') {
+      sendError(res, 400, 'BadRequestError', `${name} ${verdict.rank} is not a routable data-parallel rank (routable: ${routableList}).`, name);
+    } else {
+      sendError(res, 503, 'ServiceUnavailableError', `Data-parallel rank ${verdict.rank} has no healthy endpoint.`, name);
+    }
+  }
+
+  function affinityKeyOf(req: IncomingMessage, body: unknown): string | undefined {
+    if (config.affinityHeader !== undefined) {
+      const value = req.headers[config.affinityHeader];
+      if (typeof value === 'string' && value.length > 0) return value;
+      if (Array.isArray(value) && value.length > 0) return value[0];
+    }
+    if (config.affinityBodyField !== undefined && typeof body === 'object' && body !== null) {
+      const value = (body as Record<string, unknown>)[config.affinityBodyField];
+      if ((typeof value === 'string' && value.length > 0) || typeof value === 'number') return String(value);
+    }
+    return undefined;
+  }
+
+  function dispatch(req: RoutedRequest, res: ServerResponse, done: Done, endpoint: RouteEndpoint, source: DecisionSource): void {
+    endpoint.inflight++;
+    metrics.dispatched(endpoint, source);
+    if (endpoint.headerValue !== undefined) req.headers[header] = endpoint.headerValue;
+    req.dpRank = decisions.get(endpoint)![source];
+    req[CHOSEN_ENDPOINT] = endpoint;
+    if (config.exposeDecision) res.setHeader('x-dp-router-decision', receipts.get(endpoint)![source]);
+    const started = performance.now();
+    res.once('close', () => {
+      endpoint.inflight--;
+      metrics.finished(endpoint, (performance.now() - started) / 1000);
+    });
+    done();
+  }
+
+  return handle;
+}
+
+/** Among replicas of one rank, the least loaded; the first on ties. */
+function leastLoaded(replicas: readonly RouteEndpoint[]): RouteEndpoint {
+  let best = replicas[0];
+  for (let index = 1; index < replicas.length; index++) if (replicas[index].load < best.load) best = replicas[index];
+  return best;
+}
+
+let warnedParsedBody = false;
+/** The stream was consumed upstream of us: re-encode the parsed body once, and say so once. */
+function replayParsedBody(req: RoutedRequest): void {
+  if (req.body === undefined) return;
+  if (!warnedParsedBody) {
+    warnedParsedBody = true;
+    process.emitWarning(
+      'express-dp-router: the request body was already parsed (e.g. by express.json()); it is re-encoded to forward it. Mount the router before body parsers to forward the original bytes.',
+      { code: 'DP_ROUTER_BODY_PARSED' },
+    );
+  }
+  const bytes = Buffer.from(JSON.stringify(req.body));
+  req.headers['content-length'] = String(bytes.length);
+  delete req.headers['transfer-encoding'];
+  req[BUFFERED_BODY] = bytes;
+}

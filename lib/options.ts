@@ -118,8 +118,9 @@ function parseUpstream(path: string, value: unknown, index: number): UpstreamCon
   rejectUnknownKeys(path, value, UPSTREAM_KEYS);
   const url = parseUrl(`${path}.url`, value.url);
   const name = value.name === undefined ? url.origin : value.name;
-  if (typeof name !== 'string' || name.length === 0 || name.length > 128) {
-    fail(`${path}.name`, `must be a non-empty string of at most 128 characters, got ${shown(value.name)}`, "Use e.g. `name: 'node-a'`.");
+  // The name travels in metric labels and the decision header: printable ASCII only.
+  if (typeof name !== 'string' || !/^[\x20-\x7e]{1,128}$/.test(name)) {
+    fail(`${path}.name`, `must be 1 to 128 printable ASCII characters, got ${shown(value.name)}`, "Use e.g. `name: 'node-a'`.");
   }
   const dataParallelSize = integerOption(`${path}.dataParallelSize`, value.dataParallelSize, 1, 1, 65_536);
   const startRank = integerOption(`${path}.startRank`, value.startRank, 0, 0, MAX_RANK - dataParallelSize + 1);

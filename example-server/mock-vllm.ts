@@ -1,0 +1,259 @@
+/**
+ * An embedded mock of a vLLM OpenAI-compatible server running data parallelism, for the
+ * example gateway, the tests and the benchmarks. It behaves like vLLM wherever a gateway can
+ * tell (rank header parsing, error shapes, SSE format, `/metrics` names), with no model behind
+ * it: answers are deterministic filler that names the rank that served them.
+ */
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo, Socket } from 'node:net';
+import { MockEngine, type RankState } from './mock-vllm/engine';
+import { dieAfterFlush, pathOf, readBody, sendError, sendJson, sendStreamError, SSE_HEADERS } from './mock-vllm/http';
+import { renderMetrics } from './mock-vllm/metrics';
+import {
+  completionBody,
+  isProblem,
+  parseGenerationRequest,
+  SseStream,
+  type Generation,
+  type GenerationKind,
+} from './mock-vllm/openai';
+import { RequestLog, rankHeaderCopies } from './mock-vllm/request-log';
+import { RequestTimer, SseWriter } from './mock-vllm/stream-writer';
+import type { MockFault, MockRequestRecord, MockVllm, MockVllmOptions } from './mock-vllm/types';
+
+export type {
+  MockFault,
+  MockRankStats,
+  MockRequestRecord,
+  MockVllm,
+  MockVllmOptions,
+  MockVllmStats,
+} from './mock-vllm/types';
+export { parsePythonInt } from './mock-vllm/python-int';
+
+const REQUEST_LOG_SIZE = 10_000;
+/** Far above any real prompt; only there so a hostile body cannot exhaust memory. */
+const MAX_BODY_BYTES = 64 * 1024 * 1024;
+
+type MockConfig = Required<MockVllmOptions>;
+
+interface ServerContext {
+  readonly config: MockConfig;
+  readonly engine: MockEngine;
+  readonly log: RequestLog;
+  readonly currentFault: () => MockFault | undefined;
+}
+
+type RouteHandler = (ctx: ServerContext, req: IncomingMessage, res: ServerResponse, record: MockRequestRecord) => unknown;
+
+const ROUTES = new Map<string, { method: string; handle: RouteHandler }>([
+  ['/v1/completions', { method: 'POST', handle: (ctx, req, res, record) => serveGeneration('completions', ctx, req, res, record) }],
+  ['/v1/chat/completions', { method: 'POST', handle: (ctx, req, res, record) => serveGeneration('chat', ctx, req, res, record) }],
+  ['/v1/models', { method: 'GET', handle: serveModels }],
+  ['/health', { method: 'GET', handle: serveHealth }],
+  ['/metrics', { method: 'GET', handle: serveMetrics }],
+]);
+
+/** Starts a mock vLLM data-parallel server; resolves once it listens. */
+export async function startMockVllm(options: MockVllmOptions = {}): Promise<MockVllm> {
+  const config = resolveOptions(options);
+  const engine = new MockEngine(config);
+  const log = new RequestLog(REQUEST_LOG_SIZE);
+  let fault: MockFault | undefined;
+  const ctx: ServerContext = { config, engine, log, currentFault: () => fault };
+
+  const server = createServer((req, res) => handleRequest(ctx, req, res));
+  const sockets = trackSockets(server);
+  await listen(server, config.port, config.host);
+  const port = (server.address() as AddressInfo).port;
+  let closing: Promise<void> | undefined;
+
+  return {
+    url: `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`,
+    port,
+    close: () => (closing ??= closeServer(server, sockets)),
+    stats: () => ({ perRank: engine.snapshot(), requests: log.snapshot() }),
+    resetStats: () => {
+      engine.resetCounters();
+      log.clear();
+    },
+    get fault() {
+      return fault;
+    },
+    set fault(next: MockFault | undefined) {
+      fault = next;
+    },
+  };
+}
+
+function resolveOptions(options: MockVllmOptions): MockConfig {
+  const config: MockConfig = {
+    host: options.host ?? '127.0.0.1',
+    port: options.port ?? 0,
+    dataParallelSize: options.dataParallelSize ?? 4,
+    startRank: options.startRank ?? 0,
+    headerMode: options.headerMode ?? 'global',
+    model: options.model ?? 'mock-model',
+    prefillMsPerToken: options.prefillMsPerToken ?? 0,
+    decodeMsPerToken: options.decodeMsPerToken ?? 0,
+    cacheBlocksPerRank: options.cacheBlocksPerRank ?? 4096,
+    blockTokens: options.blockTokens ?? 16,
+    maxModelLen: options.maxModelLen ?? 131_072,
+  };
+  const integers = { port: 0, dataParallelSize: 1, startRank: 0, cacheBlocksPerRank: 1, blockTokens: 1, maxModelLen: 1 };
+  for (const [name, minimum] of Object.entries(integers)) {
+    const value = config[name as keyof typeof integers];
+    if (!Number.isSafeInteger(value) || value < minimum) {
+      throw new TypeError(`startMockVllm: ${name} must be an integer >= ${minimum}, got ${String(value)}`);
+    }
+  }
+  for (const name of ['prefillMsPerToken', 'decodeMsPerToken'] as const) {
+    if (!(config[name] >= 0 && Number.isFinite(config[name]))) {
+      throw new TypeError(`startMockVllm: ${name} must be a finite number >= 0, got ${String(config[name])}`);
+    }
+  }
+  if (config.headerMode !== 'global' && config.headerMode !== 'local') {
+    throw new TypeError(`startMockVllm: headerMode must be 'global' or 'local', got ${String(config.headerMode)}`);
+  }
+  return config;
+}
+
+function trackSockets(server: Server): Set<Socket> {
+  const sockets = new Set<Socket>();
+  server.on('connection', (socket: Socket) => {
+    sockets.add(socket);
+    socket.once('close', () => sockets.delete(socket));
+  });
+  return sockets;
+}
+
+function listen(server: Server, port: number, host: string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(port, host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+}
+
+function closeServer(server: Server, sockets: Set<Socket>): Promise<void> {
+  return new Promise((resolve) => {
+    server.close(() => resolve());
+    for (const socket of sockets) socket.destroy();
+  });
+}
+
+function handleRequest(ctx: ServerContext, req: IncomingMessage, res: ServerResponse): void {
+  // Hostile input or a bug costs one request, never the process.
+  res.on('error', () => {});
+  try {
+    const pending = routeRequest(ctx, req, res);
+    if (pending instanceof Promise) pending.catch(() => abandon(res));
+  } catch {
+    abandon(res);
+  }
+}
+
+function abandon(res: ServerResponse): void {
+  if (res.headersSent) res.destroy();
+  else sendError(res, 500, 'Internal mock error', null, { connection: 'close' });
+}
+
+function routeRequest(ctx: ServerContext, req: IncomingMessage, res: ServerResponse): unknown {
+  const path = pathOf(req.url);
+  const record = ctx.log.add(req.method ?? '', path, rankHeaderCopies(req.rawHeaders));
+  const fault = ctx.currentFault();
+  if (fault && fault.kind !== 'die-mid-stream') return injectFault(fault, req, res);
+  const route = ROUTES.get(path);
+  if (!route) return sendError(res, 404, `Not Found: ${path}`);
+  if (req.method !== route.method) return sendError(res, 405, 'Method Not Allowed');
+  return route.handle(ctx, req, res, record);
+}
+
+function injectFault(fault: Exclude<MockFault, { kind: 'die-mid-stream' }>, req: IncomingMessage, res: ServerResponse): void {
+  switch (fault.kind) {
+    case 'status':
+      return sendError(res, fault.status, `Injected fault: HTTP ${fault.status}`);
+    case 'reset':
+      // An RST, as from a crashed process, rather than a polite FIN.
+      return void req.socket.resetAndDestroy();
+    case 'stall':
+      // Drain the body so the client finishes sending and waits for an answer that never comes.
+      return void req.resume();
+  }
+}
+
+function serveHealth(_ctx: ServerContext, _req: IncomingMessage, res: ServerResponse): void {
+  res.writeHead(200, { 'content-length': 0 });
+  res.end();
+}
+
+function serveModels(ctx: ServerContext, _req: IncomingMessage, res: ServerResponse): void {
+  const { model, maxModelLen } = ctx.config;
+  const created = Math.floor(Date.now() / 1000);
+  const card = { id: model, object: 'model', created, owned_by: 'vllm', root: model, parent: null, max_model_len: maxModelLen };
+  sendJson(res, 200, JSON.stringify({ object: 'list', data: [card] }));
+}
+
+function serveMetrics(ctx: ServerContext, _req: IncomingMessage, res: ServerResponse): void {
+  const text = renderMetrics(ctx.config.model, ctx.engine.ranks);
+  res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4; charset=utf-8', 'content-length': Buffer.byteLength(text) });
+  res.end(text);
+}
+
+async function serveGeneration(
+  kind: GenerationKind,
+  ctx: ServerContext,
+  req: IncomingMessage,
+  res: ServerResponse,
+  record: MockRequestRecord,
+): Promise<void> {
+  const raw = await readBody(req, MAX_BODY_BYTES);
+  if (raw === 'aborted') return;
+  if (raw === 'too_large') return sendError(res, 413, 'Request body too large.', null, { connection: 'close' });
+  let body: unknown;
+  try {
+    body = JSON.parse(raw.toString('utf8'));
+  } catch (error) {
+    return sendError(res, 400, `Invalid JSON body: ${(error as Error).message}`);
+  }
+  const request = parseGenerationRequest(kind, body, ctx.config.maxModelLen);
+  if (isProblem(request)) return sendError(res, 400, request.message, request.param);
+
+  const asked = ctx.engine.resolveRankHeader(record.rankHeaders[0]);
+  if (asked.kind === 'out_of_range') {
+    return request.stream ? sendStreamError(res, asked.message) : sendError(res, 400, asked.message);
+  }
+  if (res.destroyed) return;
+  const rank = asked.kind === 'rank' ? asked.rank : ctx.engine.pickLeastLoaded();
+  const { promptTokens, cachedTokens } = ctx.engine.admit(rank, request.prompts);
+  record.rank = rank.globalRank;
+  const timer = releaseOnClose(ctx, rank, res);
+
+  const generation: Generation = { request, model: ctx.config.model, rank: rank.globalRank, promptTokens, cachedTokens };
+  const prefillMs = ctx.config.prefillMsPerToken * (promptTokens - cachedTokens);
+  const rankHeader = { 'x-mock-rank': String(rank.globalRank) };
+  if (!request.stream) {
+    const generateMs = prefillMs + ctx.config.decodeMsPerToken * request.maxTokens;
+    return timer.after(generateMs, () => sendJson(res, 200, completionBody(generation), rankHeader));
+  }
+  // Like vLLM behind uvicorn, the stream's headers leave at once; the first event waits for prefill.
+  res.writeHead(200, { ...SSE_HEADERS, ...rankHeader });
+  res.flushHeaders();
+  const fault = ctx.currentFault();
+  const eventBudget = fault?.kind === 'die-mid-stream' ? fault.afterChunks : Infinity;
+  if (eventBudget <= 0) return dieAfterFlush(res);
+  const writer = new SseWriter(res, new SseStream(generation), ctx.config.decodeMsPerToken, timer, eventBudget);
+  timer.after(prefillMs, writer.run);
+}
+
+/** Frees the rank's slot exactly once when the response ends or the client goes, and stops its timer. */
+function releaseOnClose(ctx: ServerContext, rank: RankState, res: ServerResponse): RequestTimer {
+  const timer = new RequestTimer();
+  res.once('close', () => {
+    timer.cancel();
+    ctx.engine.release(rank);
+  });
+  return timer;
+}

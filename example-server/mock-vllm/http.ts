@@ -1,0 +1,65 @@
+import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:http';
+import { vllmError } from './errors';
+import { DONE_EVENT } from './openai';
+
+/** The response headers of vLLM's streamed answers (Starlette adds the charset to text types). */
+export const SSE_HEADERS = { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' };
+
+/** Answers a JSON body, unless the client is already gone. */
+export function sendJson(res: ServerResponse, status: number, body: string, headers: OutgoingHttpHeaders = {}): void {
+  if (res.destroyed || res.headersSent) return;
+  res.writeHead(status, { ...headers, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) });
+  res.end(body);
+}
+
+/** Answers vLLM's error body. */
+export function sendError(
+  res: ServerResponse,
+  status: number,
+  message: string,
+  param: string | null = null,
+  headers: OutgoingHttpHeaders = {},
+): void {
+  sendJson(res, status, JSON.stringify(vllmError(status, message, param)), headers);
+}
+
+/** vLLM's answer to a streaming request that fails after the stream began: HTTP 200, an error event, `[DONE]`. */
+export function sendStreamError(res: ServerResponse, message: string): void {
+  if (res.destroyed || res.headersSent) return;
+  res.writeHead(200, SSE_HEADERS);
+  res.write(`data: ${JSON.stringify(vllmError(400, message))}\n\n`);
+  res.end(DONE_EVENT);
+}
+
+/** The request body, or why there is none to use. */
+export type BodyResult = Buffer | 'aborted' | 'too_large';
+
+/** Reads the whole body; stops collecting (but keeps draining) once it passes `limitBytes`. */
+export function readBody(req: IncomingMessage, limitBytes: number): Promise<BodyResult> {
+  return new Promise((resolve) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    req.on('data', (chunk: Buffer) => {
+      size += chunk.length;
+      if (size > limitBytes) resolve('too_large');
+      else chunks.push(chunk);
+    });
+    req.on('end', () => resolve(size > limitBytes ? 'too_large' : Buffer.concat(chunks, size)));
+    req.on('error', () => resolve('aborted'));
+    req.on('close', () => resolve('aborted'));
+  });
+}
+
+/** The path without the query string. */
+export function pathOf(url: string | undefined): string {
+  if (!url) return '/';
+  const query = url.indexOf('?');
+  return query === -1 ? url : url.slice(0, query);
+}
+
+/** Ends a socket after what was written has been flushed: the peer sees the body cut short. */
+export function dieAfterFlush(res: ServerResponse): void {
+  const socket = res.socket;
+  if (!socket || socket.destroyed) return;
+  socket.end(() => socket.destroy());
+}

@@ -1,0 +1,193 @@
+import type { PolicyName, RankHeaderMode, UpstreamOptions } from '../lib';
+
+/** The gateway's settings, as read from the command line and environment. */
+export interface GatewaySettings {
+  port: number;
+  host: string;
+  /** Empty: start the embedded mock vLLM. */
+  upstreams: UpstreamOptions[];
+  dpSize: number;
+  policy: PolicyName;
+  trustHints: boolean;
+  onInvalid: 'reassign' | 'reject';
+  exposeDecision: boolean;
+  /** Delay per generated token of the embedded mock, so streaming is visible. */
+  mockDecodeMs: number;
+  /** How long SIGTERM waits for in-flight requests before exiting anyway. */
+  drainTimeoutMs: number;
+}
+
+/** A command line the gateway cannot run with; the message is one line. */
+export class UsageError extends Error {}
+
+export const USAGE = `Usage: npm start -- [options]
+
+An express-dp-router gateway in front of vLLM data-parallel servers. Without --upstream it
+starts an embedded mock vLLM on loopback, so it works without a GPU.
+
+Options:
+  --port N              gateway port (env PORT)                          [30000]
+  --host H              bind address                                     [127.0.0.1]
+  --upstream URL[@RANKS]
+                        a vLLM server; RANKS like 0,2,4,6 or 4-7 (global ranks).
+                        Repeatable; a URL given again adds ranks (vllm-router's URL@RANK).
+                        Without @RANKS it serves --start-rank … + --dp-size − 1.
+  --dp-size N           ranks of each upstream given without @RANKS, and of the mock [4]
+  --start-rank N        first global rank of upstreams given without @RANKS          [0]
+  --rank-header MODE    global | local (hybrid LB: rank − start) | none (external LB,
+                        one server per rank)                             [global]
+  --policy NAME         least-outstanding | round-robin | random | power-of-two |
+                        session-affinity | prefix-aware                  [least-outstanding]
+  --trust-hints         honour valid client X-data-parallel-rank hints   [off]
+  --on-invalid MODE     reassign | reject: what an invalid trusted hint gets [reassign]
+  --expose-decision     answer with X-DP-Router-Decision                 [off]
+  --mock-decode-ms N    embedded mock: delay per generated token         [0]
+  --drain-timeout-ms N  on SIGTERM, wait this long for in-flight requests [30000]
+  -h, --help            print this help
+
+Serves the proxied API under /, metrics at GET /metrics, liveness at GET /healthz and
+readiness at GET /readyz.`;
+
+const POLICIES: readonly PolicyName[] = ['least-outstanding', 'round-robin', 'random', 'power-of-two', 'session-affinity', 'prefix-aware'];
+const RANK_HEADERS: readonly RankHeaderMode[] = ['global', 'local', 'none'];
+
+/** Reads the command line; `'help'` when help was asked for. Throws `UsageError`. */
+export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv = {}): GatewaySettings | 'help' {
+  const settings: GatewaySettings = {
+    port: env.PORT === undefined ? 30000 : integer('PORT', env.PORT, 0, 65535),
+    host: '127.0.0.1',
+    upstreams: [],
+    dpSize: 4,
+    policy: 'least-outstanding',
+    trustHints: false,
+    onInvalid: 'reassign',
+    exposeDecision: false,
+    mockDecodeMs: 0,
+    drainTimeoutMs: 30_000,
+  };
+  const upstreamSpecs: string[] = [];
+  let startRank: number | undefined;
+  let rankHeader: RankHeaderMode = 'global';
+
+  for (let index = 0; index < argv.length; index++) {
+    const [flag, inline] = argv[index].startsWith('--') && argv[index].includes('=') ? splitOnce(argv[index]) : [argv[index], undefined];
+    const value = (): string => {
+      if (inline !== undefined) return inline;
+      const next = argv[++index];
+      if (next === undefined || next.startsWith('--')) throw new UsageError(`${flag} needs a value (see --help)`);
+      return next;
+    };
+    switch (flag) {
+      case '-h':
+      case '--help':
+        return 'help';
+      case '--port':
+        settings.port = integer(flag, value(), 0, 65535);
+        break;
+      case '--host':
+        settings.host = value();
+        break;
+      case '--upstream':
+        upstreamSpecs.push(value());
+        break;
+      case '--dp-size':
+        settings.dpSize = integer(flag, value(), 1, 65536);
+        break;
+      case '--start-rank':
+        startRank = integer(flag, value(), 0, 1_000_000);
+        break;
+      case '--rank-header':
+        rankHeader = choice(flag, value(), RANK_HEADERS);
+        break;
+      case '--policy':
+        settings.policy = choice(flag, value(), POLICIES);
+        break;
+      case '--trust-hints':
+        settings.trustHints = true;
+        break;
+      case '--on-invalid':
+        settings.onInvalid = choice(flag, value(), ['reassign', 'reject'] as const);
+        break;
+      case '--expose-decision':
+        settings.exposeDecision = true;
+        break;
+      case '--mock-decode-ms':
+        settings.mockDecodeMs = integer(flag, value(), 0, 10_000);
+        break;
+      case '--drain-timeout-ms':
+        settings.drainTimeoutMs = integer(flag, value(), 0, 3_600_000);
+        break;
+      default:
+        throw new UsageError(`unknown option ${JSON.stringify(argv[index])} (see --help)`);
+    }
+  }
+  settings.upstreams = mergeUpstreams(upstreamSpecs, settings.dpSize, startRank, rankHeader);
+  return settings;
+}
+
+/**
+ * Turns `URL[@RANKS]` specs into upstreams, one per URL. vllm-router names one rank per
+ * `URL@RANK` and repeats the URL; here repeats add ranks to the same upstream.
+ */
+function mergeUpstreams(specs: readonly string[], dpSize: number, startRank: number | undefined, rankHeader: RankHeaderMode): UpstreamOptions[] {
+  const byUrl = new Map<string, Set<number>>();
+  for (const spec of specs) {
+    const { url, ranks } = parseUpstreamSpec(spec, dpSize, startRank);
+    const known = byUrl.get(url) ?? new Set<number>();
+    ranks.forEach((rank) => known.add(rank));
+    byUrl.set(url, known);
+  }
+  return [...byUrl].map(([url, rankSet]) => {
+    const ranks = [...rankSet].sort((a, b) => a - b);
+    // A server's start rank is where its ranks begin unless given, as vLLM's
+    // --data-parallel-start-rank is.
+    const start = startRank ?? ranks[0];
+    if (start > ranks[0]) throw new UsageError(`--upstream ${url} routes rank ${ranks[0]}, below --start-rank ${start}`);
+    return { url, startRank: start, dataParallelSize: ranks[ranks.length - 1] - start + 1, ranks, rankHeader };
+  });
+}
+
+function parseUpstreamSpec(spec: string, dpSize: number, startRank = 0): { url: string; ranks: number[] } {
+  const at = spec.lastIndexOf('@');
+  const hasRanks = at > spec.indexOf('//') + 1 && /^[0-9,\- ]+$/.test(spec.slice(at + 1));
+  const url = hasRanks ? spec.slice(0, at) : spec;
+  try {
+    const parsed = new URL(url);
+    if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') throw new Error();
+  } catch {
+    throw new UsageError(`--upstream ${JSON.stringify(spec)} is not an http(s) URL[@RANKS]`);
+  }
+  if (!hasRanks) return { url, ranks: Array.from({ length: dpSize }, (_, offset) => startRank + offset) };
+  return { url, ranks: parseRankList(spec, spec.slice(at + 1)) };
+}
+
+/** `0,2,4,6`, `4-7` or a mix such as `0-1,6`. */
+function parseRankList(spec: string, list: string): number[] {
+  const ranks: number[] = [];
+  for (const part of list.split(',')) {
+    const range = /^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$/.exec(part);
+    if (!range) throw new UsageError(`--upstream ${JSON.stringify(spec)}: ranks must look like 0,2,4,6 or 4-7`);
+    const first = Number(range[1]);
+    const last = range[2] === undefined ? first : Number(range[2]);
+    if (last < first || last - first > 65536) throw new UsageError(`--upstream ${JSON.stringify(spec)}: range ${part.trim()} runs backwards or is too long`);
+    for (let rank = first; rank <= last; rank++) ranks.push(rank);
+  }
+  return ranks;
+}
+
+function splitOnce(arg: string): [string, string] {
+  const at = arg.indexOf('=');
+  return [arg.slice(0, at), arg.slice(at + 1)];
+}
+
+function integer(flag: string, raw: string, min: number, max: number): number {
+  if (!/^\d+$/.test(raw) || Number(raw) < min || Number(raw) > max) {
+    throw new UsageError(`${flag} must be an integer from ${min} to ${max}, got ${JSON.stringify(raw)}`);
+  }
+  return Number(raw);
+}
+
+function choice<T extends string>(flag: string, raw: string, allowed: readonly T[]): T {
+  if (!allowed.includes(raw as T)) throw new UsageError(`${flag} must be one of ${allowed.join(', ')}, got ${JSON.stringify(raw)}`);
+  return raw as T;
+}

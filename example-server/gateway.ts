@@ -1,0 +1,86 @@
+import express from 'express';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { Registry } from 'prom-client';
+import { dpRouter, type DpRouter, type UpstreamOptions } from '../lib';
+import type { GatewaySettings } from './cli';
+import { startMockVllm, type MockVllm } from './mock-vllm';
+
+/** A running example gateway. */
+export interface RunningGateway {
+  server: Server;
+  router: DpRouter;
+  url: string;
+  /** The embedded mock, when no upstream was given. */
+  mock: MockVllm | undefined;
+  /** What the start-up log line says. */
+  summary: string;
+  /** Stops accepting, lets in-flight requests finish (up to the drain timeout), then frees everything. */
+  close(): Promise<void>;
+}
+
+/** Starts the gateway (and the embedded mock vLLM when no upstream is given). */
+export async function startExampleGateway(settings: GatewaySettings): Promise<RunningGateway> {
+  const mock = settings.upstreams.length === 0 ? await startMockVllm({ dataParallelSize: settings.dpSize, decodeMsPerToken: settings.mockDecodeMs }) : undefined;
+  const upstreams: UpstreamOptions[] = mock
+    ? [{ url: mock.url, name: 'mock-vllm', dataParallelSize: settings.dpSize }]
+    : settings.upstreams;
+  const registry = new Registry();
+  const router = dpRouter({
+    upstreams,
+    policy: settings.policy,
+    hints: { trust: settings.trustHints, onInvalid: settings.onInvalid },
+    exposeDecision: settings.exposeDecision,
+    metrics: { registry },
+  });
+
+  const app = express();
+  app.disable('x-powered-by');
+  // Liveness never touches an upstream: a restart would not cure a sick engine.
+  app.get('/healthz', (_req, res) => {
+    res.json({ status: 'ok' });
+  });
+  app.get('/readyz', (_req, res) => {
+    const healthy = router.endpoints().filter((endpoint) => endpoint.healthy).length;
+    res.status(healthy > 0 ? 200 : 503).json({ status: healthy > 0 ? 'ready' : 'no healthy endpoint', healthyEndpoints: healthy });
+  });
+  app.get('/metrics', router.metrics);
+  app.use(router);
+
+  const server = createServer(app);
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(settings.port, settings.host, () => resolve());
+  });
+  const address = server.address() as AddressInfo;
+  const url = `http://${address.family === 'IPv6' ? `[${address.address}]` : address.address}:${address.port}`;
+
+  let closing: Promise<void> | undefined;
+  const close = () =>
+    (closing ??= (async () => {
+      const drained = new Promise<void>((resolve) => server.close(() => resolve()));
+      server.closeIdleConnections();
+      const deadline = new Promise<void>((resolve) => setTimeout(resolve, settings.drainTimeoutMs).unref());
+      await Promise.race([drained, deadline]);
+      server.closeAllConnections();
+      await router.close();
+      await mock?.close();
+    })());
+
+  return { server, router, url, mock, summary: describe(url, upstreams, settings, mock), close };
+}
+
+function describe(url: string, upstreams: readonly UpstreamOptions[], settings: GatewaySettings, mock: MockVllm | undefined): string {
+  const targets = upstreams
+    .map((upstream) => `${mock ? `embedded mock vLLM ${upstream.url}` : upstream.url} ranks ${rankList(upstream)} (${upstream.rankHeader ?? 'global'} header)`)
+    .join(', ');
+  const hints = settings.trustHints ? `hints trusted, invalid → ${settings.onInvalid}` : 'hints untrusted';
+  return `express-dp-router listening on ${url} → ${targets}; policy ${settings.policy}; ${hints}; metrics at ${url}/metrics`;
+}
+
+function rankList(upstream: UpstreamOptions): string {
+  const start = upstream.startRank ?? 0;
+  const ranks = upstream.ranks ?? Array.from({ length: upstream.dataParallelSize ?? 1 }, (_, offset) => start + offset);
+  const contiguous = ranks.every((rank, index) => index === 0 || rank === ranks[index - 1] + 1);
+  return contiguous && ranks.length > 2 ? `${ranks[0]}-${ranks[ranks.length - 1]}` : ranks.join(',');
+}

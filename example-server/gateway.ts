@@ -59,9 +59,12 @@ export async function startExampleGateway(settings: GatewaySettings): Promise<Ru
   const close = () =>
     (closing ??= (async () => {
       const drained = new Promise<void>((resolve) => server.close(() => resolve()));
-      server.closeIdleConnections();
+      // Keep-alive connections go idle as their last response ends; close them as they do
+      // rather than waiting out the keep-alive timeout.
+      const sweeper = setInterval(() => server.closeIdleConnections(), 50).unref();
       const deadline = new Promise<void>((resolve) => setTimeout(resolve, settings.drainTimeoutMs).unref());
       await Promise.race([drained, deadline]);
+      clearInterval(sweeper);
       server.closeAllConnections();
       await router.close();
       await mock?.close();

@@ -1,0 +1,88 @@
+import { describe, expect, it } from '@jest/globals';
+import { parseCommandLine, UsageError, type GatewaySettings } from '../../example-server/cli';
+
+const parse = (...argv: string[]) => parseCommandLine(argv) as GatewaySettings;
+
+describe('parseCommandLine', () => {
+  it('defaults to the embedded mock on 127.0.0.1:30000', () => {
+    expect(parse()).toEqual({
+      port: 30000,
+      host: '127.0.0.1',
+      upstreams: [],
+      dpSize: 4,
+      policy: 'least-outstanding',
+      trustHints: false,
+      onInvalid: 'reassign',
+      exposeDecision: false,
+      mockDecodeMs: 0,
+      drainTimeoutMs: 30_000,
+    });
+  });
+
+  it('reads PORT from the environment, and --port over it', () => {
+    expect((parseCommandLine([], { PORT: '8080' }) as GatewaySettings).port).toBe(8080);
+    expect((parseCommandLine(['--port', '9000'], { PORT: '8080' }) as GatewaySettings).port).toBe(9000);
+    expect(parse('--port=0').port).toBe(0);
+  });
+
+  it('routes the seed scenario: ranks 0,2,4,6 of an 8-rank server', () => {
+    expect(parse('--upstream', 'http://10.0.0.5:8000@0,2,4,6').upstreams).toEqual([
+      { url: 'http://10.0.0.5:8000', startRank: 0, dataParallelSize: 7, ranks: [0, 2, 4, 6], rankHeader: 'global' },
+    ]);
+  });
+
+  it("merges vllm-router's repeated URL@RANK form into one upstream", () => {
+    const { upstreams } = parse('--upstream', 'http://h:8000@2', '--upstream', 'http://h:8000@0', '--upstream', 'http://g:8000@1-3');
+    expect(upstreams.map((upstream) => [upstream.url, upstream.ranks])).toEqual([
+      ['http://h:8000', [0, 2]],
+      ['http://g:8000', [1, 2, 3]],
+    ]);
+  });
+
+  it('gives upstreams without @RANKS --dp-size ranks from --start-rank', () => {
+    expect(parse('--upstream', 'http://h:8000', '--dp-size', '8', '--start-rank', '8').upstreams[0]).toMatchObject({
+      startRank: 8,
+      ranks: [8, 9, 10, 11, 12, 13, 14, 15],
+    });
+  });
+
+  it('sets up hybrid load balancing: local header values from the node start rank', () => {
+    const { upstreams } = parse('--upstream', 'http://node-a:8000@0-3', '--upstream', 'http://node-b:8000@4-7', '--rank-header', 'local');
+    expect(upstreams.map(({ startRank, rankHeader }) => [startRank, rankHeader])).toEqual([
+      [0, 'local'],
+      [4, 'local'],
+    ]);
+    expect(parse('--upstream', 'http://node-b:8000@5,7', '--start-rank', '4', '--rank-header', 'local').upstreams[0].startRank).toBe(4);
+  });
+
+  it('reads the routing flags', () => {
+    expect(parse('--policy', 'round-robin', '--trust-hints', '--on-invalid', 'reject', '--expose-decision', '--host', '0.0.0.0')).toMatchObject({
+      policy: 'round-robin',
+      trustHints: true,
+      onInvalid: 'reject',
+      exposeDecision: true,
+      host: '0.0.0.0',
+    });
+  });
+
+  it('answers help', () => {
+    expect(parseCommandLine(['--help'])).toBe('help');
+    expect(parseCommandLine(['-h'])).toBe('help');
+  });
+
+  it.each([
+    [['--bogus'], /unknown option "--bogus"/],
+    [['--port'], /--port needs a value/],
+    [['--port', 'eighty'], /--port must be an integer/],
+    [['--port', '70000'], /--port must be an integer from 0 to 65535/],
+    [['--policy', 'fastest'], /--policy must be one of least-outstanding/],
+    [['--on-invalid', 'drop'], /--on-invalid must be one of reassign, reject/],
+    [['--upstream', 'ftp://h'], /is not an http\(s\) URL/],
+    [['--upstream', 'http://h:8000@7-4'], /runs backwards/],
+    [['--upstream', 'http://h:8000@0', '--start-rank', '2'], /below --start-rank 2/],
+    [['--rank-header', 'relative'], /--rank-header must be one of global, local, none/],
+  ])('rejects %j with a one-line reason', (argv, message) => {
+    expect(() => parseCommandLine(argv)).toThrow(UsageError);
+    expect(() => parseCommandLine(argv)).toThrow(message);
+  });
+});

@@ -1,0 +1,118 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
+import { join } from 'node:path';
+import OpenAI from 'openai';
+import request from 'supertest';
+import { parseCommandLine, type GatewaySettings } from '../../example-server/cli';
+import { startExampleGateway, type RunningGateway } from '../../example-server/gateway';
+
+const ROOT = join(__dirname, '..', '..');
+const TSX = join(ROOT, 'node_modules', '.bin', 'tsx');
+
+describe('the example gateway with the official openai client', () => {
+  let gateway: RunningGateway;
+  let client: OpenAI;
+
+  beforeAll(async () => {
+    gateway = await startExampleGateway(parseCommandLine(['--port', '0', '--policy', 'round-robin', '--expose-decision']) as GatewaySettings);
+    client = new OpenAI({ baseURL: `${gateway.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+  });
+  afterAll(() => gateway.close());
+
+  it('answers a chat completion from an assigned rank', async () => {
+    const { data: completion, response } = await client.chat.completions
+      .create({ model: 'mock-model', messages: [{ role: 'user', content: 'Hello' }], max_tokens: 8 })
+      .withResponse();
+    const rank = /^rank (\d):/.exec(completion.choices[0].message.content ?? '')?.[1];
+    expect(['0', '1', '2', '3']).toContain(rank);
+    expect(response.headers.get('x-dp-router-decision')).toBe(`upstream=mock-vllm; rank=${rank}; source=assigned`);
+    expect(completion.usage?.completion_tokens).toBe(8);
+  });
+
+  it('streams a chat completion chunk by chunk to [DONE]', async () => {
+    const stream = await client.chat.completions.create({
+      model: 'mock-model',
+      messages: [{ role: 'user', content: 'Stream please' }],
+      max_tokens: 5,
+      stream: true,
+    });
+    const deltas: string[] = [];
+    for await (const chunk of stream) deltas.push(chunk.choices[0]?.delta?.content ?? '');
+    expect(deltas.length).toBeGreaterThanOrEqual(5);
+    expect(deltas.join('')).toMatch(/^rank \d:/);
+  });
+
+  it('spreads round-robin requests over every rank of the mock', async () => {
+    const ranks = new Set<string>();
+    for (let index = 0; index < 8; index++) {
+      const completion = await client.completions.create({ model: 'mock-model', prompt: `question ${index}`, max_tokens: 2 });
+      ranks.add(completion.choices[0].text.slice(5, 6));
+    }
+    expect([...ranks].sort()).toEqual(['0', '1', '2', '3']);
+    const perRank = gateway.mock!.stats().perRank;
+    expect(Object.values(perRank).every((rank) => rank.requests >= 2)).toBe(true);
+  });
+
+  it('surfaces the mock vLLM error for an unknown route as the openai client would', async () => {
+    await expect(client.embeddings.create({ model: 'mock-model', input: 'x' })).rejects.toMatchObject({ status: 404 });
+  });
+
+  it('serves liveness, readiness and metrics', async () => {
+    expect((await request(gateway.url).get('/healthz')).body).toEqual({ status: 'ok' });
+    expect((await request(gateway.url).get('/readyz')).body).toEqual({ status: 'ready', healthyEndpoints: 4 });
+    const metrics = await request(gateway.url).get('/metrics');
+    expect(metrics.headers['content-type']).toMatch(/^text\/plain/);
+    expect(metrics.text).toContain('dp_router_requests_total{upstream="mock-vllm",rank="3",source="assigned"}');
+  });
+});
+
+describe('npm start (the process)', () => {
+  const run = (args: string[]) => spawn(TSX, [join(ROOT, 'example-server', 'main.ts'), ...args], { cwd: ROOT });
+  const exited = (child: ChildProcessWithoutNullStreams) =>
+    new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => {
+      let stdout = '';
+      let stderr = '';
+      child.stdout.on('data', (chunk) => (stdout += chunk));
+      child.stderr.on('data', (chunk) => (stderr += chunk));
+      child.on('close', (code) => resolve({ code, stdout, stderr }));
+    });
+
+  it('prints usage for --help', async () => {
+    const { code, stdout } = await exited(run(['--help']));
+    expect(code).toBe(0);
+    expect(stdout).toContain('--upstream URL[@RANKS]');
+  });
+
+  it('exits non-zero with a one-line reason for a wrong flag', async () => {
+    const { code, stdout, stderr } = await exited(run(['--dp-size', 'many']));
+    expect(code).toBe(2);
+    expect(stdout).toBe('');
+    expect(stderr.trim().split('\n')).toEqual(['express-dp-router: --dp-size must be an integer from 1 to 65536, got "many"']);
+  });
+
+  it('logs where it listens, and on SIGTERM lets an in-flight stream finish before exiting', async () => {
+    const child = run(['--port', '0', '--mock-decode-ms', '25']);
+    const done = exited(child);
+    const url = await new Promise<string>((resolve) => {
+      child.stdout.on('data', (chunk: Buffer) => {
+        const match = /listening on (http:\/\/127\.0\.0\.1:\d+) → embedded mock vLLM/.exec(chunk.toString());
+        if (match) resolve(match[1]);
+      });
+    });
+    const response = await fetch(`${url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'mock-model', messages: [{ role: 'user', content: 'hi' }], max_tokens: 20, stream: true }),
+    });
+    const reader = response.body!.getReader();
+    const first = await reader.read();
+    child.kill('SIGTERM');
+    let text = Buffer.from(first.value!).toString();
+    for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) text += Buffer.from(chunk.value).toString();
+    expect(text.trimEnd().endsWith('data: [DONE]')).toBe(true);
+    const { code, stdout } = await done;
+    expect(code).toBe(0);
+    expect(stdout).toContain('SIGTERM: draining in-flight requests');
+    await expect(fetch(`${url}/healthz`)).rejects.toThrow();
+  });
+});

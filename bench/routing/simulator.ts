@@ -1,0 +1,155 @@
+import type { Endpoint, Policy } from '../../lib/types';
+import { EventQueue } from './event-queue';
+import { type RankModel, SimRank } from './rank';
+import type { Rng } from './rng';
+import { TOKENS_PER_BLOCK } from './tokens';
+import type { SimRequest, Workload } from './workloads';
+
+/** An endpoint whose in-flight count the simulator moves; `load` is in-flight, as in the router. */
+export class SimEndpoint implements Endpoint {
+  readonly key: string;
+  readonly upstream = 'sim';
+  readonly healthy = true;
+  inflight = 0;
+
+  constructor(readonly rank: number) {
+    this.key = `sim#${rank}`;
+  }
+
+  get load(): number {
+    return this.inflight;
+  }
+}
+
+/** What baselines may see beyond a router's view: engine state and the request in flight. */
+export interface SimView {
+  rankOf(endpoint: Endpoint): SimRank;
+  /** The request being routed. */
+  current(): SimRequest;
+}
+
+/** Builds a fresh policy for one run. */
+export type PolicyFactory = (setup: { view: SimView; rng: Rng; workload: Workload }) => Policy;
+
+/** What one (workload, policy, load level) run measured. */
+export interface RunMetrics {
+  /** Prompt tokens served from the rank's prefix cache ÷ all prompt tokens. */
+  hitRate: number;
+  /** The same routing with caches that never evict. */
+  unboundedHitRate: number;
+  /** Prompt + output tokens routed to each rank. */
+  routedTokens: number[];
+  maxOverMean: number;
+  cov: number;
+  /** Follow-up turns routed to the previous turn's rank, or null without conversations. */
+  sameRankRate: number | null;
+  ttftP50: number;
+  ttftP99: number;
+  completed: number;
+}
+
+type SimEvent = { kind: 'arrive' | 'prefilled' | 'finish'; request: SimRequest };
+
+/** Replays a workload through a policy on simulated vLLM ranks with a virtual clock. */
+export function simulate(
+  workload: Workload,
+  secondsPerUnit: number,
+  policy: Policy,
+  ranks: readonly SimRank[],
+  endpoints: readonly SimEndpoint[],
+  model: RankModel,
+  setCurrent: (request: SimRequest) => void,
+): RunMetrics {
+  const requests = workload.requests;
+  const followers = new Map<number, SimRequest[]>();
+  const events = new EventQueue<SimEvent>();
+  for (const request of requests) {
+    if (request.follows === undefined) events.push(request.unitArrival * secondsPerUnit, { kind: 'arrive', request });
+    else followers.set(request.follows, [...(followers.get(request.follows) ?? []), request]);
+  }
+  const arrivedAt = new Float64Array(requests.length);
+  const rankOf = new Int32Array(requests.length).fill(-1);
+  const ttfts: number[] = [];
+  const routedTokens = new Array<number>(ranks.length).fill(0);
+  let hitTokens = 0;
+  let unboundedHitTokens = 0;
+  let promptTokens = 0;
+  let followUps = 0;
+  let sameRank = 0;
+
+  const admit = (rank: SimRank, now: number): void => {
+    const request = rank.admit(model);
+    if (request === undefined) return;
+    const cachedTokens = rank.cache.peek(request.inputBlocks) * TOKENS_PER_BLOCK;
+    hitTokens += cachedTokens;
+    unboundedHitTokens += rank.unbounded.peek(request.inputBlocks) * TOKENS_PER_BLOCK;
+    promptTokens += request.inputTokens;
+    // vLLM recomputes at least the last token even on a full hit.
+    const uncached = Math.max(1, request.inputTokens - cachedTokens);
+    const prefillSeconds = model.prefillOverheadSeconds + uncached / model.prefillTokensPerSecond;
+    events.push(now + prefillSeconds, { kind: 'prefilled', request });
+  };
+
+  while (events.size > 0) {
+    const { time: now, item } = events.pop();
+    const request = item.request;
+    if (item.kind === 'arrive') {
+      arrivedAt[request.id] = now;
+      setCurrent(request);
+      const endpoint = policy.pick(endpoints, {
+        path: request.path,
+        affinityKey: policy.usesAffinityKey ? request.sessionKey : undefined,
+        prompt: policy.usesPrompt ? request.prompt : undefined,
+      }) as SimEndpoint;
+      endpoint.inflight++;
+      const rank = ranks[endpoint.rank];
+      rankOf[request.id] = rank.index;
+      routedTokens[rank.index] += request.inputTokens + request.outputTokens;
+      if (request.previousTurn !== undefined) {
+        followUps++;
+        if (rankOf[request.previousTurn] === rank.index) sameRank++;
+      }
+      rank.enqueue(request);
+      admit(rank, now);
+    } else if (item.kind === 'prefilled') {
+      const rank = ranks[rankOf[request.id]];
+      ttfts.push(now - arrivedAt[request.id]);
+      rank.cache.store(request.inputBlocks);
+      rank.unbounded.store(request.inputBlocks);
+      rank.prefilling = false;
+      events.push(now + request.outputTokens * model.decodeSecondsPerToken, { kind: 'finish', request });
+      admit(rank, now);
+    } else {
+      const rank = ranks[rankOf[request.id]];
+      rank.running--;
+      rank.cache.store(request.sequenceBlocks);
+      rank.unbounded.store(request.sequenceBlocks);
+      endpoints[rank.index].inflight--;
+      for (const next of followers.get(request.id) ?? []) {
+        events.push(now + next.unitThink * secondsPerUnit, { kind: 'arrive', request: next });
+      }
+      admit(rank, now);
+    }
+  }
+
+  const mean = routedTokens.reduce((a, b) => a + b, 0) / routedTokens.length;
+  const variance = routedTokens.reduce((sum, x) => sum + (x - mean) ** 2, 0) / routedTokens.length;
+  ttfts.sort((a, b) => a - b);
+  return {
+    hitRate: hitTokens / promptTokens,
+    unboundedHitRate: unboundedHitTokens / promptTokens,
+    routedTokens,
+    maxOverMean: Math.max(...routedTokens) / mean,
+    cov: Math.sqrt(variance) / mean,
+    sameRankRate: followUps === 0 ? null : sameRank / followUps,
+    ttftP50: percentile(ttfts, 0.5),
+    ttftP99: percentile(ttfts, 0.99),
+    completed: ttfts.length,
+  };
+}
+
+/** Nearest-rank percentile of sorted values. */
+export function percentile(sorted: readonly number[], fraction: number): number {
+  if (sorted.length === 0) return NaN;
+  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(fraction * sorted.length) - 1))];
+}

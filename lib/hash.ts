@@ -1,0 +1,47 @@
+/**
+ * Fast non-cryptographic 32-bit hashing (MurmurHash3's mixing) shared by the affinity and
+ * prefix policies. Results are signed 32-bit integers: on 64-bit V8 they stay small
+ * integers, so Map lookups keyed by them never allocate.
+ */
+
+/** MurmurHash3's finaliser: a bijective avalanche mix of one 32-bit value. */
+export function mix32(value: number): number {
+  let h = value | 0;
+  h ^= h >>> 16;
+  h = Math.imul(h, 0x85ebca6b);
+  h ^= h >>> 13;
+  h = Math.imul(h, 0xc2b2ae35);
+  h ^= h >>> 16;
+  return h;
+}
+
+/** Combines two hashes into one well-mixed value (order matters). */
+export function combine32(a: number, b: number): number {
+  return mix32(a ^ Math.imul(b, 0x9e3779b1));
+}
+
+/**
+ * MurmurHash3 (x86, 32-bit) over the UTF-16 code units of `text[start, end)`, read two at
+ * a time so the loop runs once per 32 bits. `seed` chains one block's hash into the next.
+ */
+export function hashString(text: string, seed = 0, start = 0, end = text.length): number {
+  let h = seed | 0;
+  let i = start;
+  for (; i + 1 < end; i += 2) {
+    let k = text.charCodeAt(i) | (text.charCodeAt(i + 1) << 16);
+    k = Math.imul(k, 0xcc9e2d51);
+    k = (k << 15) | (k >>> 17);
+    k = Math.imul(k, 0x1b873593);
+    h ^= k;
+    h = (h << 13) | (h >>> 19);
+    h = (Math.imul(h, 5) + 0xe6546b64) | 0;
+  }
+  if (i < end) {
+    let k = text.charCodeAt(i);
+    k = Math.imul(k, 0xcc9e2d51);
+    k = (k << 15) | (k >>> 17);
+    k = Math.imul(k, 0x1b873593);
+    h ^= k;
+  }
+  return mix32(h ^ (end - start));
+}

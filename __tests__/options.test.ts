@@ -27,6 +27,25 @@ describe('parseOptions', () => {
     expect(config.metrics?.prefix).toBe('dp_router_');
   });
 
+  it('resolves the failure-handling defaults: ejection and retries on, health checks off', () => {
+    expect(parse({ upstreams: [{ url }] })).toMatchObject({
+      outlierDetection: { consecutiveFailures: 5, baseEjectionMs: 10_000, maxEjectionMs: 300_000, maxEjectionPercent: 50 },
+      healthCheck: undefined,
+      retryAttempts: 2,
+      retryMaxBodyBytes: 1024 * 1024,
+    });
+    const off = parse({ upstreams: [{ url }], outlierDetection: false, retries: false, healthCheck: false });
+    expect(off).toMatchObject({ outlierDetection: undefined, healthCheck: undefined, retryAttempts: 1 });
+    expect(parse({ upstreams: [{ url }], healthCheck: true }).healthCheck).toEqual({
+      path: '/health',
+      intervalMs: 5_000,
+      timeoutMs: 2_000,
+      unhealthyThreshold: 2,
+      healthyThreshold: 1,
+    });
+    expect(parse({ upstreams: [{ url }], outlierDetection: { baseEjectionMs: 600_000 } }).outlierDetection?.maxEjectionMs).toBe(600_000);
+  });
+
   it('derives the routable ranks from startRank, dataParallelSize and ranks', () => {
     const config = parse({
       upstreams: [
@@ -74,6 +93,17 @@ describe('parseOptions', () => {
     ['a negative timeout', { upstreams: [{ url }], timeouts: { connectMs: -1 } }, /`timeouts\.connectMs` must be an integer from 1/],
     ['a zero body limit', { upstreams: [{ url }], maxBodyBytes: 0 }, /`maxBodyBytes` must be an integer from 1/],
     ['a string exposeDecision', { upstreams: [{ url }], exposeDecision: 'yes' }, /`exposeDecision` must be true or false/],
+    ['a zero failure count', { upstreams: [{ url }], outlierDetection: { consecutiveFailures: 0 } }, /`outlierDetection\.consecutiveFailures` must be an integer from 1/],
+    ['a misspelt outlier option', { upstreams: [{ url }], outlierDetection: { consecutive5xx: 3 } }, /`outlierDetection\.consecutive5xx` is not an option/],
+    ['a max ejection below the base', { upstreams: [{ url }], outlierDetection: { baseEjectionMs: 5000, maxEjectionMs: 1000 } }, /`outlierDetection\.maxEjectionMs` is 1000, below baseEjectionMs/],
+    ['a percent over 100', { upstreams: [{ url }], outlierDetection: { maxEjectionPercent: 150 } }, /`outlierDetection\.maxEjectionPercent` must be a number from 0 to 100/],
+    ['a health path without a slash', { upstreams: [{ url }], healthCheck: { path: 'health' } }, /`healthCheck\.path` must be a path starting with '\/'/],
+    ['a health path with a space', { upstreams: [{ url }], healthCheck: { path: '/he alth' } }, /`healthCheck\.path` must be a path/],
+    ['a string health check', { upstreams: [{ url }], healthCheck: 'on' }, /`healthCheck` must be an object/],
+    ['a zero interval', { upstreams: [{ url }], healthCheck: { intervalMs: 0 } }, /`healthCheck\.intervalMs` must be an integer from 1/],
+    ['a misspelt health option', { upstreams: [{ url }], healthCheck: { interval: 1000 } }, /`healthCheck\.interval` is not an option\. Did you mean `intervalMs`\?/],
+    ['zero attempts', { upstreams: [{ url }], retries: { attempts: 0 } }, /`retries\.attempts` must be an integer from 1 to 10/],
+    ['a misspelt retry option', { upstreams: [{ url }], retries: { maxRetries: 3 } }, /`retries\.maxRetries` is not an option/],
     ['a load factor below 1', { upstreams: [{ url }], affinity: { loadFactor: 0.5 } }, /`affinity\.loadFactor` must be a number from 1/],
   ];
 

@@ -1,6 +1,13 @@
 import type { UpstreamConfig } from './options';
 import type { Endpoint, EndpointSnapshot } from './types';
 
+/**
+ * Where an endpoint stands in passive outlier detection: `closed` (in rotation), `ejected`
+ * (cooling down, out of rotation), `half-open` (back in rotation until one request is sent to
+ * it) and `trial` (that one request is in flight; out of rotation until it decides).
+ */
+export type EjectionState = 'closed' | 'ejected' | 'half-open' | 'trial';
+
 /** An endpoint as the router keeps it: the public view plus what dispatch needs. */
 export class RouteEndpoint implements Endpoint {
   readonly key: string;
@@ -13,6 +20,16 @@ export class RouteEndpoint implements Endpoint {
   /** Engine-reported load, added to `inflight` where load feedback is on. */
   externalLoad = 0;
   healthy = true;
+  /** Passive outlier detection state; see {@link EjectionState}. */
+  ejection: EjectionState = 'closed';
+  /** Failures since the last success. */
+  consecutiveFailures = 0;
+  /** Ejections in a row without a successful trial between them; the cool-down grows with it. */
+  ejections = 0;
+  /** The response of the request that is this endpoint's half-open trial. */
+  trialOwner: object | undefined = undefined;
+  /** Whether the upstream passes its active health check (always, when checks are off). */
+  probeUp = true;
 
   constructor(readonly config: UpstreamConfig, rank: number) {
     this.upstream = config.name;
@@ -70,6 +87,21 @@ export class EndpointTable {
     endpoint.healthy = healthy;
     this.refresh();
     return true;
+  }
+
+  /**
+   * Puts an endpoint in or out of rotation from its health state: it is in rotation when its
+   * upstream passes its health check and it is not ejected (a half-open endpoint is in,
+   * waiting for its trial). Returns whether anything changed.
+   */
+  updateHealth(endpoint: RouteEndpoint): boolean {
+    const inRotation = endpoint.probeUp && (endpoint.ejection === 'closed' || endpoint.ejection === 'half-open');
+    return this.setHealthy(endpoint, inRotation);
+  }
+
+  /** How many endpoints are in rotation. */
+  get healthyCount(): number {
+    return this.healthyAll.length;
   }
 
   snapshot(): EndpointSnapshot[] {

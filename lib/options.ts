@@ -46,6 +46,31 @@ export interface Configuration {
   readonly firstByteTimeoutMs: number;
   readonly maxBodyBytes: number;
   readonly exposeDecision: boolean;
+  /** Passive ejection settings; `undefined` when off. */
+  readonly outlierDetection: OutlierDetectionConfig | undefined;
+  /** Active health check settings; `undefined` when off. */
+  readonly healthCheck: HealthCheckConfig | undefined;
+  /** Tries per request, the first included (1: no retries). */
+  readonly retryAttempts: number;
+  /** Largest declared body buffered so that it can be replayed on a retry. */
+  readonly retryMaxBodyBytes: number;
+}
+
+/** `outlierDetection`, resolved. */
+export interface OutlierDetectionConfig {
+  readonly consecutiveFailures: number;
+  readonly baseEjectionMs: number;
+  readonly maxEjectionMs: number;
+  readonly maxEjectionPercent: number;
+}
+
+/** `healthCheck`, resolved. */
+export interface HealthCheckConfig {
+  readonly path: string;
+  readonly intervalMs: number;
+  readonly timeoutMs: number;
+  readonly unhealthyThreshold: number;
+  readonly healthyThreshold: number;
 }
 
 const TOP_LEVEL_KEYS = [
@@ -58,6 +83,9 @@ const TOP_LEVEL_KEYS = [
   'timeouts',
   'maxBodyBytes',
   'exposeDecision',
+  'outlierDetection',
+  'healthCheck',
+  'retries',
 ] as const;
 const UPSTREAM_KEYS = ['url', 'name', 'dataParallelSize', 'startRank', 'ranks', 'rankHeader'] as const;
 const RANK_HEADER_MODES: readonly RankHeaderMode[] = ['global', 'local', 'none'];
@@ -95,6 +123,54 @@ export function parseOptions(options: Options): Configuration {
     firstByteTimeoutMs: integerOption('timeouts.firstByteMs', timeouts.firstByteMs, 600_000, 1, MAX_TIMER_MS),
     maxBodyBytes: integerOption('maxBodyBytes', options.maxBodyBytes, 16 * 1024 * 1024, 1, 2 ** 31),
     exposeDecision: booleanOption('exposeDecision', options.exposeDecision, false),
+    outlierDetection: parseOutlierDetection(options.outlierDetection),
+    healthCheck: parseHealthCheck(options.healthCheck),
+    ...parseRetries(options.retries),
+  };
+}
+
+function parseOutlierDetection(value: unknown): OutlierDetectionConfig | undefined {
+  if (value === false) return undefined;
+  const outlier = value === true ? {} : optionalObject('outlierDetection', value);
+  rejectUnknownKeys('outlierDetection', outlier, ['consecutiveFailures', 'baseEjectionMs', 'maxEjectionMs', 'maxEjectionPercent']);
+  const baseEjectionMs = integerOption('outlierDetection.baseEjectionMs', outlier.baseEjectionMs, 10_000, 1, MAX_TIMER_MS);
+  const maxEjectionMs = integerOption('outlierDetection.maxEjectionMs', outlier.maxEjectionMs, Math.max(300_000, baseEjectionMs), 1, MAX_TIMER_MS);
+  if (maxEjectionMs < baseEjectionMs) {
+    fail('outlierDetection.maxEjectionMs', `is ${maxEjectionMs}, below baseEjectionMs (${baseEjectionMs})`, 'Make it at least `baseEjectionMs`, or leave it out.');
+  }
+  return {
+    consecutiveFailures: integerOption('outlierDetection.consecutiveFailures', outlier.consecutiveFailures, 5, 1, 1_000_000),
+    baseEjectionMs,
+    maxEjectionMs,
+    maxEjectionPercent: numberOption('outlierDetection.maxEjectionPercent', outlier.maxEjectionPercent, 50, 0, 100),
+  };
+}
+
+function parseHealthCheck(value: unknown): HealthCheckConfig | undefined {
+  if (value === undefined || value === false) return undefined;
+  const check = value === true ? {} : optionalObject('healthCheck', value);
+  rejectUnknownKeys('healthCheck', check, ['path', 'intervalMs', 'timeoutMs', 'unhealthyThreshold', 'healthyThreshold']);
+  const path = check.path ?? '/health';
+  // The path is joined to every upstream URL: no scheme, host, whitespace or control characters.
+  if (typeof path !== 'string' || !/^\/[\x21-\x7e]*$/.test(path)) {
+    fail('healthCheck.path', `must be a path starting with '/', got ${shown(check.path)}`, "Use e.g. `path: '/health'`.");
+  }
+  return {
+    path,
+    intervalMs: integerOption('healthCheck.intervalMs', check.intervalMs, 5_000, 1, MAX_TIMER_MS),
+    timeoutMs: integerOption('healthCheck.timeoutMs', check.timeoutMs, 2_000, 1, MAX_TIMER_MS),
+    unhealthyThreshold: integerOption('healthCheck.unhealthyThreshold', check.unhealthyThreshold, 2, 1, 1000),
+    healthyThreshold: integerOption('healthCheck.healthyThreshold', check.healthyThreshold, 1, 1, 1000),
+  };
+}
+
+function parseRetries(value: unknown): Pick<Configuration, 'retryAttempts' | 'retryMaxBodyBytes'> {
+  if (value === false) return { retryAttempts: 1, retryMaxBodyBytes: 0 };
+  const retries = value === true ? {} : optionalObject('retries', value);
+  rejectUnknownKeys('retries', retries, ['attempts', 'maxBodyBytes']);
+  return {
+    retryAttempts: integerOption('retries.attempts', retries.attempts, 2, 1, 10),
+    retryMaxBodyBytes: integerOption('retries.maxBodyBytes', retries.maxBodyBytes, 1024 * 1024, 0, 2 ** 31),
   };
 }
 

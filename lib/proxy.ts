@@ -2,9 +2,11 @@ import { Agent as HttpAgent, type ClientRequest, type IncomingMessage, type Serv
 import { Agent as HttpsAgent } from 'node:https';
 import type { Socket } from 'node:net';
 import { createProxyMiddleware, type RequestHandler } from 'http-proxy-middleware';
+import type { RouteEndpoint } from './endpoints';
 import { sendError } from './errors';
 import type { RouterMetrics, UpstreamErrorKind } from './metrics';
 import type { Configuration, UpstreamConfig } from './options';
+import type { OutlierDetector } from './outlier-detector';
 import { BUFFERED_BODY, CHOSEN_ENDPOINT, type RoutedRequest } from './rank-handler';
 
 /** One upstream's proxy and the connections it keeps. */
@@ -13,9 +15,38 @@ export interface UpstreamProxy {
   close(): void;
 }
 
+/** How many tries this request has had (1 for the first). */
+export const ATTEMPT = Symbol('dpRouter.attempt');
+/** Where the current try stands: {@link WAITING}, {@link RESPONDING} or {@link SETTLED}. */
+export const PHASE = Symbol('dpRouter.phase');
+/** The endpoints tried and failed, set on the first failure. */
+export const TRIED = Symbol('dpRouter.tried');
+
+/** Sent, no response headers yet: a failure here may be retried. */
+export const WAITING = 1;
+/** The upstream began to answer: never retried. */
+export const RESPONDING = 2;
+/** The try failed and was counted; later events of it are echoes. */
+export const SETTLED = 3;
+
+export interface ProxiedRequest extends RoutedRequest {
+  [ATTEMPT]?: number;
+  [PHASE]?: number;
+  [TRIED]?: RouteEndpoint[];
+}
+
+/** What the proxy reports outcomes to, and asks for a retry. */
+export interface FaultHandling {
+  readonly detector: OutlierDetector | undefined;
+  /** Sends the request to another endpoint; returns false when it may not or cannot be retried. */
+  readonly retry: ((req: ProxiedRequest, res: ServerResponse, failed: RouteEndpoint) => boolean) | undefined;
+}
+
 const CONNECT_TIMEOUT = 'DP_ROUTER_CONNECT_TIMEOUT';
 const FIRST_BYTE_TIMEOUT = 'DP_ROUTER_FIRST_BYTE_TIMEOUT';
 const CONNECT_FAILURES = new Set(['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN', 'EADDRNOTAVAIL']);
+/** Kept on a replaced error answer: it says where the request went. */
+const DECISION_HEADER = 'x-dp-router-decision';
 
 /**
  * Idle upstream connections are dropped before uvicorn's 5 s keep-alive would close them,
@@ -24,11 +55,41 @@ const CONNECT_FAILURES = new Set(['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH',
 const IDLE_SOCKET_MS = 4_000;
 
 /** Creates the http-proxy-middleware instance for one upstream, with a keep-alive agent. */
-export function createUpstreamProxy(upstream: UpstreamConfig, config: Configuration, metrics: RouterMetrics): UpstreamProxy {
+export function createUpstreamProxy(
+  upstream: UpstreamConfig,
+  config: Configuration,
+  metrics: RouterMetrics,
+  faults: FaultHandling = { detector: undefined, retry: undefined },
+): UpstreamProxy {
   const agentOptions = { keepAlive: true, scheduling: 'lifo' as const, timeout: IDLE_SOCKET_MS };
   // Without an agent http-proxy sends `Connection: close` and opens a socket per request.
   const agent = upstream.url.startsWith('https:') ? new HttpsAgent(agentOptions) : new HttpAgent(agentOptions);
   const { connectTimeoutMs, firstByteTimeoutMs } = config;
+  const { detector, retry } = faults;
+
+  /**
+   * The upstream failed after it began to answer (or the first of the two events that report
+   * it, for the request and the response, arrived): counted once as a reset. With nothing
+   * sent to the client yet it still gets a proper 502; mid-body only cutting the connection
+   * tells it the answer is incomplete.
+   */
+  const failMidResponse = (req: ProxiedRequest, res: ServerResponse) => {
+    if (req[PHASE] === SETTLED) return;
+    req[PHASE] = SETTLED;
+    if (clientGone(res)) return;
+    const endpoint = req[CHOSEN_ENDPOINT];
+    if (endpoint) {
+      metrics.upstreamError(endpoint, 'reset');
+      detector?.failed(endpoint);
+    }
+    if (res.headersSent) {
+      res.destroy();
+      return;
+    }
+    for (const name of res.getHeaderNames()) if (name !== DECISION_HEADER) res.removeHeader(name);
+    res.statusMessage = '';
+    sendError(res, 502, 'BadGatewayError', `The upstream${rankOf(req)} closed the connection before finishing its answer.`);
+  };
 
   const handle = createProxyMiddleware<IncomingMessage, ServerResponse>({
     target: upstream.url,
@@ -36,32 +97,58 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
     changeOrigin: true,
     xfwd: true,
     on: {
-      proxyReq(proxyReq: ClientRequest, req: RoutedRequest, res: ServerResponse) {
+      proxyReq(proxyReq: ClientRequest, req: ProxiedRequest, res: ServerResponse) {
+        if (clientGone(res)) {
+          // The client left while the proxy was being prepared: the engine must not start.
+          proxyReq.destroy();
+          return;
+        }
         const body = req[BUFFERED_BODY];
         if (body !== undefined) proxyReq.write(body);
         armTimeouts(proxyReq, res, connectTimeoutMs, firstByteTimeoutMs);
       },
-      proxyRes(proxyRes: IncomingMessage, req: RoutedRequest, res: ServerResponse) {
+      proxyRes(proxyRes: IncomingMessage, req: ProxiedRequest, res: ServerResponse) {
+        req[PHASE] = RESPONDING;
+        // No retry can replay it from here on: let a long stream not pin the request's bytes.
+        req[BUFFERED_BODY] = undefined;
         const endpoint = req[CHOSEN_ENDPOINT];
-        if (endpoint && proxyRes.statusCode !== undefined && proxyRes.statusCode >= 500) metrics.upstreamError(endpoint, 'status_5xx');
-        proxyRes.once('error', () => {
-          // The upstream died mid-response: cut the client's connection so it cannot take
-          // a truncated stream for a finished one.
-          if (endpoint) metrics.upstreamError(endpoint, 'reset');
-          res.destroy();
-        });
+        if (endpoint) {
+          if (proxyRes.statusCode !== undefined && proxyRes.statusCode >= 500) {
+            metrics.upstreamError(endpoint, 'status_5xx');
+            detector?.failed(endpoint);
+          } else {
+            // Any answer below 500, a 4xx included, shows the endpoint alive: a client's bad
+            // request is never the endpoint's fault.
+            detector?.succeeded(endpoint);
+          }
+        }
+        proxyRes.on('error', () => failMidResponse(req, res));
       },
-      error(error: NodeJS.ErrnoException, req: RoutedRequest, res: ServerResponse | Socket) {
+      error(error: NodeJS.ErrnoException, req: ProxiedRequest, res: ServerResponse | Socket) {
         if (!('writeHead' in res)) {
           res.destroy();
           return;
         }
+        const phase = req[PHASE];
+        if (phase === RESPONDING) {
+          failMidResponse(req, res);
+          return;
+        }
+        if (phase === SETTLED) return;
+        req[PHASE] = SETTLED;
+        // A client that left is not the upstream's fault, and there is no one to answer.
+        if (clientGone(res)) return;
         const endpoint = req[CHOSEN_ENDPOINT];
         const kind = classify(error);
-        if (endpoint) metrics.upstreamError(endpoint, kind);
-        const rank = req.dpRank ? ` for data-parallel rank ${req.dpRank.rank}` : '';
+        if (endpoint) {
+          metrics.upstreamError(endpoint, kind);
+          detector?.failed(endpoint);
+          if (retry !== undefined && !res.headersSent && mayRetry(error) && retry(req, res, endpoint)) return;
+        }
+        const rank = rankOf(req);
         if (kind === 'timeout') {
-          sendError(res, 504, 'GatewayTimeoutError', `The upstream${rank} did not answer in time.`);
+          const what = error.code === CONNECT_TIMEOUT ? 'accept the connection' : 'answer';
+          sendError(res, 504, 'GatewayTimeoutError', `The upstream${rank} did not ${what} in time.`);
         } else if (kind === 'connect') {
           sendError(res, 502, 'BadGatewayError', `The upstream${rank} refused the connection.`);
         } else {
@@ -73,10 +160,28 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
   return { handle, close: () => agent.destroy() };
 }
 
+function rankOf(req: IncomingMessage): string {
+  return req.dpRank ? ` for data-parallel rank ${req.dpRank.rank}` : '';
+}
+
+/** The client closed its connection before the answer was complete. */
+function clientGone(res: ServerResponse): boolean {
+  return res.destroyed && !res.writableFinished;
+}
+
 function classify(error: NodeJS.ErrnoException): Exclude<UpstreamErrorKind, 'status_5xx'> {
   if (error.code === CONNECT_TIMEOUT || error.code === FIRST_BYTE_TIMEOUT || error.code === 'ETIMEDOUT') return 'timeout';
   if (error.code !== undefined && CONNECT_FAILURES.has(error.code)) return 'connect';
   return 'reset';
+}
+
+/**
+ * Connection failures may be retried: refused, unreachable, connect timeout, or reset before
+ * any answer. A first-byte timeout is not: the engine may still be working on it, and the
+ * client has already waited the whole deadline.
+ */
+function mayRetry(error: NodeJS.ErrnoException): boolean {
+  return error.code !== FIRST_BYTE_TIMEOUT;
 }
 
 /**

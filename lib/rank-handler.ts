@@ -10,10 +10,13 @@ import type { DecisionSource, DpRankDecision, PickContext } from './types';
 /** Where the proxy finds the chosen endpoint and the bytes it must replay. */
 export const CHOSEN_ENDPOINT = Symbol('dpRouter.endpoint');
 export const BUFFERED_BODY = Symbol('dpRouter.body');
+/** The context the policy picked with, kept so that a retry can pick again with it. */
+export const PICK_CONTEXT = Symbol('dpRouter.pickContext');
 
 export interface RoutedRequest extends IncomingMessage {
   [CHOSEN_ENDPOINT]?: RouteEndpoint;
   [BUFFERED_BODY]?: Buffer;
+  [PICK_CONTEXT]?: PickContext;
   /** Set by body parsers such as `express.json()`. */
   body?: unknown;
   originalUrl?: string;
@@ -136,6 +139,7 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
       affinityKey: policy.usesAffinityKey ? affinityKeyOf(req, body) : undefined,
       prompt: undefined, // TODO(prompt.ts): extractPrompt(body) once the prompt extractor lands
     };
+    req[PICK_CONTEXT] = context;
     let chosen: RouteEndpoint;
     try {
       chosen = policy.pick(candidates, context) as RouteEndpoint;
@@ -183,8 +187,10 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     if (config.exposeDecision) res.setHeader('x-dp-router-decision', receipts.get(endpoint)![source]);
     const started = performance.now();
     res.once('close', () => {
-      endpoint.inflight--;
-      metrics.finished(endpoint, (performance.now() - started) / 1000);
+      // A retry may have moved the slot to another endpoint: release the one held now.
+      const held = req[CHOSEN_ENDPOINT] ?? endpoint;
+      held.inflight--;
+      metrics.finished(held, (performance.now() - started) / 1000);
     });
     done();
   }

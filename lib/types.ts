@@ -69,6 +69,65 @@ export interface TimeoutOptions {
   firstByteMs?: number;
 }
 
+/**
+ * Passive outlier detection (Envoy's name): an endpoint that fails `consecutiveFailures` times
+ * in a row (connect error, timeout, reset, or a 5xx answer) is taken out of rotation for a
+ * cool-down, then half-open: one trial request decides whether it comes back. A 4xx answer is
+ * the request's fault, never the endpoint's, and counts as a success like any answer below 500.
+ */
+export interface OutlierDetectionOptions {
+  /** Consecutive failures that eject an endpoint. Default: `5`. */
+  consecutiveFailures?: number;
+  /** The first cool-down; it doubles for each ejection in a row, up to `maxEjectionMs`. Default: `10_000` ms. */
+  baseEjectionMs?: number;
+  /** The longest cool-down. Default: `300_000` ms. */
+  maxEjectionMs?: number;
+  /**
+   * At most this share of the router's endpoints is ejected at once (rounded down, at least
+   * one endpoint), and ejection never takes out the last endpoint in rotation: with every
+   * endpoint failing, requests still reach one and get the upstream's own error rather than a
+   * blanket 503. Default: `50`.
+   */
+  maxEjectionPercent?: number;
+}
+
+/**
+ * Active health checks: one `GET` of each upstream URL's `path` per interval, shared by all
+ * the ranks it serves. An upstream that fails `unhealthyThreshold` probes in a row (no answer
+ * within `timeoutMs`, or a status other than 2xx) has all its endpoints taken out of rotation
+ * until `healthyThreshold` probes in a row succeed.
+ */
+export interface HealthCheckOptions {
+  /** The path probed. Default: `'/health'` (vLLM's). */
+  path?: string;
+  /** Time between the end of one probe and the start of the next. Default: `5_000` ms. */
+  intervalMs?: number;
+  /** A probe without an answer by then fails. Default: `2_000` ms. */
+  timeoutMs?: number;
+  /** Failed probes in a row that take an upstream out. Default: `2`. */
+  unhealthyThreshold?: number;
+  /** Passed probes in a row that bring it back. Default: `1`. */
+  healthyThreshold?: number;
+}
+
+/**
+ * Retries on another upstream when the connection to the chosen one fails before it began to
+ * answer (refused, connect timeout, reset): never after a response byte reached the client,
+ * never after a first-byte timeout, never for an upstream's own answer (a 5xx is passed
+ * through). A hinted request is retried only on replicas of the same rank.
+ */
+export interface RetryOptions {
+  /** Tries per request, the first included; `1` turns retries off. Default: `2`. */
+  attempts?: number;
+  /**
+   * Bodies with a declared `Content-Length` up to this size are held in memory until the
+   * upstream answers, so that a retry can replay them byte for byte. Larger bodies, and
+   * chunked ones the router did not otherwise read, are streamed and not retried.
+   * Default: `1_048_576` (1 MiB).
+   */
+  maxBodyBytes?: number;
+}
+
 /** Metrics settings. */
 export interface MetricsOptions {
   /** The prom-client registry to register on. Default: prom-client's global `register`. */
@@ -97,6 +156,13 @@ export interface Options {
   maxBodyBytes?: number;
   /** Answer with `X-DP-Router-Decision` (reveals server layout). Default: `false`. */
   exposeDecision?: boolean;
+  /** Settings of the `'prefix-aware'` policy (block size, index memory bound, load thresholds). */
+  /** Passive ejection of failing endpoints, or `false`. Default: on, with the defaults of {@link OutlierDetectionOptions}. */
+  outlierDetection?: OutlierDetectionOptions | boolean;
+  /** Active health checks of each upstream, `true` for the defaults. Default: `false` (off). */
+  healthCheck?: HealthCheckOptions | boolean;
+  /** Retries of failed connections on another endpoint, or `false`. Default: `{ attempts: 2, maxBodyBytes: 1 MiB }`. */
+  retries?: RetryOptions | boolean;
 }
 
 /** One (upstream, global rank) pair that requests can be routed to. */

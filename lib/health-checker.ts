@@ -1,0 +1,120 @@
+import { request as httpRequest, type ClientRequest } from 'node:http';
+import { request as httpsRequest } from 'node:https';
+import type { EndpointTable, RouteEndpoint } from './endpoints';
+import type { HealthCheckConfig } from './options';
+
+/** The probes of one router; `stop()` ends timers and probes in flight. */
+export interface HealthChecker {
+  stop(): void;
+}
+
+interface Target {
+  readonly url: string;
+  readonly endpoints: RouteEndpoint[];
+  up: boolean;
+  failures: number;
+  successes: number;
+  timer: NodeJS.Timeout | undefined;
+  probe: ClientRequest | undefined;
+}
+
+/**
+ * Probes `GET <url><path>` of every distinct upstream URL, one probe at a time per URL, the
+ * next one `intervalMs` after the previous ended. All ranks an upstream serves share its
+ * verdict: vLLM's `/health` answers for the whole server. Upstreams start in rotation, so that
+ * a router does not answer 503 while its first probes run. Timers are unref'd: probes never
+ * keep a process alive.
+ */
+export function startHealthChecks(table: EndpointTable, config: HealthCheckConfig): HealthChecker {
+  const targets = new Map<string, Target>();
+  for (const endpoint of table.all) {
+    const url = endpoint.config.url;
+    let target = targets.get(url);
+    if (target === undefined) {
+      target = { url, endpoints: [], up: true, failures: 0, successes: 0, timer: undefined, probe: undefined };
+      targets.set(url, target);
+    }
+    target.endpoints.push(endpoint);
+  }
+  let stopped = false;
+
+  const schedule = (target: Target, delay: number) => {
+    if (stopped) return;
+    target.timer = setTimeout(() => probe(target), delay);
+    target.timer.unref();
+  };
+
+  const record = (target: Target, passed: boolean) => {
+    target.probe = undefined;
+    if (stopped) return;
+    if (passed) {
+      target.failures = 0;
+      target.successes++;
+      if (!target.up && target.successes >= config.healthyThreshold) setUp(target, true);
+    } else {
+      target.successes = 0;
+      target.failures++;
+      if (target.up && target.failures >= config.unhealthyThreshold) setUp(target, false);
+    }
+    schedule(target, config.intervalMs);
+  };
+
+  const setUp = (target: Target, up: boolean) => {
+    target.up = up;
+    for (const endpoint of target.endpoints) {
+      endpoint.probeUp = up;
+      table.updateHealth(endpoint);
+    }
+  };
+
+  const probe = (target: Target) => {
+    target.timer = undefined;
+    if (stopped) return;
+    let settled = false;
+    const settle = (passed: boolean) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(deadline);
+      record(target, passed);
+    };
+    const send = target.url.startsWith('https:') ? httpsRequest : httpRequest;
+    // A fresh connection per probe: a server that stopped accepting must fail the probe, not
+    // pass it over a kept-alive socket.
+    const outgoing = send(`${target.url}${config.path}`, { method: 'GET', agent: false, headers: { connection: 'close' } });
+    target.probe = outgoing;
+    const deadline = setTimeout(() => {
+      outgoing.destroy();
+      settle(false);
+    }, config.timeoutMs);
+    deadline.unref();
+    let answered = false;
+    outgoing.on('response', (response) => {
+      answered = true;
+      const status = response.statusCode ?? 0;
+      response.resume();
+      response.on('end', () => settle(status >= 200 && status < 300));
+      response.on('error', () => settle(false));
+      // Cut short before its end: the server went away mid-answer.
+      response.on('close', () => settle(false));
+    });
+    outgoing.on('error', () => settle(false));
+    outgoing.on('close', () => {
+      if (!answered) settle(false);
+    });
+    outgoing.end();
+  };
+
+  for (const target of targets.values()) schedule(target, 0);
+
+  return {
+    stop() {
+      stopped = true;
+      for (const target of targets.values()) {
+        clearTimeout(target.timer);
+        target.timer = undefined;
+        target.probe?.destroy();
+        target.probe = undefined;
+      }
+    },
+  };
+}

@@ -13,7 +13,7 @@ import {
   rejectUnknownKeys,
   shown,
 } from './option-checks';
-import { POLICY_NAMES, policyByName } from './policies/by-name';
+import { POLICY_NAMES, policyByName, type PolicySettings } from './policies/by-name';
 import type { Options, Policy, PolicyName, RankHeaderMode } from './types';
 
 /** One upstream, resolved. */
@@ -86,6 +86,7 @@ const TOP_LEVEL_KEYS = [
   'outlierDetection',
   'healthCheck',
   'retries',
+  'prefixAware',
 ] as const;
 const UPSTREAM_KEYS = ['url', 'name', 'dataParallelSize', 'startRank', 'ranks', 'rankHeader'] as const;
 const RANK_HEADER_MODES: readonly RankHeaderMode[] = ['global', 'local', 'none'];
@@ -110,7 +111,7 @@ export function parseOptions(options: Options): Configuration {
   const affinityLoadFactor = numberOption('affinity.loadFactor', affinity.loadFactor, 1.25, 1, 1000);
   return {
     upstreams: parseUpstreams(options.upstreams),
-    policy: parsePolicy(options.policy, affinityLoadFactor),
+    policy: parsePolicy(options.policy, { affinityLoadFactor, prefixAware: optionalObject('prefixAware', options.prefixAware) }),
     trust: parseTrust(hints.trust),
     onInvalid: oneOf('hints.onInvalid', hints.onInvalid, ['reassign', 'reject'], 'reassign'),
     hintHeader: headerNameOption('hints.header', hints.header, 'x-data-parallel-rank')!,
@@ -243,13 +244,13 @@ function parseRanks(path: string, value: unknown, startRank: number, size: numbe
   return [...ranks].sort((a, b) => a - b);
 }
 
-function parsePolicy(value: unknown, affinityLoadFactor: number): Policy {
-  if (value === undefined) return policyByName('least-outstanding', { affinityLoadFactor });
+function parsePolicy(value: unknown, settings: PolicySettings): Policy {
+  if (value === undefined) return policyByName('least-outstanding', settings);
   if (typeof value === 'string') {
     if (!POLICY_NAMES.includes(value as PolicyName)) {
       fail('policy', `is ${shown(value)}, not a known policy`, `Use one of ${POLICY_NAMES.map((name) => `'${name}'`).join(', ')}, or a Policy object.`);
     }
-    return policyByName(value as PolicyName, { affinityLoadFactor });
+    return policyByName(value as PolicyName, settings);
   }
   if (isPlainObject(value) && typeof value.name === 'string' && typeof value.pick === 'function') return value as unknown as Policy;
   return fail('policy', `must be a policy name or an object with \`name\` and \`pick(candidates, ctx)\`, got ${shown(value)}`, "Use e.g. `policy: 'least-outstanding'`.");

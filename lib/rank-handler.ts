@@ -5,6 +5,7 @@ import { sendError } from './errors';
 import { countHeaderLines, parseBodyRankHint, parseRankHint, type RankHintResult } from './hint';
 import type { HintOutcome, RouterMetrics } from './metrics';
 import type { Configuration } from './options';
+import { extractPrompt } from './prompt';
 import type { DecisionSource, DpRankDecision, PickContext } from './types';
 
 /** Where the proxy finds the chosen endpoint and the bytes it must replay. */
@@ -137,7 +138,7 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     const context: PickContext = {
       path: req.originalUrl ?? req.url ?? '/',
       affinityKey: policy.usesAffinityKey ? affinityKeyOf(req, body) : undefined,
-      prompt: undefined, // TODO(prompt.ts): extractPrompt(body) once the prompt extractor lands
+      prompt: policy.usesPrompt && body !== undefined ? extractPrompt(body) : undefined,
     };
     req[PICK_CONTEXT] = context;
     let chosen: RouteEndpoint;

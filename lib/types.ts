@@ -1,5 +1,6 @@
 import type { IncomingMessage } from 'node:http';
 import type { Registry } from 'prom-client';
+import type { PrefixAwareOptions } from './policies/prefix-aware';
 
 /** What the proxied request's rank header carries for an upstream. */
 export type RankHeaderMode = 'global' | 'local' | 'none';
@@ -157,6 +158,7 @@ export interface Options {
   /** Answer with `X-DP-Router-Decision` (reveals server layout). Default: `false`. */
   exposeDecision?: boolean;
   /** Settings of the `'prefix-aware'` policy (block size, index memory bound, load thresholds). */
+  prefixAware?: Omit<PrefixAwareOptions, 'fallback'>;
   /** Passive ejection of failing endpoints, or `false`. Default: on, with the defaults of {@link OutlierDetectionOptions}. */
   outlierDetection?: OutlierDetectionOptions | boolean;
   /** Active health checks of each upstream, `true` for the defaults. Default: `false` (off). */

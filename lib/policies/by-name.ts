@@ -1,12 +1,15 @@
 import type { Policy, PolicyName } from '../types';
 import { leastOutstanding } from './least-outstanding';
 import { powerOfTwo } from './power-of-two';
+import { prefixAware, type PrefixAwareOptions } from './prefix-aware';
 import { random } from './random';
 import { roundRobin } from './round-robin';
+import { sessionAffinity } from './session-affinity';
 
 /** What a built-in policy may be configured with from the router's options. */
 export interface PolicySettings {
   affinityLoadFactor: number;
+  prefixAware: Omit<PrefixAwareOptions, 'fallback'>;
 }
 
 /** Every built-in policy name, in the order the docs list them. */
@@ -30,7 +33,9 @@ export function policyByName(name: PolicyName, settings: PolicySettings): Policy
       return random();
     case 'power-of-two':
       return powerOfTwo();
-    default:
-      throw new TypeError(`express-dp-router: policy '${name}' is not available yet (${settings.affinityLoadFactor}).`);
+    case 'session-affinity':
+      return sessionAffinity({ loadFactor: settings.affinityLoadFactor });
+    case 'prefix-aware':
+      return prefixAware(settings.prefixAware);
   }
 }

@@ -1,0 +1,126 @@
+import { afterEach, describe, expect, it } from '@jest/globals';
+import { startGateway, type TestGateway } from '../helpers/app';
+import { startEchoUpstream, type EchoUpstream } from '../helpers/echo-upstream';
+import { exchange, sleep, startRestartableVllm, waitFor, type RestartableVllm } from './support';
+
+let gateway: TestGateway | undefined;
+const closers: Array<() => Promise<void>> = [];
+
+afterEach(async () => {
+  await gateway?.close();
+  gateway = undefined;
+  await Promise.all(closers.splice(0).map((close) => close()));
+});
+
+async function echo(): Promise<EchoUpstream> {
+  const upstream = await startEchoUpstream();
+  closers.push(() => upstream.close());
+  return upstream;
+}
+
+async function vllm(dataParallelSize: number): Promise<RestartableVllm> {
+  const mock = await startRestartableVllm({ dataParallelSize });
+  closers.push(() => mock.close());
+  return mock;
+}
+
+const probesOf = (upstream: EchoUpstream) => upstream.seen.filter((seen) => seen.url === '/health').length;
+const healthyOf = (gateway: TestGateway, upstream: string) =>
+  gateway.router.endpoints().filter((endpoint) => endpoint.upstream === upstream).map((endpoint) => endpoint.healthy);
+
+describe('active health checks', () => {
+  it('probes each upstream URL once per interval, whatever its rank count', async () => {
+    const upstream = await echo();
+    gateway = await startGateway({ upstreams: [{ url: upstream.url, name: 'a', dataParallelSize: 8 }], healthCheck: { intervalMs: 50 } });
+    const started = Date.now();
+    await sleep(400);
+    const probes = probesOf(upstream);
+    const elapsed = Date.now() - started;
+    expect(probes).toBeGreaterThanOrEqual(2);
+    expect(probes).toBeLessThanOrEqual(Math.ceil(elapsed / 50) + 1);
+    expect(upstream.seen.every((seen) => seen.method === 'GET' && seen.rankHeaders.length === 0)).toBe(true);
+  });
+
+  it('shares one probe between upstream entries with the same URL', async () => {
+    const upstream = await echo();
+    gateway = await startGateway({
+      upstreams: [
+        { url: upstream.url, name: 'low', dataParallelSize: 8, ranks: [0, 1] },
+        { url: upstream.url, name: 'high', dataParallelSize: 8, ranks: [6, 7] },
+      ],
+      healthCheck: { intervalMs: 1000 },
+    });
+    await waitFor(() => probesOf(upstream) === 1);
+    await sleep(100);
+    expect(probesOf(upstream)).toBe(1);
+  });
+
+  it('takes all ranks of a failing upstream out after unhealthyThreshold probes, and brings them back', async () => {
+    const sick = await echo();
+    const well = await echo();
+    let status = 503;
+    sick.respond = (req, res) => {
+      res.writeHead(req.url === '/health' ? status : 200);
+      res.end('{}');
+    };
+    gateway = await startGateway({
+      upstreams: [
+        { url: sick.url, name: 'sick', dataParallelSize: 2 },
+        { url: well.url, name: 'well', dataParallelSize: 2, startRank: 2 },
+      ],
+      healthCheck: { intervalMs: 30, unhealthyThreshold: 2, healthyThreshold: 2 },
+    });
+    await waitFor(() => healthyOf(gateway!, 'sick').every((healthy) => !healthy));
+    expect(healthyOf(gateway, 'well')).toEqual([true, true]);
+    const during = await Promise.all(Array.from({ length: 6 }, () => exchange(gateway!.url)));
+    expect(during.every((answer) => answer.status === 200)).toBe(true);
+    expect(sick.seen.filter((seen) => seen.url !== '/health')).toHaveLength(0);
+    status = 200;
+    await waitFor(() => healthyOf(gateway!, 'sick').every((healthy) => healthy));
+  });
+
+  it('answers 503 in the contract shape when every upstream fails its health check', async () => {
+    const sick = await echo();
+    sick.respond = (_req, res) => {
+      res.writeHead(500);
+      res.end();
+    };
+    gateway = await startGateway({ upstreams: [{ url: sick.url, name: 'sick' }], healthCheck: { intervalMs: 20, unhealthyThreshold: 1 } });
+    await waitFor(() => !gateway!.router.endpoints()[0].healthy);
+    const answer = await exchange(gateway.url);
+    expect(answer.status).toBe(503);
+    expect(JSON.parse(answer.body)).toEqual({
+      error: { message: expect.any(String), type: 'ServiceUnavailableError', param: null, code: 503 },
+    });
+  });
+
+  it('fails a probe that does not answer within timeoutMs', async () => {
+    const stalled = await echo();
+    stalled.respond = () => undefined;
+    gateway = await startGateway({ upstreams: [{ url: stalled.url, name: 's' }], healthCheck: { intervalMs: 20, timeoutMs: 50, unhealthyThreshold: 1 } });
+    await waitFor(() => !gateway!.router.endpoints()[0].healthy);
+  });
+
+  it('follows a killed and restarted vLLM', async () => {
+    const mock = await vllm(2);
+    gateway = await startGateway({ upstreams: [{ url: mock.url, name: 'm', dataParallelSize: 2 }], healthCheck: { intervalMs: 20, timeoutMs: 200, unhealthyThreshold: 1 } });
+    await sleep(60);
+    expect(healthyOf(gateway, 'm')).toEqual([true, true]);
+    await mock.kill();
+    await waitFor(() => healthyOf(gateway!, 'm').every((healthy) => !healthy));
+    await mock.restart();
+    await waitFor(() => healthyOf(gateway!, 'm').every((healthy) => healthy));
+    expect((await exchange(gateway.url, { body: '{"model":"mock-model","prompt":"hi","max_tokens":2}' })).status).toBe(200);
+  });
+
+  it('stops probing on close()', async () => {
+    const upstream = await echo();
+    gateway = await startGateway({ upstreams: [{ url: upstream.url, name: 'a' }], healthCheck: { intervalMs: 10 } });
+    await waitFor(() => probesOf(upstream) >= 2);
+    await gateway.router.close();
+    await sleep(30);
+    const after = probesOf(upstream);
+    await sleep(100);
+    expect(probesOf(upstream)).toBe(after);
+  });
+});

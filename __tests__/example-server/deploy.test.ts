@@ -251,6 +251,15 @@ interface SimulatedBuild {
  */
 async function simulateBuild(stages: readonly Stage[], context: readonly string[]): Promise<SimulatedBuild> {
   const root = mkdtempSync(path.join(tmpdir(), 'dp-router-image-'));
+  try {
+    return await simulateStages(root, stages, context);
+  } catch (error) {
+    rmSync(root, { recursive: true, force: true });
+    throw error;
+  }
+}
+
+async function simulateStages(root: string, stages: readonly Stage[], context: readonly string[]): Promise<SimulatedBuild> {
   const build: SimulatedBuild = { root, workdirs: new Map(), npmCi: new Map() };
   for (const stage of stages) {
     const stageRoot = path.join(root, stage.name);

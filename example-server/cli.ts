@@ -15,6 +15,8 @@ export interface GatewaySettings {
   mockDecodeMs: number;
   /** How long SIGTERM waits for in-flight requests before exiting anyway. */
   drainTimeoutMs: number;
+  /** Active health-check interval of each upstream's `/health`; 0 turns checks off. */
+  healthCheckMs: number;
 }
 
 /** A command line the gateway cannot run with; the message is one line. */
@@ -27,7 +29,7 @@ starts an embedded mock vLLM on loopback, so it works without a GPU.
 
 Options:
   --port N              gateway port (env PORT)                          [30000]
-  --host H              bind address                                     [127.0.0.1]
+  --host H              bind address (env HOST)                          [127.0.0.1]
   --upstream URL[@RANKS]
                         a vLLM server; RANKS like 0,2,4,6 or 4-7 (global ranks).
                         Repeatable; a URL given again adds ranks (vllm-router's URL@RANK).
@@ -41,6 +43,7 @@ Options:
   --trust-hints         honour valid client X-data-parallel-rank hints   [off]
   --on-invalid MODE     reassign | reject: what an invalid trusted hint gets [reassign]
   --expose-decision     answer with X-DP-Router-Decision                 [off]
+  --health-check-ms N   probe each upstream's /health this often; 0 = off [0]
   --mock-decode-ms N    embedded mock: delay per generated token         [0]
   --drain-timeout-ms N  on SIGTERM, wait this long for in-flight requests [30000]
   -h, --help            print this help
@@ -55,7 +58,7 @@ const RANK_HEADERS: readonly RankHeaderMode[] = ['global', 'local', 'none'];
 export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv = {}): GatewaySettings | 'help' {
   const settings: GatewaySettings = {
     port: env.PORT === undefined ? 30000 : integer('PORT', env.PORT, 0, 65535),
-    host: '127.0.0.1',
+    host: env.HOST ?? '127.0.0.1',
     upstreams: [],
     dpSize: 4,
     policy: 'least-outstanding',
@@ -64,6 +67,7 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     exposeDecision: false,
     mockDecodeMs: 0,
     drainTimeoutMs: 30_000,
+    healthCheckMs: 0,
   };
   const upstreamSpecs: string[] = [];
   let startRank: number | undefined;
@@ -113,6 +117,9 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
         break;
       case '--mock-decode-ms':
         settings.mockDecodeMs = integer(flag, value(), 0, 10_000);
+        break;
+      case '--health-check-ms':
+        settings.healthCheckMs = integer(flag, value(), 0, 3_600_000);
         break;
       case '--drain-timeout-ms':
         settings.drainTimeoutMs = integer(flag, value(), 0, 3_600_000);

@@ -31,6 +31,7 @@ export async function startExampleGateway(settings: GatewaySettings): Promise<Ru
     policy: settings.policy,
     hints: { trust: settings.trustHints, onInvalid: settings.onInvalid },
     exposeDecision: settings.exposeDecision,
+    healthCheck: settings.healthCheckMs > 0 ? { intervalMs: settings.healthCheckMs } : false,
     metrics: { registry },
   });
 

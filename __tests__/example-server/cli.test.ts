@@ -16,7 +16,13 @@ describe('parseCommandLine', () => {
       exposeDecision: false,
       mockDecodeMs: 0,
       drainTimeoutMs: 30_000,
+      healthCheckMs: 0,
     });
+  });
+
+  it('reads HOST from the environment, and --host over it', () => {
+    expect((parseCommandLine([], { HOST: '0.0.0.0' }) as GatewaySettings).host).toBe('0.0.0.0');
+    expect((parseCommandLine(['--host', '::1'], { HOST: '0.0.0.0' }) as GatewaySettings).host).toBe('::1');
   });
 
   it('reads PORT from the environment, and --port over it', () => {
@@ -63,6 +69,7 @@ describe('parseCommandLine', () => {
       exposeDecision: true,
       host: '0.0.0.0',
     });
+    expect(parse('--health-check-ms', '2000').healthCheckMs).toBe(2000);
   });
 
   it('answers help', () => {

@@ -8,7 +8,7 @@
  * stage is run (the compile) on exactly the files its context and COPY lines give it, and its
  * ENTRYPOINT and CMD are started with node.
  */
-import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync } from 'node:fs';
 import http from 'node:http';
@@ -547,18 +547,26 @@ describe('the example server started with the manifest\'s args', () => {
     }
   });
 
-  it('answers readiness 503 when no endpoint is healthy', async () => {
-    // Ejection needs health checking; what /readyz reads is the router's endpoint table.
-    const spy = jest.spyOn(gateway.router, 'endpoints').mockImplementation(() =>
-      Array.from({ length: 8 }, (_, rank) => ({ upstream: mock.url, rank, inflight: 0, healthy: false })),
-    );
+  it('answers readiness 503 while the health checks find vLLM down, and 200 once it is back', async () => {
+    const settings = manifestSettings(spec());
+    expect(settings.healthCheckMs).toBeGreaterThan(0);
+    // The manifest's interval, shortened so the test does not wait out two real probes.
+    const checked = await startExampleGateway({ ...settings, healthCheckMs: 50, port: 0, host: '127.0.0.1', drainTimeoutMs: 1000, upstreams: [{ ...settings.upstreams[0], url: mock.url }] });
+    const readiness = async () => (await fetch(checked.url + spec().readinessProbe.httpGet.path)).status;
+    const eventually = async (status: number) => {
+      for (let attempt = 0; attempt < 100 && (await readiness()) !== status; attempt++) await new Promise((resolve) => setTimeout(resolve, 20));
+      return readiness();
+    };
     try {
-      const answer = await fetch(gateway.url + spec().readinessProbe.httpGet.path);
-      expect(answer.status).toBe(503);
-      expect(await answer.json()).toMatchObject({ healthyEndpoints: 0 });
-      expect((await fetch(gateway.url + spec().livenessProbe.httpGet.path)).status).toBe(200);
+      expect(await eventually(200)).toBe(200);
+      mock.fault = { kind: 'status', status: 503 };
+      expect(await eventually(503)).toBe(503);
+      expect((await fetch(checked.url + spec().livenessProbe.httpGet.path)).status).toBe(200);
+      mock.fault = undefined;
+      expect(await eventually(200)).toBe(200);
     } finally {
-      spy.mockRestore();
+      mock.fault = undefined;
+      await checked.close();
     }
   });
 });

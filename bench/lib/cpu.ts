@@ -1,0 +1,128 @@
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { cpus } from 'node:os';
+import { resolve } from 'node:path';
+import { createInterface } from 'node:readline';
+
+/** Whether `taskset` exists and works here (Linux with util-linux). */
+export function hasTaskset(): boolean {
+  try {
+    execFileSync('taskset', ['-p', String(process.pid)], { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Cores the benchmark can use. */
+export function coreCount(): number {
+  return cpus().length;
+}
+
+/** Pins every thread of this process to one core; returns whether it worked. */
+export function pinSelf(core: number): boolean {
+  try {
+    execFileSync('taskset', ['-a', '-p', '-c', String(core), String(process.pid)], { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** A benchmark child process that printed `READY <port>`. */
+export interface BenchChild {
+  readonly name: string;
+  readonly port: number;
+  readonly url: string;
+  readonly process: ChildProcess;
+  stop(): Promise<void>;
+}
+
+/**
+ * Starts a TypeScript entry point as its own Node process (through tsx's loader), pinned to
+ * `core` when taskset is available, and waits until it prints `READY <port>`.
+ */
+export async function startChild(
+  name: string,
+  script: string,
+  args: readonly string[],
+  core: number | undefined,
+  env: NodeJS.ProcessEnv = {},
+  nodeArgs: readonly string[] = [],
+): Promise<BenchChild> {
+  const node = [process.execPath, ...nodeArgs, '--import', 'tsx', resolve(script), ...args];
+  const [command, ...commandArgs] = core === undefined ? node : ['taskset', '-c', String(core), ...node];
+  const child = spawn(command, commandArgs, {
+    cwd: resolve(__dirname, '..', '..'),
+    stdio: ['ignore', 'pipe', 'inherit'],
+    env: { ...process.env, NODE_ENV: 'production', ...env },
+  });
+  const port = await new Promise<number>((resolvePort, reject) => {
+    const lines = createInterface({ input: child.stdout! });
+    const timer = setTimeout(() => reject(new Error(`${name}: no READY line within 60 s`)), 60_000);
+    lines.on('line', (line) => {
+      const match = /^READY (\d+)$/.exec(line.trim());
+      if (match) {
+        clearTimeout(timer);
+        resolvePort(Number(match[1]));
+      }
+    });
+    child.once('exit', (code, signal) => {
+      clearTimeout(timer);
+      reject(new Error(`${name} exited before READY (code ${code}, signal ${signal})`));
+    });
+    child.once('error', reject);
+  });
+  child.stdout!.resume();
+  return {
+    name,
+    port,
+    url: `http://127.0.0.1:${port}`,
+    process: child,
+    stop: () =>
+      new Promise<void>((done) => {
+        if (child.exitCode !== null || child.signalCode !== null) return done();
+        child.once('exit', () => done());
+        child.kill('SIGTERM');
+        setTimeout(() => {
+          if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+        }, 3000).unref();
+      }),
+  };
+}
+
+/** Clock ticks per second of /proc/<pid>/stat's times (USER_HZ, 100 on Linux). */
+const USER_HZ = (() => {
+  try {
+    return Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim()) || 100;
+  } catch {
+    return 100;
+  }
+})();
+
+/**
+ * CPU time (user + system) a process has used, in milliseconds, from /proc; `undefined`
+ * where /proc is not available. Per request, it is the contender's cost with the time it
+ * spent descheduled left out, so it holds on a machine that other work shares.
+ */
+export function processCpuMs(pid: number | undefined): number | undefined {
+  if (pid === undefined) return undefined;
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    // After "pid (comm) ", field 3 (state) is index 0: utime is field 14, stime 15.
+    return ((Number(fields[11]) + Number(fields[12])) * 1000) / USER_HZ;
+  } catch {
+    return undefined;
+  }
+}
+
+/** The machine's CPU pressure (share of time some task waited for a CPU, last 10 s), if known. */
+export function cpuPressure(): number | undefined {
+  try {
+    const match = /some avg10=([\d.]+)/.exec(readFileSync('/proc/pressure/cpu', 'utf8'));
+    return match ? Number(match[1]) : undefined;
+  } catch {
+    return undefined;
+  }
+}

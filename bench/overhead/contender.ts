@@ -1,0 +1,109 @@
+/**
+ * One contender of the overhead benchmark, run as its own process:
+ *
+ *   contender.ts <kind> <upstream-url>
+ *
+ * kinds: `baseline` (Express + http-proxy-middleware with a keep-alive agent, what a user
+ * would mount themselves), `baseline-json` (the same behind `express.json()` with
+ * `fixRequestBody`), `router:<policy>` (Express + dpRouter with that policy, default
+ * options), `router:<policy>+nometrics` / `+noretry` (the same with `metrics: false` /
+ * `retries: false`, diagnostic) and `bare-http` (a bare node:http proxy without Express,
+ * for context).
+ * Prints `READY <port>`.
+ */
+import { Agent, createServer, request as httpRequest } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import express from 'express';
+import { createProxyMiddleware, fixRequestBody } from 'http-proxy-middleware';
+import { dpRouter } from '../../lib/dp-router';
+import { prefixAware } from '../../lib/policies/prefix-aware';
+import { sessionAffinity } from '../../lib/policies/session-affinity';
+import type { Policy, PolicyName } from '../../lib/types';
+import { ROUTER_UPSTREAM } from './scenario';
+
+const [kind, upstreamUrl] = process.argv.slice(2);
+if (!kind || !upstreamUrl) {
+  process.stderr.write('usage: contender.ts <baseline|baseline-json|router:POLICY> <upstream-url>\n');
+  process.exit(2);
+}
+
+/** A built-in policy by name, or its factory where the name is not wired into dpRouter yet. */
+function policyFor(name: string): PolicyName | Policy {
+  try {
+    dpRouter({ upstreams: [{ url: upstreamUrl }], policy: name as PolicyName, metrics: false }).close();
+    return name as PolicyName;
+  } catch (error) {
+    if (!/not available yet/.test(String(error))) throw error;
+    if (name === 'prefix-aware') return prefixAware();
+    if (name === 'session-affinity') return sessionAffinity();
+    throw error;
+  }
+}
+
+if (kind === 'bare-http') startBareProxy(upstreamUrl);
+
+const app = express();
+app.disable('x-powered-by');
+let policySource = '';
+if (kind === 'bare-http') {
+  // served by startBareProxy
+} else if (kind === 'baseline' || kind === 'baseline-json') {
+  const agent = new Agent({ keepAlive: true });
+  if (kind === 'baseline-json') app.use(express.json({ limit: '16mb' }));
+  app.use(
+    createProxyMiddleware({
+      target: upstreamUrl,
+      agent,
+      changeOrigin: true,
+      on: kind === 'baseline-json' ? { proxyReq: fixRequestBody } : {},
+    }),
+  );
+} else if (kind.startsWith('router:')) {
+  // `router:<policy>[+nometrics][+noretry]`: the flags (diagnostic, not in the default set)
+  // switch off prom-client metrics or retries (whose body buffering) to isolate their share.
+  const [name, ...flags] = kind.slice('router:'.length).split('+');
+  const policy = policyFor(name);
+  policySource = typeof policy === 'string' ? 'name' : 'factory';
+  const extra: Record<string, unknown> = {};
+  for (const flag of flags) {
+    if (flag === 'nometrics') extra.metrics = false;
+    else if (flag === 'noretry') extra.retries = false;
+    else throw new Error(`unknown router flag '+${flag}'`);
+  }
+  app.use(dpRouter({ upstreams: [{ url: upstreamUrl, ...ROUTER_UPSTREAM }], policy, ...extra }));
+} else {
+  process.stderr.write(`unknown contender kind '${kind}'\n`);
+  process.exit(2);
+}
+
+if (kind !== 'bare-http') {
+  const server = app.listen(0, '127.0.0.1', () => {
+    process.stdout.write(`POLICY_SOURCE ${policySource}\n`);
+    process.stdout.write(`READY ${(server.address() as AddressInfo).port}\n`);
+  });
+  server.keepAliveTimeout = 60_000;
+  server.headersTimeout = 65_000;
+}
+process.on('SIGTERM', () => process.exit(0));
+// The parent may go away first (Ctrl-C, a failed start): a closed pipe is no reason to crash.
+process.stdout.on('error', () => undefined);
+
+/** The floor of any Node proxy: node:http in and out, a keep-alive agent, nothing else. */
+function startBareProxy(target: string): void {
+  const { hostname, port } = new URL(target);
+  const agent = new Agent({ keepAlive: true });
+  const bare = createServer((req, res) => {
+    const upstream = httpRequest({ agent, host: hostname, port, method: req.method, path: req.url, headers: req.headers }, (upstreamRes) => {
+      res.writeHead(upstreamRes.statusCode ?? 502, upstreamRes.headers);
+      upstreamRes.pipe(res);
+    });
+    upstream.on('error', () => {
+      res.statusCode = 502;
+      res.end();
+    });
+    req.pipe(upstream);
+  });
+  bare.keepAliveTimeout = 60_000;
+  bare.headersTimeout = 65_000;
+  bare.listen(0, '127.0.0.1', () => process.stdout.write(`READY ${(bare.address() as AddressInfo).port}\n`));
+}

@@ -1,3 +1,5 @@
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { BUFFERED_BODY, type RoutedRequest } from './rank-handler';
 import { createRouting, type Middleware, type RoutingHelpers } from './routing';
 import type { Options } from './types';
 
@@ -6,18 +8,32 @@ export type DpRank = Middleware & RoutingHelpers;
 
 /**
  * Hint handling and rank assignment without the proxy, for a gateway that has its own:
- * sets `req.dpRank`, rewrites the rank header in `req.headers`, and holds the in-flight
- * slot until the response closes.
+ * sets `req.dpRank` (with the chosen upstream's `url`), rewrites the rank header in
+ * `req.headers` so any proxy that forwards request headers sends exactly one clean copy, and
+ * holds the in-flight slot until the response closes.
  *
  * @example
  * app.use(dpRank({ upstreams: [{ url: 'http://127.0.0.1:8000', dataParallelSize: 8 }] }));
- * app.use((req, res, next) => myProxy(req.dpRank.url)(req, res, next));
+ * app.use(createProxyMiddleware({ router: (req) => req.dpRank!.url }));
  */
 export function dpRank(options: Options): DpRank {
   const routing = createRouting(options);
   const { handle } = routing;
-  function dpRankMiddleware(req: Parameters<Middleware>[0], res: Parameters<Middleware>[1], next: Parameters<Middleware>[2]): void {
-    handle(req, res, next);
+
+  function dpRankMiddleware(req: IncomingMessage, res: ServerResponse, next: (error?: unknown) => void): void {
+    const routed = req as RoutedRequest & { _body?: boolean };
+    handle(routed, res, (error) => {
+      const bytes = routed[BUFFERED_BODY];
+      if (error === undefined && bytes !== undefined && routed.body === undefined) {
+        // The body had to be read here (body hints, prefix-aware, a body affinity key), so the
+        // stream is spent: leave it parsed as express.json() would, for the caller's proxy to
+        // forward (http-proxy-middleware's fixRequestBody, express-http-proxy). `_body` tells a
+        // later body-parser 1.x (Express 4) not to wait for a stream that has ended.
+        routed.body = JSON.parse(bytes.toString('utf8'));
+        routed._body = true;
+      }
+      next(error);
+    });
   }
   return Object.assign(dpRankMiddleware, routing.helpers);
 }

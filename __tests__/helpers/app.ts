@@ -2,7 +2,14 @@ import express from 'express';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Registry } from 'prom-client';
+import { version as expressVersion } from 'express/package.json';
 import { dpRouter, type DpRouter, type Options } from '../../lib';
+
+/**
+ * The Express major version under test: 5, or 4 in the `express4` jest project, which maps
+ * `express` to the `express4` dev dependency (`npm run test:express4`).
+ */
+export const expressMajor = Number(expressVersion.split('.')[0]);
 
 export interface TestGateway {
   app: express.Express;

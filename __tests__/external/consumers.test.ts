@@ -169,7 +169,7 @@ afterAll(() => {
 });
 
 it('packs only what users need', () => {
-  expect(packedFiles.filter((path) => !path.startsWith('dist/'))).toEqual(['CHANGELOG.md', 'README.md', 'package.json']);
+  expect(packedFiles.filter((path) => !path.startsWith('dist/'))).toEqual(['CHANGELOG.md', 'LICENSE', 'README.md', 'package.json']);
   expect(packedFiles).toEqual(expect.arrayContaining(['dist/cjs/index.js', 'dist/cjs/index.d.ts', 'dist/esm/index.mjs', 'dist/esm/index.d.mts']));
   expect(packedFiles.some((path) => /\.test\.|__tests__|example-server|bench\//.test(path))).toBe(false);
 });

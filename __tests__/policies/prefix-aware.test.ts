@@ -39,18 +39,17 @@ describe('prefixAware', () => {
     }
   });
 
-  it('prefers the longest leading run of matching blocks over a lighter load', () => {
+  it('weighs the uncached blocks against the queue ahead', () => {
     const policy = prefixAware();
     const candidates = endpoints(4);
-    const short = text('doc', 4);
-    const long = short + text('chapter', 8);
-    const holdsShort = policy.pick(candidates, ctx(short));
-    setLoad(holdsShort as MutableEndpoint, 5); // too busy: the long prompt goes elsewhere
-    const holdsLong = policy.pick(candidates, ctx(long));
-    expect(holdsLong).not.toBe(holdsShort);
-    setLoad(holdsShort as MutableEndpoint, 0);
-    setLoad(holdsLong as MutableEndpoint, 1); // busier, but within the imbalance margins
-    expect(policy.pick(candidates, ctx(long + text('next', 2)))).toBe(holdsLong);
+    const long = text('doc', 12);
+    const home = policy.pick(candidates, ctx(long)) as MutableEndpoint;
+    // Hits teach the policy that a queued request costs little prefill.
+    for (let i = 0; i < 100; i++) expect(policy.pick(candidates, ctx(long))).toBe(home);
+    setLoad(home, 1); // one cheap request ahead costs less than 12 uncached blocks
+    expect(policy.pick(candidates, ctx(long + text('next', 1)))).toBe(home);
+    setLoad(home, 1000); // a long queue costs more than the whole prompt
+    expect(policy.pick(candidates, ctx(long + text('next', 2)))).not.toBe(home);
   });
 
   it('matches only leading blocks: a shared middle does not count', () => {
@@ -58,26 +57,32 @@ describe('prefixAware', () => {
     const candidates = endpoints(2);
     const home = policy.pick(candidates, ctx(text('head-1', 1) + text('body', 10)));
     setLoad(candidates[home.rank], 1);
-    // Same body behind a different first block: no match, so the least loaded wins.
+    // Same body behind a different first block: a miss, which goes to the other endpoint.
     expect(policy.pick(candidates, ctx(text('head-2', 1) + text('body', 10)))).not.toBe(home);
   });
 
-  it('falls back to least-outstanding when the matching endpoint is imbalanced', () => {
-    const policy = prefixAware({ imbalanceAbsolute: 2, imbalanceRelative: 1.5 });
+  it('sends a miss to the endpoint that received the fewest new blocks lately', () => {
+    const policy = prefixAware();
     const candidates = endpoints(4);
-    const prompt = text('shared', 16);
-    const home = policy.pick(candidates, ctx(prompt));
-    candidates.forEach((e) => setLoad(e, 4));
-    setLoad(home as MutableEndpoint, 6); // 6 − 4 = 2: not above the absolute margin
-    expect(policy.pick(candidates, ctx(prompt))).toBe(home);
-    setLoad(home as MutableEndpoint, 7); // above 4 + 2 and above 4 × 1.5
-    const moved = policy.pick(candidates, ctx(prompt));
-    expect(moved).not.toBe(home);
-    setLoad(home as MutableEndpoint, 4);
-    setLoad(moved as MutableEndpoint, 4);
-    // Both now hold the prefix: equal matches go to the less loaded.
-    setLoad(home as MutableEndpoint, 5);
-    expect(policy.pick(candidates, ctx(prompt))).toBe(moved);
+    const homes = new Set([0, 1, 2, 3].map((i) => policy.pick(candidates, ctx(text(`prefix ${i}`, 8))).key));
+    expect(homes.size).toBe(4);
+  });
+
+  it('does not draw every new conversation onto the holder of a short shared system prompt', () => {
+    const system = text('system', 4);
+    const firstTurns = Array.from({ length: 8 }, (_, i) => system + text(`user ${i}`, 12));
+    const spread = (contentBalance: number): { homes: Endpoint[]; most: number } => {
+      const policy = prefixAware({ contentBalance });
+      const candidates = endpoints(8);
+      const homes = firstTurns.map((prompt) => policy.pick(candidates, ctx(prompt)));
+      const counts = new Map<string, number>();
+      for (const home of homes) counts.set(home.key, (counts.get(home.key) ?? 0) + 1);
+      // Each conversation's next turn goes back to its own endpoint.
+      firstTurns.forEach((prompt, i) => expect(policy.pick(candidates, ctx(prompt + text(`reply ${i}`, 4)))).toBe(homes[i]));
+      return { homes, most: Math.max(...counts.values()) };
+    };
+    expect(spread(1).most).toBeLessThanOrEqual(2);
+    expect(spread(0).most).toBe(8); // without the term, the cache saving alone wins
   });
 
   it('uses the fallback without a prompt or with less than one block', () => {
@@ -106,37 +111,48 @@ describe('prefixAware', () => {
   });
 
   it('forgets the index of an endpoint that stops being a candidate', () => {
-    const policy = prefixAware();
-    const all = endpoints(2);
-    const prompt = text('gone', 8);
-    const home = policy.pick(all, ctx(prompt));
-    const others = all.filter((e) => e !== home);
-    for (let i = 0; i < 9000; i++) policy.pick(others, ctx(text(`filler ${i}`, 1)));
-    // Remembered, `home` would win at load 1 (within the margins); forgotten, the idle one does.
-    setLoad(home as MutableEndpoint, 1);
-    expect(policy.pick(all, ctx(prompt))).toBe(others[0]);
+    const route = (fillers: number): string => {
+      const policy = prefixAware();
+      const [home, a, b] = endpoints(3);
+      const prompt = text('gone', 8);
+      expect(policy.pick([home, a, b], ctx(prompt))).toBe(home);
+      for (let i = 0; i < fillers; i++) policy.pick([a, b], ctx(text(`filler ${i}`, 1)));
+      policy.pick([a], ctx(text('gone', 4))); // `a` holds the first half
+      setLoad(home, 5);
+      return policy.pick([home, a, b], ctx(prompt)).key;
+    };
+    // Remembered, `home` holds the whole prompt and wins despite its queue; forgotten, `a` does.
+    expect(route(100)).toBe('gpu#0');
+    expect(route(9000)).toBe('gpu#1');
   });
 
   it('rejects invalid options', () => {
     expect(() => prefixAware({ blockChars: 0 })).toThrow(/blockChars/);
     expect(() => prefixAware({ maxBlocksPerEndpoint: 1.5 })).toThrow(TypeError);
-    expect(() => prefixAware({ imbalanceAbsolute: -1 })).toThrow(/imbalanceAbsolute/);
+    expect(() => prefixAware({ contentBalance: -1 })).toThrow(/contentBalance/);
   });
 });
 
 describe('BlockIndex', () => {
   const hashes = (from: number, count: number) => Int32Array.from({ length: count }, (_, i) => from + i);
 
-  it('never holds more than its bound and keeps the most recent blocks', () => {
+  it('holds the most recent maxBlocks blocks, never more than twice that', () => {
     const index = new BlockIndex(1000);
+    let largest = 0;
+    let recentMissing = 0;
     for (let start = 1; start < 100_000; start += 50) {
-      index.record(hashes(start, 50), 50);
-      expect(index.size).toBeLessThanOrEqual(1000);
+      expect(index.record(hashes(start, 50), 50)).toBe(50);
+      largest = Math.max(largest, index.size);
+      const newest = start + 49;
+      for (let hash = Math.max(1, newest - 999); hash <= newest; hash++) if (!index.has(hash)) recentMissing++;
     }
-    expect(index.size).toBeGreaterThanOrEqual(500);
-    expect(index.has(99_951)).toBe(true);
+    expect(largest).toBeLessThanOrEqual(2000);
+    expect(largest).toBeGreaterThan(1900);
+    expect(recentMissing).toBe(0);
+    expect(index.size).toBeGreaterThanOrEqual(1000);
     expect(index.has(1)).toBe(false);
-    expect(index.bytes).toBe(2 * 4 * 1024);
+    expect(index.bytes).toBe(2 * 4 * 2048);
+    expect(index.record(hashes(99_951, 50), 50)).toBe(0); // all held: nothing new
   });
 
   it('finds the leading run by binary search over a prefix-closed chain', () => {
@@ -150,7 +166,7 @@ describe('BlockIndex', () => {
   });
 
   it('evicts a chain from its tail: the head outlives it', () => {
-    const index = new BlockIndex(100);
+    const index = new BlockIndex(50);
     const chain = hashes(1, 40);
     index.record(chain, 40);
     index.record(hashes(1000, 30), 30); // rotates a generation partway

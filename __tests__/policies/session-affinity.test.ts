@@ -50,21 +50,50 @@ describe('sessionAffinity', () => {
     });
   });
 
-  it('adding an endpoint moves keys only onto it', () => {
+  it('adding an endpoint moves no session; new sessions fill it first', () => {
     const policy = sessionAffinity();
     const nine = endpoints(9);
     const eight = nine.slice(0, 8);
     const before = keys.map((key) => policy.pick(eight, ctx(key)).rank);
-    const after = keys.map((key) => policy.pick(nine, ctx(key)).rank);
-    let moved = 0;
-    keys.forEach((_, i) => {
-      if (after[i] !== before[i]) {
-        expect(after[i]).toBe(8);
-        moved++;
-      }
-    });
-    expect(moved / keys.length).toBeGreaterThan(0.08);
-    expect(moved / keys.length).toBeLessThan(0.15);
+    keys.forEach((key, i) => expect(policy.pick(nine, ctx(key)).rank).toBe(before[i]));
+    // 4000 sessions on 8: the new endpoint is below ⌈(4000 + 1) / 9⌉ = 445 until it has 445.
+    const fresh = Array.from({ length: 445 }, (_, i) => policy.pick(nine, ctx(`new-${i}`)).rank);
+    expect(fresh.every((rank) => rank === 8)).toBe(true);
+  });
+
+  it('balances the session count within one, where plain hashing would not', () => {
+    const policy = sessionAffinity();
+    const candidates = endpoints(8);
+    const counts = new Array(8).fill(0);
+    for (let i = 0; i < 24; i++) counts[policy.pick(candidates, ctx(`conversation-${i}`)).rank]++;
+    expect(counts).toEqual(new Array(8).fill(3));
+  });
+
+  it('with a larger keyLoadFactor, keeps sessions on their first choice more often', () => {
+    const loose = sessionAffinity({ keyLoadFactor: 2 });
+    const strict = sessionAffinity();
+    const candidates = endpoints(8);
+    // First choices: what an unbounded assignment gives, one fresh policy per key.
+    const firstChoice = keys.slice(0, 400).map((key) => sessionAffinity({ keyLoadFactor: 1000 }).pick(candidates, ctx(key)).rank);
+    const agree = (policy: Policy): number =>
+      keys.slice(0, 400).filter((key, i) => policy.pick(candidates, ctx(key)).rank === firstChoice[i]).length;
+    expect(agree(loose)).toBeGreaterThan(agree(strict));
+    expect(() => sessionAffinity({ keyLoadFactor: 0.9 })).toThrow(/keyLoadFactor/);
+  });
+
+  it('remembers at most maxSessions sessions, least recently used out first', () => {
+    const policy = sessionAffinity({ maxSessions: 3 });
+    const candidates = endpoints(8);
+    const home = (key: string) => policy.pick(candidates, ctx(key)).rank;
+    const a = home('a');
+    home('b');
+    home('c');
+    expect(home('a')).toBe(a); // touched: 'b' is now the oldest
+    home('d'); // forgets 'b', and its count: three sessions stay remembered
+    const counts = new Array(8).fill(0);
+    for (const key of ['a', 'c', 'd']) counts[home(key)]++;
+    expect(counts.reduce((x, y) => x + y)).toBe(3);
+    expect(() => sessionAffinity({ maxSessions: 0 })).toThrow(/maxSessions/);
   });
 
   it('does not depend on endpoint object identity or order, only on keys', () => {
@@ -74,7 +103,7 @@ describe('sessionAffinity', () => {
     for (const key of keys.slice(0, 200)) expect(policy.pick(copies, ctx(key)).key).toBe(policy.pick(candidates, ctx(key)).key);
   });
 
-  it('skips an endpoint loaded above ⌈loadFactor × mean⌉ and returns when it drains', () => {
+  it('skips an endpoint loaded above ⌈loadFactor × mean⌉ for one request; the session stays', () => {
     const policy = sessionAffinity({ loadFactor: 1.25 });
     const candidates = endpoints(8, 2);
     const key = 'hot-session';
@@ -83,6 +112,7 @@ describe('sessionAffinity', () => {
     // mean = (7 × 2 + 9) / 8 = 2.875; cap = ⌈3.59⌉ = 4 < 9
     const moved = policy.pick(loaded, ctx(key));
     expect(moved.key).not.toBe(home.key);
+    expect(policy.pick(loaded, ctx(key)).key).toBe(moved.key); // the same spill-over, by the key's order
     expect(policy.pick(candidates, ctx(key)).key).toBe(home.key);
   });
 

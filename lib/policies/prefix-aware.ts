@@ -10,27 +10,23 @@ export interface PrefixAwareOptions {
    */
   blockChars?: number;
   /**
-   * The memory bound: the most block hashes remembered per endpoint. The index keeps the
-   * most recently used blocks, between half this number and this number, in fixed tables of
-   * `8 × nextPowerOfTwo(maxBlocksPerEndpoint)` bytes: 256 KiB per endpoint for the default
+   * The memory bound, per endpoint: the index remembers at least the `maxBlocksPerEndpoint`
+   * block hashes most recently sent to it and never more than twice that, in fixed tables of
+   * `16 × nextPowerOfTwo(maxBlocksPerEndpoint)` bytes: 512 KiB per endpoint for the default
    * `32768` (2 M characters, about 500 K tokens of prompt). Match it to the rank's KV cache,
-   * `tokens × 4 / blockChars`, so that the index forgets about when the rank does.
+   * `tokens × 4 / blockChars`, so that the index does not forget before the rank does.
    * Default: `32768`.
    */
   maxBlocksPerEndpoint?: number;
   /**
-   * Load imbalance, absolute part: an endpoint is too busy to be chosen for its cache when
-   * its load exceeds the least loaded candidate's by more than this **and** by the relative
-   * factor. Small, because a prompt's prefix (a shared system prompt) must not draw new
-   * sessions onto one endpoint while others idle. Default: `1`.
+   * Weight of the content-balance term: an endpoint that received a share `s` of the new
+   * blocks recently sent to the candidates (about the last one to two caches' worth) costs
+   * `contentBalance × prompt blocks × min(0.5, max(0, s × candidates − 1))` more, so that a
+   * prefix held by one endpoint (a shared system prompt) does not draw every new conversation
+   * onto it. `0` turns it off. Default: `1`.
    */
-  imbalanceAbsolute?: number;
-  /** Load imbalance, relative part: load above `imbalanceRelative ×` the least loaded's. Default: `2`. */
-  imbalanceRelative?: number;
-  /**
-   * Chooses when no candidate holds a matching block, among equally good matches, and for
-   * requests without a prompt. Default: `leastOutstanding()`.
-   */
+  contentBalance?: number;
+  /** Chooses for requests without a prompt of at least one block. Default: `leastOutstanding()`. */
   fallback?: Policy;
 }
 
@@ -38,23 +34,48 @@ export interface PrefixAwareOptions {
 const FORGET_AFTER_PICKS = 4096;
 
 /**
- * Routes a prompt to the endpoint that most likely holds its prefix in the KV cache: the
- * prompt is cut into fixed-size character blocks, chain-hashed (a block's hash covers all
- * text before it, as vLLM's block hashes do), and matched against a bounded per-endpoint
- * index of the blocks it was sent. The endpoint with the longest leading run of matching
- * blocks wins, skipping endpoints too loaded against the least loaded one; with no match
- * the fallback (least-outstanding) decides.
+ * The content-balance term is at most this share of the prompt (times `contentBalance`): with
+ * the default, a match covering more than half of the prompt still beats an equally loaded
+ * endpoint without it, as in SGLang's router (cache threshold 0.5).
+ */
+const MAX_EXCESS = 0.5;
+
+/** Weight of a new sample in the running mean of the prefill blocks a request needs. */
+const WORK_SMOOTHING = 1 / 32;
+
+/**
+ * Routes a prompt to the endpoint where it is likely to get its first token soonest, counting
+ * what the KV cache saves. The prompt is cut into fixed-size character blocks, chain-hashed
+ * (a block's hash covers all text before it, as vLLM's block hashes do) and matched against a
+ * bounded per-endpoint index of the blocks it was sent. Each candidate costs, in blocks of
+ * prefill:
+ *
+ * - its **uncached blocks**: the prompt's blocks after its longest matching leading run;
+ * - its **queue**: `(load − least load) × w`, with `w` the running mean of the uncached blocks
+ *   of the requests routed so far (what a queued request typically costs to prefill);
+ * - its **content share** above its fair part, at most half the prompt, see `contentBalance`;
+ *
+ * and the cheapest wins (the less loaded on a tie). A prompt that no candidate holds any block
+ * of goes to the endpoint that received the fewest new blocks recently (less loaded on a tie),
+ * as SGLang's router sends a miss to its smallest tree: new prefixes spread evenly, and so
+ * does the cache they take.
+ *
+ * Per pick: one pass hashing the prompt, then per candidate a `Map` lookup and a binary search
+ * of its matching run (skipped when the candidate cannot win); no allocation once the hash
+ * buffer has grown to the longest prompt.
  */
 export function prefixAware(options: PrefixAwareOptions = {}): Policy {
   const blockChars = positiveInteger(options.blockChars ?? 64, 'blockChars');
   const maxBlocks = positiveInteger(options.maxBlocksPerEndpoint ?? 32768, 'maxBlocksPerEndpoint');
-  const absolute = nonNegative(options.imbalanceAbsolute ?? 1, 'imbalanceAbsolute');
-  const relative = nonNegative(options.imbalanceRelative ?? 2, 'imbalanceRelative');
+  const contentBalance = nonNegative(options.contentBalance ?? 1, 'contentBalance');
   const fallback = options.fallback ?? leastOutstanding();
   const indexes = new Map<string, BlockIndex>();
   let blockHashes = new Int32Array(256);
   let picks = 0;
-  const tied: Endpoint[] = [];
+  /** Running mean of the uncached blocks of routed requests; negative until the first. */
+  let typicalWork = -1;
+  /** Sum of every index's `recentBlocks`. */
+  let recentTotal = 0;
 
   function hashBlocks(prompt: string): number {
     const count = Math.floor(prompt.length / blockChars);
@@ -69,8 +90,55 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
 
   function forgetAbsentEndpoints(): void {
     for (const [key, index] of indexes) {
-      if (picks - index.lastCandidatePick > FORGET_AFTER_PICKS) indexes.delete(key);
+      if (picks - index.lastCandidatePick > FORGET_AFTER_PICKS) {
+        recentTotal -= index.recentBlocks;
+        indexes.delete(key);
+      }
     }
+  }
+
+  function choose(candidates: readonly Endpoint[], blockCount: number): Endpoint {
+    let minLoad = Infinity;
+    let candidateRecent = 0;
+    for (const candidate of candidates) {
+      if (candidate.load < minLoad) minLoad = candidate.load;
+      const index = indexes.get(candidate.key);
+      if (index !== undefined) {
+        index.lastCandidatePick = picks;
+        candidateRecent += index.recentBlocks;
+      }
+    }
+    const work = typicalWork < 0 ? blockCount : typicalWork;
+    const fairRecent = candidateRecent / candidates.length;
+    const first = blockHashes[0];
+
+    let best = candidates[0];
+    let bestCost = Infinity;
+    let anyMatch = false;
+    let fewest = candidates[0];
+    let fewestRecent = Infinity;
+    for (const candidate of candidates) {
+      const index = indexes.get(candidate.key);
+      const recent = index === undefined ? 0 : index.recentBlocks;
+      if (recent < fewestRecent || (recent === fewestRecent && candidate.load < fewest.load)) {
+        fewest = candidate;
+        fewestRecent = recent;
+      }
+      let cost = work * (candidate.load - minLoad);
+      if (recent > fairRecent) cost += contentBalance * blockCount * Math.min(MAX_EXCESS, recent / fairRecent - 1);
+      const holds = index !== undefined && index.has(first);
+      if (holds) anyMatch = true;
+      // Uncached blocks are the whole prompt without the first block, at least none with it:
+      // skip the search when even none cannot win.
+      if (cost + blockCount - (holds ? blockCount : 0) > bestCost) continue;
+      if (holds) cost += blockCount - (index as BlockIndex).leadingRun(blockHashes, blockCount, 0);
+      else cost += blockCount;
+      if (cost < bestCost || (cost === bestCost && candidate.load < best.load)) {
+        best = candidate;
+        bestCost = cost;
+      }
+    }
+    return anyMatch ? best : fewest;
   }
 
   return {
@@ -81,30 +149,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
       const blockCount = prompt === undefined ? 0 : hashBlocks(prompt);
       if (blockCount === 0) return fallback.pick(candidates, ctx);
       if (++picks % FORGET_AFTER_PICKS === 0) forgetAbsentEndpoints();
-
-      let minLoad = Infinity;
-      for (const candidate of candidates) if (candidate.load < minLoad) minLoad = candidate.load;
-      // SGLang's imbalance test, per endpoint: too busy only when above the least loaded by
-      // both margins, so small fleets and busy fleets are both judged sensibly.
-      const busyAbove = Math.max(minLoad + absolute, minLoad * relative);
-
-      let bestRun = 0;
-      tied.length = 0;
-      for (const candidate of candidates) {
-        const index = indexes.get(candidate.key);
-        if (index === undefined) continue;
-        index.lastCandidatePick = picks;
-        if (candidate.load > busyAbove) continue;
-        const run = index.leadingRun(blockHashes, blockCount, bestRun);
-        if (run > bestRun) {
-          bestRun = run;
-          tied.length = 0;
-        }
-        if (run === bestRun && run > 0) tied.push(candidate);
-      }
-      const chosen =
-        tied.length === 0 ? fallback.pick(candidates, ctx) : tied.length === 1 ? tied[0] : fallback.pick(tied, ctx);
-      tied.length = 0;
+      const chosen = choose(candidates, blockCount);
 
       let index = indexes.get(chosen.key);
       if (index === undefined) {
@@ -112,7 +157,19 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
         index.lastCandidatePick = picks;
         indexes.set(chosen.key, index);
       }
-      index.record(blockHashes, blockCount);
+      const uncached = blockCount - index.leadingRun(blockHashes, blockCount, 0);
+      typicalWork = typicalWork < 0 ? uncached : typicalWork + (uncached - typicalWork) * WORK_SMOOTHING;
+      const added = index.record(blockHashes, blockCount);
+      index.recentBlocks += added;
+      recentTotal += added;
+      // "Recent" is about the last one to two caches' worth of new blocks per endpoint.
+      if (recentTotal > maxBlocks * indexes.size) {
+        recentTotal = 0;
+        for (const held of indexes.values()) {
+          held.recentBlocks /= 2;
+          recentTotal += held.recentBlocks;
+        }
+      }
       return chosen;
     },
   };
@@ -120,24 +177,28 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
 
 /**
  * The block hashes one endpoint was sent, approximately least-recently-used: two
- * generations of at most `maxBlocks / 2` hashes each; when the current one fills, the older
- * is dropped whole. Each generation is an open-addressing hash set in an `Int32Array` at
- * most half full, so a touch is a probe or two with no allocation, and the memory is fixed:
- * `2 × 4 × nextPowerOfTwo(maxBlocks)` bytes (256 KiB for 32768 blocks).
+ * generations of at most `maxBlocks` hashes each; when the current one fills, the older is
+ * dropped whole. So the `maxBlocks` most recently used hashes are always held (the rank's
+ * cache, sized alike, forgets nothing the index still needs), and at most `2 × maxBlocks`.
+ * Each generation is an open-addressing hash set in an `Int32Array` at most half full, so a
+ * touch is a probe or two with no allocation, and the memory is fixed:
+ * `16 × nextPowerOfTwo(maxBlocks)` bytes (512 KiB for 32768 blocks).
  */
 export class BlockIndex {
   lastCandidatePick = 0;
+  /** New blocks recorded lately (halved as the policy's total passes its bound). */
+  recentBlocks = 0;
   private current: HashSet32;
   private previous: HashSet32;
   private readonly generationSize: number;
 
   constructor(maxBlocks: number) {
-    this.generationSize = Math.max(1, Math.floor(maxBlocks / 2));
+    this.generationSize = maxBlocks;
     this.current = new HashSet32(this.generationSize);
     this.previous = new HashSet32(this.generationSize);
   }
 
-  /** How many block hashes are held (never more than `maxBlocks`). */
+  /** How many block hashes are held (never more than `2 × maxBlocks`). */
   get size(): number {
     return this.current.size + this.previous.size;
   }
@@ -172,10 +233,17 @@ export class BlockIndex {
     return low;
   }
 
-  /** Marks the blocks as just used, last to first so that a prompt's head outlives its tail. */
-  record(hashes: Int32Array, count: number): void {
+  /**
+   * Marks the blocks as just used, last to first so that a prompt's head outlives its tail.
+   * Returns how many were not held before.
+   */
+  record(hashes: Int32Array, count: number): number {
+    let added = 0;
     for (let i = count - 1; i >= 0; i--) {
-      if (!this.current.add(hashes[i])) continue;
+      const hash = hashes[i];
+      const held = this.previous.has(hash);
+      if (!this.current.add(hash)) continue;
+      if (!held) added++;
       if (this.current.size >= this.generationSize) {
         const dropped = this.previous;
         this.previous = this.current;
@@ -183,6 +251,7 @@ export class BlockIndex {
         this.current = dropped;
       }
     }
+    return added;
   }
 }
 

@@ -5,30 +5,72 @@ import { leastOutstanding } from './least-outstanding';
 /** Options of {@link sessionAffinity}. */
 export interface SessionAffinityOptions {
   /**
-   * Bounded-load factor `c`: an endpoint whose load is above `⌈c × mean load⌉` is skipped for
-   * this request. At least 1. Default: `1.25`.
+   * In-flight guard `c`: a request whose session's endpoint has a load above `⌈c × mean load⌉`
+   * goes, this once, to the next endpoint of the session's hash order that is within that
+   * bound; the session keeps its endpoint. At least 1. Default: `1.25`.
    */
   loadFactor?: number;
+  /**
+   * Key balance `c_k`: a new session is assigned to the first endpoint of its hash order that
+   * holds fewer than `⌈c_k × (sessions + 1) / endpoints⌉` of the remembered sessions
+   * (consistent hashing with bounded loads, Mirrokni, Thorup and Zadimoghaddam 2018). `1`
+   * keeps the session counts within one of each other, which is what balances a few long
+   * conversations; larger values let more sessions land on their first-choice endpoint, so
+   * router replicas and forgotten sessions agree more often. At least 1. Default: `1`.
+   */
+  keyLoadFactor?: number;
+  /**
+   * The memory bound: how many sessions are remembered, least recently used first out. Each
+   * is a 32-bit hash of the key and an endpoint number in a `Map` (about 50 bytes; ~3 MiB for
+   * the default), whatever the key's length. A forgotten session that returns is assigned
+   * anew (most often to the same endpoint). Two keys whose hashes collide share an
+   * assignment, which costs nothing but a little balance. Default: `65536`.
+   */
+  maxSessions?: number;
   /** The policy for requests without a session key. Default: `leastOutstanding()`. */
   fallback?: Policy;
 }
 
+/** Distinct endpoint keys remembered before every assignment is dropped (endpoint sets are small). */
+const MAX_ENDPOINT_KEYS = 4096;
+
 /**
- * Sends every request of a session (`ctx.affinityKey`) to the same endpoint by rendezvous
- * (highest-random-weight) hashing, so adding or removing an endpoint moves only that
- * endpoint's sessions. A bounded-load guard keeps a hot endpoint from taking more than its
- * share: the highest-weight endpoint whose load is at most `⌈loadFactor × mean⌉` wins.
+ * Sends every request of a session (`ctx.affinityKey`) to the same endpoint, with bounded
+ * loads on two time scales:
+ *
+ * - **Sessions.** A new session walks its rendezvous (highest-random-weight) order of the
+ *   endpoints and is assigned to the first one holding fewer than
+ *   `⌈keyLoadFactor × (sessions + 1) / endpoints⌉` sessions, and remembered (bounded LRU,
+ *   see `maxSessions`). Plain hashing of a few dozen sessions onto a few endpoints is
+ *   uneven (balls into bins); this is not. A remembered session stays on its endpoint while
+ *   that endpoint is a candidate: removing an endpoint moves only its sessions; adding one
+ *   moves none (new sessions fill it).
+ * - **Requests.** When the session's endpoint has a load above `⌈loadFactor × mean⌉`, the
+ *   request alone goes to the first endpoint of the session's order within that bound.
+ *
+ * Per pick: one hash of the key, one `Map` lookup and touch, two passes over the candidates;
+ * no allocation beyond the LRU's own entry.
+ *
+ * Assignments depend on the order sessions arrive in, so two router replicas agree on a
+ * session's endpoint only as far as both picked its first choice (most sessions with a
+ * large `keyLoadFactor`); put one router in front of a session, or route by prefix.
  */
 export function sessionAffinity(options: SessionAffinityOptions = {}): Policy {
-  const loadFactor = options.loadFactor ?? 1.25;
-  if (!Number.isFinite(loadFactor) || loadFactor < 1) {
-    throw new TypeError(
-      `sessionAffinity: loadFactor must be a finite number >= 1 (got ${String(loadFactor)}); ` +
-        'use 1.25 for the default bound.',
-    );
+  const loadFactor = atLeastOne(options.loadFactor ?? 1.25, 'loadFactor', 'use 1.25 for the default bound.');
+  const keyLoadFactor = atLeastOne(options.keyLoadFactor ?? 1, 'keyLoadFactor', 'use 1 for the default bound.');
+  const maxSessions = options.maxSessions ?? 65536;
+  if (!Number.isInteger(maxSessions) || maxSessions < 1) {
+    throw new TypeError(`sessionAffinity: maxSessions must be a positive integer (got ${String(maxSessions)}).`);
   }
   const fallback = options.fallback ?? leastOutstanding();
-  const endpointHashes = new EndpointHashCache();
+  const endpoints = new EndpointTable();
+  /** Session key hash → endpoint id, in least-recently-used order. */
+  const sessions = new Map<number, number>();
+
+  function forget(keyHash: number, id: number): void {
+    sessions.delete(keyHash);
+    endpoints.sessions[id]--;
+  }
 
   return {
     name: 'session-affinity',
@@ -36,49 +78,109 @@ export function sessionAffinity(options: SessionAffinityOptions = {}): Policy {
     pick(candidates: readonly Endpoint[], ctx: PickContext): Endpoint {
       const key = ctx.affinityKey;
       if (key === undefined || key === '') return fallback.pick(candidates, ctx);
-      if (candidates.length === 1) return candidates[0];
-      const hashes = endpointHashes.of(candidates);
+      if (endpoints.overflows(candidates)) sessions.clear();
+      endpoints.use(candidates);
+      const hashes = endpoints.hashes;
+      const ids = endpoints.ids;
+      const counts = endpoints.sessions;
+      const keyHash = hashString(key);
+      let home = sessions.get(keyHash);
+
       let totalLoad = 0;
-      for (const candidate of candidates) totalLoad += candidate.load;
+      let totalSessions = 0;
+      let homeIndex = -1;
+      for (let i = 0; i < candidates.length; i++) {
+        totalLoad += candidates[i].load;
+        totalSessions += counts[ids[i]];
+        if (ids[i] === home) homeIndex = i;
+      }
       // The ceiling gives integer in-flight counts a slot of slack: near idle the mean is a
       // fraction, and one request must not push a session off its endpoint.
       const loadCap = Math.ceil((loadFactor * totalLoad) / candidates.length);
-      const keyHash = hashString(key);
-      let best: Endpoint | undefined;
-      let bestWeight = 0;
+
+      if (homeIndex < 0) {
+        // New, forgotten, or its endpoint left: assign it anew.
+        if (home !== undefined) forget(keyHash, home);
+        const sessionCap = Math.ceil((keyLoadFactor * (totalSessions + 1)) / candidates.length);
+        let bestWeight = -1;
+        for (let i = 0; i < candidates.length; i++) {
+          if (counts[ids[i]] >= sessionCap) continue;
+          const weight = combine32(keyHash, hashes[i]) >>> 0;
+          if (weight > bestWeight) {
+            bestWeight = weight;
+            homeIndex = i;
+          }
+        }
+        // Some candidate is below the cap: the cap is above the mean count.
+        counts[ids[homeIndex]]++;
+        if (sessions.size >= maxSessions) {
+          const oldest = sessions.keys().next().value as number;
+          forget(oldest, sessions.get(oldest) as number);
+        }
+      } else {
+        sessions.delete(keyHash); // re-inserted below: most recently used
+      }
+      sessions.set(keyHash, ids[homeIndex]);
+
+      const homeEndpoint = candidates[homeIndex];
+      if (homeEndpoint.load <= loadCap) return homeEndpoint;
+      // Overloaded: this request alone goes to the next endpoint of the key's order within the bound.
+      let spill: Endpoint | undefined;
+      let spillWeight = -1;
       for (let i = 0; i < candidates.length; i++) {
-        const candidate = candidates[i];
-        if (candidate.load > loadCap) continue;
+        if (i === homeIndex || candidates[i].load > loadCap) continue;
         const weight = combine32(keyHash, hashes[i]) >>> 0;
-        if (best === undefined || weight > bestWeight) {
-          best = candidate;
-          bestWeight = weight;
+        if (weight > spillWeight) {
+          spillWeight = weight;
+          spill = candidates[i];
         }
       }
-      // Unreachable with loadFactor >= 1 (the least loaded is never above the mean), but a
-      // load that is NaN would skip every endpoint.
-      return best ?? fallback.pick(candidates, ctx);
+      // None only when a load is NaN (the least loaded is never above the mean).
+      return spill ?? homeEndpoint;
     },
   };
 }
 
 /**
- * Endpoint key hashes, computed once per key. The router usually passes the same endpoints
- * in the same order until the healthy set changes, so the last result is reused when every
- * position still holds the same endpoint object (a pointer comparison each).
+ * Endpoint key hashes and small-integer ids with their session counts. The router usually
+ * passes the same endpoints in the same order until the healthy set changes, so the last
+ * result is reused when every position still holds the same endpoint object (a pointer
+ * comparison each).
  */
-class EndpointHashCache {
-  private readonly byKey = new Map<string, number>();
+class EndpointTable {
+  /** Sessions assigned, by endpoint id. */
+  sessions = new Int32Array(16);
+  private readonly idOf = new Map<string, number>();
+  private readonly hashOf: number[] = [];
+  /** Rendezvous hashes of the candidates of the last {@link use}, by position. */
+  hashes = new Int32Array(0);
+  /** Ids of the candidates of the last {@link use}, by position. */
+  ids = new Int32Array(0);
   private lastEndpoints: Endpoint[] = [];
-  private lastHashes = new Int32Array(0);
 
-  of(candidates: readonly Endpoint[]): Int32Array {
-    if (this.sameAsLast(candidates)) return this.lastHashes;
-    const hashes = new Int32Array(candidates.length);
-    for (let i = 0; i < candidates.length; i++) hashes[i] = this.hashOf(candidates[i].key);
-    this.lastEndpoints = candidates.slice();
-    this.lastHashes = hashes;
-    return hashes;
+  /** Whether these candidates bring the table past its bound; if so it is emptied (ids restart). */
+  overflows(candidates: readonly Endpoint[]): boolean {
+    if (this.sameAsLast(candidates) || this.idOf.size + candidates.length <= MAX_ENDPOINT_KEYS) return false;
+    this.idOf.clear();
+    this.hashOf.length = 0;
+    this.sessions.fill(0);
+    this.lastEndpoints = [];
+    return true;
+  }
+
+  /** Sets `hashes` and `ids` for these candidates. */
+  use(candidates: readonly Endpoint[]): void {
+    if (!this.sameAsLast(candidates)) {
+      const hashes = new Int32Array(candidates.length);
+      const ids = new Int32Array(candidates.length);
+      for (let i = 0; i < candidates.length; i++) {
+        ids[i] = this.idFor(candidates[i].key);
+        hashes[i] = this.hashOf[ids[i]];
+      }
+      this.lastEndpoints = candidates.slice();
+      this.hashes = hashes;
+      this.ids = ids;
+    }
   }
 
   private sameAsLast(candidates: readonly Endpoint[]): boolean {
@@ -88,15 +190,25 @@ class EndpointHashCache {
     return true;
   }
 
-  private hashOf(key: string): number {
-    let hash = this.byKey.get(key);
-    if (hash === undefined) {
-      // Endpoint sets are small and change rarely; forgetting everything on overflow is
-      // enough to bound the map when keys churn.
-      if (this.byKey.size >= 4096) this.byKey.clear();
-      hash = hashString(key, 0x5bd1e995);
-      this.byKey.set(key, hash);
+  private idFor(key: string): number {
+    let id = this.idOf.get(key);
+    if (id === undefined) {
+      id = this.hashOf.length;
+      this.idOf.set(key, id);
+      this.hashOf.push(hashString(key, 0x5bd1e995));
+      if (id >= this.sessions.length) {
+        const grown = new Int32Array(this.sessions.length * 2);
+        grown.set(this.sessions);
+        this.sessions = grown;
+      }
     }
-    return hash;
+    return id;
   }
+}
+
+function atLeastOne(value: number, name: string, hint: string): number {
+  if (!Number.isFinite(value) || value < 1) {
+    throw new TypeError(`sessionAffinity: ${name} must be a finite number >= 1 (got ${String(value)}); ${hint}`);
+  }
+  return value;
 }

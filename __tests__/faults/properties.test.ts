@@ -80,7 +80,9 @@ describe('properties over hostile input', () => {
         expect(upstream.seen).toHaveLength(before);
         const body = JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4));
         expect(body).toEqual({ error: { message: expect.any(String), type: 'BadRequestError', param: 'x-data-parallel-rank', code: 400 } });
-        for (const [, value] of lines) if (value.length > 1 && !ROUTABLE.includes(value)) expect(body.error.message).not.toContain(value);
+        // A malformed value is never echoed; an out-of-range one is named only as the number it parsed to.
+        // (Values with a digit: a short run of letters may occur in the fixed message by chance.)
+        for (const [, value] of lines) if (/[0-9]/.test(value) && !/^(?:0|[1-9][0-9]{0,9})$/.test(value)) expect(body.error.message).not.toContain(value);
       }),
       { numRuns: 150 },
     );

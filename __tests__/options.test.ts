@@ -104,6 +104,8 @@ describe('parseOptions', () => {
     ['a misspelt health option', { upstreams: [{ url }], healthCheck: { interval: 1000 } }, /`healthCheck\.interval` is not an option\. Did you mean `intervalMs`\?/],
     ['zero attempts', { upstreams: [{ url }], retries: { attempts: 0 } }, /`retries\.attempts` must be an integer from 1 to 10/],
     ['a misspelt retry option', { upstreams: [{ url }], retries: { maxRetries: 3 } }, /`retries\.maxRetries` is not an option/],
+    ['a session balance below 1', { upstreams: [{ url }], affinity: { keyLoadFactor: 0.9 } }, /`affinity\.keyLoadFactor` must be a number from 1/],
+    ['a misspelt prefixAware option', { upstreams: [{ url }], prefixAware: { blockChar: 64 } }, /`prefixAware\.blockChar` is not an option\. Did you mean `blockChars`\?/],
     ['a load factor below 1', { upstreams: [{ url }], affinity: { loadFactor: 0.5 } }, /`affinity\.loadFactor` must be a number from 1/],
   ];
 

@@ -104,14 +104,18 @@ export function parseOptions(options: Options): Configuration {
   const hints = optionalObject('hints', options.hints);
   rejectUnknownKeys('hints', hints, ['trust', 'onInvalid', 'header', 'bodyField']);
   const affinity = optionalObject('affinity', options.affinity);
-  rejectUnknownKeys('affinity', affinity, ['header', 'bodyField', 'loadFactor']);
+  rejectUnknownKeys('affinity', affinity, ['header', 'bodyField', 'loadFactor', 'keyLoadFactor', 'maxSessions']);
   const timeouts = optionalObject('timeouts', options.timeouts);
   rejectUnknownKeys('timeouts', timeouts, ['connectMs', 'firstByteMs']);
 
-  const affinityLoadFactor = numberOption('affinity.loadFactor', affinity.loadFactor, 1.25, 1, 1000);
+  const sessionAffinity = {
+    loadFactor: numberOption('affinity.loadFactor', affinity.loadFactor, 1.25, 1, 1000),
+    keyLoadFactor: numberOption('affinity.keyLoadFactor', affinity.keyLoadFactor, 1, 1, 1000),
+    maxSessions: integerOption('affinity.maxSessions', affinity.maxSessions, 65_536, 1, 2 ** 24),
+  };
   return {
     upstreams: parseUpstreams(options.upstreams),
-    policy: parsePolicy(options.policy, { affinityLoadFactor, prefixAware: optionalObject('prefixAware', options.prefixAware) }),
+    policy: parsePolicy(options.policy, { sessionAffinity, prefixAware: parsePrefixAware(options.prefixAware) }),
     trust: parseTrust(hints.trust),
     onInvalid: oneOf('hints.onInvalid', hints.onInvalid, ['reassign', 'reject'], 'reassign'),
     hintHeader: headerNameOption('hints.header', hints.header, 'x-data-parallel-rank')!,
@@ -275,4 +279,11 @@ function parseMetrics(value: unknown): Configuration['metrics'] {
     fail('metrics.prefix', `must be a valid Prometheus metric name prefix, got ${shown(metrics.prefix)}`, "Use e.g. `prefix: 'dp_router_'`.");
   }
   return { registry: registry as unknown as Registry, prefix };
+}
+
+/** The policy validates the values; unknown names are caught here, with the option path. */
+function parsePrefixAware(value: unknown): Record<string, unknown> {
+  const settings = optionalObject('prefixAware', value);
+  rejectUnknownKeys('prefixAware', settings, ['blockChars', 'maxBlocksPerEndpoint', 'contentBalance']);
+  return settings;
 }

@@ -56,10 +56,17 @@ export interface AffinityOptions {
   /** Top-level JSON body field holding the key, or `false`. Default: `'user'`. */
   bodyField?: string | false;
   /**
-   * Bounded-load factor: an endpoint whose load exceeds `loadFactor ×` the mean is skipped.
-   * Default: `1.25`.
+   * In-flight guard: a request whose session's endpoint is loaded above `⌈loadFactor × mean⌉`
+   * goes, this once, to the next endpoint in the session's hash order. Default: `1.25`.
    */
   loadFactor?: number;
+  /**
+   * Session balance: a new session goes to the first endpoint of its hash order holding fewer
+   * than `⌈keyLoadFactor × (sessions + 1) / endpoints⌉` sessions. Default: `1`.
+   */
+  keyLoadFactor?: number;
+  /** Sessions remembered (LRU; about 50 bytes each). Default: `65536`. */
+  maxSessions?: number;
 }
 
 /** Upstream timeouts; exceeding one answers 504. */

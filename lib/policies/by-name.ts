@@ -4,11 +4,11 @@ import { powerOfTwo } from './power-of-two';
 import { prefixAware, type PrefixAwareOptions } from './prefix-aware';
 import { random } from './random';
 import { roundRobin } from './round-robin';
-import { sessionAffinity } from './session-affinity';
+import { sessionAffinity, type SessionAffinityOptions } from './session-affinity';
 
 /** What a built-in policy may be configured with from the router's options. */
 export interface PolicySettings {
-  affinityLoadFactor: number;
+  sessionAffinity: Omit<SessionAffinityOptions, 'fallback'>;
   prefixAware: Omit<PrefixAwareOptions, 'fallback'>;
 }
 
@@ -34,7 +34,7 @@ export function policyByName(name: PolicyName, settings: PolicySettings): Policy
     case 'power-of-two':
       return powerOfTwo();
     case 'session-affinity':
-      return sessionAffinity({ loadFactor: settings.affinityLoadFactor });
+      return sessionAffinity(settings.sessionAffinity);
     case 'prefix-aware':
       return prefixAware(settings.prefixAware);
   }

@@ -2,7 +2,8 @@ import { afterEach, beforeEach, describe, expect, it } from '@jest/globals';
 import { request as httpRequest } from 'node:http';
 import { Registry } from 'prom-client';
 import request from 'supertest';
-import type { Options } from '../lib';
+import express from 'express';
+import { dpRouter, type Options } from '../lib';
 import { startEchoUpstream, type EchoUpstream } from './helpers/echo-upstream';
 import { metricValue, parseExposition, startGateway, sumSamples, type TestGateway } from './helpers/app';
 import { rawRequest } from './helpers/raw-http';
@@ -188,6 +189,27 @@ describe('client hints', () => {
     expect(response.status).toBe(413);
     expect(response.body.error.code).toBe(413);
     expect(upstream.seen).toHaveLength(0);
+  });
+});
+
+describe('behind a body parser', () => {
+  it('forwards the body express.json() consumed, re-encoded, whatever the policy', async () => {
+    const registry = new Registry();
+    const router = dpRouter({ upstreams: [{ url: upstream.url }], metrics: { registry } });
+    const app = express();
+    app.use(express.json());
+    app.use(router);
+    const server = app.listen(0, '127.0.0.1');
+    await new Promise((resolve) => server.once('listening', resolve));
+    try {
+      const response = await request(server).post('/v1/completions').send({ prompt: 'héllo', max_tokens: 3 });
+      expect(response.status).toBe(200);
+      expect(JSON.parse(upstream.seen[0].body.toString())).toEqual({ prompt: 'héllo', max_tokens: 3 });
+      expect(Number(upstream.seen[0].headers['content-length'])).toBe(upstream.seen[0].body.length);
+    } finally {
+      server.close();
+      await router.close();
+    }
   });
 });
 

@@ -67,14 +67,15 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
 
     const wantsBody =
       policy.usesPrompt === true || readsAffinityBody || (trusted && hintBodyField !== undefined && headerHint === NO_HINT);
-    if (!wantsBody || !hasBody(req) || !isJson(req)) {
-      decide(req, res, done, trusted, headerHint, undefined);
+    if (req.readableEnded && hasBody(req)) {
+      // A body parser ran first: the stream is spent, so its result is all there is to read
+      // and to forward.
+      replayParsedBody(req);
+      decide(req, res, done, trusted, headerHint, wantsBody ? req.body : undefined);
       return;
     }
-    if (req.readableEnded) {
-      // A body parser ran first: use its result and replay it, since the stream is spent.
-      replayParsedBody(req);
-      decide(req, res, done, trusted, headerHint, req.body);
+    if (!wantsBody || !hasBody(req) || !isJson(req)) {
+      decide(req, res, done, trusted, headerHint, undefined);
       return;
     }
     readBody(req, config.maxBodyBytes).then((result) => {
@@ -207,9 +208,10 @@ function leastLoaded(replicas: readonly RouteEndpoint[]): RouteEndpoint {
 }
 
 let warnedParsedBody = false;
-/** The stream was consumed upstream of us: re-encode the parsed body once, and say so once. */
+/** The stream was consumed before us: forward the parser's result, re-encoded once, and say so once. */
 function replayParsedBody(req: RoutedRequest): void {
-  if (req.body === undefined) return;
+  const bytes = encodeParsedBody(req.body);
+  if (bytes === undefined) return;
   if (!warnedParsedBody) {
     warnedParsedBody = true;
     process.emitWarning(
@@ -217,8 +219,15 @@ function replayParsedBody(req: RoutedRequest): void {
       { code: 'DP_ROUTER_BODY_PARSED' },
     );
   }
-  const bytes = Buffer.from(JSON.stringify(req.body));
   req.headers['content-length'] = String(bytes.length);
   delete req.headers['transfer-encoding'];
   req[BUFFERED_BODY] = bytes;
+}
+
+/** `express.raw()` leaves a Buffer, `express.text()` a string, `express.json()` a value. */
+function encodeParsedBody(body: unknown): Buffer | undefined {
+  if (body === undefined) return undefined;
+  if (Buffer.isBuffer(body)) return body;
+  if (typeof body === 'string') return Buffer.from(body);
+  return Buffer.from(JSON.stringify(body));
 }

@@ -12,9 +12,22 @@ export function leastOutstanding(): Policy {
       const count = candidates.length;
       const start = (cursor = (cursor + 1) % 0x7fffffff) % count;
       let best = candidates[start];
-      for (let step = 1; step < count; step++) {
-        const candidate = candidates[(start + step) % count];
-        if (candidate.load < best.load) best = candidate;
+      let bestLoad = best.load;
+      // The rotation start+1 … count−1, 0 … start−1 as two plain runs: no modulo per step, and
+      // each candidate's load (a getter) read once.
+      for (let index = start + 1; index < count; index++) {
+        const load = candidates[index].load;
+        if (load < bestLoad) {
+          best = candidates[index];
+          bestLoad = load;
+        }
+      }
+      for (let index = 0; index < start; index++) {
+        const load = candidates[index].load;
+        if (load < bestLoad) {
+          best = candidates[index];
+          bestLoad = load;
+        }
       }
       return best;
     },

@@ -12,7 +12,7 @@ describe('createMetrics', () => {
   it('zero-fills every configured series and counts per endpoint', async () => {
     const registry = new Registry();
     const table = tableOf('a', [1, 3]);
-    const metrics = createMetrics(registry, 'dp_router_', table.all);
+    const metrics = createMetrics(registry, 'dp_router_', table, []);
     const [one, three] = table.all;
     metrics.dispatched(three, 'hint');
     metrics.upstreamError(one, 'timeout');
@@ -39,8 +39,8 @@ describe('createMetrics', () => {
     const registry = new Registry();
     const first = tableOf('a', [0]);
     const second = tableOf('b', [0]);
-    const firstMetrics = createMetrics(registry, 'gw_', first.all);
-    expect(() => createMetrics(registry, 'gw_', second.all)).not.toThrow();
+    const firstMetrics = createMetrics(registry, 'gw_', first, []);
+    expect(() => createMetrics(registry, 'gw_', second, [])).not.toThrow();
     first.all[0].inflight = 1;
     second.all[0].inflight = 2;
     let samples = parseExposition(await registry.metrics());
@@ -54,8 +54,8 @@ describe('createMetrics', () => {
 
   it('keeps prefixes apart on one registry', async () => {
     const registry = new Registry();
-    createMetrics(registry, 'one_', tableOf('a', [0]).all);
-    createMetrics(registry, 'two_', tableOf('a', [0]).all);
+    createMetrics(registry, 'one_', tableOf('a', [0]), []);
+    createMetrics(registry, 'two_', tableOf('a', [0]), []);
     const names = new Set(parseExposition(await registry.metrics()).map((sample) => sample.name.split('_')[0]));
     expect(names).toEqual(new Set(['one', 'two']));
   });

@@ -7,6 +7,7 @@ import { ATTEMPT, createUpstreamProxy, PHASE, WAITING, type ProxiedRequest, type
 import { BUFFERED_BODY, CHOSEN_ENDPOINT } from './rank-handler';
 import { createRetry } from './retry';
 import { createRouting, type Middleware, type RoutingHelpers } from './routing';
+import type { UpstreamConfig } from './options';
 import type { Options } from './types';
 
 /** The router: Express middleware with its metrics handler, registry, snapshot and `close()`. */
@@ -27,12 +28,38 @@ export function dpRouter(options: Options): DpRouter {
   const { config, table, metrics, handle } = routing;
   const detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection) : undefined;
   const retry = config.retryAttempts > 1 ? createRetry(config, table, metrics, (req, res) => send(req, res, (error) => answerProxyFailure(res, error))) : undefined;
-  const proxies: UpstreamProxy[] = config.upstreams.map((upstream) => createUpstreamProxy(upstream, config, metrics, { detector, retry }));
-  const health = config.healthCheck ? startHealthChecks(table, config.healthCheck) : undefined;
+  // One proxy (and keep-alive agent) per upstream, by name; a replaced one is kept until close()
+  // so that requests in flight through it finish.
+  const proxies = new Map<string, UpstreamProxy>();
+  const retired: UpstreamProxy[] = [];
+  // Endpoints kept across a reconfiguration hold the configuration they were built with.
+  const proxyOf = new WeakMap<UpstreamConfig, UpstreamProxy>();
+  const proxyFor = (upstream: UpstreamConfig) => `${upstream.name}\n${upstream.url}`;
+  const syncProxies = () => {
+    const wanted = new Set(table.upstreams.map(proxyFor));
+    for (const [key, proxy] of proxies) {
+      if (wanted.has(key)) continue;
+      proxies.delete(key);
+      retired.push(proxy);
+    }
+    for (const upstream of table.upstreams) {
+      if (!proxies.has(proxyFor(upstream))) proxies.set(proxyFor(upstream), createUpstreamProxy(upstream, config, metrics, { detector, retry }));
+    }
+    for (const endpoint of table.all) proxyOf.set(endpoint.config, proxies.get(proxyFor(endpoint.config))!);
+  };
+  syncProxies();
+  let health = config.healthCheck ? startHealthChecks(table, config.healthCheck) : undefined;
+  routing.onReconfigure.push(() => {
+    syncProxies();
+    if (config.healthCheck) {
+      health?.stop();
+      health = startHealthChecks(table, config.healthCheck);
+    }
+  });
   routing.onClose.push(() => {
     health?.stop();
     detector?.close();
-    proxies.forEach((proxy) => proxy.close());
+    for (const proxy of [...proxies.values(), ...retired]) proxy.close();
   });
   const retryBodyLimit = retry === undefined ? 0 : config.retryMaxBodyBytes;
 
@@ -46,7 +73,7 @@ export function dpRouter(options: Options): DpRouter {
       // decides, the endpoint must be free for another trial.
       res.once('close', () => detector.abandoned(endpoint, res));
     }
-    proxies[endpoint.config.index].handle(req, res, next);
+    proxyOf.get(endpoint.config)!.handle(req, res, next);
   }
 
   function dpRouterMiddleware(req: IncomingMessage, res: ServerResponse, next: (error?: unknown) => void): void {

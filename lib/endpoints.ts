@@ -1,5 +1,5 @@
 import type { UpstreamConfig } from './options';
-import type { Endpoint, EndpointSnapshot } from './types';
+import type { DecisionSource, DpRankDecision, Endpoint, EndpointSnapshot } from './types';
 
 /**
  * Where an endpoint stands in passive outlier detection: `closed` (in rotation), `ejected`
@@ -16,6 +16,10 @@ export class RouteEndpoint implements Endpoint {
   readonly rankLabel: string;
   /** The rank header value for this upstream's `rankHeader` mode, computed once. */
   readonly headerValue: string | undefined;
+  /** `req.dpRank` for a request sent here, per source: shared, frozen, built once. */
+  readonly decisions: Readonly<Record<DecisionSource, DpRankDecision>>;
+  /** The `X-DP-Router-Decision` value per source. */
+  readonly receipts: Readonly<Record<DecisionSource, string>>;
   inflight = 0;
   /** Engine-reported load, added to `inflight` where load feedback is on. */
   externalLoad = 0;
@@ -38,6 +42,17 @@ export class RouteEndpoint implements Endpoint {
     this.key = `${config.name}#${rank}`;
     this.headerValue =
       config.rankHeader === 'global' ? this.rankLabel : config.rankHeader === 'local' ? String(rank - config.startRank) : undefined;
+    const decision = (source: DecisionSource): DpRankDecision =>
+      Object.freeze({ upstream: this.upstream, url: config.url, rank, source, headerValue: this.headerValue });
+    this.decisions = { hint: decision('hint'), assigned: decision('assigned') };
+    const receipt = (source: DecisionSource) => `upstream=${this.upstream}; rank=${rank}; source=${source}`;
+    this.receipts = { hint: receipt('hint'), assigned: receipt('assigned') };
+  }
+
+  /** Whether this endpoint can stand for `rank` of `config`: same server, same header values. */
+  servesAs(config: UpstreamConfig): boolean {
+    const mine = this.config;
+    return mine.name === config.name && mine.url === config.url && mine.rankHeader === config.rankHeader && mine.startRank === config.startRank;
   }
 
   get load(): number {
@@ -50,20 +65,63 @@ export class RouteEndpoint implements Endpoint {
  * rebuilt when health changes, never per request.
  */
 export class EndpointTable {
-  readonly all: readonly RouteEndpoint[];
-  /** Every global rank some upstream routes to. */
-  private readonly byRank = new Map<number, RouteEndpoint[]>();
+  private endpoints: readonly RouteEndpoint[] = [];
+  private configs: readonly UpstreamConfig[] = [];
+  private byRank = new Map<number, RouteEndpoint[]>();
   private healthyAll: readonly RouteEndpoint[] = [];
   private healthyByRank = new Map<number, readonly RouteEndpoint[]>();
+  private routable = '';
 
   constructor(upstreams: readonly UpstreamConfig[]) {
-    this.all = upstreams.flatMap((upstream) => upstream.ranks.map((rank) => new RouteEndpoint(upstream, rank)));
-    for (const endpoint of this.all) {
+    this.reconfigure(upstreams);
+  }
+
+  /** Every endpoint, in configuration order. */
+  get all(): readonly RouteEndpoint[] {
+    return this.endpoints;
+  }
+
+  /** The upstreams as configured now. */
+  get upstreams(): readonly UpstreamConfig[] {
+    return this.configs;
+  }
+
+  /** The routable global ranks, for messages: `0, 2, 4, 6`. */
+  get routableRanks(): string {
+    return this.routable;
+  }
+
+  /**
+   * Replaces the upstreams. An endpoint that stays (same upstream name, URL, start rank and
+   * header mode, same rank) is kept with its in-flight count and health; requests in flight
+   * on a removed endpoint finish on it.
+   */
+  reconfigure(upstreams: readonly UpstreamConfig[]): { added: RouteEndpoint[]; removed: RouteEndpoint[] } {
+    const previous = new Map(this.endpoints.map((endpoint) => [endpoint.key, endpoint]));
+    const added: RouteEndpoint[] = [];
+    const next = upstreams.flatMap((upstream) =>
+      upstream.ranks.map((rank) => {
+        const kept = previous.get(`${upstream.name}#${rank}`);
+        if (kept?.servesAs(upstream)) {
+          previous.delete(kept.key);
+          return kept;
+        }
+        const endpoint = new RouteEndpoint(upstream, rank);
+        added.push(endpoint);
+        return endpoint;
+      }),
+    );
+    this.configs = upstreams;
+    this.endpoints = next;
+    this.byRank = new Map();
+    for (const endpoint of next) {
       const replicas = this.byRank.get(endpoint.rank);
       if (replicas) replicas.push(endpoint);
       else this.byRank.set(endpoint.rank, [endpoint]);
     }
+    this.routable = [...this.byRank.keys()].sort((a, b) => a - b).join(', ');
     this.refresh();
+    return { added, removed: [...previous.values()] };
   }
 
   /** Whether any upstream routes to this global rank (healthy or not). */
@@ -109,7 +167,7 @@ export class EndpointTable {
   }
 
   private refresh(): void {
-    this.healthyAll = this.all.filter((endpoint) => endpoint.healthy);
+    this.healthyAll = this.endpoints.filter((endpoint) => endpoint.healthy);
     this.healthyByRank = new Map();
     for (const [rank, replicas] of this.byRank) {
       this.healthyByRank.set(rank, replicas.filter((endpoint) => endpoint.healthy));

@@ -31,10 +31,15 @@ export function startHealthChecks(table: EndpointTable, config: HealthCheckConfi
     const url = endpoint.config.url;
     let target = targets.get(url);
     if (target === undefined) {
-      target = { url, endpoints: [], up: true, failures: 0, successes: 0, timer: undefined, probe: undefined };
+      // Restarted after a reconfiguration, a server keeps the verdict it had.
+      target = { url, endpoints: [], up: endpoint.probeUp, failures: 0, successes: 0, timer: undefined, probe: undefined };
       targets.set(url, target);
     }
     target.endpoints.push(endpoint);
+    if (endpoint.probeUp !== target.up) {
+      endpoint.probeUp = target.up;
+      table.updateHealth(endpoint);
+    }
   }
   let stopped = false;
 

@@ -18,6 +18,10 @@ export interface RouterMetrics {
   dispatched(endpoint: RouteEndpoint, source: DecisionSource): void;
   finished(endpoint: RouteEndpoint, seconds: number): void;
   upstreamError(endpoint: RouteEndpoint, kind: UpstreamErrorKind): void;
+  /** A failed read of an upstream's `/metrics` (discovery, load feedback). */
+  scrapeFailed(upstream: string): void;
+  /** Follows a reconfiguration: zero-filled series for new endpoints, none left for removed ones. */
+  track(change: { added: readonly RouteEndpoint[]; removed: readonly RouteEndpoint[] }, scrapedUpstreams: readonly string[]): void;
   /** Stops reporting this router's gauges (the families stay for other routers). */
   close(): void;
 }
@@ -39,15 +43,17 @@ const gaugeSources = new WeakMap<object, Set<GaugeSource>>();
 export function createMetrics(
   registry: Registry,
   prefix: string,
-  endpoints: readonly RouteEndpoint[],
+  table: { readonly all: readonly RouteEndpoint[] },
+  scrapedUpstreams: readonly string[],
 ): RouterMetrics {
   const requests = counter(registry, `${prefix}requests_total`, 'Requests dispatched, by endpoint and where the rank came from.', ['upstream', 'rank', 'source']);
   const hints = counter(registry, `${prefix}rank_hints_total`, 'Client rank hints, by outcome.', ['outcome']);
   const errors = counter(registry, `${prefix}upstream_errors_total`, 'Failed upstream exchanges, by endpoint and kind.', ['upstream', 'rank', 'kind']);
   const duration = histogram(registry, `${prefix}request_duration_seconds`, 'Time from dispatch until the response ended, by endpoint.', ['upstream', 'rank']);
+  const scrapes = counter(registry, `${prefix}upstream_scrape_failures_total`, "Failed reads of an upstream's /metrics for discovery or load feedback.", ['upstream']);
 
   const instruments = new Map<RouteEndpoint, EndpointInstruments>();
-  for (const endpoint of endpoints) {
+  const instrument = (endpoint: RouteEndpoint) => {
     const labels = { upstream: endpoint.upstream, rank: endpoint.rankLabel };
     const bind = (metric: Counter, extra: Record<string, string>) => {
       const child = metric.labels({ ...labels, ...extra });
@@ -60,26 +66,58 @@ export function createMetrics(
       errors: Object.fromEntries(UPSTREAM_ERROR_KINDS.map((kind) => [kind, bind(errors, { kind })])) as EndpointInstruments['errors'],
     });
     duration.zero(labels);
-  }
+  };
+  const forget = (endpoint: RouteEndpoint) => {
+    const known = instruments.get(endpoint);
+    if (!known) return;
+    instruments.delete(endpoint);
+    for (const source of ['hint', 'assigned']) requests.remove({ ...known.labels, source });
+    for (const kind of UPSTREAM_ERROR_KINDS) errors.remove({ ...known.labels, kind });
+    duration.remove(known.labels);
+  };
+  const scraped = new Set<string>();
+  const watchScrapes = (upstreams: readonly string[]) => {
+    for (const upstream of scraped) if (!upstreams.includes(upstream)) scrapes.remove({ upstream });
+    scraped.clear();
+    for (const upstream of upstreams) {
+      scraped.add(upstream);
+      scrapes.inc({ upstream }, 0);
+    }
+  };
+  table.all.forEach(instrument);
+  watchScrapes(scrapedUpstreams);
   const outcomes = Object.fromEntries(HINT_OUTCOMES.map((outcome) => [outcome, hints.labels({ outcome })])) as Record<HintOutcome, { inc(): void }>;
   for (const outcome of HINT_OUTCOMES) hints.inc({ outcome }, 0);
 
   const reportInflight: GaugeSource = (gauge) => {
-    for (const endpoint of endpoints) gauge.inc(instruments.get(endpoint)!.labels, endpoint.inflight);
+    for (const endpoint of table.all) gauge.inc(instruments.get(endpoint)!.labels, endpoint.inflight);
   };
   const reportHealth: GaugeSource = (gauge) => {
-    for (const endpoint of endpoints) gauge.set(instruments.get(endpoint)!.labels, endpoint.healthy ? 1 : 0);
+    for (const endpoint of table.all) gauge.set(instruments.get(endpoint)!.labels, endpoint.healthy ? 1 : 0);
   };
   const unsubscribe = [
     sharedGauge(registry, `${prefix}inflight_requests`, 'Requests dispatched and not yet finished, by endpoint.', reportInflight),
     sharedGauge(registry, `${prefix}endpoint_healthy`, 'Whether the endpoint is in rotation (1) or ejected (0).', reportHealth),
   ];
 
+  // A request still in flight on an endpoint that a reconfiguration removed finds no
+  // instruments: its series are gone, and it is not counted.
   return {
     hint: (outcome) => outcomes[outcome].inc(),
-    dispatched: (endpoint, source) => instruments.get(endpoint)!.requests[source].inc(),
-    finished: (endpoint, seconds) => duration.observe(instruments.get(endpoint)!.labels, seconds),
-    upstreamError: (endpoint, kind) => instruments.get(endpoint)!.errors[kind].inc(),
+    dispatched: (endpoint, source) => instruments.get(endpoint)?.requests[source].inc(),
+    finished: (endpoint, seconds) => {
+      const known = instruments.get(endpoint);
+      if (known) duration.observe(known.labels, seconds);
+    },
+    upstreamError: (endpoint, kind) => instruments.get(endpoint)?.errors[kind].inc(),
+    scrapeFailed: (upstream) => {
+      if (scraped.has(upstream)) scrapes.inc({ upstream });
+    },
+    track: ({ added, removed }, upstreams) => {
+      removed.forEach(forget);
+      added.forEach(instrument);
+      watchScrapes(upstreams);
+    },
     close: () => unsubscribe.forEach((stop) => stop()),
   };
 }
@@ -90,6 +128,8 @@ export const NO_METRICS: RouterMetrics = {
   dispatched: () => undefined,
   finished: () => undefined,
   upstreamError: () => undefined,
+  scrapeFailed: () => undefined,
+  track: () => undefined,
   close: () => undefined,
 };
 

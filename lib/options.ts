@@ -26,6 +26,8 @@ export interface UpstreamConfig {
   /** The global ranks routed to, ascending. */
   readonly ranks: readonly number[];
   readonly rankHeader: RankHeaderMode;
+  /** How often the ranks are learned from the upstream's `/metrics`; `undefined` when not. */
+  readonly discoverIntervalMs: number | undefined;
 }
 
 /** The options, validated and resolved once at creation. */
@@ -54,6 +56,15 @@ export interface Configuration {
   readonly retryAttempts: number;
   /** Largest declared body buffered so that it can be replayed on a retry. */
   readonly retryMaxBodyBytes: number;
+  /** Engine load polling; `undefined` when off. */
+  readonly loadFeedback: LoadFeedbackConfig | undefined;
+}
+
+/** `loadFeedback`, resolved. */
+export interface LoadFeedbackConfig {
+  readonly intervalMs: number;
+  readonly timeoutMs: number;
+  readonly weight: number;
 }
 
 /** `outlierDetection`, resolved. */
@@ -87,8 +98,9 @@ const TOP_LEVEL_KEYS = [
   'healthCheck',
   'retries',
   'prefixAware',
+  'loadFeedback',
 ] as const;
-const UPSTREAM_KEYS = ['url', 'name', 'dataParallelSize', 'startRank', 'ranks', 'rankHeader'] as const;
+const UPSTREAM_KEYS = ['url', 'name', 'dataParallelSize', 'startRank', 'ranks', 'rankHeader', 'discover'] as const;
 const RANK_HEADER_MODES: readonly RankHeaderMode[] = ['global', 'local', 'none'];
 /** Node's setTimeout ceiling; larger delays fire at once. */
 const MAX_TIMER_MS = 2 ** 31 - 1;
@@ -131,7 +143,26 @@ export function parseOptions(options: Options): Configuration {
     outlierDetection: parseOutlierDetection(options.outlierDetection),
     healthCheck: parseHealthCheck(options.healthCheck),
     ...parseRetries(options.retries),
+    loadFeedback: parseLoadFeedback(options.loadFeedback),
   };
+}
+
+function parseLoadFeedback(value: unknown): LoadFeedbackConfig | undefined {
+  if (value === undefined || value === false) return undefined;
+  const feedback = value === true ? {} : optionalObject('loadFeedback', value);
+  rejectUnknownKeys('loadFeedback', feedback, ['intervalMs', 'timeoutMs', 'weight']);
+  return {
+    intervalMs: integerOption('loadFeedback.intervalMs', feedback.intervalMs, 1_000, 10, MAX_TIMER_MS),
+    timeoutMs: integerOption('loadFeedback.timeoutMs', feedback.timeoutMs, 1_000, 1, MAX_TIMER_MS),
+    weight: numberOption('loadFeedback.weight', feedback.weight, 0.5, 0, 1),
+  };
+}
+
+function parseDiscover(path: string, value: unknown): number | undefined {
+  if (value === undefined || value === false) return undefined;
+  const discover = value === true ? {} : optionalObject(path, value);
+  rejectUnknownKeys(path, discover, ['intervalMs']);
+  return integerOption(`${path}.intervalMs`, discover.intervalMs, 10_000, 10, MAX_TIMER_MS);
 }
 
 function parseOutlierDetection(value: unknown): OutlierDetectionConfig | undefined {
@@ -179,7 +210,8 @@ function parseRetries(value: unknown): Pick<Configuration, 'retryAttempts' | 're
   };
 }
 
-function parseUpstreams(value: unknown): UpstreamConfig[] {
+/** Validates an upstream list (creation and `setUpstreams()`). Throws `TypeError`. */
+export function parseUpstreams(value: unknown): UpstreamConfig[] {
   if (!Array.isArray(value) || value.length === 0) {
     fail('upstreams', `must be a non-empty array, got ${shown(value)}`, "Pass e.g. `upstreams: [{ url: 'http://127.0.0.1:8000', dataParallelSize: 8 }]`.");
   }
@@ -213,6 +245,7 @@ function parseUpstream(path: string, value: unknown, index: number): UpstreamCon
     dataParallelSize,
     ranks: parseRanks(`${path}.ranks`, value.ranks, startRank, dataParallelSize),
     rankHeader: oneOf(`${path}.rankHeader`, value.rankHeader, RANK_HEADER_MODES, 'global'),
+    discoverIntervalMs: parseDiscover(`${path}.discover`, value.discover),
   };
 }
 

@@ -6,7 +6,7 @@ import { countHeaderLines, parseBodyRankHint, parseRankHint, type RankHintResult
 import type { HintOutcome, RouterMetrics } from './metrics';
 import type { Configuration } from './options';
 import { extractPrompt } from './prompt';
-import type { DecisionSource, DpRankDecision, PickContext } from './types';
+import type { DecisionSource, PickContext } from './types';
 
 /** Where the proxy finds the chosen endpoint and the bytes it must replay. */
 export const CHOSEN_ENDPOINT = Symbol('dpRouter.endpoint');
@@ -39,16 +39,6 @@ const NO_HINT: HintVerdict = { outcome: 'none' };
 export function createRankHandler(config: Configuration, table: EndpointTable, metrics: RouterMetrics) {
   const { hintHeader, header, hintBodyField, policy, trust, onInvalid } = config;
   const readsAffinityBody = policy.usesAffinityKey === true && config.affinityBodyField !== undefined;
-  const routableList = [...new Set(table.all.map((endpoint) => endpoint.rank))].sort((a, b) => a - b).join(', ');
-  const decisions = new Map<RouteEndpoint, Record<DecisionSource, DpRankDecision>>();
-  const receipts = new Map<RouteEndpoint, Record<DecisionSource, string>>();
-  for (const endpoint of table.all) {
-    const decision = (source: DecisionSource): DpRankDecision =>
-      Object.freeze({ upstream: endpoint.upstream, url: endpoint.config.url, rank: endpoint.rank, source, headerValue: endpoint.headerValue });
-    decisions.set(endpoint, { hint: decision('hint'), assigned: decision('assigned') });
-    const receipt = (source: DecisionSource) => `upstream=${endpoint.upstream}; rank=${endpoint.rank}; source=${source}`;
-    receipts.set(endpoint, { hint: receipt('hint'), assigned: receipt('assigned') });
-  }
 
   function handle(req: RoutedRequest, res: ServerResponse, done: Done): void {
     let trusted: boolean;
@@ -161,7 +151,7 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     if (verdict.outcome === 'malformed') {
       sendError(res, 400, 'BadRequestError', `${name} must be a single non-negative decimal rank without sign, spaces or leading zeros.`, name);
     } else if (verdict.outcome === 'out_of_range') {
-      sendError(res, 400, 'BadRequestError', `${name} ${verdict.rank} is not a routable data-parallel rank (routable: ${routableList}).`, name);
+      sendError(res, 400, 'BadRequestError', `${name} ${verdict.rank} is not a routable data-parallel rank (routable: ${table.routableRanks}).`, name);
     } else {
       sendError(res, 503, 'ServiceUnavailableError', `Data-parallel rank ${verdict.rank} has no healthy endpoint.`, name);
     }
@@ -184,9 +174,9 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     endpoint.inflight++;
     metrics.dispatched(endpoint, source);
     if (endpoint.headerValue !== undefined) req.headers[header] = endpoint.headerValue;
-    req.dpRank = decisions.get(endpoint)![source];
+    req.dpRank = endpoint.decisions[source];
     req[CHOSEN_ENDPOINT] = endpoint;
-    if (config.exposeDecision) res.setHeader('x-dp-router-decision', receipts.get(endpoint)![source]);
+    if (config.exposeDecision) res.setHeader('x-dp-router-decision', endpoint.receipts[source]);
     const started = performance.now();
     res.once('close', () => {
       // A retry may have moved the slot to another endpoint: release the one held now.

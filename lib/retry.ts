@@ -5,7 +5,7 @@ import type { RouterMetrics } from './metrics';
 import type { Configuration } from './options';
 import { ATTEMPT, TRIED, type ProxiedRequest } from './proxy';
 import { BUFFERED_BODY, CHOSEN_ENDPOINT, PICK_CONTEXT } from './rank-handler';
-import type { DecisionSource, DpRankDecision, PickContext } from './types';
+import type { DecisionSource, PickContext } from './types';
 
 /** Starts one try of `req` at the endpoint in `req[CHOSEN_ENDPOINT]`. */
 export type SendAttempt = (req: ProxiedRequest, res: ServerResponse) => void;
@@ -24,13 +24,6 @@ const FORWARDED_APPENDED = ['x-forwarded-for', 'x-forwarded-port', 'x-forwarded-
  */
 export function createRetry(config: Configuration, table: EndpointTable, metrics: RouterMetrics, send: SendAttempt) {
   const { header, policy, retryAttempts } = config;
-  const decisions = new Map<RouteEndpoint, Record<DecisionSource, DpRankDecision>>();
-  for (const endpoint of table.all) {
-    const decision = (source: DecisionSource): DpRankDecision =>
-      Object.freeze({ upstream: endpoint.upstream, url: endpoint.config.url, rank: endpoint.rank, source, headerValue: endpoint.headerValue });
-    decisions.set(endpoint, { hint: decision('hint'), assigned: decision('assigned') });
-  }
-
   return function retry(req: ProxiedRequest, res: ServerResponse, failed: RouteEndpoint): boolean {
     const attempt = req[ATTEMPT] ?? 1;
     if (attempt >= retryAttempts || res.headersSent) return false;
@@ -46,10 +39,10 @@ export function createRetry(config: Configuration, table: EndpointTable, metrics
     next.inflight++;
     metrics.dispatched(next, source);
     req[CHOSEN_ENDPOINT] = next;
-    req.dpRank = decisions.get(next)![source];
+    req.dpRank = next.decisions[source];
     if (next.headerValue !== undefined) req.headers[header] = next.headerValue;
     else delete req.headers[header];
-    if (config.exposeDecision) res.setHeader('x-dp-router-decision', `upstream=${next.upstream}; rank=${next.rank}; source=${source}`);
+    if (config.exposeDecision) res.setHeader('x-dp-router-decision', next.receipts[source]);
     undoForwardedHeaders(req);
     req[ATTEMPT] = attempt + 1;
     send(req, res);

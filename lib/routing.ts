@@ -1,10 +1,11 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { Registry } from 'prom-client';
-import { EndpointTable } from './endpoints';
+import { watchEngines, watchedUpstreams } from './engine-watch';
+import { EndpointTable, type RouteEndpoint } from './endpoints';
 import { createMetrics, NO_METRICS, type RouterMetrics } from './metrics';
-import { parseOptions, type Configuration } from './options';
+import { parseOptions, parseUpstreams, type Configuration, type UpstreamConfig } from './options';
 import { createRankHandler, type Done, type RoutedRequest } from './rank-handler';
-import type { EndpointSnapshot, Options } from './types';
+import type { EndpointSnapshot, Options, UpstreamOptions } from './types';
 
 /** A Connect/Express-style handler, typed on `node:http` so it fits Express 4 and 5 alike. */
 export type Middleware = (req: IncomingMessage, res: ServerResponse, next: (error?: unknown) => void) => void;
@@ -17,6 +18,12 @@ export interface RoutingHelpers {
   readonly registry: Registry;
   /** A snapshot of every endpoint. */
   endpoints(): EndpointSnapshot[];
+  /**
+   * Replaces the upstreams at run time, validated as at creation (a wrong one throws
+   * `TypeError` and changes nothing). Requests in flight finish where they are; endpoints
+   * that stay keep their counts and health; removed endpoints' metric series are removed.
+   */
+  setUpstreams(upstreams: readonly UpstreamOptions[]): void;
   /** Stops every timer and socket the router owns. */
   close(): Promise<void>;
 }
@@ -30,6 +37,14 @@ export interface Routing {
   readonly helpers: RoutingHelpers;
   /** Work to run on `close()`, added by the layers built on top. */
   readonly onClose: Array<() => void>;
+  /** Work to run after the upstreams changed, added by the layers built on top. */
+  readonly onReconfigure: Array<(change: EndpointChange) => void>;
+}
+
+/** What a reconfiguration changed. */
+export interface EndpointChange {
+  readonly added: readonly RouteEndpoint[];
+  readonly removed: readonly RouteEndpoint[];
 }
 
 /** Resolves options once and builds the endpoint table, metrics and the per-request handler. */
@@ -37,8 +52,27 @@ export function createRouting(options: Options): Routing {
   const config = parseOptions(options);
   const table = new EndpointTable(config.upstreams);
   const registry = config.metrics?.registry ?? new Registry();
-  const metrics = config.metrics ? createMetrics(registry, config.metrics.prefix, table.all) : NO_METRICS;
-  const onClose: Array<() => void> = [() => metrics.close()];
+  const scraped = () => watchedUpstreams(table.upstreams, config.loadFeedback);
+  const metrics = config.metrics ? createMetrics(registry, config.metrics.prefix, table, scraped()) : NO_METRICS;
+  const onReconfigure: Array<(change: EndpointChange) => void> = [];
+
+  const reconfigure = (upstreams: readonly UpstreamConfig[]) => {
+    const change = table.reconfigure(upstreams);
+    metrics.track(change, scraped());
+    watch.sync();
+    for (const follow of onReconfigure) follow(change);
+  };
+  // Discovery replaces one upstream's ranks and keeps everything else as it is.
+  const watch = watchEngines(table, config.loadFeedback, metrics, (upstream, ranks) => {
+    const startRank = ranks[0];
+    const discovered: UpstreamConfig = { ...upstream, startRank, dataParallelSize: ranks[ranks.length - 1] - startRank + 1, ranks };
+    process.emitWarning(
+      `express-dp-router: upstream '${upstream.name}' serves ranks ${ranks.join(', ')} by its /metrics (configured: ${upstream.ranks.join(', ')}); routing to those now.`,
+      { code: 'DP_ROUTER_DISCOVERY' },
+    );
+    reconfigure(table.upstreams.map((current) => (current.name === upstream.name ? discovered : current)));
+  });
+  const onClose: Array<() => void> = [() => watch.stop(), () => metrics.close()];
 
   const serveMetrics = (_req: IncomingMessage, res: ServerResponse): void => {
     registry.metrics().then(
@@ -58,10 +92,11 @@ export function createRouting(options: Options): Routing {
     metrics: serveMetrics,
     registry,
     endpoints: () => table.snapshot(),
+    setUpstreams: (upstreams) => reconfigure(parseUpstreams(upstreams)),
     close: () => {
       closed ??= Promise.resolve().then(() => onClose.forEach((stop) => stop()));
       return closed;
     },
   };
-  return { config, table, metrics, handle: createRankHandler(config, table, metrics), helpers, onClose };
+  return { config, table, metrics, handle: createRankHandler(config, table, metrics), helpers, onClose, onReconfigure };
 }

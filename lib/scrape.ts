@@ -6,12 +6,12 @@ export const MAX_SCRAPE_BYTES = 4 * 1024 * 1024;
 
 /**
  * GETs a URL's body as text within `timeoutMs`, refusing more than `MAX_SCRAPE_BYTES`.
- * Rejects on any status other than 200.
+ * Rejects on any status other than 200, and when `signal` aborts.
  */
-export function fetchText(url: string, timeoutMs: number): Promise<string> {
+export function fetchText(url: string, timeoutMs: number, signal?: AbortSignal): Promise<string> {
   return new Promise((resolve, reject) => {
     const get = url.startsWith('https:') ? httpsGet : httpGet;
-    const request = get(url, { timeout: timeoutMs, headers: { accept: 'text/plain' } }, (response: IncomingMessage) => {
+    const request = get(url, { timeout: timeoutMs, signal, headers: { accept: 'text/plain' } }, (response: IncomingMessage) => {
       if (response.statusCode !== 200) {
         response.resume();
         reject(new Error(`${url} answered ${response.statusCode}`));

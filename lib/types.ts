@@ -23,6 +23,13 @@ export interface UpstreamOptions {
    * (external load balancing: one server per rank, no header). Default: `'global'`.
    */
   rankHeader?: RankHeaderMode;
+  /**
+   * Learn the global ranks this server serves from the distinct `engine` labels of its
+   * `/metrics` (start rank = the smallest), at start and every `intervalMs`; the configured
+   * ranks stand until the first answer and whenever the server cannot be read. `true` means
+   * `{ intervalMs: 10_000 }`. Default: `false`.
+   */
+  discover?: boolean | { intervalMs?: number };
 }
 
 /** Built-in assignment policies, by name. */
@@ -136,6 +143,25 @@ export interface RetryOptions {
   maxBodyBytes?: number;
 }
 
+/**
+ * Engine load from vLLM's own `/metrics` (`vllm:num_requests_running` + `vllm:num_requests_waiting`
+ * per `engine`), so that several gateway replicas balance on the load all of them put on each
+ * engine, not only their own share.
+ */
+export interface LoadFeedbackOptions {
+  /** Time between polls of each upstream. Default: `1_000` ms. */
+  intervalMs?: number;
+  /** A poll without an answer by then fails; the endpoints fall back to local counts. Default: `1_000` ms. */
+  timeoutMs?: number;
+  /**
+   * How much of the load other gateways put on an engine (engine-reported minus this
+   * router's own in-flight) is added to the local count, from 0 to 1. Below 1 because every
+   * replica acts on the same stale snapshot: at full weight they all pile onto the engine
+   * that looked idlest. Default: `0.5`.
+   */
+  weight?: number;
+}
+
 /** Metrics settings. */
 export interface MetricsOptions {
   /** The prom-client registry to register on. Default: prom-client's global `register`. */
@@ -172,6 +198,8 @@ export interface Options {
   healthCheck?: HealthCheckOptions | boolean;
   /** Retries of failed connections on another endpoint, or `false`. Default: `{ attempts: 2, maxBodyBytes: 1 MiB }`. */
   retries?: RetryOptions | boolean;
+  /** Blend engine-reported load into the load policies see, or `false`. Default: `false` (off). */
+  loadFeedback?: LoadFeedbackOptions | boolean;
 }
 
 /** One (upstream, global rank) pair that requests can be routed to. */

@@ -195,7 +195,8 @@ describe('client hints', () => {
 describe('behind a body parser', () => {
   it('forwards the body express.json() consumed, re-encoded, whatever the policy', async () => {
     const registry = new Registry();
-    const router = dpRouter({ upstreams: [{ url: upstream.url }], metrics: { registry } });
+    const notices: string[] = [];
+    const router = dpRouter({ upstreams: [{ url: upstream.url }], metrics: { registry }, logger: { warn: (message) => notices.push(message) } });
     const app = express();
     app.use(express.json());
     app.use(router);
@@ -206,6 +207,9 @@ describe('behind a body parser', () => {
       expect(response.status).toBe(200);
       expect(JSON.parse(upstream.seen[0].body.toString())).toEqual({ prompt: 'héllo', max_tokens: 3 });
       expect(Number(upstream.seen[0].headers['content-length'])).toBe(upstream.seen[0].body.length);
+      await request(server).post('/v1/completions').send({ prompt: 'again' });
+      expect(notices).toHaveLength(1);
+      expect(notices[0]).toMatch(/already parsed .* Mount the router before body parsers/);
     } finally {
       server.close();
       await router.close();

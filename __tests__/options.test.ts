@@ -106,6 +106,9 @@ describe('parseOptions', () => {
     ['a misspelt retry option', { upstreams: [{ url }], retries: { maxRetries: 3 } }, /`retries\.maxRetries` is not an option/],
     ['a session balance below 1', { upstreams: [{ url }], affinity: { keyLoadFactor: 0.9 } }, /`affinity\.keyLoadFactor` must be a number from 1/],
     ['a misspelt prefixAware option', { upstreams: [{ url }], prefixAware: { blockChar: 64 } }, /`prefixAware\.blockChar` is not an option\. Did you mean `blockChars`\?/],
+    ['a logger without warn', { upstreams: [{ url }], logger: { info: () => undefined } }, /`logger` must have a warn\(message\) method/],
+    ['a discover interval of 0', { upstreams: [{ url, discover: { intervalMs: 0 } }] }, /`upstreams\[0\]\.discover\.intervalMs` must be an integer from 10/],
+    ['a feedback weight above 1', { upstreams: [{ url }], loadFeedback: { weight: 2 } }, /`loadFeedback\.weight` must be a number from 0 to 1/],
     ['a load factor below 1', { upstreams: [{ url }], affinity: { loadFactor: 0.5 } }, /`affinity\.loadFactor` must be a number from 1/],
   ];
 

@@ -14,7 +14,7 @@ import {
   shown,
 } from './option-checks';
 import { POLICY_NAMES, policyByName, type PolicySettings } from './policies/by-name';
-import type { Options, Policy, PolicyName, RankHeaderMode } from './types';
+import type { Logger, Options, Policy, PolicyName, RankHeaderMode } from './types';
 
 /** One upstream, resolved. */
 export interface UpstreamConfig {
@@ -58,6 +58,7 @@ export interface Configuration {
   readonly retryMaxBodyBytes: number;
   /** Engine load polling; `undefined` when off. */
   readonly loadFeedback: LoadFeedbackConfig | undefined;
+  readonly logger: Logger;
 }
 
 /** `loadFeedback`, resolved. */
@@ -99,6 +100,7 @@ const TOP_LEVEL_KEYS = [
   'retries',
   'prefixAware',
   'loadFeedback',
+  'logger',
 ] as const;
 const UPSTREAM_KEYS = ['url', 'name', 'dataParallelSize', 'startRank', 'ranks', 'rankHeader', 'discover'] as const;
 const RANK_HEADER_MODES: readonly RankHeaderMode[] = ['global', 'local', 'none'];
@@ -144,7 +146,20 @@ export function parseOptions(options: Options): Configuration {
     healthCheck: parseHealthCheck(options.healthCheck),
     ...parseRetries(options.retries),
     loadFeedback: parseLoadFeedback(options.loadFeedback),
+    logger: parseLogger(options.logger),
   };
+}
+
+const PROCESS_WARNINGS: Logger = { warn: (message) => process.emitWarning(message, { code: 'DP_ROUTER' }) };
+const SILENT: Logger = { warn: () => undefined };
+
+function parseLogger(value: unknown): Logger {
+  if (value === undefined) return PROCESS_WARNINGS;
+  if (value === false) return SILENT;
+  if (typeof (value as { warn?: unknown } | null)?.warn !== 'function') {
+    fail('logger', `must have a warn(message) method, got ${shown(value)}`, 'Pass e.g. `logger: console`, or `false`.');
+  }
+  return value as Logger;
 }
 
 function parseLoadFeedback(value: unknown): LoadFeedbackConfig | undefined {

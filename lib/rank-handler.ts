@@ -39,6 +39,7 @@ const NO_HINT: HintVerdict = { outcome: 'none' };
 export function createRankHandler(config: Configuration, table: EndpointTable, metrics: RouterMetrics) {
   const { hintHeader, header, hintBodyField, policy, trust, onInvalid } = config;
   const readsAffinityBody = policy.usesAffinityKey === true && config.affinityBodyField !== undefined;
+  let warnedParsedBody = false;
 
   function handle(req: RoutedRequest, res: ServerResponse, done: Done): void {
     let trusted: boolean;
@@ -60,7 +61,10 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     if (req.readableEnded && hasBody(req)) {
       // A body parser ran first: the stream is spent, so its result is all there is to read
       // and to forward.
-      replayParsedBody(req);
+      if (replayParsedBody(req) && !warnedParsedBody) {
+        warnedParsedBody = true;
+        config.logger.warn(PARSED_BODY_NOTICE);
+      }
       decide(req, res, done, trusted, headerHint, wantsBody ? req.body : undefined);
       return;
     }
@@ -197,21 +201,17 @@ function leastLoaded(replicas: readonly RouteEndpoint[]): RouteEndpoint {
   return best;
 }
 
-let warnedParsedBody = false;
-/** The stream was consumed before us: forward the parser's result, re-encoded once, and say so once. */
-function replayParsedBody(req: RoutedRequest): void {
+const PARSED_BODY_NOTICE =
+  'express-dp-router: the request body was already parsed (e.g. by express.json()); it is re-encoded to forward it. Mount the router before body parsers to forward the original bytes.';
+
+/** The stream was consumed before us: forward the parser's result, re-encoded. Returns whether it did. */
+function replayParsedBody(req: RoutedRequest): boolean {
   const bytes = encodeParsedBody(req.body);
-  if (bytes === undefined) return;
-  if (!warnedParsedBody) {
-    warnedParsedBody = true;
-    process.emitWarning(
-      'express-dp-router: the request body was already parsed (e.g. by express.json()); it is re-encoded to forward it. Mount the router before body parsers to forward the original bytes.',
-      { code: 'DP_ROUTER_BODY_PARSED' },
-    );
-  }
+  if (bytes === undefined) return false;
   req.headers['content-length'] = String(bytes.length);
   delete req.headers['transfer-encoding'];
   req[BUFFERED_BODY] = bytes;
+  return true;
 }
 
 /** `express.raw()` leaves a Buffer, `express.text()` a string, `express.json()` a value. */

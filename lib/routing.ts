@@ -66,9 +66,8 @@ export function createRouting(options: Options): Routing {
   const watch = watchEngines(table, config.loadFeedback, metrics, (upstream, ranks) => {
     const startRank = ranks[0];
     const discovered: UpstreamConfig = { ...upstream, startRank, dataParallelSize: ranks[ranks.length - 1] - startRank + 1, ranks };
-    process.emitWarning(
-      `express-dp-router: upstream '${upstream.name}' serves ranks ${ranks.join(', ')} by its /metrics (configured: ${upstream.ranks.join(', ')}); routing to those now.`,
-      { code: 'DP_ROUTER_DISCOVERY' },
+    config.logger.warn(
+      `express-dp-router: upstream '${upstream.name}' serves ranks ${ranks.join(', ')} by its /metrics (was: ${upstream.ranks.join(', ')}); routing to those now.`,
     );
     reconfigure(table.upstreams.map((current) => (current.name === upstream.name ? discovered : current)));
   });

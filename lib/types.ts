@@ -200,6 +200,17 @@ export interface Options {
   retries?: RetryOptions | boolean;
   /** Blend engine-reported load into the load policies see, or `false`. Default: `false` (off). */
   loadFeedback?: LoadFeedbackOptions | boolean;
+  /**
+   * Where the router reports what it noticed at run time (a body parser mounted before it,
+   * ranks discovered), each kind once per occurrence, never on the request path's critical
+   * errors. `false` silences it. Default: `process.emitWarning`.
+   */
+  logger?: Logger | false;
+}
+
+/** Receives the router's run-time notices. */
+export interface Logger {
+  warn(message: string): void;
 }
 
 /** One (upstream, global rank) pair that requests can be routed to. */

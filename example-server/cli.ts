@@ -17,6 +17,10 @@ export interface GatewaySettings {
   drainTimeoutMs: number;
   /** Active health-check interval of each upstream's `/health`; 0 turns checks off. */
   healthCheckMs: number;
+  /** Engine load polling interval of each upstream's `/metrics`; 0 turns it off. */
+  loadFeedbackMs: number;
+  /** Weight of other gateways' engine load (0–1). */
+  loadFeedbackWeight: number;
 }
 
 /** A command line the gateway cannot run with; the message is one line. */
@@ -44,6 +48,11 @@ Options:
   --on-invalid MODE     reassign | reject: what an invalid trusted hint gets [reassign]
   --expose-decision     answer with X-DP-Router-Decision                 [off]
   --health-check-ms N   probe each upstream's /health this often; 0 = off [0]
+  --discover            learn each upstream's ranks from its /metrics engine labels
+  --load-feedback-ms N  blend engine load from each upstream's /metrics, polled
+                        this often; 0 = off                              [0]
+  --load-feedback-weight W
+                        weight of other gateways' engine load, 0 to 1    [0.5]
   --mock-decode-ms N    embedded mock: delay per generated token         [0]
   --drain-timeout-ms N  on SIGTERM, wait this long for in-flight requests [30000]
   -h, --help            print this help
@@ -68,7 +77,10 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     mockDecodeMs: 0,
     drainTimeoutMs: 30_000,
     healthCheckMs: 0,
+    loadFeedbackMs: 0,
+    loadFeedbackWeight: 0.5,
   };
+  let discover = false;
   const upstreamSpecs: string[] = [];
   let startRank: number | undefined;
   let rankHeader: RankHeaderMode = 'global';
@@ -121,6 +133,15 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
       case '--health-check-ms':
         settings.healthCheckMs = integer(flag, value(), 0, 3_600_000);
         break;
+      case '--discover':
+        discover = true;
+        break;
+      case '--load-feedback-ms':
+        settings.loadFeedbackMs = integer(flag, value(), 0, 3_600_000);
+        break;
+      case '--load-feedback-weight':
+        settings.loadFeedbackWeight = fraction(flag, value());
+        break;
       case '--drain-timeout-ms':
         settings.drainTimeoutMs = integer(flag, value(), 0, 3_600_000);
         break;
@@ -128,7 +149,9 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
         throw new UsageError(`unknown option ${JSON.stringify(argv[index])} (see --help)`);
     }
   }
-  settings.upstreams = mergeUpstreams(upstreamSpecs, settings.dpSize, startRank, rankHeader);
+  settings.upstreams = mergeUpstreams(upstreamSpecs, settings.dpSize, startRank, rankHeader).map((upstream) =>
+    discover ? { ...upstream, discover: true } : upstream,
+  );
   return settings;
 }
 
@@ -191,6 +214,11 @@ function integer(flag: string, raw: string, min: number, max: number): number {
   if (!/^\d+$/.test(raw) || Number(raw) < min || Number(raw) > max) {
     throw new UsageError(`${flag} must be an integer from ${min} to ${max}, got ${JSON.stringify(raw)}`);
   }
+  return Number(raw);
+}
+
+function fraction(flag: string, raw: string): number {
+  if (!/^(?:0|1|0?\.\d+|1\.0*)$/.test(raw)) throw new UsageError(`${flag} must be a number from 0 to 1, got ${JSON.stringify(raw)}`);
   return Number(raw);
 }
 

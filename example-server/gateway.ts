@@ -32,6 +32,7 @@ export async function startExampleGateway(settings: GatewaySettings): Promise<Ru
     hints: { trust: settings.trustHints, onInvalid: settings.onInvalid },
     exposeDecision: settings.exposeDecision,
     healthCheck: settings.healthCheckMs > 0 ? { intervalMs: settings.healthCheckMs } : false,
+    loadFeedback: settings.loadFeedbackMs > 0 ? { intervalMs: settings.loadFeedbackMs, weight: settings.loadFeedbackWeight } : false,
     metrics: { registry },
   });
 

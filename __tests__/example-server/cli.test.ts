@@ -17,6 +17,8 @@ describe('parseCommandLine', () => {
       mockDecodeMs: 0,
       drainTimeoutMs: 30_000,
       healthCheckMs: 0,
+      loadFeedbackMs: 0,
+      loadFeedbackWeight: 0.5,
     });
   });
 
@@ -70,6 +72,8 @@ describe('parseCommandLine', () => {
       host: '0.0.0.0',
     });
     expect(parse('--health-check-ms', '2000').healthCheckMs).toBe(2000);
+    expect(parse('--load-feedback-ms', '500', '--load-feedback-weight', '0.25')).toMatchObject({ loadFeedbackMs: 500, loadFeedbackWeight: 0.25 });
+    expect(parse('--upstream', 'http://h:8000', '--discover').upstreams[0]).toMatchObject({ discover: true });
   });
 
   it('answers help', () => {
@@ -87,6 +91,7 @@ describe('parseCommandLine', () => {
     [['--upstream', 'ftp://h'], /is not an http\(s\) URL/],
     [['--upstream', 'http://h:8000@7-4'], /runs backwards/],
     [['--upstream', 'http://h:8000@0', '--start-rank', '2'], /below --start-rank 2/],
+    [['--load-feedback-weight', '1.5'], /--load-feedback-weight must be a number from 0 to 1/],
     [['--rank-header', 'relative'], /--rank-header must be one of global, local, none/],
   ])('rejects %j with a one-line reason', (argv, message) => {
     expect(() => parseCommandLine(argv)).toThrow(UsageError);

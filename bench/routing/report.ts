@@ -98,9 +98,10 @@ function renderPanel(
   for (let tick = 0; tick <= 1.0001; tick += 0.25) {
     out.push(`<text x="${offsetX + margin.left - 4}" y="${y(tick) + 4}" text-anchor="end">${(tick * 100).toFixed(0)}%</text>`);
   }
-  const step = maxX > 3 ? 0.5 : 0.25;
+  // About five labels, whatever the range (multi-turn's SGLang point sits at 8×).
+  const step = [0.25, 0.5, 1, 2, 5].find((candidate) => (maxX - 1) / candidate <= 6) ?? 10;
   for (let tick = 1; tick <= maxX; tick += step) {
-    out.push(`<text x="${x(tick)}" y="${margin.top + plotHeight + 14}" text-anchor="middle">${tick.toFixed(2)}</text>`);
+    out.push(`<text x="${x(tick)}" y="${margin.top + plotHeight + 14}" text-anchor="middle">${step < 1 ? tick.toFixed(2) : tick.toFixed(0)}</text>`);
   }
   out.push(
     `<line x1="${offsetX + margin.left}" x2="${offsetX + margin.left + plotWidth}" y1="${y(workload.fleetBoundHitRate)}" y2="${y(workload.fleetBoundHitRate)}" stroke="#43a047" stroke-dasharray="4 3"/>`,

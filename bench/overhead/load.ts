@@ -140,7 +140,17 @@ export function runPaced(spec: LoadSpec, rate: number, seconds: number, maxSocke
   let errors = 0;
   return new Promise((resolve) => {
     const started = performance.now();
+    let finished = false;
+    // A contender that stops answering must not hang the benchmark: what has not settled by
+    // then counts as errors.
+    const deadline = setTimeout(() => {
+      errors += total - settled;
+      finish();
+    }, (seconds + 15) * 1000);
     const finish = () => {
+      if (finished) return;
+      finished = true;
+      clearTimeout(deadline);
       agent.destroy();
       latencies.sort((a, b) => a - b);
       const measured = (performance.now() - started) / 1000;

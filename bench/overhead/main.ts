@@ -73,8 +73,8 @@ const HELP = `npm run bench:overhead -- [options]
   --quick                one round of ~1 s per cell (a few seconds per contender)
   --rounds N             rounds per cell (default 3; --quick: 1)
   --duration S           seconds per saturation run (default 3; --quick: 1)
-  --c1-duration S        seconds per one-connection run (default 2; --quick: 1)
-  --half-duration S      seconds per half-load run (default 3; --quick: 1)
+  --c1-duration S        seconds per one-connection run (default 1.5; --quick: 1)
+  --half-duration S      seconds per half-load run (default 2.5; --quick: 1)
   --warmup S             warm-up per contender and body size (default 1; --quick: 0.5)
   --connections N        connections at saturation (default 16)
   --bodies LIST          body sizes in bytes (default 256,8192,32768)
@@ -120,8 +120,8 @@ function settingsFrom(argv: readonly string[]): Settings {
     quick,
     rounds: Math.round(num('rounds', 3, 1)),
     satSeconds: num('duration', 3, 1),
-    c1Seconds: num('c1-duration', 2, 1),
-    halfSeconds: num('half-duration', 3, 1),
+    c1Seconds: num('c1-duration', 1.5, 1),
+    halfSeconds: num('half-duration', 2.5, 1),
     warmupSeconds: num('warmup', 1, 0.5),
     connections: Math.round(num('connections', 16, 16)),
     bodies: sizes('bodies', '256,8192,32768'),
@@ -301,7 +301,11 @@ async function main(): Promise<void> {
     process.stdout.write(
       `Node ${process.version}, ${cores} cores, ${pinned ? 'upstream + autocannon on core 0, contender on core 1' : 'not pinned'}; ` +
         `${settings.rounds} round(s); saturation = ${settings.connections} connections, no pipelining; ` +
-        `figures are medians over rounds; ratios are paired per round. Measured in ${fixed(elapsedSeconds, 0)} s.\n\n`,
+        `figures are medians over rounds; ratios are paired per round. Measured in ${fixed(elapsedSeconds, 0)} s.\n\n` +
+        'Columns: *× baseline* is req/s ÷ the baseline\'s in the same round; *CPU µs/req* is the contender process\'s CPU time ' +
+        '(/proc utime + stime) per response, the figure that holds when other work shares the machine; *wrong rank* counts ' +
+        'responses whose upstream did not see exactly one rank header with a routable rank (router contenders) or saw any ' +
+        'rank header (plain proxies).\n\n',
     );
     process.stdout.write(`${tables}\n\n## Targets\n\n`);
     for (const target of targets) process.stdout.write(`${target.pass ? 'PASS' : 'MISS'} ${target.name}: ${target.figure}\n`);

@@ -61,7 +61,15 @@ export function dpRouter(options: Options): DpRouter {
     detector?.close();
     for (const proxy of [...proxies.values(), ...retired]) proxy.close();
   });
-  const retryBodyLimit = retry === undefined ? 0 : config.retryMaxBodyBytes;
+  // A retry goes to another upstream server: with one server there is nowhere to retry, and
+  // holding bodies for it would only cost memory and latency.
+  let retryBodyLimit = 0;
+  const syncRetryLimit = () => {
+    const servers = new Set(table.upstreams.map((upstream) => upstream.url)).size;
+    retryBodyLimit = retry !== undefined && servers > 1 ? config.retryMaxBodyBytes : 0;
+  };
+  syncRetryLimit();
+  routing.onReconfigure.push(syncRetryLimit);
 
   /** Starts one try at the chosen endpoint. */
   function send(req: ProxiedRequest, res: ServerResponse, next: (error?: unknown) => void): void {

@@ -57,7 +57,9 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     delete req.headers.expect;
 
     const wantsBody =
-      policy.usesPrompt === true || readsAffinityBody || (trusted && hintBodyField !== undefined && headerHint === NO_HINT);
+      policy.usesPrompt === true ||
+      (readsAffinityBody && headerKey(req) === undefined) ||
+      (trusted && hintBodyField !== undefined && headerHint === NO_HINT);
     if (req.readableEnded && hasBody(req)) {
       // A body parser ran first: the stream is spent, so its result is all there is to read
       // and to forward.
@@ -161,12 +163,18 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     }
   }
 
+  /** The session key from the affinity header, when it carries one. */
+  function headerKey(req: IncomingMessage): string | undefined {
+    if (config.affinityHeader === undefined) return undefined;
+    const value = req.headers[config.affinityHeader];
+    if (typeof value === 'string' && value.length > 0) return value;
+    if (Array.isArray(value) && value.length > 0) return value[0];
+    return undefined;
+  }
+
   function affinityKeyOf(req: IncomingMessage, body: unknown): string | undefined {
-    if (config.affinityHeader !== undefined) {
-      const value = req.headers[config.affinityHeader];
-      if (typeof value === 'string' && value.length > 0) return value;
-      if (Array.isArray(value) && value.length > 0) return value[0];
-    }
+    const fromHeader = headerKey(req);
+    if (fromHeader !== undefined) return fromHeader;
     if (config.affinityBodyField !== undefined && typeof body === 'object' && body !== null) {
       const value = (body as Record<string, unknown>)[config.affinityBodyField];
       if ((typeof value === 'string' && value.length > 0) || typeof value === 'number') return String(value);

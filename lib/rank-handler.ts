@@ -11,12 +11,15 @@ import type { DecisionSource, PickContext } from './types';
 /** Where the proxy finds the chosen endpoint and the bytes it must replay. */
 export const CHOSEN_ENDPOINT = Symbol('dpRouter.endpoint');
 export const BUFFERED_BODY = Symbol('dpRouter.body');
+/** The body as the router parsed it, when it had to read it (so `dpRank` need not parse again). */
+export const PARSED_BODY = Symbol('dpRouter.parsedBody');
 /** The context the policy picked with, kept so that a retry can pick again with it. */
 export const PICK_CONTEXT = Symbol('dpRouter.pickContext');
 
 export interface RoutedRequest extends IncomingMessage {
   [CHOSEN_ENDPOINT]?: RouteEndpoint;
   [BUFFERED_BODY]?: Buffer;
+  [PARSED_BODY]?: unknown;
   [PICK_CONTEXT]?: PickContext;
   /** Set by body parsers such as `express.json()`. */
   body?: unknown;
@@ -90,6 +93,7 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
         return;
       }
       req[BUFFERED_BODY] = result.bytes;
+      req[PARSED_BODY] = body;
       decide(req, res, done, trusted, headerHint, body);
     }, done);
   }

@@ -2,6 +2,7 @@ import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { request as httpRequest, Agent } from 'node:http';
 import { join } from 'node:path';
 import { startMockVllm } from '../../example-server/mock-vllm';
+import { exponential, seededRng } from '../routing/rng';
 
 /** One measured run: several gateway processes in front of one mock vLLM. */
 export interface FleetOptions {
@@ -34,18 +35,6 @@ const ROOT = join(__dirname, '..', '..');
 const WARMUP_MS = 1_000;
 const SAMPLE_MS = 25;
 
-/** Seeded uniform numbers in [0, 1) (mulberry32), so both modes see the same arrivals and lengths. */
-export function seeded(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /** Starts a gateway process (the example server) and resolves with its URL. */
 function startGatewayProcess(args: string[]): Promise<{ url: string; child: ChildProcessWithoutNullStreams }> {
   const child = spawn(join(ROOT, 'node_modules', '.bin', 'tsx'), [join(ROOT, 'example-server', 'main.ts'), '--port', '0', ...args], { cwd: ROOT });
@@ -68,7 +57,7 @@ export async function runFleet(options: FleetOptions): Promise<FleetResult> {
   if (options.feedbackMs > 0) args.push('--load-feedback-ms', String(options.feedbackMs), '--load-feedback-weight', String(options.feedbackWeight));
   const gateways = await Promise.all(Array.from({ length: options.gateways }, () => startGatewayProcess(args)));
   const agent = new Agent({ keepAlive: true, maxSockets: 512 });
-  const random = seeded(options.seed);
+  const random = seededRng(options.seed);
   const runningSum = new Array<number>(options.ranks).fill(0);
   let instantSum = 0;
   let samples = 0;
@@ -115,7 +104,7 @@ export async function runFleet(options: FleetOptions): Promise<FleetResult> {
   let next = started;
   let index = 0;
   while (next < deadline) {
-    next += (-Math.log(1 - random()) / options.rate) * 1000;
+    next += exponential(random, 1000 / options.rate);
     const wait = next - Date.now();
     if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait));
     const gateway = index++ % options.gateways;

@@ -13,7 +13,6 @@ import type { OutlierDetectionConfig } from './options';
  * waiting out a cool-down) instead of a blanket 503.
  */
 export class OutlierDetector {
-  private readonly maxUnderEjection: number;
   private underEjection = 0;
   private readonly timers = new Set<NodeJS.Timeout>();
   private closed = false;
@@ -21,9 +20,12 @@ export class OutlierDetector {
   constructor(
     private readonly table: EndpointTable,
     private readonly config: OutlierDetectionConfig,
-  ) {
-    const total = table.all.length;
-    this.maxUnderEjection = config.maxEjectionPercent === 0 ? 0 : Math.max(1, Math.floor((total * config.maxEjectionPercent) / 100));
+  ) {}
+
+  /** Read from the table as it is now: `setUpstreams()` and discovery change its size. */
+  private get maxUnderEjection(): number {
+    const { maxEjectionPercent } = this.config;
+    return maxEjectionPercent === 0 ? 0 : Math.max(1, Math.floor((this.table.all.length * maxEjectionPercent) / 100));
   }
 
   /**

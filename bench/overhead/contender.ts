@@ -58,6 +58,13 @@ if (kind === 'bare-http') {
       on: kind === 'baseline-json' ? { proxyReq: fixRequestBody } : {},
     }),
   );
+} else if (kind === 'baseline-routeropts') {
+  // Diagnostic: the baseline with dpRouter's http-proxy-middleware settings (xfwd, agent
+  // options, three event handlers doing nothing), to tell the proxy settings' cost from the
+  // router's own.
+  const agent = new Agent({ keepAlive: true, scheduling: 'lifo', timeout: 4_000 });
+  const noop = () => undefined;
+  app.use(createProxyMiddleware({ target: upstreamUrl, agent, changeOrigin: true, xfwd: true, on: { proxyReq: noop, proxyRes: noop, error: noop } }));
 } else if (kind.startsWith('router:')) {
   // `router:<policy>[+nometrics][+noretry]`: the flags (diagnostic, not in the default set)
   // switch off prom-client metrics or retries (whose body buffering) to isolate their share.

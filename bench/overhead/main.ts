@@ -39,6 +39,7 @@ function contenderFor(id: string): Contender {
   if (id === 'baseline') return { id, kind: 'baseline', headerOnly: false, expect: NO_RANK };
   if (id === 'baseline+json') return { id, kind: 'baseline-json', headerOnly: false, expect: NO_RANK };
   if (id === 'bare-http') return { id, kind: 'bare-http', headerOnly: false, expect: NO_RANK };
+  if (id === 'baseline+routeropts') return { id, kind: 'baseline-routeropts', headerOnly: false, expect: NO_RANK };
   const match = /^router:([a-z-]+)((?:\+(?:nometrics|noretry))*)$/.exec(id);
   if (match) return { id, kind: id, headerOnly: match[2] === '' && HEADER_ONLY.includes(match[1]), expect: ROUTABLE };
   throw new Error(`unknown contender '${id}'`);
@@ -81,7 +82,7 @@ const HELP = `npm run bench:overhead -- [options]
   --half-bodies LIST     body sizes with a half-load cell (default 256,8192)
   --modes LIST           sat,c1,half (default all three)
   --contenders LIST      default: ${DEFAULT_CONTENDERS.join(',')}
-                         also: bare-http, router:<policy>+nometrics, router:<policy>+noretry (or both)
+                         also: bare-http, baseline+routeropts (the baseline with dpRouter's proxy settings), router:<policy>+nometrics, router:<policy>+noretry (or both)
   --out FILE             JSON result path (default bench/results/overhead-<time>.json)
   --no-pin               do not pin processes to cores`;
 

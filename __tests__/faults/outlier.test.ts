@@ -1,23 +1,17 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
 import type { Options } from '../../lib';
 import { metricValue, startGateway, type TestGateway } from '../helpers/app';
-import { startEchoUpstream, type EchoUpstream } from '../helpers/echo-upstream';
-import { allIdle, exchange, sleep, waitFor } from './support';
+import type { EchoUpstream } from '../helpers/echo-upstream';
+import { allIdle, exchange, sleep, waitFor, echoUpstreams } from './support';
 
 let gateway: TestGateway | undefined;
-const upstreams: EchoUpstream[] = [];
 
 afterEach(async () => {
   await gateway?.close();
   gateway = undefined;
-  await Promise.all(upstreams.splice(0).map((upstream) => upstream.close()));
 });
 
-async function echo(): Promise<EchoUpstream> {
-  const upstream = await startEchoUpstream();
-  upstreams.push(upstream);
-  return upstream;
-}
+const echo = echoUpstreams();
 
 const failWith = (status: number) => (_req: unknown, res: import('node:http').ServerResponse) => {
   res.writeHead(status, { 'content-type': 'application/json' });

@@ -2,23 +2,17 @@ import { afterEach, describe, expect, it } from '@jest/globals';
 import { request as httpRequest } from 'node:http';
 import type { Options } from '../../lib';
 import { metricValue, parseExposition, startGateway, sumSamples, type TestGateway } from '../helpers/app';
-import { startEchoUpstream, type EchoUpstream } from '../helpers/echo-upstream';
-import { allIdle, exchange, waitFor } from './support';
+import { startEchoUpstream } from '../helpers/echo-upstream';
+import { allIdle, exchange, waitFor, echoUpstreams } from './support';
 
 let gateway: TestGateway | undefined;
-const upstreams: EchoUpstream[] = [];
 
 afterEach(async () => {
   await gateway?.close();
   gateway = undefined;
-  await Promise.all(upstreams.splice(0).map((upstream) => upstream.close()));
 });
 
-async function echo(): Promise<EchoUpstream> {
-  const upstream = await startEchoUpstream();
-  upstreams.push(upstream);
-  return upstream;
-}
+const echo = echoUpstreams();
 
 /** An address where nothing listens any more. */
 async function deadUrl(): Promise<string> {

@@ -1,6 +1,8 @@
 import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { startMockVllm, type MockVllm, type MockVllmOptions } from '../../example-server/mock-vllm';
+import { afterEach } from '@jest/globals';
 import type { TestGateway } from '../helpers/app';
+import { startEchoUpstream, type EchoUpstream } from '../helpers/echo-upstream';
 
 /** Polls `condition` every 10 ms until it holds; throws after `timeoutMs`. */
 export async function waitFor(condition: () => boolean | Promise<boolean>, timeoutMs = 5000): Promise<void> {
@@ -79,4 +81,17 @@ export async function startRestartableVllm(options: MockVllmOptions = {}): Promi
 /** Every endpoint's in-flight count is back to 0. */
 export function allIdle(gateway: TestGateway): boolean {
   return gateway.router.endpoints().every((endpoint) => endpoint.inflight === 0);
+}
+
+/** Gives a test file an `echo()` that starts an echo upstream, closed again after each test. */
+export function echoUpstreams(): () => Promise<EchoUpstream> {
+  const started: EchoUpstream[] = [];
+  afterEach(async () => {
+    await Promise.all(started.splice(0).map((upstream) => upstream.close()));
+  });
+  return async () => {
+    const upstream = await startEchoUpstream();
+    started.push(upstream);
+    return upstream;
+  };
 }

@@ -32,7 +32,7 @@ import { sessionAffinity } from '../lib/policies/session-affinity';
 import { extractPrompt } from '../lib/prompt';
 import type { RoutedRequest } from '../lib/rank-handler';
 import { createRouting } from '../lib/routing';
-import type { Endpoint, PickContext, Policy } from '../lib/types';
+import type { PickContext, Policy } from '../lib/types';
 import { fixed, markdownTable, median, parseArgs } from './lib/stats';
 
 const args = parseArgs(process.argv.slice(2));

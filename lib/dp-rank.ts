@@ -1,5 +1,5 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { PARSED_BODY, type RoutedRequest } from './rank-handler';
+import { ROUTE, type RoutedRequest } from './rank-handler';
 import { createRouting, type Middleware, type RoutingHelpers } from './routing';
 import type { Options } from './types';
 
@@ -23,12 +23,13 @@ export function dpRank(options: Options): DpRank {
   function dpRankMiddleware(req: IncomingMessage, res: ServerResponse, next: (error?: unknown) => void): void {
     const routed = req as RoutedRequest & { _body?: boolean };
     handle(routed, res, (error) => {
-      if (error === undefined && routed[PARSED_BODY] !== undefined && routed.body === undefined) {
+      const parsed = routed[ROUTE]?.parsedBody;
+      if (error === undefined && parsed !== undefined && routed.body === undefined) {
         // The body had to be read here (body hints, prefix-aware, a body affinity key), so the
         // stream is spent: leave it parsed as express.json() would, for the caller's proxy to
         // forward (http-proxy-middleware's fixRequestBody, express-http-proxy). `_body` tells a
         // later body-parser 1.x (Express 4) not to wait for a stream that has ended.
-        routed.body = routed[PARSED_BODY];
+        routed.body = parsed;
         routed._body = true;
       }
       next(error);

@@ -3,8 +3,8 @@ import { readBody } from './body';
 import { sendError } from './errors';
 import { startHealthChecks } from './health-checker';
 import { OutlierDetector } from './outlier-detector';
-import { ATTEMPT, createUpstreamProxy, PHASE, WAITING, type ProxiedRequest, type UpstreamProxy } from './proxy';
-import { BUFFERED_BODY, CHOSEN_ENDPOINT } from './rank-handler';
+import { createUpstreamProxy, WAITING, type ProxiedRequest, type UpstreamProxy } from './proxy';
+import { ROUTE } from './rank-handler';
 import { createRetry } from './retry';
 import { createRouting, type Middleware, type RoutingHelpers } from './routing';
 import type { UpstreamConfig } from './options';
@@ -74,8 +74,9 @@ export function dpRouter(options: Options): DpRouter {
   /** Starts one try at the chosen endpoint. */
   function send(req: ProxiedRequest, res: ServerResponse, next: (error?: unknown) => void): void {
     if (res.destroyed) return;
-    const endpoint = req[CHOSEN_ENDPOINT]!;
-    req[PHASE] = WAITING;
+    const route = req[ROUTE]!;
+    const endpoint = route.endpoint!;
+    route.phase = WAITING;
     if (detector?.dispatched(endpoint, res)) {
       // This request is the half-open endpoint's one trial; if the client leaves before it
       // decides, the endpoint must be free for another trial.
@@ -93,8 +94,7 @@ export function dpRouter(options: Options): DpRouter {
       }
       // Express strips the mount path from req.url; upstream must see the path the client sent.
       if (routed.originalUrl !== undefined) routed.url = routed.originalUrl;
-      routed[ATTEMPT] = 1;
-      if (retryBodyLimit > 0 && routed[BUFFERED_BODY] === undefined && replayableSize(routed, retryBodyLimit)) {
+      if (retryBodyLimit > 0 && routed[ROUTE]!.body === undefined && replayableSize(routed, retryBodyLimit)) {
         // Hold the body so that a retry can replay it; the limit bounds what is held.
         readBody(routed, retryBodyLimit).then((result) => {
           if (!result.ok) {
@@ -103,7 +103,7 @@ export function dpRouter(options: Options): DpRouter {
             if (result.failure === 'too_large') sendError(res, 413, 'RequestEntityTooLargeError', 'Request body exceeds its Content-Length.');
             return;
           }
-          routed[BUFFERED_BODY] = result.bytes;
+          routed[ROUTE]!.body = result.bytes;
           send(routed, res, next);
         }, next);
         return;

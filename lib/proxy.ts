@@ -7,20 +7,13 @@ import { sendError } from './errors';
 import type { RouterMetrics, UpstreamErrorKind } from './metrics';
 import type { Configuration, UpstreamConfig } from './options';
 import type { OutlierDetector } from './outlier-detector';
-import { BUFFERED_BODY, CHOSEN_ENDPOINT, type RoutedRequest } from './rank-handler';
+import { ROUTE, type RoutedRequest } from './rank-handler';
 
 /** One upstream's proxy and the connections it keeps. */
 export interface UpstreamProxy {
   readonly handle: RequestHandler<IncomingMessage, ServerResponse>;
   close(): void;
 }
-
-/** How many tries this request has had (1 for the first). */
-export const ATTEMPT = Symbol('dpRouter.attempt');
-/** Where the current try stands: {@link WAITING}, {@link RESPONDING} or {@link SETTLED}. */
-export const PHASE = Symbol('dpRouter.phase');
-/** The endpoints tried and failed, set on the first failure. */
-export const TRIED = Symbol('dpRouter.tried');
 
 /** Sent, no response headers yet: a failure here may be retried. */
 export const WAITING = 1;
@@ -29,11 +22,8 @@ export const RESPONDING = 2;
 /** The try failed and was counted; later events of it are echoes. */
 export const SETTLED = 3;
 
-export interface ProxiedRequest extends RoutedRequest {
-  [ATTEMPT]?: number;
-  [PHASE]?: number;
-  [TRIED]?: RouteEndpoint[];
-}
+/** A request the router proxies: its state is in `req[ROUTE]`. */
+export type ProxiedRequest = RoutedRequest;
 
 /** What the proxy reports outcomes to, and asks for a retry. */
 export interface FaultHandling {
@@ -74,10 +64,11 @@ export function createUpstreamProxy(
    * tells it the answer is incomplete.
    */
   const failMidResponse = (req: ProxiedRequest, res: ServerResponse) => {
-    if (req[PHASE] === SETTLED) return;
-    req[PHASE] = SETTLED;
+    const route = req[ROUTE]!;
+    if (route.phase === SETTLED) return;
+    route.phase = SETTLED;
     if (clientGone(res)) return;
-    const endpoint = req[CHOSEN_ENDPOINT];
+    const endpoint = route.endpoint;
     if (endpoint) {
       metrics.upstreamError(endpoint, 'reset');
       detector?.failed(endpoint);
@@ -103,15 +94,16 @@ export function createUpstreamProxy(
           proxyReq.destroy();
           return;
         }
-        const body = req[BUFFERED_BODY];
+        const body = req[ROUTE]!.body;
         if (body !== undefined) proxyReq.write(body);
         armTimeouts(proxyReq, res, connectTimeoutMs, firstByteTimeoutMs);
       },
       proxyRes(proxyRes: IncomingMessage, req: ProxiedRequest, res: ServerResponse) {
-        req[PHASE] = RESPONDING;
+        const route = req[ROUTE]!;
+        route.phase = RESPONDING;
         // No retry can replay it from here on: let a long stream not pin the request's bytes.
-        req[BUFFERED_BODY] = undefined;
-        const endpoint = req[CHOSEN_ENDPOINT];
+        route.body = undefined;
+        const endpoint = route.endpoint;
         if (endpoint) {
           if (proxyRes.statusCode !== undefined && proxyRes.statusCode >= 500) {
             metrics.upstreamError(endpoint, 'status_5xx');
@@ -129,16 +121,16 @@ export function createUpstreamProxy(
           res.destroy();
           return;
         }
-        const phase = req[PHASE];
-        if (phase === RESPONDING) {
+        const route = req[ROUTE]!;
+        if (route.phase === RESPONDING) {
           failMidResponse(req, res);
           return;
         }
-        if (phase === SETTLED) return;
-        req[PHASE] = SETTLED;
+        if (route.phase === SETTLED) return;
+        route.phase = SETTLED;
         // A client that left is not the upstream's fault, and there is no one to answer.
         if (clientGone(res)) return;
-        const endpoint = req[CHOSEN_ENDPOINT];
+        const endpoint = route.endpoint;
         const kind = classify(error);
         if (endpoint) {
           metrics.upstreamError(endpoint, kind);

@@ -8,19 +8,31 @@ import type { Configuration } from './options';
 import { extractPrompt } from './prompt';
 import type { DecisionSource, PickContext } from './types';
 
-/** Where the proxy finds the chosen endpoint and the bytes it must replay. */
-export const CHOSEN_ENDPOINT = Symbol('dpRouter.endpoint');
-export const BUFFERED_BODY = Symbol('dpRouter.body');
-/** The body as the router parsed it, when it had to read it (so `dpRank` need not parse again). */
-export const PARSED_BODY = Symbol('dpRouter.parsedBody');
-/** The context the policy picked with, kept so that a retry can pick again with it. */
-export const PICK_CONTEXT = Symbol('dpRouter.pickContext');
+/**
+ * What the router keeps about one request, in one object under one property: a request
+ * object grows a property per write, and a fixed-shape record costs one.
+ */
+export class RouteState {
+  /** The endpoint the request is held on (a retry moves it). */
+  endpoint: RouteEndpoint | undefined = undefined;
+  /** The body bytes to send upstream, when the router holds them. */
+  body: Buffer | undefined = undefined;
+  /** The body as the router parsed it, when it had to read it. */
+  parsedBody: unknown = undefined;
+  /** The context the policy picked with, so that a retry can pick again with it. */
+  context: PickContext | undefined = undefined;
+  /** Tries so far, the first included. */
+  attempt = 1;
+  /** Where the current try stands (see proxy.ts). */
+  phase = 0;
+  /** Endpoints tried and failed. */
+  tried: RouteEndpoint[] | undefined = undefined;
+}
+
+export const ROUTE = Symbol('dpRouter.route');
 
 export interface RoutedRequest extends IncomingMessage {
-  [CHOSEN_ENDPOINT]?: RouteEndpoint;
-  [BUFFERED_BODY]?: Buffer;
-  [PARSED_BODY]?: unknown;
-  [PICK_CONTEXT]?: PickContext;
+  [ROUTE]?: RouteState;
   /** Set by body parsers such as `express.json()`. */
   body?: unknown;
   originalUrl?: string;
@@ -45,6 +57,8 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
   let warnedParsedBody = false;
 
   function handle(req: RoutedRequest, res: ServerResponse, done: Done): void {
+    const route = new RouteState();
+    req[ROUTE] = route;
     let trusted: boolean;
     try {
       trusted = trust === true || (trust !== false && trust(req) === true);
@@ -92,8 +106,8 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
         sendError(res, 400, 'BadRequestError', 'Request body is not valid JSON.');
         return;
       }
-      req[BUFFERED_BODY] = result.bytes;
-      req[PARSED_BODY] = body;
+      route.body = result.bytes;
+      route.parsedBody = body;
       decide(req, res, done, trusted, headerHint, body);
     }, done);
   }
@@ -141,7 +155,7 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
       affinityKey: policy.usesAffinityKey ? affinityKeyOf(req, body) : undefined,
       prompt: policy.usesPrompt && body !== undefined ? extractPrompt(body) : undefined,
     };
-    req[PICK_CONTEXT] = context;
+    req[ROUTE]!.context = context;
     let chosen: RouteEndpoint;
     try {
       chosen = policy.pick(candidates, context) as RouteEndpoint;
@@ -191,12 +205,13 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     metrics.dispatched(endpoint, source);
     if (endpoint.headerValue !== undefined) req.headers[header] = endpoint.headerValue;
     req.dpRank = endpoint.decisions[source];
-    req[CHOSEN_ENDPOINT] = endpoint;
+    const route = req[ROUTE]!;
+    route.endpoint = endpoint;
     if (config.exposeDecision) res.setHeader('x-dp-router-decision', endpoint.receipts[source]);
     const started = performance.now();
     res.once('close', () => {
       // A retry may have moved the slot to another endpoint: release the one held now.
-      const held = req[CHOSEN_ENDPOINT] ?? endpoint;
+      const held = route.endpoint ?? endpoint;
       held.inflight--;
       metrics.finished(held, (performance.now() - started) / 1000);
     });
@@ -222,7 +237,7 @@ function replayParsedBody(req: RoutedRequest): boolean {
   if (bytes === undefined) return false;
   req.headers['content-length'] = String(bytes.length);
   delete req.headers['transfer-encoding'];
-  req[BUFFERED_BODY] = bytes;
+  req[ROUTE]!.body = bytes;
   return true;
 }
 

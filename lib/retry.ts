@@ -3,11 +3,11 @@ import { hasBody } from './body';
 import type { EndpointTable, RouteEndpoint } from './endpoints';
 import type { RouterMetrics } from './metrics';
 import type { Configuration } from './options';
-import { ATTEMPT, TRIED, type ProxiedRequest } from './proxy';
-import { BUFFERED_BODY, CHOSEN_ENDPOINT, PICK_CONTEXT } from './rank-handler';
+import type { ProxiedRequest } from './proxy';
+import { ROUTE } from './rank-handler';
 import type { DecisionSource, PickContext } from './types';
 
-/** Starts one try of `req` at the endpoint in `req[CHOSEN_ENDPOINT]`. */
+/** Starts one try of `req` at the endpoint in `req[ROUTE].endpoint`. */
 export type SendAttempt = (req: ProxiedRequest, res: ServerResponse) => void;
 
 /** The headers http-proxy's `xfwd` appends to on every try. */
@@ -25,11 +25,11 @@ const FORWARDED_APPENDED = ['x-forwarded-for', 'x-forwarded-port', 'x-forwarded-
 export function createRetry(config: Configuration, table: EndpointTable, metrics: RouterMetrics, send: SendAttempt) {
   const { header, policy, retryAttempts } = config;
   return function retry(req: ProxiedRequest, res: ServerResponse, failed: RouteEndpoint): boolean {
-    const attempt = req[ATTEMPT] ?? 1;
-    if (attempt >= retryAttempts || res.headersSent) return false;
+    const route = req[ROUTE]!;
+    if (route.attempt >= retryAttempts || res.headersSent) return false;
     // Only what can be replayed byte for byte: a buffered body, or none at all.
-    if (req[BUFFERED_BODY] === undefined && hasBody(req)) return false;
-    const tried = (req[TRIED] ??= []);
+    if (route.body === undefined && hasBody(req)) return false;
+    const tried = (route.tried ??= []);
     tried.push(failed);
     const source: DecisionSource = req.dpRank?.source ?? 'assigned';
     const next = source === 'hint' ? otherReplica(failed.rank, tried) : pickAnother(req, tried);
@@ -38,13 +38,13 @@ export function createRetry(config: Configuration, table: EndpointTable, metrics
     failed.inflight--;
     next.inflight++;
     metrics.dispatched(next, source);
-    req[CHOSEN_ENDPOINT] = next;
+    route.endpoint = next;
     req.dpRank = next.decisions[source];
     if (next.headerValue !== undefined) req.headers[header] = next.headerValue;
     else delete req.headers[header];
     if (config.exposeDecision) res.setHeader('x-dp-router-decision', next.receipts[source]);
     undoForwardedHeaders(req);
-    req[ATTEMPT] = attempt + 1;
+    route.attempt++;
     send(req, res);
     return true;
   };
@@ -61,7 +61,7 @@ export function createRetry(config: Configuration, table: EndpointTable, metrics
   function pickAnother(req: ProxiedRequest, tried: readonly RouteEndpoint[]): RouteEndpoint | undefined {
     const candidates = table.healthy().filter((endpoint) => !failedBefore(endpoint, tried));
     if (candidates.length === 0) return undefined;
-    const context: PickContext = req[PICK_CONTEXT] ?? { path: req.url ?? '/', affinityKey: undefined, prompt: undefined };
+    const context: PickContext = req[ROUTE]!.context ?? { path: req.url ?? '/', affinityKey: undefined, prompt: undefined };
     try {
       const chosen = policy.pick(candidates, context) as RouteEndpoint;
       return candidates.includes(chosen) ? chosen : undefined;

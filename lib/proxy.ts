@@ -7,7 +7,7 @@ import { sendError } from './errors';
 import type { RouterMetrics, UpstreamErrorKind } from './metrics';
 import type { Configuration, UpstreamConfig } from './options';
 import type { OutlierDetector } from './outlier-detector';
-import { ROUTE, type RoutedRequest } from './rank-handler';
+import { ROUTE, type RouteState, type RoutedRequest } from './rank-handler';
 
 /** One upstream's proxy and the connections it keeps. */
 export interface UpstreamProxy {
@@ -96,10 +96,11 @@ export function createUpstreamProxy(
         }
         const body = req[ROUTE]!.body;
         if (body !== undefined) proxyReq.write(body);
-        armTimeouts(proxyReq, res, connectTimeoutMs, firstByteTimeoutMs);
+        armDeadlines(req[ROUTE]!, proxyReq, res, connectTimeoutMs, firstByteTimeoutMs);
       },
       proxyRes(proxyRes: IncomingMessage, req: ProxiedRequest, res: ServerResponse) {
         const route = req[ROUTE]!;
+        clearDeadlines(route);
         route.phase = RESPONDING;
         // No retry can replay it from here on: let a long stream not pin the request's bytes.
         route.body = undefined;
@@ -122,6 +123,7 @@ export function createUpstreamProxy(
           return;
         }
         const route = req[ROUTE]!;
+        clearDeadlines(route);
         if (route.phase === RESPONDING) {
           failMidResponse(req, res);
           return;
@@ -177,27 +179,34 @@ function mayRetry(error: NodeJS.ErrnoException): boolean {
 }
 
 /**
- * Connect and first-byte deadlines for one exchange, and the abort of the upstream request
- * when the client leaves first (http-proxy only does that while the request body is still
+ * Connect and first-byte deadlines for one try, and the abort of the upstream request when
+ * the client leaves first (http-proxy only does that while the request body is still
  * arriving; a client that leaves during a long prefill would otherwise keep the engine busy).
+ * The deadlines are cleared by the response, the error handler or the client's leaving.
  */
-function armTimeouts(proxyReq: ClientRequest, res: ServerResponse, connectMs: number, firstByteMs: number): void {
+function armDeadlines(route: RouteState, proxyReq: ClientRequest, res: ServerResponse, connectMs: number, firstByteMs: number): void {
+  route.upstreamRequest = proxyReq;
   const socket = proxyReq.socket;
-  let connectTimer: NodeJS.Timeout | undefined;
   if (socket?.connecting) {
-    connectTimer = setTimeout(() => proxyReq.destroy(timeoutError(CONNECT_TIMEOUT, 'connect')), connectMs);
-    socket.once('connect', () => clearTimeout(connectTimer));
+    route.connectDeadline = setTimeout(expire, connectMs, proxyReq, CONNECT_TIMEOUT);
+    socket.once('connect', () => clearTimeout(route.connectDeadline));
   }
-  const firstByteTimer = setTimeout(() => proxyReq.destroy(timeoutError(FIRST_BYTE_TIMEOUT, 'first byte')), firstByteMs);
-  const settle = () => {
-    clearTimeout(connectTimer);
-    clearTimeout(firstByteTimer);
-  };
-  proxyReq.once('response', settle);
-  proxyReq.once('close', settle);
+  route.firstByteDeadline = setTimeout(expire, firstByteMs, proxyReq, FIRST_BYTE_TIMEOUT);
+  if (route.watchingClient) return;
+  route.watchingClient = true;
   res.once('close', () => {
-    if (!res.writableFinished) proxyReq.destroy();
+    clearDeadlines(route);
+    if (!res.writableFinished) route.upstreamRequest?.destroy();
   });
+}
+
+function clearDeadlines(route: RouteState): void {
+  clearTimeout(route.connectDeadline);
+  clearTimeout(route.firstByteDeadline);
+}
+
+function expire(proxyReq: ClientRequest, code: string): void {
+  proxyReq.destroy(timeoutError(code, code === CONNECT_TIMEOUT ? 'connect' : 'first byte'));
 }
 
 function timeoutError(code: string, what: string): NodeJS.ErrnoException {

@@ -1,4 +1,4 @@
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { ClientRequest, IncomingMessage, ServerResponse } from 'node:http';
 import { hasBody, isJson, readBody } from './body';
 import type { EndpointTable, RouteEndpoint } from './endpoints';
 import { sendError } from './errors';
@@ -27,6 +27,12 @@ export class RouteState {
   phase = 0;
   /** Endpoints tried and failed. */
   tried: RouteEndpoint[] | undefined = undefined;
+  /** dpRouter's proxy: the current try's upstream request and its deadlines. */
+  upstreamRequest: ClientRequest | undefined = undefined;
+  connectDeadline: NodeJS.Timeout | undefined = undefined;
+  firstByteDeadline: NodeJS.Timeout | undefined = undefined;
+  /** Whether the client's leaving is already watched (once per request, not per try). */
+  watchingClient = false;
 }
 
 export const ROUTE = Symbol('dpRouter.route');

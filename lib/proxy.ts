@@ -96,11 +96,11 @@ export function createUpstreamProxy(
         }
         const body = req[ROUTE]!.body;
         if (body !== undefined) proxyReq.write(body);
-        armDeadlines(req[ROUTE]!, proxyReq, res, connectTimeoutMs, firstByteTimeoutMs);
+        armDeadlines(req[ROUTE]!, proxyReq, connectTimeoutMs, firstByteTimeoutMs);
       },
       proxyRes(proxyRes: IncomingMessage, req: ProxiedRequest, res: ServerResponse) {
         const route = req[ROUTE]!;
-        clearDeadlines(route);
+        route.clearDeadlines();
         route.phase = RESPONDING;
         // No retry can replay it from here on: let a long stream not pin the request's bytes.
         route.body = undefined;
@@ -123,7 +123,7 @@ export function createUpstreamProxy(
           return;
         }
         const route = req[ROUTE]!;
-        clearDeadlines(route);
+        route.clearDeadlines();
         if (route.phase === RESPONDING) {
           failMidResponse(req, res);
           return;
@@ -179,12 +179,10 @@ function mayRetry(error: NodeJS.ErrnoException): boolean {
 }
 
 /**
- * Connect and first-byte deadlines for one try, and the abort of the upstream request when
- * the client leaves first (http-proxy only does that while the request body is still
- * arriving; a client that leaves during a long prefill would otherwise keep the engine busy).
- * The deadlines are cleared by the response, the error handler or the client's leaving.
+ * Connect and first-byte deadlines for one try. The response, the error handler or the
+ * response's closing (`RouteState.responseClosed`) clears them.
  */
-function armDeadlines(route: RouteState, proxyReq: ClientRequest, res: ServerResponse, connectMs: number, firstByteMs: number): void {
+function armDeadlines(route: RouteState, proxyReq: ClientRequest, connectMs: number, firstByteMs: number): void {
   route.upstreamRequest = proxyReq;
   const socket = proxyReq.socket;
   if (socket?.connecting) {
@@ -192,17 +190,6 @@ function armDeadlines(route: RouteState, proxyReq: ClientRequest, res: ServerRes
     socket.once('connect', () => clearTimeout(route.connectDeadline));
   }
   route.firstByteDeadline = setTimeout(expire, firstByteMs, proxyReq, FIRST_BYTE_TIMEOUT);
-  if (route.watchingClient) return;
-  route.watchingClient = true;
-  res.once('close', () => {
-    clearDeadlines(route);
-    if (!res.writableFinished) route.upstreamRequest?.destroy();
-  });
-}
-
-function clearDeadlines(route: RouteState): void {
-  clearTimeout(route.connectDeadline);
-  clearTimeout(route.firstByteDeadline);
 }
 
 function expire(proxyReq: ClientRequest, code: string): void {

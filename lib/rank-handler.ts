@@ -31,8 +31,22 @@ export class RouteState {
   upstreamRequest: ClientRequest | undefined = undefined;
   connectDeadline: NodeJS.Timeout | undefined = undefined;
   firstByteDeadline: NodeJS.Timeout | undefined = undefined;
-  /** Whether the client's leaving is already watched (once per request, not per try). */
-  watchingClient = false;
+
+  /** Clears the current try's deadlines. */
+  clearDeadlines(): void {
+    clearTimeout(this.connectDeadline);
+    clearTimeout(this.firstByteDeadline);
+  }
+
+  /**
+   * The response closed: stop the deadlines and, when the client left before the answer was
+   * complete, the upstream request (http-proxy aborts it only while the request body is still
+   * arriving; a client that leaves during a long prefill would otherwise keep the engine busy).
+   */
+  responseClosed(res: ServerResponse): void {
+    this.clearDeadlines();
+    if (!res.writableFinished) this.upstreamRequest?.destroy();
+  }
 }
 
 export const ROUTE = Symbol('dpRouter.route');
@@ -215,7 +229,9 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     route.endpoint = endpoint;
     if (config.exposeDecision) res.setHeader('x-dp-router-decision', endpoint.receipts[source]);
     const started = performance.now();
+    // One listener per request does all the work its end needs.
     res.once('close', () => {
+      route.responseClosed(res);
       // A retry may have moved the slot to another endpoint: release the one held now.
       const held = route.endpoint ?? endpoint;
       held.inflight--;

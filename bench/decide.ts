@@ -30,7 +30,7 @@ import { random } from '../lib/policies/random';
 import { roundRobin } from '../lib/policies/round-robin';
 import { sessionAffinity } from '../lib/policies/session-affinity';
 import { extractPrompt } from '../lib/prompt';
-import type { RoutedRequest } from '../lib/rank-handler';
+import type { RoutedRequest } from '../lib/route-state';
 import { createRouting } from '../lib/routing';
 import type { PickContext, Policy } from '../lib/types';
 import { fixed, markdownTable, median, parseArgs } from './lib/stats';

@@ -1,5 +1,5 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { ROUTE, type RoutedRequest } from './rank-handler';
+import { ROUTE, type RoutedRequest } from './route-state';
 import { createRouting, type Middleware, type RoutingHelpers } from './routing';
 import type { Options } from './types';
 

@@ -4,7 +4,7 @@ import { sendError } from './errors';
 import { startHealthChecks } from './health-checker';
 import { OutlierDetector } from './outlier-detector';
 import { createUpstreamProxy, WAITING, type ProxiedRequest, type UpstreamProxy } from './proxy';
-import { ROUTE } from './rank-handler';
+import { ROUTE } from './route-state';
 import { createRetry } from './retry';
 import { createRouting, type Middleware, type RoutingHelpers } from './routing';
 import type { UpstreamConfig } from './options';

@@ -7,7 +7,7 @@ import { sendError } from './errors';
 import type { RouterMetrics, UpstreamErrorKind } from './metrics';
 import type { Configuration, UpstreamConfig } from './options';
 import type { OutlierDetector } from './outlier-detector';
-import { ROUTE, type RouteState, type RoutedRequest } from './rank-handler';
+import { ROUTE, type RouteState, type RoutedRequest } from './route-state';
 
 /** One upstream's proxy and the connections it keeps. */
 export interface UpstreamProxy {

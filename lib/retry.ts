@@ -4,7 +4,7 @@ import type { EndpointTable, RouteEndpoint } from './endpoints';
 import type { RouterMetrics } from './metrics';
 import type { Configuration } from './options';
 import type { ProxiedRequest } from './proxy';
-import { ROUTE } from './rank-handler';
+import { ROUTE } from './route-state';
 import type { DecisionSource, PickContext } from './types';
 
 /** Starts one try of `req` at the endpoint in `req[ROUTE].endpoint`. */

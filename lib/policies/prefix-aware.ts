@@ -274,27 +274,25 @@ class HashSet32 {
 
   has(hash: number): boolean {
     const key = hash === 0 ? 1 : hash;
-    const slots = this.slots;
-    for (let slot = key & this.mask; ; slot = (slot + 1) & this.mask) {
-      const held = slots[slot];
-      if (held === key) return true;
-      if (held === 0) return false;
-    }
+    return this.slots[this.slotOf(key)] === key;
   }
 
   /** Adds the hash; returns whether it was new. The owner keeps `size` at most half the slots. */
   add(hash: number): boolean {
     const key = hash === 0 ? 1 : hash;
+    const slot = this.slotOf(key);
+    if (this.slots[slot] === key) return false;
+    this.slots[slot] = key;
+    this.size++;
+    return true;
+  }
+
+  /** Linear probing: the slot holding `key`, or the empty slot where it would go. */
+  private slotOf(key: number): number {
     const slots = this.slots;
-    for (let slot = key & this.mask; ; slot = (slot + 1) & this.mask) {
-      const held = slots[slot];
-      if (held === key) return false;
-      if (held === 0) {
-        slots[slot] = key;
-        this.size++;
-        return true;
-      }
-    }
+    let slot = key & this.mask;
+    while (slots[slot] !== key && slots[slot] !== 0) slot = (slot + 1) & this.mask;
+    return slot;
   }
 
   clear(): void {

@@ -10,7 +10,7 @@ describe('parseOptions', () => {
   it('resolves every default', () => {
     const config = parse({ upstreams: [{ url }] });
     expect(config).toMatchObject({
-      upstreams: [{ index: 0, name: 'http://127.0.0.1:8000', url, startRank: 0, dataParallelSize: 1, ranks: [0], rankHeader: 'global' }],
+      upstreams: [{ name: 'http://127.0.0.1:8000', url, startRank: 0, dataParallelSize: 1, ranks: [0], rankHeader: 'global', discoverIntervalMs: undefined }],
       trust: false,
       onInvalid: 'reassign',
       hintHeader: 'x-data-parallel-rank',

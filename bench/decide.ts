@@ -53,7 +53,6 @@ function makeEndpoints(count: number): RouteEndpoint[] {
   for (let upstream = 0; endpoints.length < count; upstream++) {
     const size = Math.min(8, count - endpoints.length);
     const config: UpstreamConfig = {
-      index: upstream,
       name: `http://10.0.0.${upstream + 1}:8000`,
       url: `http://10.0.0.${upstream + 1}:8000`,
       startRank: upstream * 8,

@@ -18,7 +18,6 @@ import type { Logger, Options, Policy, PolicyName, RankHeaderMode } from './type
 
 /** One upstream, resolved. */
 export interface UpstreamConfig {
-  readonly index: number;
   readonly name: string;
   readonly url: string;
   readonly startRank: number;
@@ -232,7 +231,7 @@ export function parseUpstreams(value: unknown): UpstreamConfig[] {
   }
   const names = new Set<string>();
   return value.map((upstream, index) => {
-    const config = parseUpstream(`upstreams[${index}]`, upstream, index);
+    const config = parseUpstream(`upstreams[${index}]`, upstream);
     if (names.has(config.name)) {
       fail(`upstreams[${index}].name`, `repeats the name '${config.name}'`, 'Give each upstream its own `name`: it labels the metrics.');
     }
@@ -241,7 +240,7 @@ export function parseUpstreams(value: unknown): UpstreamConfig[] {
   });
 }
 
-function parseUpstream(path: string, value: unknown, index: number): UpstreamConfig {
+function parseUpstream(path: string, value: unknown): UpstreamConfig {
   if (!isPlainObject(value)) fail(path, `must be an object, got ${shown(value)}`, "Use e.g. `{ url: 'http://127.0.0.1:8000' }`.");
   rejectUnknownKeys(path, value, UPSTREAM_KEYS);
   const url = parseUrl(`${path}.url`, value.url);
@@ -253,7 +252,6 @@ function parseUpstream(path: string, value: unknown, index: number): UpstreamCon
   const dataParallelSize = integerOption(`${path}.dataParallelSize`, value.dataParallelSize, 1, 1, 65_536);
   const startRank = integerOption(`${path}.startRank`, value.startRank, 0, 0, MAX_RANK - dataParallelSize + 1);
   return {
-    index,
     name,
     url: url.href.replace(/\/$/, ''),
     startRank,

@@ -30,6 +30,7 @@ interface EndpointInstruments {
   readonly labels: { upstream: string; rank: string };
   readonly requests: Record<DecisionSource, { inc(): void }>;
   readonly errors: Record<UpstreamErrorKind, { inc(): void }>;
+  readonly duration: { observe(seconds: number): void };
 }
 
 type GaugeSource = (gauge: Gauge) => void;
@@ -64,6 +65,7 @@ export function createMetrics(
       labels,
       requests: { hint: bind(requests, { source: 'hint' }), assigned: bind(requests, { source: 'assigned' }) },
       errors: Object.fromEntries(UPSTREAM_ERROR_KINDS.map((kind) => [kind, bind(errors, { kind })])) as EndpointInstruments['errors'],
+      duration: duration.labels(labels),
     });
     duration.zero(labels);
   };
@@ -105,10 +107,7 @@ export function createMetrics(
   return {
     hint: (outcome) => outcomes[outcome].inc(),
     dispatched: (endpoint, source) => instruments.get(endpoint)?.requests[source].inc(),
-    finished: (endpoint, seconds) => {
-      const known = instruments.get(endpoint);
-      if (known) duration.observe(known.labels, seconds);
-    },
+    finished: (endpoint, seconds) => instruments.get(endpoint)?.duration.observe(seconds),
     upstreamError: (endpoint, kind) => instruments.get(endpoint)?.errors[kind].inc(),
     scrapeFailed: (upstream) => {
       if (scraped.has(upstream)) scrapes.inc({ upstream });

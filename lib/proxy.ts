@@ -82,12 +82,7 @@ export function createUpstreamProxy(
     sendError(res, 502, 'BadGatewayError', `The upstream${rankOf(req)} closed the connection before finishing its answer.`);
   };
 
-  const handle = createProxyMiddleware<IncomingMessage, ServerResponse>({
-    target: upstream.url,
-    agent,
-    changeOrigin: true,
-    xfwd: true,
-    on: {
+  const handlers = {
       proxyReq(proxyReq: ClientRequest, req: ProxiedRequest, res: ServerResponse) {
         if (clientGone(res)) {
           // The client left while the proxy was being prepared: the engine must not start.
@@ -149,7 +144,25 @@ export function createUpstreamProxy(
           sendError(res, 502, 'BadGatewayError', `The upstream${rank} closed the connection.`);
         }
       },
-    },
+  };
+
+  const handle = createProxyMiddleware<IncomingMessage, ServerResponse>({
+    target: upstream.url,
+    agent,
+    changeOrigin: true,
+    xfwd: true,
+    // http-proxy-middleware's default plugins cost every request a URL parse (for its logger,
+    // silent unless configured) and two listeners with closures (for `debug` output); what
+    // they guard, the handlers here do: errors are answered, and a client that leaves stops
+    // the upstream (RouteState.responseClosed).
+    ejectPlugins: true,
+    plugins: [
+      (proxyServer) => {
+        proxyServer.on('proxyReq', handlers.proxyReq);
+        proxyServer.on('proxyRes', handlers.proxyRes);
+        proxyServer.on('error', handlers.error);
+      },
+    ],
   });
   return { handle, close: () => agent.destroy() };
 }

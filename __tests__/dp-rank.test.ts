@@ -6,7 +6,7 @@ import { createServer, request as httpRequest, type ClientRequest, type Incoming
 import type { AddressInfo } from 'node:net';
 import { Registry } from 'prom-client';
 import request from 'supertest';
-import { dpRank, type DpRank, type DpRankDecision, type Options } from '../lib';
+import { dpRank, dpRouter, type DpRank, type DpRankDecision, type Options } from '../lib';
 import { expressMajor, metricValue, startGateway, type TestGateway } from './helpers/app';
 import { startEchoUpstream, type EchoUpstream } from './helpers/echo-upstream';
 import { rawRequest } from './helpers/raw-http';
@@ -292,5 +292,51 @@ describe('exposeDecision', () => {
     const response = await request(routerGateway.url).post('/v1/completions').send({});
     expect(response.status).toBe(200);
     expect(response.headers['x-dp-router-decision']).toBeUndefined();
+  });
+});
+
+describe('two routers on one request', () => {
+  /** dpRank in front of dpRouter, e.g. an outer app that only observes decisions. */
+  async function startStacked() {
+    const outer = dpRank({ metrics: false, ...seed() });
+    const inner = dpRouter({ metrics: false, ...seed({ upstreams: [{ url: upstream.url, name: 'node-b', dataParallelSize: 4 }] }) });
+    const app = express();
+    app.use(outer, inner);
+    const server = createServer(app);
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    return {
+      url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+      outer,
+      inner,
+      close: async () => {
+        server.closeAllConnections();
+        await new Promise<void>((resolve) => server.close(() => resolve()));
+        await Promise.all([outer.close(), inner.close()]);
+      },
+    };
+  }
+
+  it.each(['ends', 'is aborted'])('each holds its own slot and releases it when the response %s', async (ending) => {
+    const stacked = await startStacked();
+    try {
+      let release: (() => void) | undefined;
+      upstream.respond = (_req, res) => {
+        release = () => res.end('{"done":true}');
+        res.writeHead(200, { 'content-type': 'application/json' });
+      };
+      const client = openRequest(stacked.url);
+      await until(() => release !== undefined, 'the upstream to get the request');
+      expect([inflight(stacked.outer), inflight(stacked.inner as unknown as DpRank)]).toEqual([1, 1]);
+      // The inner router's header is the one forwarded.
+      expect(upstream.seen[0].rankHeaders).toHaveLength(1);
+
+      if (ending === 'ends') release!();
+      else client.destroy();
+      await until(() => inflight(stacked.outer) === 0 && inflight(stacked.inner as unknown as DpRank) === 0, 'both slots to be released');
+      expect(stacked.outer.endpoints().map((endpoint) => endpoint.inflight)).toEqual([0, 0, 0, 0]);
+      expect(stacked.inner.endpoints().map((endpoint) => endpoint.inflight)).toEqual([0, 0, 0, 0]);
+    } finally {
+      await stacked.close();
+    }
   });
 });

@@ -295,6 +295,24 @@ describe('proxying', () => {
     expect(upstream.seen[0].rankHeaders).toEqual(['0']);
   });
 
+  it('adds no X-Forwarded-* by default, and appends them with xfwd: true', async () => {
+    gateway = await startGateway(seed());
+    await request(gateway.url).post('/v1/completions').set('x-forwarded-for', '10.0.0.1').send({});
+    expect(upstream.seen[0].headers['x-forwarded-for']).toBe('10.0.0.1');
+    expect(upstream.seen[0].headers['x-forwarded-proto']).toBeUndefined();
+    await gateway.close();
+
+    gateway = await startGateway(seed({ xfwd: true }));
+    await request(gateway.url).post('/v1/completions').set('x-forwarded-for', '10.0.0.1').send({});
+    const host = new URL(gateway.url).host;
+    expect(upstream.seen[1].headers).toMatchObject({
+      'x-forwarded-for': '10.0.0.1,127.0.0.1',
+      'x-forwarded-proto': 'http',
+      'x-forwarded-port': host.split(':')[1],
+      'x-forwarded-host': host,
+    });
+  });
+
   it('streams SSE chunk by chunk: the first event arrives before the upstream ends', async () => {
     gateway = await startGateway(seed());
     let finishUpstream: () => void = () => undefined;

@@ -22,6 +22,7 @@ describe('parseOptions', () => {
       firstByteTimeoutMs: 600_000,
       maxBodyBytes: 16 * 1024 * 1024,
       exposeDecision: false,
+      xfwd: false,
     });
     expect(config.policy.name).toBe('least-outstanding');
     expect(config.metrics?.prefix).toBe('dp_router_');
@@ -93,6 +94,7 @@ describe('parseOptions', () => {
     ['a negative timeout', { upstreams: [{ url }], timeouts: { connectMs: -1 } }, /`timeouts\.connectMs` must be an integer from 1/],
     ['a zero body limit', { upstreams: [{ url }], maxBodyBytes: 0 }, /`maxBodyBytes` must be an integer from 1/],
     ['a string exposeDecision', { upstreams: [{ url }], exposeDecision: 'yes' }, /`exposeDecision` must be true or false/],
+    ['a string xfwd', { upstreams: [{ url }], xfwd: 'yes' }, /`xfwd` must be true or false/],
     ['a zero failure count', { upstreams: [{ url }], outlierDetection: { consecutiveFailures: 0 } }, /`outlierDetection\.consecutiveFailures` must be an integer from 1/],
     ['a misspelt outlier option', { upstreams: [{ url }], outlierDetection: { consecutive5xx: 3 } }, /`outlierDetection\.consecutive5xx` is not an option/],
     ['a max ejection below the base', { upstreams: [{ url }], outlierDetection: { baseEjectionMs: 5000, maxEjectionMs: 1000 } }, /`outlierDetection\.maxEjectionMs` is 1000, below baseEjectionMs/],

@@ -190,12 +190,15 @@ function measureBodyCost(size: number): { parseNs: number; extractNs: number } {
 
 /** The rank handler's whole synchronous work for one header-only request, with fake req/res. */
 function measureHandler(policy: 'least-outstanding' | 'round-robin', metrics: boolean): number {
-  const routing = createRouting({
-    upstreams: [{ url: 'http://127.0.0.1:8000', dataParallelSize: 8, ranks: [0, 2, 4, 6] }],
-    policy,
-    metrics: metrics ? { registry: new Registry() } : false,
-  });
-  const res = new EventEmitter() as unknown as ServerResponse & EventEmitter;
+  const routing = createRouting(
+    {
+      upstreams: [{ url: 'http://127.0.0.1:8000', dataParallelSize: 8, ranks: [0, 2, 4, 6] }],
+      policy,
+      metrics: metrics ? { registry: new Registry() } : false,
+    },
+    (_req, _res, next) => next(),
+  );
+  const res = new EventEmitter() as unknown as ServerResponse & EventEmitter & { req: IncomingMessage };
   (res as { destroyed: boolean }).destroyed = false;
   let done = 0;
   const next = () => {
@@ -209,6 +212,7 @@ function measureHandler(policy: 'least-outstanding' | 'round-robin', metrics: bo
       headers: { host: '127.0.0.1:30000', 'content-type': 'application/json', 'content-length': '256' },
       rawHeaders: ['Host', '127.0.0.1:30000', 'Content-Type', 'application/json', 'Content-Length', '256'],
     } as unknown as RoutedRequest & IncomingMessage;
+    res.req = req;
     routing.handle(req, res, next);
     res.emit('close');
   };

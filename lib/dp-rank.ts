@@ -1,4 +1,4 @@
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { ServerResponse } from 'node:http';
 import { ROUTE, type RoutedRequest } from './route-state';
 import { createRouting, type Middleware, type RoutingHelpers } from './routing';
 import type { Options } from './types';
@@ -17,23 +17,19 @@ export type DpRank = Middleware & RoutingHelpers;
  * app.use(createProxyMiddleware({ router: (req) => req.dpRank!.url }));
  */
 export function dpRank(options: Options): DpRank {
-  const routing = createRouting(options);
-  const { handle } = routing;
+  const routing = createRouting(options, handOn);
+  return Object.assign(routing.handle, routing.helpers);
+}
 
-  function dpRankMiddleware(req: IncomingMessage, res: ServerResponse, next: (error?: unknown) => void): void {
-    const routed = req as RoutedRequest & { _body?: boolean };
-    handle(routed, res, (error) => {
-      const parsed = routed[ROUTE]?.parsedBody;
-      if (error === undefined && parsed !== undefined && routed.body === undefined) {
-        // The body had to be read here (body hints, prefix-aware, a body affinity key), so the
-        // stream is spent: leave it parsed as express.json() would, for the caller's proxy to
-        // forward (http-proxy-middleware's fixRequestBody, express-http-proxy). `_body` tells a
-        // later body-parser 1.x (Express 4) not to wait for a stream that has ended.
-        routed.body = parsed;
-        routed._body = true;
-      }
-      next(error);
-    });
+function handOn(req: RoutedRequest & { _body?: boolean }, _res: ServerResponse, next: (error?: unknown) => void): void {
+  const parsed = req[ROUTE]?.parsedBody;
+  if (parsed !== undefined && req.body === undefined) {
+    // The body had to be read here (body hints, prefix-aware, a body affinity key), so the
+    // stream is spent: leave it parsed as express.json() would, for the caller's proxy to
+    // forward (http-proxy-middleware's fixRequestBody, express-http-proxy). `_body` tells a
+    // later body-parser 1.x (Express 4) not to wait for a stream that has ended.
+    req.body = parsed;
+    req._body = true;
   }
-  return Object.assign(dpRankMiddleware, routing.helpers);
+  next();
 }

@@ -24,8 +24,8 @@ export type DpRouter = Middleware & RoutingHelpers;
  * app.use(router);
  */
 export function dpRouter(options: Options): DpRouter {
-  const routing = createRouting(options);
-  const { config, table, metrics, handle } = routing;
+  const routing = createRouting(options, proxyDecided);
+  const { config, table, metrics } = routing;
   const detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection) : undefined;
   const retry = config.retryAttempts > 1 ? createRetry(config, table, metrics, (req, res) => send(req, res, (error) => answerProxyFailure(res, error))) : undefined;
   // One proxy (and keep-alive agent) per upstream, by name; a replaced one is kept until close()
@@ -85,33 +85,26 @@ export function dpRouter(options: Options): DpRouter {
     proxyOf.get(endpoint.config)!.handle(req, res, next);
   }
 
-  function dpRouterMiddleware(req: IncomingMessage, res: ServerResponse, next: (error?: unknown) => void): void {
-    const routed = req as ProxiedRequest;
-    handle(routed, res, (error) => {
-      if (error !== undefined) {
-        next(error);
-        return;
-      }
-      // Express strips the mount path from req.url; upstream must see the path the client sent.
-      if (routed.originalUrl !== undefined) routed.url = routed.originalUrl;
-      if (retryBodyLimit > 0 && routed[ROUTE]!.body === undefined && replayableSize(routed, retryBodyLimit)) {
-        // Hold the body so that a retry can replay it; the limit bounds what is held.
-        readBody(routed, retryBodyLimit).then((result) => {
-          if (!result.ok) {
-            // Cannot happen with a declared length (Node enforces it); the client left otherwise,
-            // and its slot is released on close.
-            if (result.failure === 'too_large') sendError(res, 413, 'RequestEntityTooLargeError', 'Request body exceeds its Content-Length.');
-            return;
-          }
-          routed[ROUTE]!.body = result.bytes;
-          send(routed, res, next);
-        }, next);
-        return;
-      }
-      send(routed, res, next);
-    });
+  function proxyDecided(req: ProxiedRequest, res: ServerResponse, next: (error?: unknown) => void): void {
+    // Express strips the mount path from req.url; upstream must see the path the client sent.
+    if (req.originalUrl !== undefined) req.url = req.originalUrl;
+    if (retryBodyLimit > 0 && req[ROUTE]!.body === undefined && replayableSize(req, retryBodyLimit)) {
+      // Hold the body so that a retry can replay it; the limit bounds what is held.
+      readBody(req, retryBodyLimit).then((result) => {
+        if (!result.ok) {
+          // Cannot happen with a declared length (Node enforces it); the client left otherwise,
+          // and its slot is released on close.
+          if (result.failure === 'too_large') sendError(res, 413, 'RequestEntityTooLargeError', 'Request body exceeds its Content-Length.');
+          return;
+        }
+        req[ROUTE]!.body = result.bytes;
+        send(req, res, next);
+      }, next);
+      return;
+    }
+    send(req, res, next);
   }
-  return Object.assign(dpRouterMiddleware, routing.helpers);
+  return Object.assign(routing.handle, routing.helpers);
 }
 
 /**

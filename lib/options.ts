@@ -47,6 +47,7 @@ export interface Configuration {
   readonly firstByteTimeoutMs: number;
   readonly maxBodyBytes: number;
   readonly exposeDecision: boolean;
+  readonly xfwd: boolean;
   /** Passive ejection settings; `undefined` when off. */
   readonly outlierDetection: OutlierDetectionConfig | undefined;
   /** Active health check settings; `undefined` when off. */
@@ -94,6 +95,7 @@ const TOP_LEVEL_KEYS = [
   'timeouts',
   'maxBodyBytes',
   'exposeDecision',
+  'xfwd',
   'outlierDetection',
   'healthCheck',
   'retries',
@@ -141,6 +143,7 @@ export function parseOptions(options: Options): Configuration {
     firstByteTimeoutMs: integerOption('timeouts.firstByteMs', timeouts.firstByteMs, 600_000, 1, MAX_TIMER_MS),
     maxBodyBytes: integerOption('maxBodyBytes', options.maxBodyBytes, 16 * 1024 * 1024, 1, 2 ** 31),
     exposeDecision: booleanOption('exposeDecision', options.exposeDecision, false),
+    xfwd: booleanOption('xfwd', options.xfwd, false),
     outlierDetection: parseOutlierDetection(options.outlierDetection),
     healthCheck: parseHealthCheck(options.healthCheck),
     ...parseRetries(options.retries),

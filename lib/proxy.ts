@@ -150,7 +150,7 @@ export function createUpstreamProxy(
     target: upstream.url,
     agent,
     changeOrigin: true,
-    xfwd: true,
+    xfwd: config.xfwd,
     // http-proxy-middleware's default plugins cost every request a URL parse (for its logger,
     // silent unless configured) and two listeners with closures (for `debug` output); what
     // they guard, the handlers here do: errors are answered, and a client that leaves stops

@@ -9,8 +9,10 @@ import { extractPrompt } from './prompt';
 import { ROUTE, RouteState, type RoutedRequest } from './route-state';
 import type { DecisionSource, PickContext } from './types';
 
-/** Continues the chain: with an error for the code's problems, without once a rank is set. */
-export type Done = (error?: unknown) => void;
+/** Express's `next`: called with an error for the code's own problems. */
+export type Next = (error?: unknown) => void;
+/** What follows a decision: `req[ROUTE]` holds the endpoint, the rank header is set. */
+export type Proceed = (req: RoutedRequest, res: ServerResponse, next: Next) => void;
 
 type JudgedHint = { outcome: HintOutcome; rank?: number; param: string };
 type HintVerdict = { outcome: 'none' } | JudgedHint;
@@ -20,29 +22,43 @@ const NO_HINT: HintVerdict = { outcome: 'none' };
 /**
  * The per-request core shared by `dpRank()` and `dpRouter()`: strips client copies of the
  * rank header, judges any hint, assigns a rank, and holds the in-flight slot until the
- * response closes. Client mistakes are answered here; only the code's own faults reach `done(error)`.
+ * response closes. Client mistakes are answered here; only the code's own faults reach `next(error)`.
  */
-export function createRankHandler(config: Configuration, table: EndpointTable, metrics: RouterMetrics) {
+export function createRankHandler(config: Configuration, table: EndpointTable, metrics: RouterMetrics, proceed: Proceed) {
   const { hintHeader, header, hintBodyField, policy, trust, onInvalid } = config;
   const readsAffinityBody = policy.usesAffinityKey === true && config.affinityBodyField !== undefined;
   let warnedParsedBody = false;
+  // Identifies this router's state on a request that passes through more than one.
+  const owner = {};
 
-  function handle(req: RoutedRequest, res: ServerResponse, done: Done): void {
-    const route = new RouteState();
+  /** One listener, shared by every request, does all the work a response's end needs. */
+  function responseClosed(this: ServerResponse): void {
+    const route = ownState(this.req as RoutedRequest, owner);
+    if (route === undefined) return;
+    route.responseClosed(this);
+    // A retry may have moved the slot to another endpoint: release the one held now.
+    const held = route.endpoint!;
+    held.inflight--;
+    metrics.finished(held, (performance.now() - route.started) / 1000);
+  }
+
+  function handle(req: RoutedRequest, res: ServerResponse, next: Next): void {
+    const route = new RouteState(owner, req[ROUTE]);
     req[ROUTE] = route;
     let trusted: boolean;
     try {
       trusted = trust === true || (trust !== false && trust(req) === true);
     } catch (error) {
-      done(error);
+      next(error);
       return;
     }
     const headerHint = req.headers[hintHeader] !== undefined ? judgeHeader(req, trusted) : NO_HINT;
-    delete req.headers[hintHeader];
-    delete req.headers[header];
+    // `delete` always takes V8's slow path, so only where there is something to remove.
+    if (headerHint !== NO_HINT) delete req.headers[hintHeader];
+    if (req.headers[header] !== undefined) delete req.headers[header];
     // Node answered `100 Continue` itself before this handler ran; forwarding the expectation
     // would only make http-proxy skip its `proxyReq` event, where timeouts are armed.
-    delete req.headers.expect;
+    if (req.headers.expect !== undefined) delete req.headers.expect;
 
     const wantsBody =
       policy.usesPrompt === true ||
@@ -55,11 +71,11 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
         warnedParsedBody = true;
         config.logger.warn(PARSED_BODY_NOTICE);
       }
-      decide(req, res, done, trusted, headerHint, wantsBody ? req.body : undefined);
+      decide(req, res, next, trusted, headerHint, wantsBody ? req.body : undefined);
       return;
     }
     if (!wantsBody || !hasBody(req) || !isJson(req)) {
-      decide(req, res, done, trusted, headerHint, undefined);
+      decide(req, res, next, trusted, headerHint, undefined);
       return;
     }
     readBody(req, config.maxBodyBytes).then((result) => {
@@ -79,8 +95,8 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
       }
       route.body = result.bytes;
       route.parsedBody = body;
-      decide(req, res, done, trusted, headerHint, body);
-    }, done);
+      decide(req, res, next, trusted, headerHint, body);
+    }, next);
   }
 
   function judgeHeader(req: IncomingMessage, trusted: boolean): HintVerdict {
@@ -104,12 +120,12 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     return { outcome: 'accepted', rank: parsed.rank, param };
   }
 
-  function decide(req: RoutedRequest, res: ServerResponse, done: Done, trusted: boolean, headerHint: HintVerdict, body: unknown): void {
+  function decide(req: RoutedRequest, res: ServerResponse, next: Next, trusted: boolean, headerHint: HintVerdict, body: unknown): void {
     if (res.destroyed) return;
     const verdict = headerHint === NO_HINT ? judgeBodyField(body, trusted) : headerHint;
     if (verdict.outcome !== 'none') metrics.hint(verdict.outcome);
     if (verdict.outcome === 'accepted') {
-      dispatch(req, res, done, leastLoaded(table.healthyOfRank(verdict.rank!)), 'hint');
+      dispatch(req, res, next, leastLoaded(table.healthyOfRank(verdict.rank!)), 'hint');
       return;
     }
     if (onInvalid === 'reject' && verdict.outcome !== 'none' && verdict.outcome !== 'untrusted') {
@@ -131,14 +147,14 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     try {
       chosen = policy.pick(candidates, context) as RouteEndpoint;
     } catch (error) {
-      done(error);
+      next(error);
       return;
     }
     if (!candidates.includes(chosen)) {
-      done(new TypeError(`express-dp-router: policy '${policy.name}' returned an endpoint that was not among the candidates.`));
+      next(new TypeError(`express-dp-router: policy '${policy.name}' returned an endpoint that was not among the candidates.`));
       return;
     }
-    dispatch(req, res, done, chosen, 'assigned');
+    dispatch(req, res, next, chosen, 'assigned');
   }
 
   function reject(res: ServerResponse, verdict: JudgedHint): void {
@@ -171,7 +187,7 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     return undefined;
   }
 
-  function dispatch(req: RoutedRequest, res: ServerResponse, done: Done, endpoint: RouteEndpoint, source: DecisionSource): void {
+  function dispatch(req: RoutedRequest, res: ServerResponse, next: Next, endpoint: RouteEndpoint, source: DecisionSource): void {
     endpoint.inflight++;
     metrics.dispatched(endpoint, source);
     if (endpoint.headerValue !== undefined) req.headers[header] = endpoint.headerValue;
@@ -179,19 +195,19 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     const route = req[ROUTE]!;
     route.endpoint = endpoint;
     if (config.exposeDecision) res.setHeader('x-dp-router-decision', endpoint.receipts[source]);
-    const started = performance.now();
-    // One listener per request does all the work its end needs.
-    res.once('close', () => {
-      route.responseClosed(res);
-      // A retry may have moved the slot to another endpoint: release the one held now.
-      const held = route.endpoint ?? endpoint;
-      held.inflight--;
-      metrics.finished(held, (performance.now() - started) / 1000);
-    });
-    done();
+    route.started = performance.now();
+    res.on('close', responseClosed);
+    proceed(req, res, next);
   }
 
   return handle;
+}
+
+/** This router's state on the request (the latest, unless another router came after it). */
+function ownState(req: RoutedRequest, owner: object): RouteState | undefined {
+  let route = req[ROUTE];
+  while (route !== undefined && route.owner !== owner) route = route.outer;
+  return route;
 }
 
 /** Among replicas of one rank, the least loaded; the first on ties. */

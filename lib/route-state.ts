@@ -7,6 +7,15 @@ import type { PickContext } from './types';
  * object grows a property per write, and a fixed-shape record costs one.
  */
 export class RouteState {
+  /**
+   * @param owner the router that keeps this state
+   * @param outer the state of a router that handled the request before this one
+   */
+  constructor(
+    readonly owner: object,
+    readonly outer: RouteState | undefined,
+  ) {}
+
   /** The endpoint the request is held on (a retry moves it). */
   endpoint: RouteEndpoint | undefined = undefined;
   /** The body bytes to send upstream, when the router holds them. */
@@ -15,6 +24,8 @@ export class RouteState {
   parsedBody: unknown = undefined;
   /** The context the policy picked with, so that a retry can pick again with it. */
   context: PickContext | undefined = undefined;
+  /** When the request was dispatched, by `performance.now()`. */
+  started = 0;
   /** Tries so far, the first included. */
   attempt = 1;
   /** Where the current try stands (see proxy.ts). */

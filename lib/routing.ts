@@ -4,7 +4,7 @@ import { watchEngines, watchedUpstreams } from './engine-watch';
 import { EndpointTable, type RouteEndpoint } from './endpoints';
 import { createMetrics, NO_METRICS, type RouterMetrics } from './metrics';
 import { parseOptions, parseUpstreams, type Configuration, type UpstreamConfig } from './options';
-import { createRankHandler, type Done } from './rank-handler';
+import { createRankHandler, type Proceed } from './rank-handler';
 import type { RoutedRequest } from './route-state';
 import type { EndpointSnapshot, Options, UpstreamOptions } from './types';
 
@@ -34,7 +34,8 @@ export interface Routing {
   readonly config: Configuration;
   readonly table: EndpointTable;
   readonly metrics: RouterMetrics;
-  readonly handle: (req: RoutedRequest, res: ServerResponse, done: Done) => void;
+  /** The middleware: decides, then hands the request to the layer's `proceed`. */
+  readonly handle: Middleware;
   readonly helpers: RoutingHelpers;
   /** Work to run on `close()`, added by the layers built on top. */
   readonly onClose: Array<() => void>;
@@ -48,8 +49,11 @@ export interface EndpointChange {
   readonly removed: readonly RouteEndpoint[];
 }
 
-/** Resolves options once and builds the endpoint table, metrics and the per-request handler. */
-export function createRouting(options: Options): Routing {
+/**
+ * Resolves options once and builds the endpoint table, metrics and the per-request handler,
+ * which calls `proceed` once a request has its endpoint.
+ */
+export function createRouting(options: Options, proceed: Proceed): Routing {
   const config = parseOptions(options);
   const table = new EndpointTable(config.upstreams);
   const registry = config.metrics?.registry ?? new Registry();
@@ -98,5 +102,5 @@ export function createRouting(options: Options): Routing {
       return closed;
     },
   };
-  return { config, table, metrics, handle: createRankHandler(config, table, metrics), helpers, onClose, onReconfigure };
+  return { config, table, metrics, handle: createRankHandler(config, table, metrics, proceed) as Middleware, helpers, onClose, onReconfigure };
 }

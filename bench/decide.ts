@@ -198,7 +198,7 @@ function measureHandler(policy: 'least-outstanding' | 'round-robin', metrics: bo
     },
     (_req, _res, next) => next(),
   );
-  const res = new EventEmitter() as unknown as ServerResponse & EventEmitter & { req: IncomingMessage };
+  const res = new EventEmitter() as unknown as ServerResponse & EventEmitter;
   (res as { destroyed: boolean }).destroyed = false;
   let done = 0;
   const next = () => {
@@ -212,7 +212,6 @@ function measureHandler(policy: 'least-outstanding' | 'round-robin', metrics: bo
       headers: { host: '127.0.0.1:30000', 'content-type': 'application/json', 'content-length': '256' },
       rawHeaders: ['Host', '127.0.0.1:30000', 'Content-Type', 'application/json', 'Content-Length', '256'],
     } as unknown as RoutedRequest & IncomingMessage;
-    res.req = req;
     routing.handle(req, res, next);
     res.emit('close');
   };

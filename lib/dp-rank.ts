@@ -1,5 +1,5 @@
 import type { ServerResponse } from 'node:http';
-import { ROUTE, type RoutedRequest } from './route-state';
+import type { RouteState, RoutedRequest } from './route-state';
 import { createRouting, type Middleware, type RoutingHelpers } from './routing';
 import type { Options } from './types';
 
@@ -21,8 +21,8 @@ export function dpRank(options: Options): DpRank {
   return Object.assign(routing.handle, routing.helpers);
 }
 
-function handOn(req: RoutedRequest & { _body?: boolean }, _res: ServerResponse, next: (error?: unknown) => void): void {
-  const parsed = req[ROUTE]?.parsedBody;
+function handOn(req: RoutedRequest & { _body?: boolean }, _res: ServerResponse, next: (error?: unknown) => void, route: RouteState): void {
+  const parsed = route.parsedBody;
   if (parsed !== undefined && req.body === undefined) {
     // The body had to be read here (body hints, prefix-aware, a body affinity key), so the
     // stream is spent: leave it parsed as express.json() would, for the caller's proxy to

@@ -4,7 +4,7 @@ import { sendError } from './errors';
 import { startHealthChecks } from './health-checker';
 import { OutlierDetector } from './outlier-detector';
 import { createUpstreamProxy, WAITING, type ProxiedRequest, type UpstreamProxy } from './proxy';
-import { ROUTE } from './route-state';
+import { routeOf, type RouteState } from './route-state';
 import { createRetry } from './retry';
 import { createRouting, type Middleware, type RoutingHelpers } from './routing';
 import type { UpstreamConfig } from './options';
@@ -74,7 +74,7 @@ export function dpRouter(options: Options): DpRouter {
   /** Starts one try at the chosen endpoint. */
   function send(req: ProxiedRequest, res: ServerResponse, next: (error?: unknown) => void): void {
     if (res.destroyed) return;
-    const route = req[ROUTE]!;
+    const route = routeOf(req)!;
     const endpoint = route.endpoint!;
     route.phase = WAITING;
     if (detector?.dispatched(endpoint, res)) {
@@ -85,10 +85,10 @@ export function dpRouter(options: Options): DpRouter {
     proxyOf.get(endpoint.config)!.handle(req, res, next);
   }
 
-  function proxyDecided(req: ProxiedRequest, res: ServerResponse, next: (error?: unknown) => void): void {
+  function proxyDecided(req: ProxiedRequest, res: ServerResponse, next: (error?: unknown) => void, route: RouteState): void {
     // Express strips the mount path from req.url; upstream must see the path the client sent.
     if (req.originalUrl !== undefined) req.url = req.originalUrl;
-    if (retryBodyLimit > 0 && req[ROUTE]!.body === undefined && replayableSize(req, retryBodyLimit)) {
+    if (retryBodyLimit > 0 && route.body === undefined && replayableSize(req, retryBodyLimit)) {
       // Hold the body so that a retry can replay it; the limit bounds what is held.
       readBody(req, retryBodyLimit).then((result) => {
         if (!result.ok) {
@@ -97,7 +97,7 @@ export function dpRouter(options: Options): DpRouter {
           if (result.failure === 'too_large') sendError(res, 413, 'RequestEntityTooLargeError', 'Request body exceeds its Content-Length.');
           return;
         }
-        req[ROUTE]!.body = result.bytes;
+        route.body = result.bytes;
         send(req, res, next);
       }, next);
       return;

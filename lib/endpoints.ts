@@ -1,5 +1,5 @@
 import type { UpstreamConfig } from './options';
-import type { DecisionSource, DpRankDecision, Endpoint, EndpointSnapshot } from './types';
+import type { DecisionSource, Endpoint, EndpointSnapshot } from './types';
 
 /**
  * Where an endpoint stands in passive outlier detection: `closed` (in rotation), `ejected`
@@ -16,8 +16,6 @@ export class RouteEndpoint implements Endpoint {
   readonly rankLabel: string;
   /** The rank header value for this upstream's `rankHeader` mode, computed once. */
   readonly headerValue: string | undefined;
-  /** `req.dpRank` for a request sent here, per source: shared, frozen, built once. */
-  readonly decisions: Readonly<Record<DecisionSource, DpRankDecision>>;
   /** The `X-DP-Router-Decision` value per source. */
   readonly receipts: Readonly<Record<DecisionSource, string>>;
   inflight = 0;
@@ -42,9 +40,6 @@ export class RouteEndpoint implements Endpoint {
     this.key = `${config.name}#${rank}`;
     this.headerValue =
       config.rankHeader === 'global' ? this.rankLabel : config.rankHeader === 'local' ? String(rank - config.startRank) : undefined;
-    const decision = (source: DecisionSource): DpRankDecision =>
-      Object.freeze({ upstream: this.upstream, url: config.url, rank, source, headerValue: this.headerValue });
-    this.decisions = { hint: decision('hint'), assigned: decision('assigned') };
     const receipt = (source: DecisionSource) => `upstream=${this.upstream}; rank=${rank}; source=${source}`;
     this.receipts = { hint: receipt('hint'), assigned: receipt('assigned') };
   }

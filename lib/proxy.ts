@@ -7,7 +7,7 @@ import { sendError } from './errors';
 import type { RouterMetrics, UpstreamErrorKind } from './metrics';
 import type { Configuration, UpstreamConfig } from './options';
 import type { OutlierDetector } from './outlier-detector';
-import { ROUTE, type RouteState, type RoutedRequest } from './route-state';
+import { routeOf, type RouteState, type RoutedRequest } from './route-state';
 
 /** One upstream's proxy and the connections it keeps. */
 export interface UpstreamProxy {
@@ -22,7 +22,7 @@ export const RESPONDING = 2;
 /** The try failed and was counted; later events of it are echoes. */
 export const SETTLED = 3;
 
-/** A request the router proxies: its state is in `req[ROUTE]`. */
+/** A request the router proxies: its state is in `req.dpRank` (see RankDecision). */
 export type ProxiedRequest = RoutedRequest;
 
 /** What the proxy reports outcomes to, and asks for a retry. */
@@ -64,7 +64,7 @@ export function createUpstreamProxy(
    * tells it the answer is incomplete.
    */
   const failMidResponse = (req: ProxiedRequest, res: ServerResponse) => {
-    const route = req[ROUTE]!;
+    const route = routeOf(req)!;
     if (route.phase === SETTLED) return;
     route.phase = SETTLED;
     if (clientGone(res)) return;
@@ -89,12 +89,12 @@ export function createUpstreamProxy(
           proxyReq.destroy();
           return;
         }
-        const body = req[ROUTE]!.body;
-        if (body !== undefined) proxyReq.write(body);
-        armDeadlines(req[ROUTE]!, proxyReq, connectTimeoutMs, firstByteTimeoutMs);
+        const route = routeOf(req)!;
+        if (route.body !== undefined) proxyReq.write(route.body);
+        armDeadlines(route, proxyReq, connectTimeoutMs, firstByteTimeoutMs);
       },
       proxyRes(proxyRes: IncomingMessage, req: ProxiedRequest, res: ServerResponse) {
-        const route = req[ROUTE]!;
+        const route = routeOf(req)!;
         route.clearDeadlines();
         route.phase = RESPONDING;
         // No retry can replay it from here on: let a long stream not pin the request's bytes.
@@ -117,7 +117,7 @@ export function createUpstreamProxy(
           res.destroy();
           return;
         }
-        const route = req[ROUTE]!;
+        const route = routeOf(req)!;
         route.clearDeadlines();
         if (route.phase === RESPONDING) {
           failMidResponse(req, res);

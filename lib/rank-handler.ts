@@ -6,13 +6,13 @@ import { countHeaderLines, parseBodyRankHint, parseRankHint, type RankHintResult
 import type { HintOutcome, RouterMetrics } from './metrics';
 import type { Configuration } from './options';
 import { extractPrompt } from './prompt';
-import { ROUTE, RouteState, type RoutedRequest } from './route-state';
+import { RankDecision, RouteState, type RoutedRequest } from './route-state';
 import type { DecisionSource, PickContext } from './types';
 
 /** Express's `next`: called with an error for the code's own problems. */
 export type Next = (error?: unknown) => void;
-/** What follows a decision: `req[ROUTE]` holds the endpoint, the rank header is set. */
-export type Proceed = (req: RoutedRequest, res: ServerResponse, next: Next) => void;
+/** What follows a decision: `req.dpRank` and the rank header are set, `route` holds the endpoint. */
+export type Proceed = (req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState) => void;
 
 type JudgedHint = { outcome: HintOutcome; rank?: number; param: string };
 type HintVerdict = { outcome: 'none' } | JudgedHint;
@@ -28,23 +28,9 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
   const { hintHeader, header, hintBodyField, policy, trust, onInvalid } = config;
   const readsAffinityBody = policy.usesAffinityKey === true && config.affinityBodyField !== undefined;
   let warnedParsedBody = false;
-  // Identifies this router's state on a request that passes through more than one.
-  const owner = {};
-
-  /** One listener, shared by every request, does all the work a response's end needs. */
-  function responseClosed(this: ServerResponse): void {
-    const route = ownState(this.req as RoutedRequest, owner);
-    if (route === undefined) return;
-    route.responseClosed(this);
-    // A retry may have moved the slot to another endpoint: release the one held now.
-    const held = route.endpoint!;
-    held.inflight--;
-    metrics.finished(held, (performance.now() - route.started) / 1000);
-  }
 
   function handle(req: RoutedRequest, res: ServerResponse, next: Next): void {
-    const route = new RouteState(owner, req[ROUTE]);
-    req[ROUTE] = route;
+    const route = new RouteState();
     let trusted: boolean;
     try {
       trusted = trust === true || (trust !== false && trust(req) === true);
@@ -67,15 +53,15 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     if (req.readableEnded && hasBody(req)) {
       // A body parser ran first: the stream is spent, so its result is all there is to read
       // and to forward.
-      if (replayParsedBody(req) && !warnedParsedBody) {
+      if (replayParsedBody(req, route) && !warnedParsedBody) {
         warnedParsedBody = true;
         config.logger.warn(PARSED_BODY_NOTICE);
       }
-      decide(req, res, next, trusted, headerHint, wantsBody ? req.body : undefined);
+      decide(req, res, next, route, trusted, headerHint, wantsBody ? req.body : undefined);
       return;
     }
     if (!wantsBody || !hasBody(req) || !isJson(req)) {
-      decide(req, res, next, trusted, headerHint, undefined);
+      decide(req, res, next, route, trusted, headerHint, undefined);
       return;
     }
     readBody(req, config.maxBodyBytes).then((result) => {
@@ -95,7 +81,7 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
       }
       route.body = result.bytes;
       route.parsedBody = body;
-      decide(req, res, next, trusted, headerHint, body);
+      decide(req, res, next, route, trusted, headerHint, body);
     }, next);
   }
 
@@ -120,12 +106,12 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     return { outcome: 'accepted', rank: parsed.rank, param };
   }
 
-  function decide(req: RoutedRequest, res: ServerResponse, next: Next, trusted: boolean, headerHint: HintVerdict, body: unknown): void {
+  function decide(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, trusted: boolean, headerHint: HintVerdict, body: unknown): void {
     if (res.destroyed) return;
     const verdict = headerHint === NO_HINT ? judgeBodyField(body, trusted) : headerHint;
     if (verdict.outcome !== 'none') metrics.hint(verdict.outcome);
     if (verdict.outcome === 'accepted') {
-      dispatch(req, res, next, leastLoaded(table.healthyOfRank(verdict.rank!)), 'hint');
+      dispatch(req, res, next, route, leastLoaded(table.healthyOfRank(verdict.rank!)), 'hint');
       return;
     }
     if (onInvalid === 'reject' && verdict.outcome !== 'none' && verdict.outcome !== 'untrusted') {
@@ -142,7 +128,7 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
       affinityKey: policy.usesAffinityKey ? affinityKeyOf(req, body) : undefined,
       prompt: policy.usesPrompt && body !== undefined ? extractPrompt(body) : undefined,
     };
-    req[ROUTE]!.context = context;
+    route.context = context;
     let chosen: RouteEndpoint;
     try {
       chosen = policy.pick(candidates, context) as RouteEndpoint;
@@ -154,7 +140,7 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
       next(new TypeError(`express-dp-router: policy '${policy.name}' returned an endpoint that was not among the candidates.`));
       return;
     }
-    dispatch(req, res, next, chosen, 'assigned');
+    dispatch(req, res, next, route, chosen, 'assigned');
   }
 
   function reject(res: ServerResponse, verdict: JudgedHint): void {
@@ -187,27 +173,27 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     return undefined;
   }
 
-  function dispatch(req: RoutedRequest, res: ServerResponse, next: Next, endpoint: RouteEndpoint, source: DecisionSource): void {
+  function dispatch(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, endpoint: RouteEndpoint, source: DecisionSource): void {
     endpoint.inflight++;
     metrics.dispatched(endpoint, source);
     if (endpoint.headerValue !== undefined) req.headers[header] = endpoint.headerValue;
-    req.dpRank = endpoint.decisions[source];
-    const route = req[ROUTE]!;
     route.endpoint = endpoint;
+    req.dpRank = new RankDecision(endpoint, source, route);
     if (config.exposeDecision) res.setHeader('x-dp-router-decision', endpoint.receipts[source]);
     route.started = performance.now();
-    res.on('close', responseClosed);
-    proceed(req, res, next);
+    // One listener per request does all the work its end needs. It holds the state itself:
+    // what a later middleware does to `req.dpRank` cannot make a slot leak.
+    res.on('close', () => {
+      route.responseClosed(res);
+      // A retry may have moved the slot to another endpoint: release the one held now.
+      const held = route.endpoint!;
+      held.inflight--;
+      metrics.finished(held, (performance.now() - route.started) / 1000);
+    });
+    proceed(req, res, next, route);
   }
 
   return handle;
-}
-
-/** This router's state on the request (the latest, unless another router came after it). */
-function ownState(req: RoutedRequest, owner: object): RouteState | undefined {
-  let route = req[ROUTE];
-  while (route !== undefined && route.owner !== owner) route = route.outer;
-  return route;
 }
 
 /** Among replicas of one rank, the least loaded; the first on ties. */
@@ -221,12 +207,12 @@ const PARSED_BODY_NOTICE =
   'express-dp-router: the request body was already parsed (e.g. by express.json()); it is re-encoded to forward it. Mount the router before body parsers to forward the original bytes.';
 
 /** The stream was consumed before us: forward the parser's result, re-encoded. Returns whether it did. */
-function replayParsedBody(req: RoutedRequest): boolean {
+function replayParsedBody(req: RoutedRequest, route: RouteState): boolean {
   const bytes = encodeParsedBody(req.body);
   if (bytes === undefined) return false;
   req.headers['content-length'] = String(bytes.length);
   delete req.headers['transfer-encoding'];
-  req[ROUTE]!.body = bytes;
+  route.body = bytes;
   return true;
 }
 

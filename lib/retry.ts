@@ -4,10 +4,10 @@ import type { EndpointTable, RouteEndpoint } from './endpoints';
 import type { RouterMetrics } from './metrics';
 import type { Configuration } from './options';
 import type { ProxiedRequest } from './proxy';
-import { ROUTE } from './route-state';
+import { RankDecision, routeOf } from './route-state';
 import type { DecisionSource, PickContext } from './types';
 
-/** Starts one try of `req` at the endpoint in `req[ROUTE].endpoint`. */
+/** Starts one try of `req` at the endpoint its state holds. */
 export type SendAttempt = (req: ProxiedRequest, res: ServerResponse) => void;
 
 /** The headers http-proxy's `xfwd` appends to on every try. */
@@ -25,13 +25,13 @@ const FORWARDED_APPENDED = ['x-forwarded-for', 'x-forwarded-port', 'x-forwarded-
 export function createRetry(config: Configuration, table: EndpointTable, metrics: RouterMetrics, send: SendAttempt) {
   const { header, policy, retryAttempts } = config;
   return function retry(req: ProxiedRequest, res: ServerResponse, failed: RouteEndpoint): boolean {
-    const route = req[ROUTE]!;
+    const route = routeOf(req)!;
     if (route.attempt >= retryAttempts || res.headersSent) return false;
     // Only what can be replayed byte for byte: a buffered body, or none at all.
     if (route.body === undefined && hasBody(req)) return false;
     const tried = (route.tried ??= []);
     tried.push(failed);
-    const source: DecisionSource = req.dpRank?.source ?? 'assigned';
+    const source: DecisionSource = req.dpRank!.source;
     const next = source === 'hint' ? otherReplica(failed.rank, tried) : pickAnother(req, tried);
     if (next === undefined) return false;
 
@@ -39,7 +39,7 @@ export function createRetry(config: Configuration, table: EndpointTable, metrics
     next.inflight++;
     metrics.dispatched(next, source);
     route.endpoint = next;
-    req.dpRank = next.decisions[source];
+    req.dpRank = new RankDecision(next, source, route);
     if (next.headerValue !== undefined) req.headers[header] = next.headerValue;
     else delete req.headers[header];
     if (config.exposeDecision) res.setHeader('x-dp-router-decision', next.receipts[source]);
@@ -61,7 +61,7 @@ export function createRetry(config: Configuration, table: EndpointTable, metrics
   function pickAnother(req: ProxiedRequest, tried: readonly RouteEndpoint[]): RouteEndpoint | undefined {
     const candidates = table.healthy().filter((endpoint) => !failedBefore(endpoint, tried));
     if (candidates.length === 0) return undefined;
-    const context: PickContext = req[ROUTE]!.context ?? { path: req.url ?? '/', affinityKey: undefined, prompt: undefined };
+    const context: PickContext = routeOf(req)!.context ?? { path: req.url ?? '/', affinityKey: undefined, prompt: undefined };
     try {
       const chosen = policy.pick(candidates, context) as RouteEndpoint;
       return candidates.includes(chosen) ? chosen : undefined;

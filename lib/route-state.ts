@@ -1,21 +1,9 @@
 import type { ClientRequest, IncomingMessage, ServerResponse } from 'node:http';
 import type { RouteEndpoint } from './endpoints';
-import type { PickContext } from './types';
+import type { DecisionSource, DpRankDecision, PickContext } from './types';
 
-/**
- * What the router keeps about one request, in one object under one property: a request
- * object grows a property per write, and a fixed-shape record costs one.
- */
+/** What the router keeps about one request, in one fixed-shape object. */
 export class RouteState {
-  /**
-   * @param owner the router that keeps this state
-   * @param outer the state of a router that handled the request before this one
-   */
-  constructor(
-    readonly owner: object,
-    readonly outer: RouteState | undefined,
-  ) {}
-
   /** The endpoint the request is held on (a retry moves it). */
   endpoint: RouteEndpoint | undefined = undefined;
   /** The body bytes to send upstream, when the router holds them. */
@@ -54,10 +42,40 @@ export class RouteState {
   }
 }
 
-export const ROUTE = Symbol('dpRouter.route');
+/**
+ * `req.dpRank`: the decision as users see it, and the router's way back to the request's
+ * state. One property on the request rather than two, because Express gives every `req` its
+ * app's prototype (`Object.setPrototypeOf`), after which V8 builds a new hidden class for each
+ * property added to that request, request after request.
+ */
+export class RankDecision implements DpRankDecision {
+  readonly upstream: string;
+  readonly url: string;
+  readonly rank: number;
+  readonly source: DecisionSource;
+  readonly headerValue: string | undefined;
+  readonly #route: RouteState;
+
+  constructor(endpoint: RouteEndpoint, source: DecisionSource, route: RouteState) {
+    this.upstream = endpoint.upstream;
+    this.url = endpoint.config.url;
+    this.rank = endpoint.rank;
+    this.source = source;
+    this.headerValue = endpoint.headerValue;
+    this.#route = route;
+    Object.freeze(this);
+  }
+
+  /** The state behind `req.dpRank`, when the router set it. */
+  static routeOf(req: IncomingMessage): RouteState | undefined {
+    const decision = req.dpRank;
+    return decision !== undefined && #route in decision ? decision.#route : undefined;
+  }
+}
+
+export const routeOf = RankDecision.routeOf;
 
 export interface RoutedRequest extends IncomingMessage {
-  [ROUTE]?: RouteState;
   /** Set by body parsers such as `express.json()`. */
   body?: unknown;
   originalUrl?: string;

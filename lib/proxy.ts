@@ -4,6 +4,7 @@ import type { Socket } from 'node:net';
 import { createProxyMiddleware, type RequestHandler } from 'http-proxy-middleware';
 import type { RouteEndpoint } from './endpoints';
 import { sendError } from './errors';
+import { closeIdleSockets } from './idle-sockets';
 import type { RouterMetrics, UpstreamErrorKind } from './metrics';
 import type { Configuration, UpstreamConfig } from './options';
 import type { OutlierDetector } from './outlier-detector';
@@ -51,9 +52,10 @@ export function createUpstreamProxy(
   metrics: RouterMetrics,
   faults: FaultHandling = { detector: undefined, retry: undefined },
 ): UpstreamProxy {
-  const agentOptions = { keepAlive: true, scheduling: 'lifo' as const, timeout: IDLE_SOCKET_MS };
+  const agentOptions = { keepAlive: true, scheduling: 'lifo' as const };
   // Without an agent http-proxy sends `Connection: close` and opens a socket per request.
   const agent = upstream.url.startsWith('https:') ? new HttpsAgent(agentOptions) : new HttpAgent(agentOptions);
+  const stopIdleSweep = closeIdleSockets(agent, IDLE_SOCKET_MS);
   const { connectTimeoutMs, firstByteTimeoutMs } = config;
   const { detector, retry } = faults;
 
@@ -164,7 +166,13 @@ export function createUpstreamProxy(
       },
     ],
   });
-  return { handle, close: () => agent.destroy() };
+  return {
+    handle,
+    close: () => {
+      stopIdleSweep();
+      agent.destroy();
+    },
+  };
 }
 
 function rankOf(req: IncomingMessage): string {

@@ -38,13 +38,14 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
       next(error);
       return;
     }
-    const headerHint = req.headers[hintHeader] !== undefined ? judgeHeader(req, trusted) : NO_HINT;
+    const { headers } = req;
+    const headerHint = headers[hintHeader] !== undefined ? judgeHeader(req, trusted) : NO_HINT;
     // `delete` always takes V8's slow path, so only where there is something to remove.
-    if (headerHint !== NO_HINT) delete req.headers[hintHeader];
-    if (req.headers[header] !== undefined) delete req.headers[header];
+    if (headerHint !== NO_HINT) delete headers[hintHeader];
+    if (headers[header] !== undefined) delete headers[header];
     // Node answered `100 Continue` itself before this handler ran; forwarding the expectation
     // would only make http-proxy skip its `proxyReq` event, where timeouts are armed.
-    if (req.headers.expect !== undefined) delete req.headers.expect;
+    if (headers.expect !== undefined) delete headers.expect;
 
     const wantsBody =
       policy.usesPrompt === true ||

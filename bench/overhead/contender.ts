@@ -58,6 +58,11 @@ if (kind === 'bare-http') {
       on: kind === 'baseline-json' ? { proxyReq: fixRequestBody } : {},
     }),
   );
+} else if (kind.startsWith('baseline~')) {
+  // TEMP: baseline~flag~flag
+  const flags = new Set(kind.split('~').slice(1));
+  const agent = new Agent({ keepAlive: true, ...(flags.has('lifo') ? { scheduling: 'lifo' as const } : {}), ...(flags.has('timeout') ? { timeout: 4000 } : {}) });
+  app.use(createProxyMiddleware({ target: upstreamUrl, agent, changeOrigin: true, xfwd: flags.has('xfwd'), ejectPlugins: flags.has('eject') }));
 } else if (kind === 'baseline-routeropts') {
   // Diagnostic: the baseline with dpRouter's http-proxy-middleware settings (xfwd, agent
   // options, three event handlers doing nothing), to tell the proxy settings' cost from the

@@ -27,7 +27,7 @@ export function dpRouter(options: Options): DpRouter {
   const routing = createRouting(options, proxyDecided);
   const { config, table, metrics } = routing;
   const detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection) : undefined;
-  const retry = config.retryAttempts > 1 ? createRetry(config, table, metrics, (req, res) => send(req, res, (error) => answerProxyFailure(res, error))) : undefined;
+  const retry = config.retryAttempts > 1 ? createRetry(config, table, metrics, (req, res) => send(req, res, (error) => answerProxyFailure(res, error), routeOf(req)!)) : undefined;
   // One proxy (and keep-alive agent) per upstream, by name; a replaced one is kept until close()
   // so that requests in flight through it finish.
   const proxies = new Map<string, UpstreamProxy>();
@@ -72,9 +72,7 @@ export function dpRouter(options: Options): DpRouter {
   routing.onReconfigure.push(syncRetryLimit);
 
   /** Starts one try at the chosen endpoint. */
-  function send(req: ProxiedRequest, res: ServerResponse, next: (error?: unknown) => void): void {
-    if (res.destroyed) return;
-    const route = routeOf(req)!;
+  function send(req: ProxiedRequest, res: ServerResponse, next: (error?: unknown) => void, route: RouteState): void {
     const endpoint = route.endpoint!;
     route.phase = WAITING;
     if (detector?.dispatched(endpoint, res)) {
@@ -98,11 +96,13 @@ export function dpRouter(options: Options): DpRouter {
           return;
         }
         route.body = result.bytes;
-        send(req, res, next);
+        // The client may have left while its body arrived.
+        if (res.destroyed) return;
+        send(req, res, next, route);
       }, next);
       return;
     }
-    send(req, res, next);
+    send(req, res, next, route);
   }
   return Object.assign(routing.handle, routing.helpers);
 }

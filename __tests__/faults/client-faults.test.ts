@@ -1,5 +1,8 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
-import { request as httpRequest, type ServerResponse } from 'node:http';
+import express from 'express';
+import { createServer, request as httpRequest, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { dpRouter } from '../../lib';
 import { metricValue, startGateway, type TestGateway } from '../helpers/app';
 import { startEchoUpstream, type EchoUpstream } from '../helpers/echo-upstream';
 import { rawRequest } from '../helpers/raw-http';
@@ -146,5 +149,35 @@ describe('client faults', () => {
     await waitFor(() => allIdle(gateway!));
     await sleep(20);
     expect(upstream.seen).toHaveLength(0);
+  });
+
+  it('holds no slot for a client that left before the router ran (an async middleware in front)', async () => {
+    upstream = await startEchoUpstream();
+    const router = dpRouter({ upstreams: [{ url: upstream.url, name: 'a' }], metrics: false });
+    const app = express();
+    let reached!: () => void;
+    const clientGone = new Promise<void>((resolve) => (reached = resolve));
+    // An authentication step that takes its time: the client gives up meanwhile.
+    app.use((_req, res, next) => {
+      reached();
+      res.once('close', () => setImmediate(next));
+    });
+    app.use(router);
+    const server = createServer(app);
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    try {
+      const outgoing = httpRequest(`http://127.0.0.1:${(server.address() as AddressInfo).port}/v1/completions`, { method: 'POST', agent: false });
+      outgoing.on('error', () => undefined);
+      outgoing.end('{}');
+      await clientGone;
+      outgoing.destroy();
+      await sleep(100);
+      expect(router.endpoints()[0].inflight).toBe(0);
+      expect(upstream.seen).toHaveLength(0);
+    } finally {
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      await router.close();
+    }
   });
 });

@@ -40,7 +40,8 @@ export interface BenchChild {
 
 /**
  * Starts a TypeScript entry point as its own Node process (through tsx's loader), pinned to
- * `core` when taskset is available, and waits until it prints `READY <port>`.
+ * `core` when taskset is available, under `launcher` when given (e.g. valgrind), and waits
+ * until it prints `READY <port>`.
  */
 export async function startChild(
   name: string,
@@ -49,8 +50,9 @@ export async function startChild(
   core: number | undefined,
   env: NodeJS.ProcessEnv = {},
   nodeArgs: readonly string[] = [],
+  launcher: readonly string[] = [],
 ): Promise<BenchChild> {
-  const node = [process.execPath, ...nodeArgs, '--import', 'tsx', resolve(script), ...args];
+  const node = [...launcher, process.execPath, ...nodeArgs, '--import', 'tsx', resolve(script), ...args];
   const [command, ...commandArgs] = core === undefined ? node : ['taskset', '-c', String(core), ...node];
   const child = spawn(command, commandArgs, {
     cwd: resolve(__dirname, '..', '..'),
@@ -59,7 +61,7 @@ export async function startChild(
   });
   const port = await new Promise<number>((resolvePort, reject) => {
     const lines = createInterface({ input: child.stdout! });
-    const timer = setTimeout(() => reject(new Error(`${name}: no READY line within 60 s`)), 60_000);
+    const timer = setTimeout(() => reject(new Error(`${name}: no READY line within 120 s`)), 120_000);
     lines.on('line', (line) => {
       const match = /^READY (\d+)$/.exec(line.trim());
       if (match) {

@@ -58,18 +58,21 @@ if (kind === 'bare-http') {
       on: kind === 'baseline-json' ? { proxyReq: fixRequestBody } : {},
     }),
   );
-} else if (kind.startsWith('baseline~')) {
-  // TEMP: baseline~flag~flag
-  const flags = new Set(kind.split('~').slice(1));
-  const agent = new Agent({ keepAlive: true, ...(flags.has('lifo') ? { scheduling: 'lifo' as const } : {}), ...(flags.has('timeout') ? { timeout: 4000 } : {}) });
-  app.use(createProxyMiddleware({ target: upstreamUrl, agent, changeOrigin: true, xfwd: flags.has('xfwd'), ejectPlugins: flags.has('eject') }));
 } else if (kind === 'baseline-routeropts') {
-  // Diagnostic: the baseline with dpRouter's http-proxy-middleware settings (xfwd, agent
-  // options, three event handlers doing nothing), to tell the proxy settings' cost from the
-  // router's own.
-  const agent = new Agent({ keepAlive: true, scheduling: 'lifo', timeout: 4_000 });
+  // Diagnostic: the baseline with dpRouter's http-proxy-middleware settings (LIFO agent,
+  // default plugins ejected, three event handlers doing nothing), to tell the proxy
+  // settings' cost from the router's own.
+  const agent = new Agent({ keepAlive: true, scheduling: 'lifo' });
   const noop = () => undefined;
-  app.use(createProxyMiddleware({ target: upstreamUrl, agent, changeOrigin: true, xfwd: true, on: { proxyReq: noop, proxyRes: noop, error: noop } }));
+  app.use(
+    createProxyMiddleware({
+      target: upstreamUrl,
+      agent,
+      changeOrigin: true,
+      ejectPlugins: true,
+      plugins: [(proxyServer) => ['proxyReq', 'proxyRes', 'error'].forEach((event) => proxyServer.on(event, noop))],
+    }),
+  );
 } else if (kind.startsWith('router:')) {
   // `router:<policy>[+nometrics][+noretry]`: the flags (diagnostic, not in the default set)
   // switch off prom-client metrics or retries (whose body buffering) to isolate their share.

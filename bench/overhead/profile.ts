@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { coreCount, hasTaskset, pinSelf, startChild } from '../lib/cpu';
 import { fixed, markdownTable } from '../lib/stats';
 import { runAutocannon } from './load';
-import { completionBody, ROUTABLE_RANKS, VARIANTS } from './scenario';
+import { completionBody, contenderKind, ROUTABLE_RANKS, VARIANTS } from './scenario';
 
 interface ProfileNode {
   id: number;
@@ -24,8 +24,7 @@ async function main(): Promise<void> {
   const pinned = coreCount() >= 2 && hasTaskset() && pinSelf(0);
   const dir = mkdtempSync(join(tmpdir(), 'dp-router-prof-'));
   const upstream = await startChild('upstream', join(__dirname, 'upstream.ts'), [], pinned ? 0 : undefined);
-  const kind = id === 'baseline+json' ? 'baseline-json' : id;
-  const child = await startChild(id, join(__dirname, 'contender.ts'), [kind, upstream.url], pinned ? 1 : undefined, {}, [
+  const child = await startChild(id, join(__dirname, 'contender.ts'), [contenderKind(id), upstream.url], pinned ? 1 : undefined, {}, [
     '--cpu-prof',
     `--cpu-prof-dir=${dir}`,
   ]);

@@ -19,3 +19,8 @@ export function completionBody(size: number, variant: number): Buffer {
   while (prompt.length < fill) prompt += words;
   return Buffer.from(head + prompt.slice(0, fill) + tail);
 }
+
+/** The contender process kind behind a contender's display name (`baseline+json` → `baseline-json`). */
+export function contenderKind(id: string): string {
+  return id === 'baseline+json' ? 'baseline-json' : id === 'baseline+routeropts' ? 'baseline-routeropts' : id;
+}

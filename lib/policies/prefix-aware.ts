@@ -60,7 +60,7 @@ const WORK_SMOOTHING = 1 / 32;
  * as SGLang's router sends a miss to its smallest tree: new prefixes spread evenly, and so
  * does the cache they take.
  *
- * Per pick: one pass hashing the prompt, then per candidate a `Map` lookup and a binary search
+ * Per pick: one pass hashing the prompt, then per candidate one `Map` lookup and a binary search
  * of its matching run (skipped when the candidate cannot win); no allocation once the hash
  * buffer has grown to the longest prompt.
  */
@@ -71,6 +71,8 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
   const fallback = options.fallback ?? leastOutstanding();
   const indexes = new Map<string, BlockIndex>();
   let blockHashes = new Int32Array(256);
+  /** Each candidate's index during one pick (looked up once), reused across picks. */
+  const candidateIndexes: Array<BlockIndex | undefined> = [];
   let picks = 0;
   /** Running mean of the uncached blocks of routed requests; negative until the first. */
   let typicalWork = -1;
@@ -100,9 +102,12 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
   function choose(candidates: readonly Endpoint[], blockCount: number): Endpoint {
     let minLoad = Infinity;
     let candidateRecent = 0;
-    for (const candidate of candidates) {
+    candidateIndexes.length = candidates.length;
+    for (let at = 0; at < candidates.length; at++) {
+      const candidate = candidates[at];
       if (candidate.load < minLoad) minLoad = candidate.load;
       const index = indexes.get(candidate.key);
+      candidateIndexes[at] = index;
       if (index !== undefined) {
         index.lastCandidatePick = picks;
         candidateRecent += index.recentBlocks;
@@ -117,8 +122,9 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
     let anyMatch = false;
     let fewest = candidates[0];
     let fewestRecent = Infinity;
-    for (const candidate of candidates) {
-      const index = indexes.get(candidate.key);
+    for (let at = 0; at < candidates.length; at++) {
+      const candidate = candidates[at];
+      const index = candidateIndexes[at];
       const recent = index === undefined ? 0 : index.recentBlocks;
       if (recent < fewestRecent || (recent === fewestRecent && candidate.load < fewest.load)) {
         fewest = candidate;
@@ -138,6 +144,8 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
         bestCost = cost;
       }
     }
+    // Let go of the indexes until the next pick.
+    candidateIndexes.fill(undefined);
     return anyMatch ? best : fewest;
   }
 

@@ -85,67 +85,67 @@ export function createUpstreamProxy(
   };
 
   const handlers = {
-      proxyReq(proxyReq: ClientRequest, req: ProxiedRequest, res: ServerResponse) {
-        if (clientGone(res)) {
-          // The client left while the proxy was being prepared: the engine must not start.
-          proxyReq.destroy();
-          return;
-        }
-        const route = routeOf(req)!;
-        if (route.body !== undefined) proxyReq.write(route.body);
-        armDeadlines(route, proxyReq, connectTimeoutMs, firstByteTimeoutMs);
-      },
-      proxyRes(proxyRes: IncomingMessage, req: ProxiedRequest, res: ServerResponse) {
-        const route = routeOf(req)!;
-        route.clearDeadlines();
-        route.phase = RESPONDING;
-        // No retry can replay it from here on: let a long stream not pin the request's bytes.
-        route.body = undefined;
-        const endpoint = route.endpoint;
-        if (endpoint) {
-          if (proxyRes.statusCode !== undefined && proxyRes.statusCode >= 500) {
-            metrics.upstreamError(endpoint, 'status_5xx');
-            detector?.failed(endpoint);
-          } else {
-            // Any answer below 500, a 4xx included, shows the endpoint alive: a client's bad
-            // request is never the endpoint's fault.
-            detector?.succeeded(endpoint);
-          }
-        }
-        proxyRes.on('error', () => failMidResponse(req, res));
-      },
-      error(error: NodeJS.ErrnoException, req: ProxiedRequest, res: ServerResponse | Socket) {
-        if (!('writeHead' in res)) {
-          res.destroy();
-          return;
-        }
-        const route = routeOf(req)!;
-        route.clearDeadlines();
-        if (route.phase === RESPONDING) {
-          failMidResponse(req, res);
-          return;
-        }
-        if (route.phase === SETTLED) return;
-        route.phase = SETTLED;
-        // A client that left is not the upstream's fault, and there is no one to answer.
-        if (clientGone(res)) return;
-        const endpoint = route.endpoint;
-        const kind = classify(error);
-        if (endpoint) {
-          metrics.upstreamError(endpoint, kind);
+    proxyReq(proxyReq: ClientRequest, req: ProxiedRequest, res: ServerResponse) {
+      if (clientGone(res)) {
+        // The client left while the proxy was being prepared: the engine must not start.
+        proxyReq.destroy();
+        return;
+      }
+      const route = routeOf(req)!;
+      if (route.body !== undefined) proxyReq.write(route.body);
+      armDeadlines(route, proxyReq, connectTimeoutMs, firstByteTimeoutMs);
+    },
+    proxyRes(proxyRes: IncomingMessage, req: ProxiedRequest, res: ServerResponse) {
+      const route = routeOf(req)!;
+      route.clearDeadlines();
+      route.phase = RESPONDING;
+      // No retry can replay it from here on: let a long stream not pin the request's bytes.
+      route.body = undefined;
+      const endpoint = route.endpoint;
+      if (endpoint) {
+        if (proxyRes.statusCode !== undefined && proxyRes.statusCode >= 500) {
+          metrics.upstreamError(endpoint, 'status_5xx');
           detector?.failed(endpoint);
-          if (retry !== undefined && !res.headersSent && mayRetry(error) && retry(req, res, endpoint)) return;
-        }
-        const rank = rankOf(req);
-        if (kind === 'timeout') {
-          const what = error.code === CONNECT_TIMEOUT ? 'accept the connection' : 'answer';
-          sendError(res, 504, 'GatewayTimeoutError', `The upstream${rank} did not ${what} in time.`);
-        } else if (kind === 'connect') {
-          sendError(res, 502, 'BadGatewayError', `The upstream${rank} refused the connection.`);
         } else {
-          sendError(res, 502, 'BadGatewayError', `The upstream${rank} closed the connection.`);
+          // Any answer below 500, a 4xx included, shows the endpoint alive: a client's bad
+          // request is never the endpoint's fault.
+          detector?.succeeded(endpoint);
         }
-      },
+      }
+      proxyRes.on('error', () => failMidResponse(req, res));
+    },
+    error(error: NodeJS.ErrnoException, req: ProxiedRequest, res: ServerResponse | Socket) {
+      if (!('writeHead' in res)) {
+        res.destroy();
+        return;
+      }
+      const route = routeOf(req)!;
+      route.clearDeadlines();
+      if (route.phase === RESPONDING) {
+        failMidResponse(req, res);
+        return;
+      }
+      if (route.phase === SETTLED) return;
+      route.phase = SETTLED;
+      // A client that left is not the upstream's fault, and there is no one to answer.
+      if (clientGone(res)) return;
+      const endpoint = route.endpoint;
+      const kind = classify(error);
+      if (endpoint) {
+        metrics.upstreamError(endpoint, kind);
+        detector?.failed(endpoint);
+        if (retry !== undefined && !res.headersSent && mayRetry(error) && retry(req, res, endpoint)) return;
+      }
+      const rank = rankOf(req);
+      if (kind === 'timeout') {
+        const what = error.code === CONNECT_TIMEOUT ? 'accept the connection' : 'answer';
+        sendError(res, 504, 'GatewayTimeoutError', `The upstream${rank} did not ${what} in time.`);
+      } else if (kind === 'connect') {
+        sendError(res, 502, 'BadGatewayError', `The upstream${rank} refused the connection.`);
+      } else {
+        sendError(res, 502, 'BadGatewayError', `The upstream${rank} closed the connection.`);
+      }
+    },
   };
 
   const handle = createProxyMiddleware<IncomingMessage, ServerResponse>({

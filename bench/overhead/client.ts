@@ -16,6 +16,7 @@ export function createPoster(bytes: number) {
       outgoing.end(body);
     });
   return {
+    send,
     /** Sends `count` requests over 16 concurrent loops; `portFor(turn)` says where each goes. */
     async run(count: number, portFor: (turn: number) => number): Promise<void> {
       let sent = 0;

@@ -1,40 +1,80 @@
 /**
- * npx tsx bench/overhead/interleaved.ts [contenderA] [contenderB] [requests] [bytes]
+ * npx tsx bench/overhead/interleaved.ts [contenderA] [contenderB] [requests] [bytes] [rate]
  *
- * A CPU-per-request A/B that holds on a noisy machine: both contenders run pinned to the
- * same core and each client loop alternates its requests between them, so whatever slows
- * the machine down slows both alike. Reports each contender's CPU µs per request (from
- * /proc) and the ratio, per block of requests and as the median over blocks.
+ * An A/B that holds on a noisy machine: both contenders run pinned to the same core and the
+ * client alternates its requests between them, so whatever slows the machine down slows both
+ * alike. Reports each contender's CPU µs per request (from /proc) and the ratio, per block of
+ * requests and as the median over blocks.
+ *
+ * Without `rate`, 16 client loops keep both busy (closed loop, saturation). With `rate`
+ * (requests per second, both together), requests are sent open loop at that rate and each
+ * one's latency is taken from its due time; it adds p50 and p99 per contender and p99(B) −
+ * p99(A). Half the baseline's saturated rate on one core leaves the shared core half busy:
+ * that is the half-load latency comparison.
  */
 import { join } from 'node:path';
 import { coreCount, hasTaskset, pinSelf, processCpuMs, startChild } from '../lib/cpu';
+import { fixed, median, quantileSorted } from '../lib/stats';
 import { createPoster } from './client';
 import { contenderKind } from './scenario';
 
 async function main(): Promise<void> {
-  const [a = 'baseline+routeropts', b = 'router:round-robin', total = '60000', bytes = '256'] = process.argv.slice(2);
+  const [a = 'baseline+routeropts', b = 'router:round-robin', total = '60000', bytes = '256', rateArg] = process.argv.slice(2);
+  const rate = rateArg === undefined ? undefined : Number(rateArg);
   const pinned = coreCount() >= 2 && hasTaskset() && pinSelf(0);
   const upstream = await startChild('upstream', join(__dirname, 'upstream.ts'), [], pinned ? 0 : undefined);
   const contenders = await Promise.all([a, b].map((id) => startChild(id, join(__dirname, 'contender.ts'), [contenderKind(id), upstream.url], pinned ? 1 : undefined)));
   const poster = createPoster(Number(bytes));
+  const portFor = (turn: number) => contenders[turn % 2].port;
+
+  /** Open loop: request n is due at n / rate; latency counts from then, queueing included. */
+  const paced = async (count: number, perSecond: number) => {
+    const latencies: number[][] = [[], []];
+    const inFlight: Array<Promise<void>> = [];
+    const start = performance.now();
+    for (let sent = 0; sent < count; ) {
+      const due = start + (sent * 1000) / perSecond;
+      const wait = due - performance.now();
+      if (wait > 0) {
+        await new Promise((resolve) => setTimeout(resolve, Math.min(wait, 2)));
+        continue;
+      }
+      const turn = sent++;
+      inFlight.push(poster.send(portFor(turn)).then(() => void latencies[turn % 2].push(performance.now() - due)));
+    }
+    await Promise.all(inFlight);
+    return latencies.map((values) => Float64Array.from(values).sort());
+  };
   const block = async (count: number) => {
     const before = contenders.map((child) => processCpuMs(child.process.pid)!);
-    await poster.run(count, (turn) => contenders[turn % 2].port);
-    return contenders.map((child, index) => ((processCpuMs(child.process.pid)! - before[index]) * 1000) / (count / 2));
+    const latencies = rate === undefined ? undefined : await paced(count, rate);
+    if (rate === undefined) await poster.run(count, portFor);
+    const cpu = contenders.map((child, index) => ((processCpuMs(child.process.pid)! - before[index]) * 1000) / (count / 2));
+    return { cpu, latencies };
   };
-  await block(4000);
-  const blocks = Math.max(1, Math.round(Number(total) / 10000));
+  await block(rate === undefined ? 4000 : Math.min(4000, rate * 2));
+  const blockSize = 10000;
+  const blocks = Math.max(1, Math.round(Number(total) / blockSize));
   const ratios: number[] = [];
   const costs: number[][] = [[], []];
+  const p99Added: number[] = [];
   for (let index = 0; index < blocks; index++) {
-    const [costA, costB] = await block(10000);
-    costs[0].push(costA);
-    costs[1].push(costB);
-    ratios.push(costB / costA);
-    console.log(`block ${index + 1}: ${a} ${costA.toFixed(1)} µs/req, ${b} ${costB.toFixed(1)} µs/req, ratio ${(costB / costA).toFixed(3)}`);
+    const { cpu, latencies } = await block(blockSize);
+    costs[0].push(cpu[0]);
+    costs[1].push(cpu[1]);
+    ratios.push(cpu[1] / cpu[0]);
+    let line = `block ${index + 1}: ${a} ${cpu[0].toFixed(1)} µs/req, ${b} ${cpu[1].toFixed(1)} µs/req, ratio ${(cpu[1] / cpu[0]).toFixed(3)}`;
+    if (latencies !== undefined) {
+      const [p99a, p99b] = latencies.map((sorted) => quantileSorted(sorted, 0.99));
+      const [p50a, p50b] = latencies.map((sorted) => quantileSorted(sorted, 0.5));
+      p99Added.push(p99b - p99a);
+      line += `; p50 ${fixed(p50a, 2)} / ${fixed(p50b, 2)} ms, p99 ${fixed(p99a, 2)} / ${fixed(p99b, 2)} ms`;
+    }
+    console.log(line);
   }
-  const median = (values: number[]) => [...values].sort((x, y) => x - y)[Math.floor(values.length / 2)];
-  console.log(`median: ${a} ${median(costs[0]).toFixed(1)} µs/req, ${b} ${median(costs[1]).toFixed(1)} µs/req, ${b} / ${a} = ${median(ratios).toFixed(3)}`);
+  let summary = `median: ${a} ${median(costs[0]).toFixed(1)} µs/req, ${b} ${median(costs[1]).toFixed(1)} µs/req, ${b} / ${a} = ${median(ratios).toFixed(3)}`;
+  if (rate !== undefined) summary += `; at ${rate} req/s, p99 added by ${b}: ${p99Added.map((ms) => `${ms >= 0 ? '+' : ''}${fixed(ms, 2)}`).join(', ')} ms (median ${fixed(median(p99Added), 2)} ms)`;
+  console.log(summary);
   poster.close();
   await Promise.all([...contenders, upstream].map((child) => child.stop()));
 }

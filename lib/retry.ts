@@ -32,7 +32,7 @@ export function createRetry(config: Configuration, table: EndpointTable, metrics
     const tried = (route.tried ??= []);
     tried.push(failed);
     const source: DecisionSource = req.dpRank!.source;
-    const next = source === 'hint' ? otherReplica(failed.rank, tried) : pickAnother(req, tried);
+    const next = source === 'hint' ? otherReplica(failed.rank, tried) : pickAnother(req, route.context, tried);
     if (next === undefined) return false;
 
     failed.inflight--;
@@ -58,10 +58,10 @@ export function createRetry(config: Configuration, table: EndpointTable, metrics
     return best;
   }
 
-  function pickAnother(req: ProxiedRequest, tried: readonly RouteEndpoint[]): RouteEndpoint | undefined {
+  function pickAnother(req: ProxiedRequest, picked: PickContext | undefined, tried: readonly RouteEndpoint[]): RouteEndpoint | undefined {
     const candidates = table.healthy().filter((endpoint) => !failedBefore(endpoint, tried));
     if (candidates.length === 0) return undefined;
-    const context: PickContext = routeOf(req)!.context ?? { path: req.url ?? '/', affinityKey: undefined, prompt: undefined };
+    const context: PickContext = picked ?? { path: req.url ?? '/', affinityKey: undefined, prompt: undefined };
     try {
       const chosen = policy.pick(candidates, context) as RouteEndpoint;
       return candidates.includes(chosen) ? chosen : undefined;

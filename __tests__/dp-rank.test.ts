@@ -2,12 +2,11 @@ import { afterEach, beforeEach, describe, expect, it } from '@jest/globals';
 import express from 'express';
 import type { IncomingMessage as LegacyIncomingMessage } from 'http';
 import { createProxyMiddleware, fixRequestBody } from 'http-proxy-middleware';
-import { createServer, request as httpRequest, type ClientRequest, type IncomingMessage, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { request as httpRequest, type ClientRequest, type IncomingMessage, type ServerResponse } from 'node:http';
 import { Registry } from 'prom-client';
 import request from 'supertest';
 import { dpRank, dpRouter, type DpRank, type DpRankDecision, type Options } from '../lib';
-import { expressMajor, metricValue, startGateway, type TestGateway } from './helpers/app';
+import { expressMajor, metricValue, serve, startGateway, type TestGateway } from './helpers/app';
 import { startEchoUpstream, type EchoUpstream } from './helpers/echo-upstream';
 import { rawRequest } from './helpers/raw-http';
 
@@ -70,17 +69,15 @@ async function startDpRankGateway(options: Options, forwarder: Forwarder): Promi
     next();
   });
   app.use(forwarder === 'http-proxy-middleware' ? proxyForwarder() : httpForwarder);
-  const server = createServer(app);
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const served = await serve(app);
   return {
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    url: served.url,
     rank,
     registry,
     decisions,
     bodies,
     close: async () => {
-      server.closeAllConnections();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
+      await served.close();
       await rank.close();
     },
   };
@@ -302,15 +299,13 @@ describe('two routers on one request', () => {
     const inner = dpRouter({ metrics: false, ...seed({ upstreams: [{ url: upstream.url, name: 'node-b', dataParallelSize: 4 }] }) });
     const app = express();
     app.use(outer, inner);
-    const server = createServer(app);
-    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const served = await serve(app);
     return {
-      url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+      url: served.url,
       outer,
       inner,
       close: async () => {
-        server.closeAllConnections();
-        await new Promise<void>((resolve) => server.close(() => resolve()));
+        await served.close();
         await Promise.all([outer.close(), inner.close()]);
       },
     };

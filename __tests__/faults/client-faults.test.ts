@@ -1,9 +1,8 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
 import express from 'express';
-import { createServer, request as httpRequest, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { request as httpRequest, type ServerResponse } from 'node:http';
 import { dpRouter } from '../../lib';
-import { metricValue, startGateway, type TestGateway } from '../helpers/app';
+import { metricValue, serve, startGateway, type TestGateway } from '../helpers/app';
 import { startEchoUpstream, type EchoUpstream } from '../helpers/echo-upstream';
 import { rawRequest } from '../helpers/raw-http';
 import { allIdle, exchange, sleep, waitFor } from './support';
@@ -163,10 +162,9 @@ describe('client faults', () => {
       res.once('close', () => setImmediate(next));
     });
     app.use(router);
-    const server = createServer(app);
-    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const served = await serve(app);
     try {
-      const outgoing = httpRequest(`http://127.0.0.1:${(server.address() as AddressInfo).port}/v1/completions`, { method: 'POST', agent: false });
+      const outgoing = httpRequest(`${served.url}/v1/completions`, { method: 'POST', agent: false });
       outgoing.on('error', () => undefined);
       outgoing.end('{}');
       await clientGone;
@@ -175,8 +173,7 @@ describe('client faults', () => {
       expect(router.endpoints()[0].inflight).toBe(0);
       expect(upstream.seen).toHaveLength(0);
     } finally {
-      server.closeAllConnections();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
+      await served.close();
       await router.close();
     }
   });

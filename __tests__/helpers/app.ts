@@ -1,5 +1,5 @@
 import express from 'express';
-import { createServer, type Server } from 'node:http';
+import { createServer, type RequestListener, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Registry } from 'prom-client';
 import { version as expressVersion } from 'express/package.json';
@@ -20,6 +20,20 @@ export interface TestGateway {
   close(): Promise<void>;
 }
 
+/** An HTTP server for `app` on 127.0.0.1:0; `close()` drops its connections and waits. */
+export async function serve(app: RequestListener): Promise<{ server: Server; url: string; close(): Promise<void> }> {
+  const server = createServer(app);
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    server,
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    close: async () => {
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    },
+  };
+}
+
 /**
  * A gateway on 127.0.0.1:0: Express with the router at `mount` and metrics at `/metrics`,
  * on a fresh registry unless the options name one.
@@ -30,9 +44,7 @@ export async function startGateway(options: Options, mount = '/'): Promise<TestG
   const app = express();
   app.get('/metrics', router.metrics);
   app.use(mount, router);
-  const server = createServer(app);
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const { server, url, close } = await serve(app);
   return {
     app,
     router,
@@ -40,8 +52,7 @@ export async function startGateway(options: Options, mount = '/'): Promise<TestG
     server,
     url,
     close: async () => {
-      server.closeAllConnections();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
+      await close();
       await router.close();
     },
   };

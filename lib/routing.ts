@@ -5,7 +5,6 @@ import { EndpointTable, type RouteEndpoint } from './endpoints';
 import { createMetrics, NO_METRICS, type RouterMetrics } from './metrics';
 import { parseOptions, parseUpstreams, type Configuration, type UpstreamConfig } from './options';
 import { createRankHandler, type Proceed } from './rank-handler';
-import type { RoutedRequest } from './route-state';
 import type { EndpointSnapshot, Options, UpstreamOptions } from './types';
 
 /** A Connect/Express-style handler, typed on `node:http` so it fits Express 4 and 5 alike. */

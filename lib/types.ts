@@ -193,7 +193,7 @@ export interface Options {
   /**
    * Append the client's address, port and protocol to `X-Forwarded-For`, `-Port` and `-Proto`
    * (and set `X-Forwarded-Host`) on proxied requests, as http-proxy-middleware's `xfwd` does.
-   * Default: `false`, as there; it costs about 5 % more CPU per request (`npm run bench:overhead`).
+   * Default: `false`, as there; it costs about 5 % more instructions per request (`npm run bench:instructions`).
    */
   xfwd?: boolean;
   /** Settings of the `'prefix-aware'` policy (block size, index memory bound, load thresholds). */

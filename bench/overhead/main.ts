@@ -16,7 +16,7 @@ import { join, resolve } from 'node:path';
 import { coreCount, cpuPressure, hasTaskset, pinSelf, processCpuMs, startChild, type BenchChild } from '../lib/cpu';
 import { fixed, markdownTable, median, parseArgs } from '../lib/stats';
 import { runAutocannon, runPaced, type LoadResult, type LoadSpec, type RankExpectation, type RankTally } from './load';
-import { completionBody, ROUTABLE_RANKS, VARIANTS } from './scenario';
+import { completionBody, contenderKind, ROUTABLE_RANKS, VARIANTS } from './scenario';
 
 const HERE = __dirname;
 
@@ -37,9 +37,9 @@ const NO_RANK: RankExpectation = { kind: 'none' };
 function contenderFor(id: string): Contender {
   if (id === 'upstream-direct') return { id, kind: 'direct', headerOnly: false, expect: NO_RANK };
   if (id === 'baseline') return { id, kind: 'baseline', headerOnly: false, expect: NO_RANK };
-  if (id === 'baseline+json') return { id, kind: 'baseline-json', headerOnly: false, expect: NO_RANK };
+  if (id === 'baseline+json') return { id, kind: contenderKind(id), headerOnly: false, expect: NO_RANK };
   if (id === 'bare-http') return { id, kind: 'bare-http', headerOnly: false, expect: NO_RANK };
-  if (id === 'baseline+routeropts') return { id, kind: 'baseline-routeropts', headerOnly: false, expect: NO_RANK };
+  if (id === 'baseline+routeropts') return { id, kind: contenderKind(id), headerOnly: false, expect: NO_RANK };
   const match = /^router:([a-z-]+)((?:\+(?:nometrics|noretry))*)$/.exec(id);
   if (match) return { id, kind: id, headerOnly: match[2] === '' && HEADER_ONLY.includes(match[1]), expect: ROUTABLE };
   throw new Error(`unknown contender '${id}'`);

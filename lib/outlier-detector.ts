@@ -1,4 +1,5 @@
 import type { EndpointTable, RouteEndpoint } from './endpoints';
+import { NO_METRICS, type RouterMetrics } from './metrics';
 import type { OutlierDetectionConfig } from './options';
 
 /**
@@ -20,6 +21,7 @@ export class OutlierDetector {
   constructor(
     private readonly table: EndpointTable,
     private readonly config: OutlierDetectionConfig,
+    private readonly metrics: Pick<RouterMetrics, 'ejected'> = NO_METRICS,
   ) {}
 
   /** Read from the table as it is now: `setUpstreams()` and discovery change its size. */
@@ -102,6 +104,7 @@ export class OutlierDetector {
     endpoint.consecutiveFailures = 0;
     const coolDown = Math.min(this.config.baseEjectionMs * 2 ** Math.min(endpoint.ejections, 30), this.config.maxEjectionMs);
     endpoint.ejections++;
+    this.metrics.ejected(endpoint);
     this.table.updateHealth(endpoint);
     const timer = setTimeout(() => {
       this.timers.delete(timer);

@@ -118,6 +118,9 @@ export function markError(res: ServerResponse, status: number, message: string):
   const span = (res.req !== undefined ? spans.get(res.req) : undefined) ?? loaded.trace.getActiveSpan();
   if (span === undefined || !span.isRecording()) return;
   span.setStatus({ code: loaded.SpanStatusCode.ERROR, message });
+  // The HTTP instrumentation sets the status again when the response ends, without a message:
+  // the event keeps the gateway's reason.
+  span.addEvent('dp_router.error', { 'http.response.status_code': status, 'dp_router.message': message });
 }
 
 function requireApi(): unknown {

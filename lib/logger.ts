@@ -15,7 +15,6 @@ export interface RouterLogger {
   ejected(endpoint: RouteEndpoint): void;
 }
 
-type LogMethod = (fields: object, message: string) => void;
 const LEVELS = ['debug', 'info', 'error'] as const;
 
 const SILENT: RouterLogger = { warn: () => undefined, decided: () => undefined, retried: () => undefined, ejected: () => undefined };
@@ -41,29 +40,27 @@ export function parseLogger(value: unknown): RouterLogger {
   if (logger.isLevelEnabled !== undefined && typeof logger.isLevelEnabled !== 'function') {
     fail('logger.isLevelEnabled', `must be a method when present, got ${shown(logger.isLevelEnabled)}`, "Pass a pino logger, or leave `isLevelEnabled` out.");
   }
-  const at = (level: (typeof LEVELS)[number]): LogMethod | undefined =>
-    typeof logger[level] === 'function' ? (logger[level] as LogMethod).bind(logger) : undefined;
-  const debug = at('debug');
-  const info = at('info');
-  // pino's level can change at run time (`logger.level = 'debug'`): asked per line, which costs
-  // a property lookup when off.
-  const debugOn = debug !== undefined && typeof logger.isLevelEnabled === 'function' ? () => logger.isLevelEnabled!('debug') : () => false;
+  // Called through the logger each time: pino swaps a level's method for a no-op and back
+  // when its level changes (`logger.level = 'debug'`), and asked per line, the check costs a
+  // property lookup when debug is off.
+  const hasDebug = typeof logger.debug === 'function' && typeof logger.isLevelEnabled === 'function';
+  const debugOn = () => hasDebug && logger.isLevelEnabled!('debug');
 
   return {
     warn: (message) => logger.warn(message),
     decided(endpoint, source, policy, hintOutcome) {
       if (!debugOn()) return;
-      debug!({ dpRank: { upstream: endpoint.upstream, rank: endpoint.rank, source }, policy, hintOutcome }, 'express-dp-router: routed');
+      logger.debug!({ dpRank: { upstream: endpoint.upstream, rank: endpoint.rank, source }, policy, hintOutcome }, 'express-dp-router: routed');
     },
     retried(failed, next) {
       if (!debugOn()) return;
-      debug!(
+      logger.debug!(
         { dpRank: { upstream: next.upstream, rank: next.rank }, failed: { upstream: failed.upstream, rank: failed.rank } },
         'express-dp-router: retrying on another endpoint',
       );
     },
     ejected(endpoint) {
-      info?.({ dpRank: { upstream: endpoint.upstream, rank: endpoint.rank } }, 'express-dp-router: endpoint ejected after consecutive failures');
+      logger.info?.({ dpRank: { upstream: endpoint.upstream, rank: endpoint.rank } }, 'express-dp-router: endpoint ejected after consecutive failures');
     },
   };
 }

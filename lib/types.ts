@@ -290,7 +290,9 @@ export interface EndpointSnapshot {
   healthy: boolean;
 }
 
-declare module 'node:http' {
+// On 'http', which 'node:http' re-exports: augmenting 'node:http' breaks the type check of a
+// program that also loads pino's types ("IncomingMessage incorrectly extends Readable").
+declare module 'http' {
   interface IncomingMessage {
     /** The routing decision, set by `dpRank()` and `dpRouter()`. */
     dpRank?: DpRankDecision;

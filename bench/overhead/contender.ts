@@ -10,9 +10,9 @@
  * `retries: false`, diagnostic), `+pino` (a pino logger at info, so the per-decision debug
  * line is checked and skipped), `+otel` (the OpenTelemetry SDK registered and a recording
  * span made active per request, as the HTTP instrumentation would: the router traces) and
- * `+otelidle` (the same span, not made active: the router sees none, so `+otel` against it
- * is the router's own tracing work), and `bare-http` (a bare node:http proxy without
- * Express, for context).
+ * `+otelidle` (the same span, with a non-recording stand-in made active in its place: the
+ * router finds nothing to record, so `+otel` against it is the router's own tracing work),
+ * and `bare-http` (a bare node:http proxy without Express, for context).
  * Prints `READY <port>`.
  */
 import { Agent, createServer, request as httpRequest } from 'node:http';
@@ -132,9 +132,10 @@ function startBareProxy(target: string): void {
 /**
  * The SDK with every span sampled and kept in memory only as long as it is open (no
  * exporter: exporting is the SDK's cost, not the router's), and one server span per request,
- * made the active one (`active`) as @opentelemetry/instrumentation-http does, or not.
+ * made the active one as @opentelemetry/instrumentation-http does (`recording`), or a
+ * non-recording span of the same context in its place (the same context switching).
  */
-function spanPerRequest(active: boolean): express.RequestHandler {
+function spanPerRequest(recording: boolean): express.RequestHandler {
   // Loaded only for these contenders, so that the others run without the SDK in memory.
   const api = require('@opentelemetry/api') as typeof import('@opentelemetry/api');
   const { NodeTracerProvider } = require('@opentelemetry/sdk-trace-node') as typeof import('@opentelemetry/sdk-trace-node');
@@ -143,7 +144,7 @@ function spanPerRequest(active: boolean): express.RequestHandler {
   return (req, res, next) => {
     const span = tracer.startSpan(`${req.method} ${req.path}`, { kind: api.SpanKind.SERVER });
     res.once('finish', () => span.end());
-    if (active) api.context.with(api.trace.setSpan(api.context.active(), span), next);
-    else next();
+    const current = recording ? span : api.trace.wrapSpanContext(span.spanContext());
+    api.context.with(api.trace.setSpan(api.context.active(), current), next);
   };
 }

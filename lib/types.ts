@@ -219,14 +219,14 @@ export interface Options {
 
 /**
  * Receives the router's logs, in pino's calling convention: `(fields, message)` for structured
- * lines, `(message)` for notices. pino's and winston's loggers, and `console`, fit as they are.
+ * lines, `(message)` for notices. pino's logger (a child logger too) and `console` fit as they are.
  */
 export interface Logger {
   warn(message: string): void;
   info?(fields: object, message: string): void;
   debug?(fields: object, message: string): void;
   error?(fields: object, message: string): void;
-  /** pino's (and winston's) level check; without it no per-request line is written. */
+  /** pino's level check; without it no per-request line is written. */
   isLevelEnabled?(level: string): boolean;
 }
 

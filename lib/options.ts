@@ -333,6 +333,6 @@ function parseMetrics(value: unknown): Configuration['metrics'] {
 /** The policy validates the values; unknown names are caught here, with the option path. */
 function parsePrefixAware(value: unknown): Record<string, unknown> {
   const settings = optionalObject('prefixAware', value);
-  rejectUnknownKeys('prefixAware', settings, ['blockChars', 'maxBlocksPerEndpoint', 'contentBalance']);
+  rejectUnknownKeys('prefixAware', settings, ['blockChars', 'maxBlocksPerEndpoint', 'maxBlocksPerRequest', 'contentBalance']);
   return settings;
 }

@@ -119,12 +119,13 @@ export function parseOptions(options: Options): Configuration {
   const hints = optionalObject('hints', options.hints);
   rejectUnknownKeys('hints', hints, ['trust', 'onInvalid', 'header', 'bodyField']);
   const affinity = optionalObject('affinity', options.affinity);
-  rejectUnknownKeys('affinity', affinity, ['header', 'bodyField', 'loadFactor', 'keyLoadFactor', 'maxSessions']);
+  rejectUnknownKeys('affinity', affinity, ['header', 'bodyField', 'loadFactor', 'loadSlack', 'keyLoadFactor', 'maxSessions']);
   const timeouts = optionalObject('timeouts', options.timeouts);
   rejectUnknownKeys('timeouts', timeouts, ['connectMs', 'firstByteMs']);
 
   const sessionAffinity = {
     loadFactor: numberOption('affinity.loadFactor', affinity.loadFactor, 1.25, 1, 1000),
+    loadSlack: numberOption('affinity.loadSlack', affinity.loadSlack, 4, 0, 1_000_000),
     keyLoadFactor: numberOption('affinity.keyLoadFactor', affinity.keyLoadFactor, 1, 1, 1000),
     maxSessions: integerOption('affinity.maxSessions', affinity.maxSessions, 65_536, 1, 2 ** 24),
   };

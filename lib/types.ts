@@ -63,10 +63,17 @@ export interface AffinityOptions {
   /** Top-level JSON body field holding the key, or `false`. Default: `'user'`. */
   bodyField?: string | false;
   /**
-   * In-flight guard: a request whose session's endpoint is loaded above `⌈loadFactor × mean⌉`
-   * goes, this once, to the next endpoint in the session's hash order. Default: `1.25`.
+   * In-flight guard: a request whose session's endpoint is loaded above both
+   * `⌈loadFactor × mean⌉` and the least loaded endpoint's load plus `loadSlack` goes, this once,
+   * to the next endpoint in the session's hash order. Default: `1.25`.
    */
   loadFactor?: number;
+  /**
+   * The in-flight guard's absolute slack, in requests: at low load a session stays on its
+   * endpoint (and its cache) while that endpoint is at most this many requests ahead of the
+   * least loaded one; a hot session still spills. `0` leaves only the ratio. Default: `4`.
+   */
+  loadSlack?: number;
   /**
    * Session balance: a new session goes to the first endpoint of its hash order holding fewer
    * than `⌈keyLoadFactor × (sessions + 1) / endpoints⌉` sessions. Default: `1`.

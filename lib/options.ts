@@ -74,6 +74,7 @@ export interface OutlierDetectionConfig {
   readonly baseEjectionMs: number;
   readonly maxEjectionMs: number;
   readonly maxEjectionPercent: number;
+  readonly minimumClients: number;
 }
 
 /** `healthCheck`, resolved. */
@@ -186,7 +187,7 @@ function parseDiscover(path: string, value: unknown): number | undefined {
 function parseOutlierDetection(value: unknown): OutlierDetectionConfig | undefined {
   if (value === false) return undefined;
   const outlier = value === true ? {} : optionalObject('outlierDetection', value);
-  rejectUnknownKeys('outlierDetection', outlier, ['consecutiveFailures', 'baseEjectionMs', 'maxEjectionMs', 'maxEjectionPercent']);
+  rejectUnknownKeys('outlierDetection', outlier, ['consecutiveFailures', 'baseEjectionMs', 'maxEjectionMs', 'maxEjectionPercent', 'minimumClients']);
   const baseEjectionMs = integerOption('outlierDetection.baseEjectionMs', outlier.baseEjectionMs, 10_000, 1, MAX_TIMER_MS);
   const maxEjectionMs = integerOption('outlierDetection.maxEjectionMs', outlier.maxEjectionMs, Math.max(300_000, baseEjectionMs), 1, MAX_TIMER_MS);
   if (maxEjectionMs < baseEjectionMs) {
@@ -197,6 +198,7 @@ function parseOutlierDetection(value: unknown): OutlierDetectionConfig | undefin
     baseEjectionMs,
     maxEjectionMs,
     maxEjectionPercent: numberOption('outlierDetection.maxEjectionPercent', outlier.maxEjectionPercent, 50, 0, 100),
+    minimumClients: integerOption('outlierDetection.minimumClients', outlier.minimumClients, 3, 1, 1000),
   };
 }
 

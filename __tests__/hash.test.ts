@@ -1,7 +1,8 @@
 import { describe, expect, it } from '@jest/globals';
 import { hashString, keyedMix32 } from '../lib/hash';
 import { BlockIndex, hashPromptBlocks, MAX_PROBES, prefixAware } from '../lib/policies/prefix-aware';
-import type { Endpoint, PickContext } from '../lib/types';
+import type { PickContext } from '../lib/types';
+import { fakeEndpoints } from './policies/fake-endpoints';
 
 const BLOCK = 64;
 /** BlockIndex(256) keeps generations of 512 slots: small, so that forging is quick. */
@@ -84,14 +85,7 @@ describe('hash flooding of the prefix index', () => {
   });
 
   it('hashes, looks up and records at most maxBlocksPerRequest blocks of a prompt', () => {
-    const candidates: Array<{ -readonly [K in keyof Endpoint]: Endpoint[K] }> = Array.from({ length: 2 }, (_, rank) => ({
-      key: `gpu#${rank}`,
-      upstream: 'gpu',
-      rank,
-      inflight: 0,
-      load: 0,
-      healthy: true,
-    }));
+    const candidates = fakeEndpoints(2);
     const ctx = (prompt: string): PickContext => ({ path: '/v1/completions', affinityKey: undefined, prompt });
     const head = 'shared head '.padEnd(BLOCK, '.').repeat(100);
     const tail = (seed: string) => `${seed} `.padEnd(BLOCK, '-').repeat(100);

@@ -157,6 +157,8 @@ export class EndpointTable {
           return kept;
         }
         const endpoint = new RouteEndpoint(upstream, rank, serverOf(upstream.url));
+        // A rank added to a server that is out (discovery, setUpstreams) is out with it.
+        endpoint.healthy = endpoint.server.passes;
         added.push(endpoint);
         return endpoint;
       }),

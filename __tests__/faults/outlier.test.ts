@@ -210,6 +210,17 @@ describe('a dead server: connection failures', () => {
     expect(await healthyGauge(gateway, 'a')).toBe(2);
     expect(await metricValue(gateway.registry, 'dp_router_upstream_errors_total', { upstream: 'dead', kind: 'connect' })).toBe(2);
   });
+
+  it('keeps a rank added to an ejected server out with it', async () => {
+    const dead = await startRestartableVllm({ dataParallelSize: 2 });
+    mocks.push(dead);
+    await dead.kill();
+    gateway = await startGateway({ upstreams: [{ url: dead.url, name: 'm', dataParallelSize: 2, ranks: [0] }], retries: false, outlierDetection: { consecutiveFailures: 2 } });
+    for (let index = 0; index < 2; index++) expect((await exchange(gateway.url)).status).toBe(502);
+    gateway.router.setUpstreams([{ url: dead.url, name: 'm', dataParallelSize: 2 }]);
+    expect(gateway.router.endpoints().map((endpoint) => endpoint.healthy)).toEqual([false, false]);
+    expect((await exchange(gateway.url)).status).toBe(503);
+  });
 });
 
 describe('what one client provokes', () => {

@@ -20,5 +20,14 @@ export function fakeEndpoints(count: number, loads: readonly number[] = []): Fak
 
 export const NO_CONTEXT = { path: '/v1/completions', affinityKey: undefined, prompt: undefined };
 
-/** A seeded generator, so random policies are testable. */
-export { seededRng as seededRandom } from '../../bench/routing/rng';
+/** A seeded uniform source in [0, 1) (mulberry32), so random policies are testable: same seed, same picks. */
+export function seededRandom(seed: number): () => number {
+  let state = seed >>> 0;
+  return () => {
+    state = (state + 0x6d2b79f5) >>> 0;
+    let t = state;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}

@@ -1,3 +1,4 @@
+import fc from 'fast-check';
 import type { Endpoint } from '../../lib';
 
 /** A mutable endpoint for policy tests: policies read only these fields. */
@@ -20,14 +21,12 @@ export function fakeEndpoints(count: number, loads: readonly number[] = []): Fak
 
 export const NO_CONTEXT = { path: '/v1/completions', affinityKey: undefined, prompt: undefined };
 
-/** A seeded uniform source in [0, 1) (mulberry32), so random policies are testable: same seed, same picks. */
+/**
+ * A seeded uniform source in [0, 1), so random policies are testable: same seed, same picks.
+ * fast-check's seeded generator, without its bias towards edge values.
+ */
 export function seededRandom(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+  const values = fc.sample(fc.noBias(fc.integer({ min: 0, max: 0x7fffffff })), { seed, numRuns: 10_000 });
+  let next = 0;
+  return () => values[next++ % values.length] / 0x80000000;
 }

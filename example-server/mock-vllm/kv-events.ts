@@ -261,6 +261,8 @@ export interface MockKvPublisher {
   readonly replayEndpoints: string[];
   /** Encodes and publishes one batch as `rank`'s engine would; resolves with its sequence. */
   publish(rank: number, events: MockKvEvent[], options?: { dataParallelRank?: number | null; drop?: boolean }): Promise<number>;
+  /** Publishes `payload` as the next batch of `rank`, whatever its bytes (hostile-input tests). */
+  publishPayload(rank: number, payload: Buffer): Promise<number>;
   /** Publishes raw frames on `rank`'s PUB socket (hostile-input tests). */
   publishRaw(rank: number, frames: Array<Buffer | string>): Promise<void>;
   /** The engine restarts: its sequence starts again at 0 and its replay buffer empties. */
@@ -322,6 +324,15 @@ export async function startMockKvPublisher(options: MockKvPublisherOptions): Pro
     }
   }
 
+  async function send(one: RankPublisher, payload: Buffer, drop: boolean): Promise<number> {
+    const seq = one.seq++;
+    one.buffer.push([seq, payload]);
+    if (one.buffer.length > bufferSteps) one.buffer.shift();
+    // A dropped batch is what a subscriber misses past the PUB high-water mark.
+    if (!drop) await one.pub.send([topic, seqBytes(seq), payload]);
+    return seq;
+  }
+
   function find(rank: number): RankPublisher {
     const one = ranks.find((candidate) => candidate.rank === rank);
     if (one === undefined) throw new RangeError(`the mock publishes no rank ${rank}`);
@@ -332,15 +343,12 @@ export async function startMockKvPublisher(options: MockKvPublisherOptions): Pro
     endpoints: ranks.map((one) => one.pub.lastEndpoint as string),
     replayEndpoints: ranks.flatMap((one) => (one.router === null ? [] : [one.router.lastEndpoint as string])),
     async publish(rank, events, publishOptions) {
-      const one = find(rank);
       const reported = publishOptions?.dataParallelRank === undefined ? rank : publishOptions.dataParallelRank;
       const payload = encodeKvBatch({ ts: Date.now() / 1000, events, dataParallelRank: reported }, layout);
-      const seq = one.seq++;
-      one.buffer.push([seq, payload]);
-      if (one.buffer.length > bufferSteps) one.buffer.shift();
-      // A dropped batch is what a subscriber misses past the PUB high-water mark.
-      if (!publishOptions?.drop) await one.pub.send([topic, seqBytes(seq), payload]);
-      return seq;
+      return send(find(rank), payload, publishOptions?.drop ?? false);
+    },
+    async publishPayload(rank, payload) {
+      return send(find(rank), payload, false);
     },
     async publishRaw(rank, frames) {
       await find(rank).pub.send(frames);

@@ -1,4 +1,5 @@
 import { afterEach, describe, expect, it, jest } from '@jest/globals';
+import fc from 'fast-check';
 import { KvExactIndex } from '../../lib/kv-events/exact-index';
 import { createKvEventSubscriber, type KvEventSubscriber, type KvSubscriberOptions } from '../../lib/kv-events/subscriber';
 import { seqBytes, startMockKvPublisher, type KvLayout, type MockKvEvent, type MockKvPublisher } from '../../example-server/mock-vllm/kv-events';
@@ -139,6 +140,42 @@ describe('createKvEventSubscriber', () => {
     expect(recorder.gaps).toEqual([]);
   });
 
+  it('survives a stream of random payloads with bounded memory', async () => {
+    const { pub, index, recorder } = await harness();
+    const payloads = fc.sample(fc.oneof(fc.uint8Array({ maxLength: 512 }), fc.constant(new Uint8Array([0xdd, 0xff, 0xff, 0xff, 0xff]))), { numRuns: 300, seed: 7 });
+    const before = process.memoryUsage().heapUsed;
+    for (const payload of payloads) await pub.publishPayload(0, Buffer.from(payload));
+    await pub.publish(0, [stored([10], null, [1, 2])]);
+    await recorder.until(() => recorder.count(0, 'stored') === 1, 'the valid store after the noise');
+    expect(recorder.count(0, 'invalid')).toBeGreaterThan(250);
+    expect(recorder.gaps).toEqual([]);
+    expect(index.match(prompt).matchedBlocks[0]).toBe(1);
+    expect(process.memoryUsage().heapUsed - before).toBeLessThan(128 * 1024 * 1024);
+  });
+
+  it('a sink that throws is reported and the stream goes on', async () => {
+    const pub = await startMockKvPublisher({ ranks: [0] });
+    closers.push(() => pub.close());
+    const index = new KvExactIndex({ ranks: [0] });
+    const errors: unknown[] = [];
+    const recorder = new Recorder();
+    const sink = {
+      applyEvent: (rank: number, event: Parameters<KvExactIndex['applyEvent']>[1]) => {
+        if (event.type === 'cleared') throw new Error('sink bug');
+        return index.applyEvent(rank, event);
+      },
+      clearRank: (rank: number) => index.clearRank(rank),
+    };
+    const sub = createKvEventSubscriber({ upstream: 'test', ranks: [0], endpoint: pub.endpoints, sink, listener: Object.assign(recorder, { error: (_rank: number, error: unknown) => errors.push(error) }) });
+    closers.push(() => sub.close());
+    await untilJoined(() => pub.publish(0, []), () => sub.isFresh(0));
+    await pub.publish(0, [{ type: 'AllBlocksCleared' }]);
+    await pub.publish(0, [stored([10], null, [1, 2])]);
+    await recorder.until(() => recorder.count(0, 'stored') === 1, 'the store after the throw');
+    expect(errors).toEqual([new Error('sink bug')]);
+    expect(index.match(prompt).matchedBlocks[0]).toBe(1);
+  });
+
   it("reaches each rank at vLLM's offset ports from rank 0's endpoint, by global rank", async () => {
     let started: { pub: MockKvPublisher; base: number } | undefined;
     for (let attempt = 0; attempt < 5 && started === undefined; attempt++) {
@@ -244,7 +281,6 @@ describe('loading zeromq', () => {
         loaded = true;
         throw new Error("Cannot find module 'zeromq'");
       });
-      // eslint-disable-next-line @typescript-eslint/no-require-imports
       const { createKvEventSubscriber: create } = require('../../lib/kv-events/subscriber') as typeof import('../../lib/kv-events/subscriber');
       expect(loaded).toBe(false);
       expect(() => create({ upstream: 'u', ranks: [0], endpoint: 'tcp://127.0.0.1:5557', sink: new KvExactIndex({ ranks: [0] }) })).toThrow(

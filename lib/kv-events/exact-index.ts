@@ -31,8 +31,10 @@ export interface KvExactIndexOptions {
   ranks: readonly number[];
   /**
    * The most blocks held over all ranks (each rank gets an equal share); past it the least
-   * recently stored or matched blocks are forgotten. Default 4,000,000 (see
-   * `KV_INDEX_BYTES_PER_BLOCK` for the memory this takes).
+   * recently stored or matched blocks are forgotten. The engines' own removals keep the
+   * index at their cache size, so this bound matters only when an engine caches more blocks
+   * than its share, or removals were missed. Default 1,048,576 (about 170 MiB at most; see
+   * `KV_INDEX_BYTES_PER_BLOCK`).
    */
   maxBlocks?: number;
   /** The hash key; default the process's random key. */
@@ -62,10 +64,11 @@ interface RankState {
 }
 
 /**
- * Approximate heap bytes per indexed block (router key entry, engine-hash entry, entry
- * object), measured with 32-byte engine hashes by `npx tsx bench/kv-events.ts`.
+ * Heap bytes per indexed block (router-key entry, engine-hash entry, entry object and the
+ * engine hash itself), rounded up from `npx tsx bench/kv-events.ts`: 163 with 32-byte engine
+ * hashes, 139 with 64-bit integer hashes. A million blocks take about 160 MiB.
  */
-export const KV_INDEX_BYTES_PER_BLOCK = 200;
+export const KV_INDEX_BYTES_PER_BLOCK = 170;
 
 const DOMAIN_ROOT = 1;
 const DOMAIN_LORA = 2;
@@ -79,7 +82,8 @@ export class KvExactIndex implements KvEventSink {
   private readonly perRankMax: number;
   private readonly key: HashKey;
   private size = 0;
-  private loraRoots = new Map<string, number>();
+  private readonly loraRoots = new Map<string, number>();
+  private readonly baseRoot: number;
   /** The engine's block size, learned from the first stored block (0 before). */
   blockSize = 0;
 
@@ -87,8 +91,9 @@ export class KvExactIndex implements KvEventSink {
     this.ranks = [...options.ranks];
     this.states = this.ranks.map(() => ({ blocks: new Map(), byEngine: new Map() }));
     this.ranks.forEach((rank, at) => this.position.set(rank, at));
-    this.perRankMax = Math.max(1, Math.floor((options.maxBlocks ?? 4_000_000) / Math.max(1, this.ranks.length)));
+    this.perRankMax = Math.max(1, Math.floor((options.maxBlocks ?? 1_048_576) / Math.max(1, this.ranks.length)));
     this.key = options.hashKey ?? processHashKey();
+    this.baseRoot = chainHash(this.key, DOMAIN_ROOT, 0, [], 0, 0);
   }
 
   /** Blocks held for `rank` (0 for a rank not tracked). */
@@ -121,7 +126,7 @@ export class KvExactIndex implements KvEventSink {
         // A LoRA id without a name (older vLLM) cannot be matched to a request's adapter.
         if (event.loraId !== null && event.loraName === null) return true;
         let chain: number | undefined;
-        if (event.parentBlockHash === null) chain = event.loraName === null ? this.root() : this.loraRoot(event.loraName);
+        if (event.parentBlockHash === null) chain = event.loraName === null ? this.baseRoot : this.loraRoot(event.loraName);
         else chain = state.byEngine.get(event.parentBlockHash);
         // An unknown parent (stored before this index listened, or evicted here): the chain
         // cannot be keyed, and a request could not reach these blocks through it anyway.
@@ -151,7 +156,7 @@ export class KvExactIndex implements KvEventSink {
     const size = this.blockSize;
     const promptBlocks = size === 0 ? 0 : Math.floor(tokens.length / size);
     if (promptBlocks === 0 || this.size === 0) return { blockSize: size, promptBlocks, matchedBlocks };
-    let chain = options?.loraName === undefined ? this.root() : this.loraRoot(options.loraName);
+    let chain = options?.loraName === undefined ? this.baseRoot : this.loraRoot(options.loraName);
     const states = this.states;
     for (let b = 0; b < promptBlocks; b++) {
       chain = chainHash(this.key, DOMAIN_BLOCK, chain, tokens, b * size, size);
@@ -171,10 +176,6 @@ export class KvExactIndex implements KvEventSink {
 
   private counts(medium: string | null, groupIdx: number | null): boolean {
     return (medium === null || medium === 'GPU') && (groupIdx === null || groupIdx === 0);
-  }
-
-  private root(): number {
-    return chainHash(this.key, DOMAIN_ROOT, 0, [], 0, 0);
   }
 
   private loraRoot(name: string): number {

@@ -24,7 +24,6 @@ export function loadMsgpackr(): typeof Msgpackr {
 
 function load<T>(name: string): T {
   try {
-    // eslint-disable-next-line @typescript-eslint/no-require-imports
     return require(name) as T;
   } catch (error) {
     throw new Error(`KV events need the optional package "${name}", which could not be loaded (${(error as Error).message}). Install it with: ${INSTALL}`);

@@ -43,6 +43,8 @@ export interface KvStreamListener {
   rankMismatch?(rank: number, reported: number): void;
   /** `rank`'s sequence went backwards: its engine restarted, its index was cleared. */
   restart?(rank: number): void;
+  /** A sink or listener call threw while handling `rank`'s stream; the stream goes on. */
+  error?(rank: number, error: unknown): void;
 }
 
 export interface KvSubscriberOptions {
@@ -137,7 +139,25 @@ export function createKvEventSubscriber(options: KvSubscriberOptions): KvEventSu
         // Closing the socket ends the wait; nothing else rejects a SUB receive.
         return;
       }
-      onLive(stream, frames);
+      guarded(stream, () => onLive(stream, frames));
+    }
+  }
+
+  // The sink and listener are the caller's code: a throw there must not end the stream, nor
+  // surface as an unhandled rejection from a receive loop.
+  function guarded(stream: RankStream, work: () => void): void {
+    try {
+      work();
+    } catch (error) {
+      report(stream, error);
+    }
+  }
+
+  function report(stream: RankStream, error: unknown): void {
+    try {
+      listener.error?.(stream.rank, error);
+    } catch {
+      // Nothing is left to tell.
     }
   }
 
@@ -155,7 +175,7 @@ export function createKvEventSubscriber(options: KvSubscriberOptions): KvEventSu
     if (stream.lastSeq === null) {
       if (seq > 0 && stream.replayEndpoint !== null) {
         stream.pending.push([seq, frames[2]]);
-        void repair(stream, 0, false);
+        void repair(stream, 0, false).catch((error: unknown) => report(stream, error));
         return;
       }
     } else if (seq <= stream.lastSeq) {
@@ -164,7 +184,7 @@ export function createKvEventSubscriber(options: KvSubscriberOptions): KvEventSu
     } else if (seq > stream.lastSeq + 1) {
       if (stream.replayEndpoint !== null) {
         stream.pending.push([seq, frames[2]]);
-        void repair(stream, stream.lastSeq + 1, true);
+        void repair(stream, stream.lastSeq + 1, true).catch((error: unknown) => report(stream, error));
         return;
       }
       listener.gap?.(stream.rank, 'lost');

@@ -153,6 +153,16 @@ describe('createKvEventSubscriber', () => {
     expect(process.memoryUsage().heapUsed - before).toBeLessThan(128 * 1024 * 1024);
   });
 
+  it('counts a payload past the size bound invalid and keeps the stream', async () => {
+    const { pub, index, recorder } = await harness({ subscriber: { limits: { maxBytes: 4096 } } });
+    await pub.publishPayload(0, Buffer.alloc(100_000, 0xc0));
+    await pub.publish(0, [stored([10], null, [1, 2])]);
+    await recorder.until(() => recorder.count(0, 'stored') === 1, 'the store after the oversized payload');
+    expect(recorder.count(0, 'invalid')).toBe(1);
+    expect(recorder.gaps).toEqual([]);
+    expect(index.match(prompt).matchedBlocks[0]).toBe(1);
+  });
+
   it('a sink that throws is reported and the stream goes on', async () => {
     const pub = await startMockKvPublisher({ ranks: [0] });
     closers.push(() => pub.close());

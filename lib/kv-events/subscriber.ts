@@ -64,8 +64,12 @@ export interface KvSubscriberOptions {
   staleAfterMs?: number;
   /** How long a replay may take before the gap counts as lost. Default 5,000 ms. */
   replayTimeoutMs?: number;
-  /** Live messages held while a replay runs; past this the gap is lost. Default 10,000. */
+  /**
+   * Live messages held while a replay runs, and their payload bytes; past either bound a
+   * message is dropped and found as a gap after the replay. Default 10,000 and 64 MiB.
+   */
   maxPendingMessages?: number;
+  maxPendingBytes?: number;
   /** Payload bounds (see DEFAULT_KV_LIMITS). */
   limits?: Partial<MsgpackLimits>;
 }
@@ -87,6 +91,7 @@ interface RankStream {
   lastSeq: number | null;
   repairing: boolean;
   pending: Array<[number, Uint8Array]>;
+  pendingBytes: number;
   lastMessageAt: number;
   fresh: boolean;
 }
@@ -105,6 +110,7 @@ export function createKvEventSubscriber(options: KvSubscriberOptions): KvEventSu
   const staleAfterMs = options.staleAfterMs ?? 30_000;
   const replayTimeoutMs = options.replayTimeoutMs ?? 5_000;
   const maxPending = options.maxPendingMessages ?? 10_000;
+  const maxPendingBytes = options.maxPendingBytes ?? 64 * 1024 * 1024;
   const limits: MsgpackLimits = { ...DEFAULT_KV_LIMITS, ...options.limits };
   const { sink } = options;
   const listener = options.listener ?? {};
@@ -112,10 +118,12 @@ export function createKvEventSubscriber(options: KvSubscriberOptions): KvEventSu
   let closed = false;
 
   const streams: RankStream[] = options.ranks.map((rank, at) => {
+    // Not maxMessageSize: past it libzmq drops the connection and, in our tests, the SUB
+    // never received again. An oversized payload is refused by the decoder instead.
     const sub = new zmq.Subscriber({ linger: 0 });
     sub.connect(endpoints[at]);
     sub.subscribe(topic);
-    return { rank, endpoint: endpoints[at], replayEndpoint: replays?.[at] ?? null, sub, dealer: null, lastSeq: null, repairing: false, pending: [], lastMessageAt: 0, fresh: false };
+    return { rank, endpoint: endpoints[at], replayEndpoint: replays?.[at] ?? null, sub, dealer: null, lastSeq: null, repairing: false, pending: [], pendingBytes: 0, lastMessageAt: 0, fresh: false };
   });
   const loops = streams.map((stream) => receiveLoop(stream));
 
@@ -169,7 +177,10 @@ export function createKvEventSubscriber(options: KvSubscriberOptions): KvEventSu
     }
     if (stream.repairing) {
       // Past the bound a message is dropped: the hole it leaves is found as a gap later.
-      if (stream.pending.length < maxPending) stream.pending.push([seq, frames[2]]);
+      if (stream.pending.length < maxPending && stream.pendingBytes + frames[2].length <= maxPendingBytes) {
+        stream.pending.push([seq, frames[2]]);
+        stream.pendingBytes += frames[2].length;
+      }
       return;
     }
     if (stream.lastSeq === null) {
@@ -242,6 +253,7 @@ export function createKvEventSubscriber(options: KvSubscriberOptions): KvEventSu
     if (closed) return;
     const pending = stream.pending.sort((a, b) => a[0] - b[0]);
     stream.pending = [];
+    stream.pendingBytes = 0;
     stream.repairing = false;
     let lost = isGap && outcome !== 'complete';
     // A hole inside the replay was cleared where it was found.

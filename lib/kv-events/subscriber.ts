@@ -125,6 +125,7 @@ export function createKvEventSubscriber(options: KvSubscriberOptions): KvEventSu
     sub.subscribe(topic);
     return { rank, endpoint: endpoints[at], replayEndpoint: replays?.[at] ?? null, sub, dealer: null, lastSeq: null, repairing: false, pending: [], pendingBytes: 0, lastMessageAt: 0, fresh: false };
   });
+  const byRank = new Map(streams.map((stream) => [stream.rank, stream]));
   const loops = streams.map((stream) => receiveLoop(stream));
 
   const timer = setInterval(() => {
@@ -317,7 +318,7 @@ export function createKvEventSubscriber(options: KvSubscriberOptions): KvEventSu
 
   return {
     isFresh(rank) {
-      return streams.some((stream) => stream.rank === rank && stream.fresh);
+      return byRank.get(rank)?.fresh ?? false;
     },
     async close() {
       if (closed) return;

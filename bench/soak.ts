@@ -89,7 +89,8 @@ export async function runSoak(options: SoakOptions = {}): Promise<SoakFigures> {
     ],
     metrics: { registry },
     timeouts: { connectMs: 500, firstByteMs: 250 },
-    outlierDetection: { consecutiveFailures: 3, baseEjectionMs: 100, maxEjectionMs: 400 },
+    // Every client of this run shares one address: let each request failure count.
+    outlierDetection: { consecutiveFailures: 3, baseEjectionMs: 100, maxEjectionMs: 400, minimumClients: 1 },
     healthCheck: { intervalMs: 100, timeoutMs: 1000 },
   });
   const app = express();

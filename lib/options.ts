@@ -74,6 +74,7 @@ export interface OutlierDetectionConfig {
   readonly baseEjectionMs: number;
   readonly maxEjectionMs: number;
   readonly maxEjectionPercent: number;
+  readonly minimumClients: number;
 }
 
 /** `healthCheck`, resolved. */
@@ -119,12 +120,13 @@ export function parseOptions(options: Options): Configuration {
   const hints = optionalObject('hints', options.hints);
   rejectUnknownKeys('hints', hints, ['trust', 'onInvalid', 'header', 'bodyField']);
   const affinity = optionalObject('affinity', options.affinity);
-  rejectUnknownKeys('affinity', affinity, ['header', 'bodyField', 'loadFactor', 'keyLoadFactor', 'maxSessions']);
+  rejectUnknownKeys('affinity', affinity, ['header', 'bodyField', 'loadFactor', 'loadSlack', 'keyLoadFactor', 'maxSessions']);
   const timeouts = optionalObject('timeouts', options.timeouts);
   rejectUnknownKeys('timeouts', timeouts, ['connectMs', 'firstByteMs']);
 
   const sessionAffinity = {
     loadFactor: numberOption('affinity.loadFactor', affinity.loadFactor, 1.25, 1, 1000),
+    loadSlack: numberOption('affinity.loadSlack', affinity.loadSlack, 4, 0, 1_000_000),
     keyLoadFactor: numberOption('affinity.keyLoadFactor', affinity.keyLoadFactor, 1, 1, 1000),
     maxSessions: integerOption('affinity.maxSessions', affinity.maxSessions, 65_536, 1, 2 ** 24),
   };
@@ -185,7 +187,7 @@ function parseDiscover(path: string, value: unknown): number | undefined {
 function parseOutlierDetection(value: unknown): OutlierDetectionConfig | undefined {
   if (value === false) return undefined;
   const outlier = value === true ? {} : optionalObject('outlierDetection', value);
-  rejectUnknownKeys('outlierDetection', outlier, ['consecutiveFailures', 'baseEjectionMs', 'maxEjectionMs', 'maxEjectionPercent']);
+  rejectUnknownKeys('outlierDetection', outlier, ['consecutiveFailures', 'baseEjectionMs', 'maxEjectionMs', 'maxEjectionPercent', 'minimumClients']);
   const baseEjectionMs = integerOption('outlierDetection.baseEjectionMs', outlier.baseEjectionMs, 10_000, 1, MAX_TIMER_MS);
   const maxEjectionMs = integerOption('outlierDetection.maxEjectionMs', outlier.maxEjectionMs, Math.max(300_000, baseEjectionMs), 1, MAX_TIMER_MS);
   if (maxEjectionMs < baseEjectionMs) {
@@ -196,6 +198,7 @@ function parseOutlierDetection(value: unknown): OutlierDetectionConfig | undefin
     baseEjectionMs,
     maxEjectionMs,
     maxEjectionPercent: numberOption('outlierDetection.maxEjectionPercent', outlier.maxEjectionPercent, 50, 0, 100),
+    minimumClients: integerOption('outlierDetection.minimumClients', outlier.minimumClients, 3, 1, 1000),
   };
 }
 
@@ -333,6 +336,6 @@ function parseMetrics(value: unknown): Configuration['metrics'] {
 /** The policy validates the values; unknown names are caught here, with the option path. */
 function parsePrefixAware(value: unknown): Record<string, unknown> {
   const settings = optionalObject('prefixAware', value);
-  rejectUnknownKeys('prefixAware', settings, ['blockChars', 'maxBlocksPerEndpoint', 'contentBalance']);
+  rejectUnknownKeys('prefixAware', settings, ['blockChars', 'maxBlocksPerEndpoint', 'maxBlocksPerRequest', 'contentBalance']);
   return settings;
 }

@@ -73,7 +73,7 @@ export function createUpstreamProxy(
     const endpoint = route.endpoint;
     if (endpoint) {
       metrics.upstreamError(endpoint, 'reset');
-      detector?.failed(endpoint);
+      detector?.failed(endpoint, 'request', req);
     }
     if (res.headersSent) {
       res.destroy();
@@ -105,7 +105,7 @@ export function createUpstreamProxy(
       if (endpoint) {
         if (proxyRes.statusCode !== undefined && proxyRes.statusCode >= 500) {
           metrics.upstreamError(endpoint, 'status_5xx');
-          detector?.failed(endpoint);
+          detector?.failed(endpoint, 'request', req);
         } else {
           // Any answer below 500, a 4xx included, shows the endpoint alive: a client's bad
           // request is never the endpoint's fault.
@@ -133,7 +133,8 @@ export function createUpstreamProxy(
       const kind = classify(error);
       if (endpoint) {
         metrics.upstreamError(endpoint, kind);
-        detector?.failed(endpoint);
+        // A first-byte timeout may be the request's own doing (a long generation); the rest never reached an answer.
+        detector?.failed(endpoint, error.code === FIRST_BYTE_TIMEOUT ? 'request' : 'connection', req);
         if (retry !== undefined && !res.headersSent && mayRetry(error) && retry(req, res, endpoint)) return;
       }
       const rank = rankOf(req);

@@ -37,7 +37,7 @@ function pair(a: string, b: string, extra: Partial<Options> = {}): Options {
 describe('retries', () => {
   it('retries a refused connection on the other upstream, replaying each body byte for byte', async () => {
     const live = await echo();
-    gateway = await startGateway(pair(await deadUrl(), live.url, { xfwd: true }));
+    gateway = await startGateway(pair(await deadUrl(), live.url, { xfwd: 'append' }));
     const bodies = Array.from({ length: 8 }, (_, index) => JSON.stringify({ prompt: `request ${index} ${'é'.repeat(index * 50)}` }));
     for (const body of bodies) {
       const answer = await exchange(gateway.url, { body, headers: { 'x-forwarded-for': '10.0.0.1' } });

@@ -1,4 +1,5 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
+import fc from 'fast-check';
 import { metricValue, startGateway, type TestGateway } from '../helpers/app';
 import { rawRequest, startRawUpstream, type RawUpstream } from '../helpers/raw-http';
 import { allIdle, exchange, waitFor } from './support';
@@ -129,5 +130,36 @@ describe('what can be relayed faithfully is relayed', () => {
     const answer = await exchange(gateway.url);
     expect(answer).toMatchObject({ status: 200, body: 'hi' });
     expect(answer.headers['x-a']).toBe('a\xffb');
+  });
+});
+
+describe('properties over hostile answers', () => {
+  /** Bytes an upstream may put on a status or header line, the line break aside. */
+  const lineByte = fc.integer({ min: 0, max: 0xff }).filter((code) => code !== 0x0a && code !== 0x0d).map((code) => String.fromCharCode(code));
+  const answer = fc.record({
+    status: fc.integer({ min: 0, max: 999 }).map((code) => String(code).padStart(3, '0')),
+    reason: fc.string({ unit: fc.oneof({ weight: 4, arbitrary: fc.constantFrom('O', 'K', ' ') }, { weight: 1, arbitrary: lineByte }), maxLength: 8 }),
+    value: fc.string({ unit: fc.oneof({ weight: 4, arbitrary: fc.constantFrom('v', ' ', ';') }, { weight: 1, arbitrary: lineByte }), maxLength: 8 }),
+    framing: fc.constantFrom('Content-Length: 2', 'Transfer-Encoding: chunked', 'Transfer-Encoding: gzip', 'Connection: close'),
+  });
+
+  it('any answer is relayed as sent or refused with one 502, counted once, and the gateway stays up', async () => {
+    let next = '';
+    upstream = await startRawUpstream(() => next);
+    gateway = await startGateway({ upstreams: [{ url: upstream.url, name: 'raw' }], retries: false, outlierDetection: false });
+    const live = gateway;
+    await fc.assert(
+      fc.asyncProperty(answer, async ({ status, reason, value, framing }) => {
+        const body = framing === 'Transfer-Encoding: chunked' ? '2\r\nhi\r\n0\r\n\r\n' : 'hi';
+        next = `HTTP/1.1 ${status} ${reason}\r\nX-Value: ${value}\r\n${framing}\r\n\r\n${body}`;
+        const before = await metricValue(live.registry, 'dp_router_upstream_errors_total', { kind: 'reset' });
+        const got = await exchange(live.url);
+        const refused = got.status === 502 && got.body.includes('"BadGatewayError"');
+        if (!refused) expect(got.status).toBe(Number(status));
+        expect(await metricValue(live.registry, 'dp_router_upstream_errors_total', { kind: 'reset' })).toBe(before + (refused ? 1 : 0));
+        await waitFor(() => allIdle(live));
+      }),
+      { numRuns: 150 },
+    );
   });
 });

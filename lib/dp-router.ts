@@ -92,6 +92,12 @@ export function dpRouter(options: Options): DpRouter {
     // Express strips the mount path from req.url; upstream must see the path the client sent.
     if (req.originalUrl !== undefined) req.url = req.originalUrl;
     const { headers } = req;
+    if (headers.upgrade !== undefined && WEBSOCKET.test(headers.upgrade)) {
+      // Stripped like any hop-by-hop header, the upgrade would reach the engine as a plain
+      // request to a WebSocket-only route and come back as a puzzling 404 or 403.
+      sendError(res, 501, 'NotImplementedError', 'The gateway does not proxy WebSocket upgrades; connect to the vLLM server directly for WebSocket endpoints.', 'upgrade');
+      return;
+    }
     stripHopByHop(headers);
     if (replaceForwarded) dropForwarded(headers);
     if (retryBodyLimit > 0 && route.body === undefined && replayableSize(req, retryBodyLimit)) {
@@ -126,6 +132,8 @@ function replayableSize(req: IncomingMessage, limit: number): boolean {
   const size = Number(declared);
   return size > 0 && size <= limit;
 }
+
+const WEBSOCKET = /(?:^|[\s,])websocket(?:$|[\s,/])/i;
 
 /** What a client claims about earlier hops; http-proxy then sets the gateway's own view. */
 const FORWARDED = ['forwarded', 'x-forwarded-for', 'x-forwarded-host', 'x-forwarded-port', 'x-forwarded-proto'] as const;

@@ -1,5 +1,6 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
 import fc from 'fast-check';
+import WebSocket from 'ws';
 import { metricValue, startGateway, type TestGateway } from '../helpers/app';
 import { rawRequest, startRawUpstream, type RawUpstream } from '../helpers/raw-http';
 import { allIdle, exchange, waitFor } from './support';
@@ -66,18 +67,36 @@ describe('a hostile upstream answer is refused for its request alone', () => {
 });
 
 describe('upgrades', () => {
-  it("a client's Upgrade is not forwarded; an upstream that switches protocols anyway gets the client a 502", async () => {
-    const { gateway, upstream, released } = await hostile('HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n');
+  it("a client's Upgrade offer is not forwarded; an upstream that switches protocols anyway gets the client a 502", async () => {
+    const { gateway, upstream, released } = await hostile('HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n');
     released();
-    const answer = await exchange(gateway.url, {
-      method: 'GET',
-      path: '/v1/realtime',
-      headers: { connection: 'Upgrade', upgrade: 'websocket', 'sec-websocket-key': 'dGhlIHNhbXBsZSBub25jZQ==', 'sec-websocket-version': '13' },
-    });
-    expect(upstream.seen[0].head).not.toMatch(/^upgrade:/im);
+    // What `curl --http2` sends over cleartext: the server may ignore the offer.
+    const answer = await exchange(gateway.url, { headers: { connection: 'Upgrade, HTTP2-Settings', upgrade: 'h2c', 'http2-settings': 'AAMAAABkAAQCAAAAAAIAAAAA' } });
+    expect(upstream.seen[0].head).not.toMatch(/^(upgrade|http2-settings):/im);
     expect(upstream.seen[0].head).not.toMatch(/^connection:.*upgrade/im);
     expect(answer.status).toBe(502);
     expect(errorOf(answer.body)).toMatchObject({ type: 'BadGatewayError', code: 502 });
+    await waitFor(() => allIdle(gateway));
+  });
+
+  it('a WebSocket handshake gets a clear 501 from the gateway, the slot released, nothing sent upstream', async () => {
+    const { gateway, upstream, released } = await hostile(OK);
+    released();
+    const client = new WebSocket(`${gateway.url.replace('http:', 'ws:')}/v1/realtime`);
+    const refusal = await new Promise<{ status: number; body: string }>((resolve, reject) => {
+      client.on('open', () => reject(new Error('the handshake succeeded')));
+      client.on('error', () => undefined);
+      client.on('unexpected-response', (_request, response) => {
+        let body = '';
+        response.setEncoding('utf8');
+        response.on('data', (chunk: string) => (body += chunk));
+        response.on('end', () => resolve({ status: response.statusCode ?? 0, body }));
+      });
+    });
+    client.terminate();
+    expect(refusal.status).toBe(501);
+    expect(JSON.parse(refusal.body)).toEqual({ error: { type: 'NotImplementedError', code: 501, param: 'upgrade', message: expect.stringContaining('WebSocket') } });
+    expect(upstream.seen).toHaveLength(0);
     await waitFor(() => allIdle(gateway));
   });
 });

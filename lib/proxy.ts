@@ -70,15 +70,7 @@ export function createUpstreamProxy(
    * tells it the answer is incomplete.
    */
   const failMidResponse = (req: ProxiedRequest, res: ServerResponse) => {
-    const route = routeOf(req)!;
-    if (route.phase === SETTLED) return;
-    route.phase = SETTLED;
-    if (clientGone(res)) return;
-    const endpoint = route.endpoint;
-    if (endpoint) {
-      metrics.upstreamError(endpoint, 'reset');
-      detector?.failed(endpoint);
-    }
+    if (!settleAsReset(req, res)) return;
     if (res.headersSent) {
       res.destroy();
       return;
@@ -98,17 +90,26 @@ export function createUpstreamProxy(
     upstreamSide.destroy();
     const route = routeOf(req)!;
     route.clearDeadlines();
-    if (route.phase === SETTLED) return;
-    route.phase = SETTLED;
     route.body = undefined;
-    if (clientGone(res)) return;
+    if (settleAsReset(req, res)) sendError(res, 502, 'BadGatewayError', `The upstream${rankOf(req)} ${why}, which the gateway cannot relay.`);
+  };
+
+  /**
+   * Settles the try as a reset, counted against its endpoint; false when it was settled
+   * already or the client left (a client that left is not the upstream's fault).
+   */
+  function settleAsReset(req: ProxiedRequest, res: ServerResponse): boolean {
+    const route = routeOf(req)!;
+    if (route.phase === SETTLED) return false;
+    route.phase = SETTLED;
+    if (clientGone(res)) return false;
     const endpoint = route.endpoint;
     if (endpoint) {
       metrics.upstreamError(endpoint, 'reset');
       detector?.failed(endpoint);
     }
-    sendError(res, 502, 'BadGatewayError', `The upstream${rankOf(req)} ${why}, which the gateway cannot relay.`);
-  };
+    return true;
+  }
 
   const handlers = {
     proxyReq(proxyReq: ClientRequest, req: ProxiedRequest, res: ServerResponse) {

@@ -36,11 +36,8 @@ export interface RawUpstream {
  * ends the connection. It answers once the head has arrived and ignores any body.
  */
 export async function startRawUpstream(answer: RawUpstream['answer']): Promise<RawUpstream> {
-  const sockets = new Set<Socket>();
   const upstream: RawUpstream = { url: '', seen: [], answer, close: async () => undefined };
   const server: Server = createServer((socket) => {
-    sockets.add(socket);
-    socket.on('close', () => sockets.delete(socket));
     socket.on('error', () => undefined);
     let head = '';
     socket.setEncoding('latin1');
@@ -59,10 +56,20 @@ export async function startRawUpstream(answer: RawUpstream['answer']): Promise<R
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   upstream.url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
-  upstream.close = () =>
+  upstream.close = closerOf(server);
+  return upstream;
+}
+
+/** Tracks `server`'s connections; the returned `close()` destroys them and waits for the server. */
+export function closerOf(server: Server): () => Promise<void> {
+  const sockets = new Set<Socket>();
+  server.on('connection', (socket: Socket) => {
+    sockets.add(socket);
+    socket.on('close', () => sockets.delete(socket));
+  });
+  return () =>
     new Promise<void>((resolve) => {
       for (const socket of sockets) socket.destroy();
       server.close(() => resolve());
     });
-  return upstream;
 }

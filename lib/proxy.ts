@@ -10,7 +10,7 @@ import type { RouterMetrics, UpstreamErrorKind } from './metrics';
 import type { Configuration, UpstreamConfig } from './options';
 import type { OutlierDetector } from './outlier-detector';
 import { routeOf, type RouteState, type RoutedRequest } from './route-state';
-import { unrelayable } from './upstream-response';
+import { lenientParser, unrelayable } from './upstream-response';
 
 /** One upstream's proxy and the connections it keeps. */
 export interface UpstreamProxy {
@@ -62,6 +62,7 @@ export function createUpstreamProxy(
   const stopIdleSweep = closeIdleSockets(agent, IDLE_SOCKET_MS);
   const { connectTimeoutMs, firstByteTimeoutMs } = config;
   const { detector, retry } = faults;
+  const checkHeaders = lenientParser();
 
   /**
    * The upstream failed after it began to answer (or the first of the two events that report
@@ -128,7 +129,7 @@ export function createUpstreamProxy(
     proxyRes(proxyRes: IncomingMessage, req: ProxiedRequest, res: ServerResponse) {
       // Checked before http-proxy copies status and headers, which Node's server would throw
       // on, outside any handler, taking every other request down with the process.
-      const refusal = unrelayable(proxyRes);
+      const refusal = unrelayable(proxyRes, checkHeaders);
       if (refusal !== undefined) {
         refuse(req, res, proxyRes, refusal);
         return;

@@ -5,6 +5,7 @@ export type GatewayErrorType =
   | 'BadRequestError'
   | 'RequestEntityTooLargeError'
   | 'BadGatewayError'
+  | 'NotImplementedError'
   | 'ServiceUnavailableError'
   | 'GatewayTimeoutError';
 

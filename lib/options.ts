@@ -47,7 +47,8 @@ export interface Configuration {
   readonly firstByteTimeoutMs: number;
   readonly maxBodyBytes: number;
   readonly exposeDecision: boolean;
-  readonly xfwd: boolean;
+  /** `'replace'` for `xfwd: true`; `false` when off. */
+  readonly xfwd: false | 'replace' | 'append';
   /** Passive ejection settings; `undefined` when off. */
   readonly outlierDetection: OutlierDetectionConfig | undefined;
   /** Active health check settings; `undefined` when off. */
@@ -145,13 +146,20 @@ export function parseOptions(options: Options): Configuration {
     firstByteTimeoutMs: integerOption('timeouts.firstByteMs', timeouts.firstByteMs, 600_000, 1, MAX_TIMER_MS),
     maxBodyBytes: integerOption('maxBodyBytes', options.maxBodyBytes, 16 * 1024 * 1024, 1, 2 ** 31),
     exposeDecision: booleanOption('exposeDecision', options.exposeDecision, false),
-    xfwd: booleanOption('xfwd', options.xfwd, false),
+    xfwd: parseXfwd(options.xfwd),
     outlierDetection: parseOutlierDetection(options.outlierDetection),
     healthCheck: parseHealthCheck(options.healthCheck),
     ...parseRetries(options.retries),
     loadFeedback: parseLoadFeedback(options.loadFeedback),
     logger: parseLogger(options.logger),
   };
+}
+
+function parseXfwd(value: unknown): Configuration['xfwd'] {
+  if (value === undefined || value === false) return false;
+  if (value === true) return 'replace';
+  if (value === 'append') return 'append';
+  fail('xfwd', `must be true or false, or 'append', got ${shown(value)}`, "Use `xfwd: true` to set the gateway's own view, or `xfwd: 'append'` behind a trusted proxy.");
 }
 
 const PROCESS_WARNINGS: Logger = { warn: (message) => process.emitWarning(message, { code: 'DP_ROUTER' }) };

@@ -218,11 +218,17 @@ export interface Options {
   /** Answer with `X-DP-Router-Decision` (reveals server layout). Default: `false`. */
   exposeDecision?: boolean;
   /**
-   * Append the client's address, port and protocol to `X-Forwarded-For`, `-Port` and `-Proto`
-   * (and set `X-Forwarded-Host`) on proxied requests, as http-proxy-middleware's `xfwd` does.
-   * Default: `false`, as there; it costs about 5 % more instructions per request (`npm run bench:instructions`).
+   * Tell the upstream who the client is, in `X-Forwarded-For`, `-Host`, `-Port` and `-Proto`.
+   * `true`: the gateway's own view (the peer's address, the `Host` header, the local port and
+   * protocol), replacing whatever the client sent in those headers and in `Forwarded`, which
+   * anyone could forge. `'append'`: behind a proxy you trust, which sets them itself: the
+   * peer's address, port and protocol are appended to the values it sent and its
+   * `X-Forwarded-Host` kept (http-proxy-middleware's `xfwd`). Like Express's `trust proxy`,
+   * incoming values are trusted only when you say so. Default: `false` (headers left as they
+   * came). It costs about 5 % more instructions per request (measured with `'append'`;
+   * `npm run bench:instructions`).
    */
-  xfwd?: boolean;
+  xfwd?: boolean | 'append';
   /** Settings of the `'prefix-aware'` policy (block size, index memory bound, load thresholds). */
   prefixAware?: Omit<PrefixAwareOptions, 'fallback'>;
   /** Passive ejection of failing endpoints, or `false`. Default: on, with the defaults of {@link OutlierDetectionOptions}. */

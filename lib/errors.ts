@@ -6,6 +6,7 @@ export type GatewayErrorType =
   | 'BadRequestError'
   | 'RequestEntityTooLargeError'
   | 'BadGatewayError'
+  | 'NotImplementedError'
   | 'ServiceUnavailableError'
   | 'GatewayTimeoutError';
 

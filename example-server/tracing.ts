@@ -1,8 +1,6 @@
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http';
-import { registerInstrumentations } from '@opentelemetry/instrumentation';
 import { ExpressInstrumentation } from '@opentelemetry/instrumentation-express';
 import { HttpInstrumentation } from '@opentelemetry/instrumentation-http';
-import { resourceFromAttributes } from '@opentelemetry/resources';
 import { BatchSpanProcessor } from '@opentelemetry/sdk-trace-base';
 import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
 
@@ -16,19 +14,15 @@ export interface RunningTracing {
  * `http://127.0.0.1:4318`; `/v1/traces` is added to a URL without a path). Must run before
  * express and the router are loaded: the instrumentations patch modules as they are required.
  */
-export function startTracing(endpoint: string, serviceName = 'express-dp-router'): RunningTracing {
+export function startTracing(endpoint: string): RunningTracing {
   const url = new URL(endpoint);
   if (url.pathname === '/') url.pathname = '/v1/traces';
-  const provider = new NodeTracerProvider({
-    resource: resourceFromAttributes({ 'service.name': serviceName }),
-    spanProcessors: [new BatchSpanProcessor(new OTLPTraceExporter({ url: url.href }))],
-  });
+  const provider = new NodeTracerProvider({ spanProcessors: [new BatchSpanProcessor(new OTLPTraceExporter({ url: url.href }))] });
   provider.register();
-  registerInstrumentations({
-    tracerProvider: provider,
-    // Probes and scrapes would drown the requests worth seeing.
-    instrumentations: [new HttpInstrumentation({ ignoreIncomingRequestHook: (req) => QUIET_PATHS.has(req.url ?? '') }), new ExpressInstrumentation()],
-  });
+  // An instrumentation enables itself when made, on the provider just registered. Probes and
+  // scrapes would drown the requests worth seeing.
+  new HttpInstrumentation({ ignoreIncomingRequestHook: (req) => QUIET_PATHS.has(req.url ?? '') });
+  new ExpressInstrumentation();
   return { shutdown: () => provider.shutdown() };
 }
 

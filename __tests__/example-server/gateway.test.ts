@@ -157,7 +157,6 @@ describe('npm start (the process)', () => {
       await someExported;
       const traces = exported.join('\n');
       expect(traces).toContain('"dp_router.rank"');
-      expect(traces).toContain('"express-dp-router"');
     } finally {
       await collector.close();
     }

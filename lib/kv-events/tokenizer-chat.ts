@@ -1,0 +1,146 @@
+/**
+ * Renders a `/v1/chat/completions` request's messages into the prompt text the engine will
+ * see, as vLLM does by default: the model's chat template from `tokenizer_config.json`, given
+ * the messages (text parts joined by a newline unless the template loops over content parts),
+ * `add_generation_prompt` (default true), `continue_final_message`, `tools`, `documents`,
+ * `chat_template_kwargs` and the tokenizer's special tokens (`bos_token`, `eos_token`, ...), as
+ * transformers' `apply_chat_template` passes them.
+ */
+import { loadJinjaPackage } from './tokenizer-files';
+
+/** Why a request's prompt cannot be rendered here (the caller routes it on the approximate index). */
+export type RenderRefusal = 'invalid' | 'unsupported' | 'template_error';
+
+/** A refusal, as an object so no rendered text can be mistaken for one. */
+export interface Refused {
+  refused: RenderRefusal;
+}
+
+const INVALID: Refused = Object.freeze({ refused: 'invalid' });
+const UNSUPPORTED: Refused = Object.freeze({ refused: 'unsupported' });
+const TEMPLATE_ERROR: Refused = Object.freeze({ refused: 'template_error' });
+
+/** Whether `value` is one of the refusals above (never a message or a text). */
+export function isRefused(value: unknown): value is Refused {
+  return value === INVALID || value === UNSUPPORTED || value === TEMPLATE_ERROR;
+}
+
+/** A compiled chat template. */
+export class ChatRenderer {
+  private readonly template: { render(items: Record<string, unknown>): string };
+  private readonly specialTokens: Record<string, unknown>;
+  /** Whether the template iterates over a message's content parts (vLLM's "openai" content format). */
+  readonly partsFormat: boolean;
+
+  constructor(chatTemplate: string, config: Record<string, unknown>) {
+    const { Template } = loadJinjaPackage();
+    this.template = new Template(chatTemplate);
+    this.specialTokens = specialTokensOf(config);
+    this.partsFormat = PARTS_LOOP.test(chatTemplate);
+  }
+
+  /** The rendered prompt, or why not. */
+  render(body: Record<string, unknown>): string | Refused {
+    const messages = body.messages;
+    if (!Array.isArray(messages) || messages.length === 0) return INVALID;
+    // A template of the client's own is compiled per request only by vLLM itself.
+    if (body.chat_template !== undefined && body.chat_template !== null) return UNSUPPORTED;
+    const conversation: Record<string, unknown>[] = [];
+    for (const message of messages) {
+      const converted = this.convertMessage(message);
+      if (isRefused(converted)) return converted;
+      conversation.push(converted);
+    }
+    const continueFinal = body.continue_final_message === true;
+    const addGenerationPrompt = body.add_generation_prompt === undefined || body.add_generation_prompt === true;
+    // transformers refuses both at once, and vLLM's default for the first is true.
+    if (continueFinal && addGenerationPrompt) return INVALID;
+    const kwargs = isRecord(body.chat_template_kwargs) ? body.chat_template_kwargs : {};
+    let rendered: string;
+    try {
+      rendered = this.template.render({
+        ...this.specialTokens,
+        ...kwargs,
+        messages: conversation,
+        add_generation_prompt: addGenerationPrompt,
+        continue_final_message: continueFinal,
+        tools: body.tools ?? null,
+        documents: body.documents ?? null,
+      });
+    } catch {
+      return TEMPLATE_ERROR;
+    }
+    return continueFinal ? cutAfterFinalMessage(rendered, conversation[conversation.length - 1]) : rendered;
+  }
+
+  private convertMessage(message: unknown): Record<string, unknown> | Refused {
+    if (!isRecord(message) || typeof message.role !== 'string') return INVALID;
+    const out: Record<string, unknown> = { ...message };
+    const content = message.content;
+    if (content === undefined || content === null) {
+      out.content = this.partsFormat ? [] : '';
+    } else if (Array.isArray(content)) {
+      const texts: string[] = [];
+      for (const part of content) {
+        if (typeof part === 'string') texts.push(part);
+        else if (isRecord(part) && part.type === 'text' && typeof part.text === 'string') texts.push(part.text);
+        // Images, audio, files: their placeholder tokens and the engine's hash extras are the model processor's.
+        else return UNSUPPORTED;
+      }
+      out.content = this.partsFormat ? texts.map((text) => ({ type: 'text', text })) : texts.join('\n');
+    } else if (typeof content !== 'string') {
+      return INVALID;
+    }
+    if (message.role === 'assistant' && Array.isArray(message.tool_calls)) out.tool_calls = message.tool_calls.map(parseArguments);
+    return out;
+  }
+}
+
+// vLLM's content-format detection walks the template's syntax tree for a loop over
+// `message['content']`; the loop's source text is what that finds.
+const PARTS_LOOP = /\{%-?\s*for\s+\w+\s+in\s+\w+(?:\[\s*['"]content['"]\s*\]|\.content)\b/;
+
+/** vLLM hands templates each tool call's `arguments` parsed from its JSON string. */
+function parseArguments(call: unknown): unknown {
+  if (!isRecord(call) || !isRecord(call.function) || typeof call.function.arguments !== 'string') return call;
+  try {
+    return { ...call, function: { ...call.function, arguments: JSON.parse(call.function.arguments) } };
+  } catch {
+    return call;
+  }
+}
+
+/** transformers' `continue_final_message`: the prompt ends where the final message's content does. */
+function cutAfterFinalMessage(rendered: string, final: Record<string, unknown> | undefined): string | Refused {
+  let content = final?.content;
+  if (Array.isArray(content)) content = (content[content.length - 1] as { text?: string } | undefined)?.text ?? '';
+  if (typeof content !== 'string') return INVALID;
+  const at = rendered.lastIndexOf(content.trim());
+  if (at === -1) return TEMPLATE_ERROR;
+  const kept = rendered.slice(at, at + content.trimStart().length) === content.trimStart() ? content.trimStart() : content.trim();
+  return rendered.slice(0, at + kept.length);
+}
+
+const SPECIAL_TOKEN_KEYS = ['bos_token', 'eos_token', 'unk_token', 'sep_token', 'pad_token', 'cls_token', 'mask_token'];
+
+/** The special tokens transformers passes to every template, each as its text. */
+function specialTokensOf(config: Record<string, unknown>): Record<string, unknown> {
+  const tokens: Record<string, unknown> = {};
+  for (const key of SPECIAL_TOKEN_KEYS) {
+    const text = tokenText(config[key]);
+    if (text !== undefined) tokens[key] = text;
+  }
+  const extra = config.additional_special_tokens;
+  if (Array.isArray(extra)) tokens.additional_special_tokens = extra.map(tokenText).filter((text) => text !== undefined);
+  return tokens;
+}
+
+function tokenText(value: unknown): string | undefined {
+  if (typeof value === 'string') return value;
+  if (isRecord(value) && typeof value.content === 'string') return value.content;
+  return undefined;
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}

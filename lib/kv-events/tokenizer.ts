@@ -139,6 +139,12 @@ export class PromptTokenizer {
     return this.tokenizer.decode(ids as number[], { skip_special_tokens: false, clean_up_tokenization_spaces: false });
   }
 
+  /** The vocabulary's string for `id` (e.g. `Ġthe`), as `/tokenize` with `return_token_strs` lists it. */
+  tokenString(id: number): string {
+    return this.tokenizer.id_to_token(id) ?? '';
+  }
+
+  /** Cache counters. */
   stats(): PromptTokenizerStats {
     return { hits: this.hits, misses: this.misses, cachedBytes: this.heldBytes, segmenting: this.segmenting };
   }

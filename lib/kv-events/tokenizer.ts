@@ -59,7 +59,7 @@ export class PromptTokenizer {
   private readonly tokenizer: HfTokenizer;
   private readonly chat: ChatRenderer | undefined;
   private readonly splitter: RegExp | undefined;
-  private readonly addedIds: Map<string, number>;
+  private readonly addedIds: Map<string, number | undefined>;
   private readonly specialPrefix: number[];
   private readonly specialSuffix: number[];
   private readonly cacheBytes: number;
@@ -84,7 +84,7 @@ export class PromptTokenizer {
     this.cacheBytes = options.cacheBytes ?? DEFAULT_CACHE_BYTES;
     this.selfChecks = options.selfCheckRequests ?? 32;
     this.onSegmentMismatch = options.onSegmentMismatch;
-    this.addedIds = splittingTokens(files.tokenizer);
+    this.addedIds = addedTokens(files.tokenizer);
     this.splitter = this.addedIds.size === 0 ? undefined : alternation([...this.addedIds.keys()]);
     [this.specialPrefix, this.specialSuffix] = this.postProcessorTokens();
     this.segmenting = this.splitter !== undefined && this.cutsAgree();
@@ -168,8 +168,10 @@ export class PromptTokenizer {
     splitter.lastIndex = 0;
     let last = 0;
     for (let match = splitter.exec(text); match !== null; match = splitter.exec(text)) {
+      const id = this.addedIds.get(match[0]);
+      if (id === undefined) continue;
       if (match.index > last) pushAll(ids, this.cachedPiece(text.slice(last, match.index), false));
-      ids.push(this.addedIds.get(match[0]) as number);
+      ids.push(id);
       last = splitter.lastIndex;
     }
     if (last < text.length) pushAll(ids, this.cachedPiece(last === 0 ? text : text.slice(last), false));
@@ -229,7 +231,7 @@ export class PromptTokenizer {
     const samples = [...SAMPLE_TEXTS];
     const rendered = this.chat?.render({ messages: SAMPLE_MESSAGES });
     if (typeof rendered === 'string') samples.push(rendered);
-    for (const token of [...this.addedIds.keys()].slice(0, 8)) samples.push(`${token} x${token}\n${token}y ${token}`);
+    for (const token of [...this.addedIds.keys()].slice(0, 16)) samples.push(`${token} x${token}\n${token}y ${token}`);
     const agree = samples.every(
       (text) => sameIds(this.encodeCut(text, false), this.encodeWhole(text, false)) && sameIds(this.encodeCut(text, true), this.encodeWhole(text, true)),
     );
@@ -247,15 +249,19 @@ const SAMPLE_MESSAGES = [
 ];
 const SAMPLE_TEXTS = ['', ' leading space', 'trailing space ', 'line\n\nbreaks\r\n', '  ', 'naïve café 123 4567'];
 
-/** The added tokens the tokenizer matches verbatim in raw text (no strip, no word or normalizer rules): safe cut points. */
-function splittingTokens(tokenizer: Record<string, unknown>): Map<string, number> {
-  const tokens = new Map<string, number>();
+/**
+ * Every added token (so a cut never falls inside a longer one that overlaps it), each with its
+ * id when it is a safe cut point: matched verbatim in the raw text with no strip, word or
+ * normalizer rule that could reach across the cut; `undefined` otherwise.
+ */
+function addedTokens(tokenizer: Record<string, unknown>): Map<string, number | undefined> {
+  const tokens = new Map<string, number | undefined>();
   const added = tokenizer.added_tokens;
   if (!Array.isArray(added)) return tokens;
   for (const token of added as Array<Record<string, unknown>>) {
     if (typeof token.content !== 'string' || token.content === '' || !Number.isSafeInteger(token.id)) continue;
-    if (token.normalized === true || token.lstrip === true || token.rstrip === true || token.single_word === true) continue;
-    tokens.set(token.content, token.id as number);
+    const clean = token.normalized !== true && token.lstrip !== true && token.rstrip !== true && token.single_word !== true;
+    tokens.set(token.content, clean ? (token.id as number) : undefined);
   }
   return tokens;
 }

@@ -136,6 +136,7 @@ export class PromptTokenizer {
 
   /** The text of `ids` (special tokens included). */
   decode(ids: readonly number[]): string {
+    if (ids.length === 0) return '';
     return this.tokenizer.decode(ids as number[], { skip_special_tokens: false, clean_up_tokenization_spaces: false });
   }
 

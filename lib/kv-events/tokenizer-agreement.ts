@@ -57,7 +57,7 @@ export class TokenizerAgreement {
   private readonly random: () => number;
   private readonly now: () => number;
   private lastCheck = -Infinity;
-  private inFlight: Promise<AgreementResult | undefined> | undefined;
+  private inFlight = 0;
   private offered = 0;
   private closed = false;
   private agreedCount = 0;
@@ -93,7 +93,7 @@ export class TokenizerAgreement {
    */
   offer(kind: PromptKind, body: Record<string, unknown>, tokens: readonly number[]): void {
     const first = this.offered++ === 0;
-    if (this.closed || this.inFlight || this.now() - this.lastCheck < this.minIntervalMs) return;
+    if (this.closed || this.inFlight > 0 || this.now() - this.lastCheck < this.minIntervalMs) return;
     if (!first && !(this.random() < this.sampleRate)) return;
     void this.check(kind, body, tokens);
   }
@@ -103,18 +103,19 @@ export class TokenizerAgreement {
     const payload = tokenizeBody(kind, body, this.options.model);
     if (payload === undefined) return Promise.resolve(undefined);
     this.lastCheck = this.now();
-    const pending = this.post(payload).then(
-      (upstream) => this.compare(tokens, upstream),
+    this.inFlight++;
+    // The slot is free before the listener hears of the result.
+    return this.post(payload).then(
+      (upstream) => {
+        this.inFlight--;
+        return this.compare(tokens, upstream);
+      },
       (error: Error) => {
+        this.inFlight--;
         this.options.onError?.(error.message);
         return undefined;
       },
     );
-    this.inFlight = pending;
-    void pending.finally(() => {
-      if (this.inFlight === pending) this.inFlight = undefined;
-    });
-    return pending;
   }
 
   /** Stops sampling. */

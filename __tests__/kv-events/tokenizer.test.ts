@@ -1,7 +1,7 @@
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { describe, expect, it } from '@jest/globals';
+import { describe, expect, it, jest } from '@jest/globals';
 import fc from 'fast-check';
 import { MOCK_TOKENIZER_DIR } from '../../example-server/mock-vllm/tokenize';
 import { PromptTokenizer, readTokenizerFiles, type TokenizerFiles } from '../../lib/kv-events/tokenizer';
@@ -206,5 +206,20 @@ describe('readTokenizerFiles', () => {
     // Without a config next to it, the tokenizer still loads (chat requests are then unsupported).
     writeFileSync(join(dir, 'tokenizer.json'), JSON.stringify(files.tokenizer));
     expect(new PromptTokenizer(readTokenizerFiles(dir)).hasChatTemplate).toBe(false);
+  });
+});
+
+describe('loading @huggingface/tokenizers', () => {
+  it('is lazy, and a missing package names the install command', () => {
+    jest.isolateModules(() => {
+      let loaded = false;
+      jest.doMock('@huggingface/tokenizers', () => {
+        loaded = true;
+        throw new Error("Cannot find module '@huggingface/tokenizers'");
+      });
+      const { PromptTokenizer: Isolated } = require('../../lib/kv-events/tokenizer') as typeof import('../../lib/kv-events/tokenizer');
+      expect(loaded).toBe(false);
+      expect(() => new Isolated(files)).toThrow(/"@huggingface\/tokenizers", which could not be loaded .*Install it with: npm install @huggingface\/tokenizers @huggingface\/jinja/);
+    });
   });
 });

@@ -6,6 +6,7 @@ import { readFileSync, statSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import type * as HfTokenizers from '@huggingface/tokenizers';
 import type * as HfJinja from '@huggingface/jinja';
+import { requireOptional } from './optional-deps';
 
 const INSTALL = 'npm install @huggingface/tokenizers @huggingface/jinja';
 
@@ -86,9 +87,5 @@ export function loadJinjaPackage(): typeof HfJinja {
 }
 
 function load<T>(name: string): T {
-  try {
-    return require(name) as T;
-  } catch (error) {
-    throw new Error(`Tokenizing prompts needs the optional package "${name}", which could not be loaded (${(error as Error).message}). Install it with: ${INSTALL}`);
-  }
+  return requireOptional<T>(name, 'Tokenizing prompts needs', INSTALL);
 }

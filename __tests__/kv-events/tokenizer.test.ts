@@ -90,6 +90,31 @@ describe('PromptTokenizer chat rendering', () => {
     expect(tokenizer.tokenize('chat', { ...body, chat_template: '{{ messages }}' })).toEqual({ refused: 'unsupported' });
   });
 
+  it('hands the template the messages as vLLM converts them', () => {
+    const dump = (template: string) => new PromptTokenizer({ ...files, config: { ...files.config, chat_template: template } });
+    const messages = [
+      { role: 'system', content: 'S', extra: 'dropped' },
+      { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'f', arguments: '{"x":1}' } }, { id: 'c2', type: 'function', function: { name: 'g', arguments: 'not json' } }] },
+      { role: 'tool', tool_call_id: 'c1', content: [{ type: 'text', text: 'r1' }, { type: 'text', text: 'r2' }] },
+      { role: 'user', name: 'ann', content: [{ type: 'input_text', text: 'a' }, { type: 'text', text: null }, 'b'] },
+      { role: 'assistant', content: 'A', tool_calls: [], reasoning: 'R' },
+    ];
+    const asString = JSON.parse(dump('{{ messages | tojson }}').renderChat({ messages, add_generation_prompt: false }) as string);
+    expect(asString).toEqual([
+      { role: 'system', content: 'S' },
+      { role: 'assistant', content: '', tool_calls: [{ id: 'c1', type: 'function', function: { name: 'f', arguments: { x: 1 } } }, { id: 'c2', type: 'function', function: { name: 'g', arguments: {} } }] },
+      { role: 'tool', content: 'r1\nr2', tool_call_id: 'c1' },
+      { role: 'user', content: 'a\nb', name: 'ann' },
+      { role: 'assistant', content: 'A', reasoning: 'R', reasoning_content: 'R' },
+    ]);
+    // A template that loops over content parts gets parts (vLLM's "openai" content format), tool results excepted.
+    const parts = dump("{% for m in messages %}{% if m.role != 'tool' %}{% for p in m['content'] %}{% endfor %}{% endif %}{% endfor %}{{ messages | tojson }}");
+    const asParts = JSON.parse(parts.renderChat({ messages, add_generation_prompt: false }) as string);
+    expect(asParts[0].content).toEqual([{ type: 'text', text: 'S' }]);
+    expect(asParts[2].content).toBe('r1\nr2');
+    expect(asParts[3].content).toEqual([{ type: 'text', text: 'a' }, { type: 'text', text: 'b' }]);
+  });
+
   it.each([
     ['no messages', {}],
     ['empty messages', { messages: [] }],

@@ -73,41 +73,73 @@ export class ChatRenderer {
     return continueFinal ? cutAfterFinalMessage(rendered, conversation[conversation.length - 1]) : rendered;
   }
 
+  /** vLLM's conversation message (chat_utils.py): role, content as the template's format wants it, the fields it keeps. */
   private convertMessage(message: unknown): Record<string, unknown> | Refused {
     if (!isRecord(message) || typeof message.role !== 'string') return INVALID;
-    const out: Record<string, unknown> = { ...message };
+    const role = message.role;
+    const texts: string[] = [];
     const content = message.content;
-    if (content === undefined || content === null) {
-      out.content = this.partsFormat ? [] : '';
+    if (typeof content === 'string') {
+      texts.push(content);
     } else if (Array.isArray(content)) {
-      const texts: string[] = [];
       for (const part of content) {
-        if (typeof part === 'string') texts.push(part);
-        else if (isRecord(part) && part.type === 'text' && typeof part.text === 'string') texts.push(part.text);
-        // Images, audio, files: their placeholder tokens and the engine's hash extras are the model processor's.
-        else return UNSUPPORTED;
+        const text = partText(part);
+        if (isRefused(text)) return text;
+        if (text !== undefined) texts.push(text);
       }
-      out.content = this.partsFormat ? texts.map((text) => ({ type: 'text', text })) : texts.join('\n');
-    } else if (typeof content !== 'string') {
+    } else if (content !== undefined && content !== null) {
       return INVALID;
     }
-    if (message.role === 'assistant' && Array.isArray(message.tool_calls)) out.tool_calls = message.tool_calls.map(parseArguments);
+    // Tool results are always a string: most templates read them as one.
+    const asParts = this.partsFormat && role !== 'tool';
+    const out: Record<string, unknown> = { role, content: asParts ? texts.map((text) => ({ type: 'text', text })) : texts.join('\n') };
+    if (role === 'assistant') {
+      if (Array.isArray(message.tool_calls) && message.tool_calls.length > 0) out.tool_calls = message.tool_calls.map(parseArguments);
+      if (message.reasoning !== undefined && message.reasoning !== null) out.reasoning = out.reasoning_content = message.reasoning;
+    } else if (role === 'tool' && 'tool_call_id' in message) {
+      out.tool_call_id = message.tool_call_id;
+    } else if (role === 'developer') {
+      out.tools = message.tools ?? null;
+    }
+    if (typeof message.name === 'string') out.name = message.name;
+    if (typeof message.task === 'string') out.task = message.task;
     return out;
   }
 }
 
+const TEXT_PART_KEYS: Record<string, string> = { text: 'text', input_text: 'text', output_text: 'text', refusal: 'refusal', thinking: 'thinking' };
+
+/** A content part's text; undefined for a text part without one (vLLM skips it). */
+function partText(part: unknown): string | undefined | Refused {
+  if (typeof part === 'string') return part;
+  if (!isRecord(part) || typeof part.type !== 'string') return INVALID;
+  const key = TEXT_PART_KEYS[part.type];
+  // Images, audio, video, embeddings: their placeholder tokens and the engine's hash extras are the model processor's.
+  if (key === undefined || part.uuid !== undefined) return UNSUPPORTED;
+  const text = part[key];
+  if (text === undefined || text === null) return undefined;
+  return typeof text === 'string' ? text : INVALID;
+}
+
 // vLLM's content-format detection walks the template's syntax tree for a loop over
 // `message['content']`; the loop's source text is what that finds.
-const PARTS_LOOP = /\{%-?\s*for\s+\w+\s+in\s+\w+(?:\[\s*['"]content['"]\s*\]|\.content)\b/;
+const PARTS_LOOP = /\{%-?\s*for\s+\w+\s+in\s+\w+(?:\[\s*['"]content['"]\s*\]|\.content\b)/;
 
-/** vLLM hands templates each tool call's `arguments` parsed from its JSON string. */
+/** vLLM hands templates each tool call's `arguments` parsed from its JSON string (`{}` when it is not JSON). */
 function parseArguments(call: unknown): unknown {
-  if (!isRecord(call) || !isRecord(call.function) || typeof call.function.arguments !== 'string') return call;
-  try {
-    return { ...call, function: { ...call.function, arguments: JSON.parse(call.function.arguments) } };
-  } catch {
-    return call;
+  if (!isRecord(call) || !isRecord(call.function)) return call;
+  const raw = call.function.arguments;
+  let parsed: unknown = {};
+  if (typeof raw === 'string') {
+    try {
+      parsed = JSON.parse(raw);
+    } catch {
+      parsed = {};
+    }
+  } else if (typeof raw === 'object' && raw !== null) {
+    parsed = raw;
   }
+  return { ...call, function: { ...call.function, arguments: parsed } };
 }
 
 /** transformers' `continue_final_message`: the prompt ends where the final message's content does. */

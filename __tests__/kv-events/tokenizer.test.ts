@@ -3,6 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it, jest } from '@jest/globals';
 import fc from 'fast-check';
+import { makeTokenizerFiles } from '../../example-server/mock-vllm/make-tokenizer';
 import { MOCK_TOKENIZER_DIR } from '../../example-server/mock-vllm/tokenize';
 import { PromptTokenizer, readTokenizerFiles, type TokenizerFiles } from '../../lib/kv-events/tokenizer';
 
@@ -31,6 +32,10 @@ describe('the fixture tokenizer', () => {
     }
     // Merges were learnt: a common word is one token.
     expect(tokenizer.encodeWhole(' the', false)).toHaveLength(1);
+  });
+
+  it('is what make-tokenizer.ts writes', () => {
+    for (const [name, text] of Object.entries(makeTokenizerFiles())) expect(readFileSync(join(MOCK_TOKENIZER_DIR, name), 'utf8')).toBe(text);
   });
 
   it('puts <|begin_of_text|> first when special tokens are added, as Llama 3 does', () => {

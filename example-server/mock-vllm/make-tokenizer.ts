@@ -1,5 +1,5 @@
 /**
- * npx tsx example-server/mock-vllm/make-tokenizer.ts
+ * npx tsx example-server/mock-vllm/make-tokenizer.ts [OUT_DIR]
  *
  * Writes the mock's tokenizer (example-server/mock-vllm/tokenizer/): a byte-level BPE shaped
  * like Llama 3's (the same pre-tokenizer regex, ByteLevel bytes-to-characters alphabet,
@@ -158,6 +158,16 @@ function tokenizerConfig(): object {
   };
 }
 
-mkdirSync(OUT, { recursive: true });
-writeFileSync(join(OUT, 'tokenizer.json'), `${JSON.stringify(tokenizerJson(), null, 1)}\n`);
-writeFileSync(join(OUT, 'tokenizer_config.json'), `${JSON.stringify(tokenizerConfig(), null, 2)}\n`);
+/** The two files' text, as written to the fixture directory. */
+export function makeTokenizerFiles(): { 'tokenizer.json': string; 'tokenizer_config.json': string } {
+  return {
+    'tokenizer.json': `${JSON.stringify(tokenizerJson(), null, 1)}\n`,
+    'tokenizer_config.json': `${JSON.stringify(tokenizerConfig(), null, 2)}\n`,
+  };
+}
+
+if (require.main === module) {
+  const out = process.argv[2] ?? OUT;
+  mkdirSync(out, { recursive: true });
+  for (const [name, text] of Object.entries(makeTokenizerFiles())) writeFileSync(join(out, name), text);
+}

@@ -29,6 +29,12 @@ describe('mock vLLM POST /tokenize', () => {
     expect(without.body.count).toBeLessThan(res.body.count);
   });
 
+  it('tokenizes a prompt of any length, as vLLM does', async () => {
+    const long = 'word '.repeat(40_000);
+    const res = await request(mock.url).post('/tokenize').send({ prompt: long }).expect(200);
+    expect(res.body.count).toBe(mockTokenizer().encodeWhole(long, true).length);
+  });
+
   it('lists token strings when asked', async () => {
     const res = await request(mock.url).post('/tokenize').send({ prompt: ' the', return_token_strs: true }).expect(200);
     expect(res.body.token_strs).toEqual(['<|begin_of_text|>', 'Ġthe']);

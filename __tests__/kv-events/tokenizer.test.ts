@@ -199,6 +199,20 @@ describe('PromptTokenizer prefix cache', () => {
     expect(small.stats().cachedBytes).toBeGreaterThan(10_000);
   });
 
+  it('refuses a request bringing more new text than maxUncachedChars, keeping what it tokenized for the next', () => {
+    const budgeted = new PromptTokenizer(files, { maxUncachedChars: 1000 });
+    const first = { role: 'system', content: 'a'.repeat(700) };
+    const second = { role: 'user', content: 'b'.repeat(700) };
+    const body = { messages: [first, second] };
+    expect(budgeted.tokenize('chat', body)).toEqual({ refused: 'too_long' });
+    // The system prompt was taken in: now only the user message is new, and fits.
+    expect(prompt(budgeted.tokenize('chat', body))).toEqual(budgeted.encodeWhole(budgeted.renderChat(body) as string, false));
+    expect(budgeted.tokenize('completions', { prompt: 'c'.repeat(1001) })).toEqual({ refused: 'too_long' });
+    expect(budgeted.tokenize('completions', { prompt: ['d'.repeat(600), 'e'.repeat(600)] })).toEqual({ refused: 'too_long' });
+    // Outside tokenize() (the agreement check, benchmarks) there is no budget.
+    expect(budgeted.encode('f'.repeat(5000), false)).toHaveLength(budgeted.encodeWhole('f'.repeat(5000), false).length);
+  });
+
   it('stops cutting, says so once, and answers whole-text tokens when a check disagrees', () => {
     const told: string[] = [];
     // A tokenizer whose whole-text result differs from its pieces' for one text.

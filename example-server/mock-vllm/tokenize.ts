@@ -19,7 +19,8 @@ let shared: PromptTokenizer | undefined;
 
 /** The mock's tokenizer, loaded on the first `/tokenize` (the package is a dev dependency). */
 export function mockTokenizer(): PromptTokenizer {
-  shared ??= PromptTokenizer.load(MOCK_TOKENIZER_DIR);
+  // vLLM tokenizes any prompt it is sent; the router's per-request budget is not the server's.
+  shared ??= PromptTokenizer.load(MOCK_TOKENIZER_DIR, { maxUncachedChars: Infinity });
   return shared;
 }
 

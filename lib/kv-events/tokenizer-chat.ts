@@ -8,8 +8,13 @@
  */
 import { loadJinjaPackage } from './tokenizer-files';
 
-/** Why a request's prompt cannot be rendered here (the caller routes it on the approximate index). */
-export type RenderRefusal = 'invalid' | 'unsupported' | 'template_error';
+/**
+ * Why a request's prompt is not tokenized here (the caller routes it on the approximate index):
+ * `invalid` (vLLM would refuse it too), `unsupported` (images, a client's own template, no
+ * template), `template_error` (the template raised), `too_long` (more new text than the
+ * tokenizer's `maxUncachedChars`).
+ */
+export type RenderRefusal = 'invalid' | 'unsupported' | 'template_error' | 'too_long';
 
 /** A refusal, as an object so no rendered text can be mistaken for one. */
 export interface Refused {

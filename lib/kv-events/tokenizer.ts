@@ -30,6 +30,15 @@ export interface PromptTokenizerOptions {
   cacheBytes?: number;
   /** Requests whose cut-and-cached tokenization is compared with whole-text tokenization before it is trusted. Default 32. */
   selfCheckRequests?: number;
+  /**
+   * The most text a request may bring that is not in the cache yet, in UTF-16 units; a request
+   * with more is refused as `too_long`. Tokenizing runs on the event loop (about 1.7 µs a
+   * token cold, see bench/tokenize.ts), so this bounds what one request, hostile or not, can
+   * cost every other. What was tokenized before the budget ran out stays cached, so a long
+   * shared prefix is taken in over a few requests; a single piece of text (between two added
+   * tokens) longer than this never is. Default 65,536 (about 16k tokens, ~25 ms).
+   */
+  maxUncachedChars?: number;
   /** Told once if cutting the text at added tokens changed the tokens (the cache then keeps whole texts only). */
   onSegmentMismatch?: (text: string) => void;
 }
@@ -50,6 +59,10 @@ export interface PromptTokenizerStats {
 }
 
 const DEFAULT_CACHE_BYTES = 32 * 1024 * 1024;
+const DEFAULT_MAX_UNCACHED_CHARS = 65_536;
+const TOO_LONG: Refused = Object.freeze({ refused: 'too_long' });
+/** Thrown inside one tokenize() call when its budget runs out; never escapes it. */
+const OVER_BUDGET = new Error('over budget');
 // A cached piece costs its text (2 bytes a UTF-16 unit), its ids (8 bytes each in a packed
 // array) and a map entry.
 const ENTRY_OVERHEAD_BYTES = 80;
@@ -63,6 +76,9 @@ export class PromptTokenizer {
   private readonly specialPrefix: number[];
   private readonly specialSuffix: number[];
   private readonly cacheBytes: number;
+  private readonly maxUncachedChars: number;
+  /** What the request being tokenized may still spend; unlimited outside tokenize(). */
+  private budget = Infinity;
   private readonly cache = new Map<string, number[]>();
   private readonly onSegmentMismatch: ((text: string) => void) | undefined;
   private selfChecks: number;
@@ -82,6 +98,7 @@ export class PromptTokenizer {
     const template = chatTemplateOf(files.config);
     this.chat = template === undefined ? undefined : new ChatRenderer(template, files.config);
     this.cacheBytes = options.cacheBytes ?? DEFAULT_CACHE_BYTES;
+    this.maxUncachedChars = options.maxUncachedChars ?? DEFAULT_MAX_UNCACHED_CHARS;
     this.selfChecks = options.selfCheckRequests ?? 32;
     this.onSegmentMismatch = options.onSegmentMismatch;
     this.addedIds = addedTokens(files.tokenizer);
@@ -97,6 +114,18 @@ export class PromptTokenizer {
 
   /** The token ids of a parsed request body for `kind`'s endpoint, as vLLM would compute them. */
   tokenize(kind: PromptKind, body: unknown): TokenizeOutcome {
+    this.budget = this.maxUncachedChars;
+    try {
+      return this.tokenizeRequest(kind, body);
+    } catch (error) {
+      if (error === OVER_BUDGET) return TOO_LONG;
+      throw error;
+    } finally {
+      this.budget = Infinity;
+    }
+  }
+
+  private tokenizeRequest(kind: PromptKind, body: unknown): TokenizeOutcome {
     if (typeof body !== 'object' || body === null || Array.isArray(body)) return { refused: 'invalid' };
     const request = body as Record<string, unknown>;
     const special = request.add_special_tokens;
@@ -119,7 +148,8 @@ export class PromptTokenizer {
   encode(text: string, addSpecialTokens: boolean): number[] {
     if (!this.segmenting) return this.cachedPiece(text, addSpecialTokens);
     const ids = this.encodeCut(text, addSpecialTokens);
-    if (this.selfChecks > 0) {
+    // The check tokenizes the whole text: only for a text within the budget.
+    if (this.selfChecks > 0 && text.length <= this.maxUncachedChars) {
       this.selfChecks--;
       if (!sameIds(ids, this.encodeWhole(text, addSpecialTokens))) {
         this.stopSegmenting(text);
@@ -190,6 +220,8 @@ export class PromptTokenizer {
       this.cache.set(key, cached);
       return cached;
     }
+    if (text.length > this.budget) throw OVER_BUDGET;
+    this.budget -= text.length;
     this.misses++;
     const ids = this.encodeWhole(text, addSpecialTokens);
     const bytes = key.length * 2 + ids.length * 8 + ENTRY_OVERHEAD_BYTES;

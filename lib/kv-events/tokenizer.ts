@@ -146,7 +146,8 @@ export class PromptTokenizer {
 
   /** `text`'s token ids through the prefix cache. */
   encode(text: string, addSpecialTokens: boolean): number[] {
-    if (!this.segmenting) return this.cachedPiece(text, addSpecialTokens);
+    // A copy: the cached array must not be changed by a caller.
+    if (!this.segmenting) return this.cachedPiece(text, addSpecialTokens).slice();
     const ids = this.encodeCut(text, addSpecialTokens);
     // The check tokenizes the whole text: only for a text within the budget.
     if (this.selfChecks > 0 && text.length <= this.maxUncachedChars) {

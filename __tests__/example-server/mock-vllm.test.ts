@@ -5,6 +5,7 @@ import http from 'node:http';
 import net from 'node:net';
 import { parsePythonInt, startMockVllm, type MockVllm, type MockVllmOptions } from '../../example-server/mock-vllm';
 import { RequestLog } from '../../example-server/mock-vllm/request-log';
+import { rawRefusal } from '../helpers/raw-http';
 
 const PROMTOOL = '/usr/bin/promtool';
 
@@ -52,28 +53,6 @@ function rawExchange(server: MockVllm, request: string): Promise<string> {
     socket.on('data', (chunk) => (answer += chunk));
     socket.on('end', () => resolve(answer));
     socket.on('error', reject);
-  });
-}
-
-/**
- * The raw answer to a request the server refuses before reading all of it, and how the
- * connection closed. Node's server answers and then closes with the unread request bytes
- * still in the kernel's buffer, and Linux then sends a reset instead of a FIN. Until libuv
- * 1.52 (Node 24) a Node client read the answer and reported a clean end, since libuv took a
- * short read plus POLLHUP as EOF; libuv 1.52 reads on and reports the reset, after the answer.
- * So the answer is collected either way; a reset before any answer still fails.
- */
-function rawRefusal(server: MockVllm, request: string): Promise<{ answer: string; closed: 'end' | 'reset' }> {
-  return new Promise((resolve, reject) => {
-    const socket = net.connect(server.port, '127.0.0.1', () => socket.write(request));
-    let answer = '';
-    socket.setEncoding('latin1');
-    socket.on('data', (chunk) => (answer += chunk));
-    socket.on('end', () => resolve({ answer, closed: 'end' }));
-    socket.on('error', (error: NodeJS.ErrnoException) => {
-      if (error.code === 'ECONNRESET' && answer !== '') resolve({ answer, closed: 'reset' });
-      else reject(error);
-    });
   });
 }
 
@@ -202,7 +181,7 @@ describe('mock vLLM: answers', () => {
   it('survives hostile input: huge headers and a body cut short', async () => {
     // 100 kB: more than Node's 16 KiB header limit and more than its first 64 KiB read, so
     // unread bytes remain when the server closes (see rawRefusal).
-    const huge = await rawRefusal(server, `GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(100_000)}\r\n\r\n`);
+    const huge = await rawRefusal(server.url, `GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(100_000)}\r\n\r\n`);
     expect(huge.answer).toBe('HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n\r\n');
     await new Promise<void>((resolve) => {
       const socket = net.connect(server.port, '127.0.0.1', () => {

@@ -96,3 +96,4 @@ export function closerOf(server: Server): () => Promise<void> {
       for (const socket of sockets) socket.destroy();
       server.close(() => resolve());
     });
+}

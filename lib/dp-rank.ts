@@ -22,14 +22,16 @@ export function dpRank(options: Options): DpRank {
 }
 
 function handOn(req: RoutedRequest & { _body?: boolean }, _res: ServerResponse, next: (error?: unknown) => void, route: RouteState): void {
-  const parsed = route.parsedBody;
-  if (parsed !== undefined && req.body === undefined) {
+  const bytes = route.body;
+  if (bytes !== undefined && req.body === undefined) {
     // The body had to be read here (body hints, prefix-aware, a body affinity key), so the
     // stream is spent: leave it parsed as express.json() would, for the caller's proxy to
     // forward (http-proxy-middleware's fixRequestBody, express-http-proxy). `_body` tells a
-    // later body-parser 1.x (Express 4) not to wait for a stream that has ended.
-    req.body = parsed;
+    // later body-parser 1.x (Express 4) not to wait for a stream that has ended. The router
+    // read it as valid JSON, with any hint field already carrying the chosen rank.
+    req.body = JSON.parse(bytes.toString('utf8'));
     req._body = true;
+    route.body = undefined;
   }
   next();
 }

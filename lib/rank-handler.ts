@@ -108,14 +108,15 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
 
   /** The router's budget cannot hold this body now: 503 to retry later, or 413 when it never could. */
   function overBudget(req: IncomingMessage, res: ServerResponse, bytes: number): void {
-    res.setHeader('connection', 'close');
+    // The rest of the body is discarded as it arrives (nothing is held; `timeouts.bodyMs` bounds
+    // a trickle), so the connection stays usable and the client reads the answer, not a reset.
+    req.resume();
     if (bytes > bodyBudget.limit) {
       sendError(res, 413, 'RequestEntityTooLargeError', `Request body exceeds the router's body budget of ${bodyBudget.limit} bytes.`);
     } else {
       res.setHeader('retry-after', '1');
       sendError(res, 503, 'ServiceUnavailableError', 'The router is holding as many request bodies as it may; retry shortly.');
     }
-    req.resume();
   }
 
   /** The body still arriving at `timeouts.bodyMs`: answer 408, close, and stop any upstream request without blaming it. */
@@ -168,15 +169,8 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
       sendError(res, 503, 'ServiceUnavailableError', 'No healthy data-parallel endpoint is available.');
       return;
     }
-    const affinityKey = policy.usesAffinityKey ? affinityKeyOf(req, body) : undefined;
-    const prompt = policy.usesPrompt && body !== undefined ? promptOf(body, route, res) : undefined;
-    if (prompt === null) return;
-    // The text is kept for a retry's pick: it counts against the budget until the response ends.
-    const text = (affinityKey?.length ?? 0) + (prompt?.length ?? 0);
-    if (text > 0 && route.lease !== undefined && !route.lease.grow(2 * text)) {
-      overBudget(req, res, route.lease.held + 2 * text);
-      return;
-    }
+    const affinityKey = policy.usesAffinityKey ? affinityKeyOf(req, body, route) : undefined;
+    const prompt = policy.usesPrompt && body !== undefined ? promptOf(body, route) : undefined;
     const context: PickContext = { path: req.originalUrl ?? req.url ?? '/', affinityKey, prompt };
     route.context = context;
     let chosen: RouteEndpoint;
@@ -213,7 +207,8 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     return undefined;
   }
 
-  function affinityKeyOf(req: IncomingMessage, body: BodyView | undefined): string | undefined {
+  /** The session key; one from the body counts against the budget while kept, or is not used. */
+  function affinityKeyOf(req: IncomingMessage, body: BodyView | undefined, route: RouteState): string | undefined {
     const fromHeader = headerKey(req);
     if (fromHeader !== undefined) return fromHeader;
     const found = AFFINITY === -1 || body === undefined ? undefined : body.fields[AFFINITY];
@@ -222,39 +217,41 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     const field = found[found.length - 1];
     const first = body!.bytes[field.start];
     if (first !== 0x22 && first !== 0x2d && (first < 0x30 || first > 0x39)) return undefined;
+    if (route.lease !== undefined && !route.lease.grow(2 * (field.end - field.start))) return undefined;
     const value = decodeField(body!.bytes, field);
     if ((typeof value === 'string' && value.length > 0) || typeof value === 'number') return String(value);
     return undefined;
   }
 
   /**
-   * The prompt text from the `prompt` or `messages` member alone, decoded only when what decoding
-   * may cost fits the body budget (answered 503 and `null` otherwise); the decoded values are
-   * dropped as soon as the text is made.
+   * The prompt text from the `prompt` or `messages` member alone. Decoding is bounded by the
+   * body budget: when what it may cost (or the text kept for a retry's pick, until the response
+   * ends) does not fit, the request is routed as one without a prompt rather than refused, since
+   * its body is already held within the budget. The decoded values are dropped once the text is made.
    */
-  function promptOf(body: BodyView, route: RouteState, res: ServerResponse): string | undefined | null {
+  function promptOf(body: BodyView, route: RouteState): string | undefined {
     const prompt = body.fields[PROMPT];
     const messages = body.fields[MESSAGES];
     if (prompt === undefined && messages === undefined) return undefined;
-    const members: Record<string, unknown> = {};
     let cost = 0;
-    for (const [name, found] of [['prompt', prompt], ['messages', messages]] as const) {
+    for (const found of [prompt, messages]) {
       if (found === undefined) continue;
       const field = found[found.length - 1];
       cost += field.nodes * BYTES_PER_NODE + 2 * (field.end - field.start);
     }
     const lease = route.lease;
-    if (lease !== undefined && !lease.grow(cost)) {
-      overBudget(res.req, res, lease.held + cost);
-      return null;
-    }
+    if (lease !== undefined && !lease.grow(cost)) return undefined;
+    let text: string | undefined;
     try {
+      const members: Record<string, unknown> = {};
       if (prompt !== undefined) members.prompt = decodeField(body.bytes, prompt[prompt.length - 1]);
       if (messages !== undefined) members.messages = decodeField(body.bytes, messages[messages.length - 1]);
-      return extractPrompt(members);
+      text = extractPrompt(members);
     } finally {
       lease?.shrink(cost);
     }
+    if (text !== undefined && lease !== undefined && !lease.grow(2 * text.length)) return undefined;
+    return text;
   }
 
   /** The members routing reads from a body a parser already decoded, found in its re-encoding. */

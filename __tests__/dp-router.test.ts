@@ -263,6 +263,25 @@ describe('body-field hints (SGLang)', () => {
     expect(forwarded(1).routed_dp_rank).toBeNull();
   });
 
+  it('rewrites the field in a body express.json() parsed first, with a matching Content-Length', async () => {
+    const registry = new Registry();
+    const router = dpRouter({ upstreams: [{ url: upstream.url, dataParallelSize: 4 }], metrics: { registry }, hints: { bodyField: 'routed_dp_rank' }, logger: false });
+    const app = express();
+    app.use(express.json());
+    app.use(router);
+    const server = app.listen(0, '127.0.0.1');
+    await new Promise((resolve) => server.once('listening', resolve));
+    try {
+      const response = await request(server).post('/v1/completions').send({ prompt: 'x', routed_dp_rank: 99 });
+      const [rank] = response.body.rankHeaders as string[];
+      expect(forwarded(0)).toEqual({ prompt: 'x', routed_dp_rank: Number(rank) });
+      expect(await metricValue(registry, 'dp_router_rank_hints_total', { outcome: 'untrusted' })).toBe(1);
+    } finally {
+      server.close();
+      await router.close();
+    }
+  });
+
   it('forwards a multipart body whose boundary spells "json" untouched, without judging it as JSON', async () => {
     gateway = await startGateway(sglang({ policy: 'prefix-aware' }));
     const boundary = '----jsonBoundary';

@@ -120,6 +120,26 @@ describe('hostile 16 MiB bodies', () => {
   }, 60_000);
 });
 
+describe('bodies held for retries', () => {
+  it('count against maxBufferedBytes: past it the body is streamed and the request not retried', async () => {
+    const dead = await startEchoUpstream();
+    await dead.close();
+    upstream = await startEchoUpstream();
+    const upstreams = [
+      { url: dead.url, name: 'dead' },
+      { url: upstream.url, name: 'alive' },
+    ];
+    const body = Buffer.from(JSON.stringify({ prompt: 'x'.repeat(2000) }));
+    // Round-robin starts on the dead upstream: only a retry reaches the live one.
+    gateway = await startGateway({ upstreams, policy: 'round-robin', maxBufferedBytes: 4096, outlierDetection: false });
+    expect((await exchange(gateway.url, { body })).status).toBe(200);
+    await gateway.close();
+    gateway = await startGateway({ upstreams, policy: 'round-robin', maxBufferedBytes: 1024, outlierDetection: false });
+    expect((await exchange(gateway.url, { body })).status).toBe(502);
+    expect(upstream.seen).toHaveLength(1);
+  });
+});
+
 /** Sends headers with `Expect: 100-continue`, waits for the `100 Continue`, then writes `part` and returns the socket. */
 function leaveMidBody(url: string, declared: number, part: Buffer): Promise<Socket> {
   const { port } = new URL(url);

@@ -5,7 +5,7 @@ import request from 'supertest';
 import express from 'express';
 import { dpRouter, type Options } from '../lib';
 import { startEchoUpstream, type EchoUpstream } from './helpers/echo-upstream';
-import { metricValue, parseExposition, startGateway, sumSamples, type TestGateway } from './helpers/app';
+import { metricValue, parseExposition, serve, startGateway, sumSamples, type TestGateway } from './helpers/app';
 import { rawRequest } from './helpers/raw-http';
 
 let upstream: EchoUpstream;
@@ -266,18 +266,14 @@ describe('body-field hints (SGLang)', () => {
   it('rewrites the field in a body express.json() parsed first, with a matching Content-Length', async () => {
     const registry = new Registry();
     const router = dpRouter({ upstreams: [{ url: upstream.url, dataParallelSize: 4 }], metrics: { registry }, hints: { bodyField: 'routed_dp_rank' }, logger: false });
-    const app = express();
-    app.use(express.json());
-    app.use(router);
-    const server = app.listen(0, '127.0.0.1');
-    await new Promise((resolve) => server.once('listening', resolve));
+    const parsedFirst = await serve(express().use(express.json(), router));
     try {
-      const response = await request(server).post('/v1/completions').send({ prompt: 'x', routed_dp_rank: 99 });
+      const response = await request(parsedFirst.url).post('/v1/completions').send({ prompt: 'x', routed_dp_rank: 99 });
       const [rank] = response.body.rankHeaders as string[];
       expect(forwarded(0)).toEqual({ prompt: 'x', routed_dp_rank: Number(rank) });
       expect(await metricValue(registry, 'dp_router_rank_hints_total', { outcome: 'untrusted' })).toBe(1);
     } finally {
-      server.close();
+      await parsedFirst.close();
       await router.close();
     }
   });

@@ -159,11 +159,20 @@ function literal(bytes: Uint8Array, index: number, word: Uint8Array): number {
 const isDigit = (byte: number | undefined) => byte !== undefined && byte >= 0x30 && byte <= 0x39;
 const isHex = (byte: number | undefined) => byte !== undefined && ((byte >= 0x30 && byte <= 0x39) || ((byte | 0x20) >= 0x61 && (byte | 0x20) <= 0x66));
 
+/** Bytes that end a run of plain string content: the quote, the backslash and control characters. */
+const STRING_STOP = new Uint8Array(256);
+STRING_STOP.fill(1, 0, 0x20);
+STRING_STOP[QUOTE] = 1;
+STRING_STOP[BACKSLASH] = 1;
+
 /** The index after a string starting at `index` (its opening quote), or -1. */
 function skipString(bytes: Uint8Array, index: number): number {
   const length = bytes.length;
   index++;
   while (index < length) {
+    // Prompts are long runs of plain content: one table look-up per byte.
+    while (index < length && STRING_STOP[bytes[index]] === 0) index++;
+    if (index >= length) return -1;
     const byte = bytes[index];
     if (byte === QUOTE) return index + 1;
     if (byte < 0x20) return -1;

@@ -417,14 +417,14 @@ describe('proxying', () => {
     expect(upstream.seen[0].rankHeaders).toEqual(['0']);
   });
 
-  it('adds no X-Forwarded-* by default, and appends them with xfwd: true', async () => {
+  it("adds no X-Forwarded-* by default, and appends them with xfwd: 'append'", async () => {
     gateway = await startGateway(seed());
     await request(gateway.url).post('/v1/completions').set('x-forwarded-for', '10.0.0.1').send({});
     expect(upstream.seen[0].headers['x-forwarded-for']).toBe('10.0.0.1');
     expect(upstream.seen[0].headers['x-forwarded-proto']).toBeUndefined();
     await gateway.close();
 
-    gateway = await startGateway(seed({ xfwd: true }));
+    gateway = await startGateway(seed({ xfwd: 'append' }));
     await request(gateway.url).post('/v1/completions').set('x-forwarded-for', '10.0.0.1').send({});
     const host = new URL(gateway.url).host;
     expect(upstream.seen[1].headers).toMatchObject({

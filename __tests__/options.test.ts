@@ -62,6 +62,14 @@ describe('parseOptions', () => {
     expect(config.upstreams[1]).toMatchObject({ url: 'https://10.0.0.5:8000', ranks: [4, 5, 6, 7], rankHeader: 'local' });
   });
 
+  it.each([
+    [true, 'replace'],
+    ['append', 'append'],
+    [false, false],
+  ])('resolves xfwd: %j to %j', (xfwd, resolved) => {
+    expect(parse({ upstreams: [{ url }], xfwd }).xfwd).toBe(resolved);
+  });
+
   it('keeps a custom registry, prefix and policy object', () => {
     const registry = new Registry();
     const policy = { name: 'mine', pick: (candidates: readonly unknown[]) => candidates[0] };
@@ -102,6 +110,7 @@ describe('parseOptions', () => {
     ['a misspelt body timeout', { upstreams: [{ url }], timeouts: { bodyTimeoutMs: 5 } }, /`timeouts\.bodyTimeoutMs` is not an option/],
     ['a string exposeDecision', { upstreams: [{ url }], exposeDecision: 'yes' }, /`exposeDecision` must be true or false/],
     ['a string xfwd', { upstreams: [{ url }], xfwd: 'yes' }, /`xfwd` must be true or false/],
+    ['a misspelt xfwd mode', { upstreams: [{ url }], xfwd: 'appended' }, /`xfwd` must be true or false, or 'append'.*xfwd: 'append'/],
     ['a zero failure count', { upstreams: [{ url }], outlierDetection: { consecutiveFailures: 0 } }, /`outlierDetection\.consecutiveFailures` must be an integer from 1/],
     ['a misspelt outlier option', { upstreams: [{ url }], outlierDetection: { consecutive5xx: 3 } }, /`outlierDetection\.consecutive5xx` is not an option/],
     ['a max ejection below the base', { upstreams: [{ url }], outlierDetection: { baseEjectionMs: 5000, maxEjectionMs: 1000 } }, /`outlierDetection\.maxEjectionMs` is 1000, below baseEjectionMs/],

@@ -73,7 +73,7 @@ async function main(): Promise<void> {
       }),
     );
   }
-  const deadline = Date.now() + 120_000;
+  const deadline = Date.now() + 300_000;
   while (seen < requests && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 50));
   const after = heap();
   const mib = (bytes: number) => (bytes / 2 ** 20).toFixed(1);

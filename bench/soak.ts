@@ -3,14 +3,16 @@
  * (2 ranks each) behind an Express gateway, a keep-alive client firing plain, streamed and
  * client-aborted completions, while one upstream cycles through faults (5xx answers, resets,
  * stalls, deaths mid-stream, a kill and a restart). It stops by itself after `--requests` or
- * `--max-seconds`, waits for every in-flight count to drain, and prints the figures:
- * outcomes, upstream errors by kind, final in-flight per endpoint, RSS and heap before and after.
+ * `--max-seconds`, waits for every in-flight count to drain, and prints the figures as JSON
+ * (also written to `--out FILE`): outcomes, upstream errors by kind, final in-flight per
+ * endpoint, RSS and heap before and after.
  *
- *   npm run soak -- --requests 100000 --concurrency 32
+ *   npm run soak -- --requests 100000 --concurrency 32 [--phases 24] [--max-seconds 600] [--out FILE]
  *
  * Exits 1 when an in-flight count does not return to 0 or the heap grew beyond `--max-heap-growth-mb`.
  */
 import express from 'express';
+import { writeFileSync } from 'node:fs';
 import { Agent, createServer, request as httpRequest, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { setFlagsFromString } from 'node:v8';
@@ -87,7 +89,8 @@ export async function runSoak(options: SoakOptions = {}): Promise<SoakFigures> {
     ],
     metrics: { registry },
     timeouts: { connectMs: 500, firstByteMs: 250 },
-    outlierDetection: { consecutiveFailures: 3, baseEjectionMs: 100, maxEjectionMs: 400 },
+    // Every client of this run shares one address: let each request failure count.
+    outlierDetection: { consecutiveFailures: 3, baseEjectionMs: 100, maxEjectionMs: 400, minimumClients: 1 },
     healthCheck: { intervalMs: 100, timeoutMs: 1000 },
   });
   const app = express();
@@ -243,9 +246,13 @@ async function main(): Promise<void> {
     requests: argument('requests', 100_000),
     concurrency: argument('concurrency', 32),
     maxSeconds: argument('max-seconds', 600),
+    phases: argument('phases', 24),
     verbose: process.argv.includes('--verbose'),
   });
-  process.stdout.write(`${JSON.stringify(figures, null, 2)}\n`);
+  const json = `${JSON.stringify(figures, null, 2)}\n`;
+  process.stdout.write(json);
+  const out = process.argv.indexOf('--out');
+  if (out !== -1 && process.argv[out + 1]) writeFileSync(process.argv[out + 1], json);
   const leaked = Object.entries(figures.finalInflight).filter(([, inflight]) => inflight !== 0);
   const growth = figures.memory.heapAfterMb - figures.memory.heapBeforeMb;
   const rate = Math.round(figures.requests / figures.seconds);

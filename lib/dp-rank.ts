@@ -1,4 +1,5 @@
-import type { ServerResponse } from 'node:http';
+import type { IncomingHttpHeaders, ServerResponse } from 'node:http';
+import { withoutNomination } from './hop-by-hop';
 import type { RouteState, RoutedRequest } from './route-state';
 import { createRouting, type Middleware, type RoutingHelpers } from './routing';
 import type { Options } from './types';
@@ -17,8 +18,24 @@ export type DpRank = Middleware & RoutingHelpers;
  * app.use(createProxyMiddleware({ router: (req) => req.dpRank!.url }));
  */
 export function dpRank(options: Options): DpRank {
-  const routing = createRouting(options, handOn);
+  const routing = createRouting(options, (req, res, next, route) => {
+    keepRankHeader(req.headers, routing.config.header);
+    handOn(req, res, next, route);
+  });
   return Object.assign(routing.handle, routing.helpers);
+}
+
+/**
+ * A proxy that follows RFC 9110 removes every header the `Connection` header names: a client
+ * naming the rank header there would have the router's header dropped on the way.
+ */
+function keepRankHeader(headers: IncomingHttpHeaders, header: string): void {
+  const connection = headers.connection;
+  if (connection === undefined || connection === 'keep-alive' || connection === 'close') return;
+  const left = withoutNomination(connection, header);
+  if (left === connection) return;
+  if (left === undefined) delete headers.connection;
+  else headers.connection = left;
 }
 
 function handOn(req: RoutedRequest & { _body?: boolean }, _res: ServerResponse, next: (error?: unknown) => void, route: RouteState): void {

@@ -1,7 +1,8 @@
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import { readBody } from './body';
 import { sendError } from './errors';
 import { startHealthChecks } from './health-checker';
+import { hopByHopStripper } from './hop-by-hop';
 import { OutlierDetector } from './outlier-detector';
 import { createUpstreamProxy, WAITING, type ProxiedRequest, type UpstreamProxy } from './proxy';
 import { routeOf, type RouteState } from './route-state';
@@ -70,6 +71,10 @@ export function dpRouter(options: Options): DpRouter {
   };
   syncRetryLimit();
   routing.onReconfigure.push(syncRetryLimit);
+  const { header } = config;
+  // The router's own rank header, set already, survives a client's `Connection` nomination.
+  const stripHopByHop = hopByHopStripper([header]);
+  const replaceForwarded = config.xfwd === 'replace';
 
   /** Starts one try at the chosen endpoint. */
   function send(req: ProxiedRequest, res: ServerResponse, next: (error?: unknown) => void, route: RouteState): void {
@@ -86,6 +91,15 @@ export function dpRouter(options: Options): DpRouter {
   function proxyDecided(req: ProxiedRequest, res: ServerResponse, next: (error?: unknown) => void, route: RouteState): void {
     // Express strips the mount path from req.url; upstream must see the path the client sent.
     if (req.originalUrl !== undefined) req.url = req.originalUrl;
+    const { headers } = req;
+    if (headers.upgrade !== undefined && WEBSOCKET.test(headers.upgrade)) {
+      // Stripped like any hop-by-hop header, the upgrade would reach the engine as a plain
+      // request to a WebSocket-only route and come back as a puzzling 404 or 403.
+      sendError(res, 501, 'NotImplementedError', 'The gateway does not proxy WebSocket upgrades; connect to the vLLM server directly for WebSocket endpoints.', 'upgrade');
+      return;
+    }
+    stripHopByHop(headers);
+    if (replaceForwarded) dropForwarded(headers);
     // Hold the body so that a retry can replay it; the limit bounds what one request holds, the
     // body budget what all do. Past the budget the body is streamed and the request not retried.
     const lease = retryBodyLimit > 0 && route.body === undefined && replayableSize(req, retryBodyLimit) ? route.leaseFrom(config.bodyBudget, res) : undefined;
@@ -119,6 +133,15 @@ function replayableSize(req: IncomingMessage, limit: number): boolean {
   if (declared === undefined || declared === '0') return false;
   const size = Number(declared);
   return size > 0 && size <= limit;
+}
+
+const WEBSOCKET = /(?:^|[\s,])websocket(?:$|[\s,/])/i;
+
+/** What a client claims about earlier hops; http-proxy then sets the gateway's own view. */
+const FORWARDED = ['forwarded', 'x-forwarded-for', 'x-forwarded-host', 'x-forwarded-port', 'x-forwarded-proto'] as const;
+
+function dropForwarded(headers: IncomingHttpHeaders): void {
+  for (const name of FORWARDED) if (headers[name] !== undefined) delete headers[name];
 }
 
 /**

@@ -2,11 +2,55 @@ import type { UpstreamConfig } from './options';
 import type { DecisionSource, Endpoint, EndpointSnapshot } from './types';
 
 /**
- * Where an endpoint stands in passive outlier detection: `closed` (in rotation), `ejected`
+ * Where a circuit stands in passive outlier detection: `closed` (in rotation), `ejected`
  * (cooling down, out of rotation), `half-open` (back in rotation until one request is sent to
  * it) and `trial` (that one request is in flight; out of rotation until it decides).
  */
 export type EjectionState = 'closed' | 'ejected' | 'half-open' | 'trial';
+
+/**
+ * One circuit of passive outlier detection. Each endpoint has its own, for what its answers
+ * say about that rank; each upstream server (URL) has one shared by all the ranks behind it,
+ * for what failed connections say about the server.
+ */
+export class Circuit {
+  state: EjectionState = 'closed';
+  /** Failures since the last success. */
+  consecutiveFailures = 0;
+  /** Ejections in a row without a successful trial between them; the cool-down grows with it. */
+  ejections = 0;
+  /** The response of the request that is this circuit's half-open trial. */
+  trialOwner: object | undefined = undefined;
+  /** Hashes of the distinct clients whose requests make up the current failure run (a few at most). */
+  readonly failingClients: number[] = [];
+  /** The running cool-down. */
+  coolDown: NodeJS.Timeout | undefined = undefined;
+
+  /**
+   * Back in rotation with a clean record. A running cool-down is let run out: its timer sees
+   * that it is no longer this circuit's and does nothing.
+   */
+  close(): void {
+    this.state = 'closed';
+    this.ejections = 0;
+    this.consecutiveFailures = 0;
+    this.trialOwner = undefined;
+    this.failingClients.length = 0;
+    this.coolDown = undefined;
+  }
+
+  /** Whether the circuit lets requests through: closed, or half-open waiting for its trial. */
+  get passes(): boolean {
+    return this.state === 'closed' || this.state === 'half-open';
+  }
+}
+
+/** One upstream server: the URL every rank behind it is reached through. */
+export class UpstreamServer extends Circuit {
+  constructor(readonly url: string) {
+    super();
+  }
+}
 
 /** An endpoint as the router keeps it: the public view plus what dispatch needs. */
 export class RouteEndpoint implements Endpoint {
@@ -22,18 +66,17 @@ export class RouteEndpoint implements Endpoint {
   /** Engine-reported load, added to `inflight` where load feedback is on. */
   externalLoad = 0;
   healthy = true;
-  /** Passive outlier detection state; see {@link EjectionState}. */
-  ejection: EjectionState = 'closed';
-  /** Failures since the last success. */
-  consecutiveFailures = 0;
-  /** Ejections in a row without a successful trial between them; the cool-down grows with it. */
-  ejections = 0;
-  /** The response of the request that is this endpoint's half-open trial. */
-  trialOwner: object | undefined = undefined;
+  /** Outlier detection of this rank's own answers (5xx, timeouts). */
+  readonly circuit = new Circuit();
   /** Whether the upstream passes its active health check (always, when checks are off). */
   probeUp = true;
 
-  constructor(readonly config: UpstreamConfig, rank: number) {
+  /** `server` is shared by every endpoint reached through the same URL (see {@link EndpointTable}). */
+  constructor(
+    readonly config: UpstreamConfig,
+    rank: number,
+    readonly server: UpstreamServer = new UpstreamServer(config.url),
+  ) {
     this.upstream = config.name;
     this.rank = rank;
     this.rankLabel = String(rank);
@@ -66,6 +109,7 @@ export class EndpointTable {
   private healthyAll: readonly RouteEndpoint[] = [];
   private healthyByRank = new Map<number, readonly RouteEndpoint[]>();
   private routable = '';
+  private servers = new Map<string, UpstreamServer>();
 
   constructor(upstreams: readonly UpstreamConfig[]) {
     this.reconfigure(upstreams);
@@ -93,21 +137,35 @@ export class EndpointTable {
    */
   reconfigure(upstreams: readonly UpstreamConfig[]): { added: RouteEndpoint[]; removed: RouteEndpoint[] } {
     const previous = new Map(this.endpoints.map((endpoint) => [endpoint.key, endpoint]));
+    // A server that stays keeps its circuit: an ejected one stays out for every entry naming its URL.
+    const servers = new Map<string, UpstreamServer>();
+    const serverOf = (url: string) => {
+      let server = servers.get(url);
+      if (server === undefined) {
+        server = this.servers.get(url) ?? new UpstreamServer(url);
+        servers.set(url, server);
+      }
+      return server;
+    };
     const added: RouteEndpoint[] = [];
     const next = upstreams.flatMap((upstream) =>
       upstream.ranks.map((rank) => {
         const kept = previous.get(`${upstream.name}#${rank}`);
         if (kept?.servesAs(upstream)) {
           previous.delete(kept.key);
+          serverOf(upstream.url);
           return kept;
         }
-        const endpoint = new RouteEndpoint(upstream, rank);
+        const endpoint = new RouteEndpoint(upstream, rank, serverOf(upstream.url));
+        // A rank added to a server that is out (discovery, setUpstreams) is out with it.
+        endpoint.healthy = endpoint.server.passes;
         added.push(endpoint);
         return endpoint;
       }),
     );
     this.configs = upstreams;
     this.endpoints = next;
+    this.servers = servers;
     this.byRank = new Map();
     for (const endpoint of next) {
       const replicas = this.byRank.get(endpoint.rank);
@@ -144,12 +202,21 @@ export class EndpointTable {
 
   /**
    * Puts an endpoint in or out of rotation from its health state: it is in rotation when its
-   * upstream passes its health check and it is not ejected (a half-open endpoint is in,
-   * waiting for its trial). Returns whether anything changed.
+   * upstream passes its health check and neither its own circuit nor its server's is open (a
+   * half-open one lets requests through, waiting for its trial). Returns whether anything changed.
    */
   updateHealth(endpoint: RouteEndpoint): boolean {
-    const inRotation = endpoint.probeUp && (endpoint.ejection === 'closed' || endpoint.ejection === 'half-open');
-    return this.setHealthy(endpoint, inRotation);
+    return this.setHealthy(endpoint, endpoint.probeUp && endpoint.circuit.passes && endpoint.server.passes);
+  }
+
+  /** {@link updateHealth} for every endpoint behind one server. */
+  updateServerHealth(server: UpstreamServer): void {
+    for (const endpoint of this.endpoints) if (endpoint.server === server) this.updateHealth(endpoint);
+  }
+
+  /** The server behind `url` now, if any endpoint is reached through it. */
+  server(url: string): UpstreamServer | undefined {
+    return this.servers.get(url);
   }
 
   /** How many endpoints are in rotation. */

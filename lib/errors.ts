@@ -6,6 +6,7 @@ export type GatewayErrorType =
   | 'RequestTimeoutError'
   | 'RequestEntityTooLargeError'
   | 'BadGatewayError'
+  | 'NotImplementedError'
   | 'ServiceUnavailableError'
   | 'GatewayTimeoutError';
 

@@ -1,7 +1,16 @@
+import { randomBytes } from 'node:crypto';
+
 /**
  * Fast non-cryptographic 32-bit hashing (MurmurHash3's mixing) shared by the affinity and
  * prefix policies. Results are signed 32-bit integers: on 64-bit V8 they stay small
  * integers, so Map lookups keyed by them never allocate.
+ *
+ * Two kinds of hash, kept apart on purpose:
+ * - **content hashes** (`hashString`, `combine32`) are deterministic, so that gateway replicas
+ *   agree on them (a session's rendezvous order, a prefix's identity). A client can compute
+ *   them too, so they must never choose a slot in a table a client can fill;
+ * - **slot hashes** (`keyedMix32`) mix a content hash with a random per-table key, so that no
+ *   client can forge values that pile into one slot (hash flooding).
  */
 
 /** MurmurHash3's finaliser: a bijective avalanche mix of one 32-bit value. */
@@ -44,4 +53,17 @@ export function hashString(text: string, seed = 0, start = 0, end = text.length)
     h ^= k;
   }
   return mix32(h ^ (end - start));
+}
+
+/** A random 32-bit key from the OS's CSPRNG, drawn once per table at creation. */
+export function randomKey32(): number {
+  return randomBytes(4).readInt32LE(0);
+}
+
+/**
+ * A bijective keyed mix of one 32-bit value: distinct values stay distinct, and without the key
+ * a client cannot tell which of its values land near each other in a table.
+ */
+export function keyedMix32(value: number, key: number): number {
+  return mix32(mix32(value ^ key) + key);
 }

@@ -53,6 +53,12 @@ export function startHealthChecks(table: EndpointTable, config: HealthCheckConfi
     target.probe = undefined;
     if (stopped) return;
     if (passed) {
+      // The server took a connection and answered: failed connections no longer speak against it.
+      const server = table.server(target.url);
+      if (server !== undefined && server.state !== 'closed') {
+        server.close();
+        table.updateServerHealth(server);
+      }
       target.failures = 0;
       target.successes++;
       if (!target.up && target.successes >= config.healthyThreshold) setUp(target, true);

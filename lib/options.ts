@@ -53,7 +53,8 @@ export interface Configuration {
   /** The router's one body budget (`maxBufferedBytes`), shared by all its requests. */
   readonly bodyBudget: BodyBudget;
   readonly exposeDecision: boolean;
-  readonly xfwd: boolean;
+  /** `'replace'` for `xfwd: true`; `false` when off. */
+  readonly xfwd: false | 'replace' | 'append';
   /** Passive ejection settings; `undefined` when off. */
   readonly outlierDetection: OutlierDetectionConfig | undefined;
   /** Active health check settings; `undefined` when off. */
@@ -80,6 +81,7 @@ export interface OutlierDetectionConfig {
   readonly baseEjectionMs: number;
   readonly maxEjectionMs: number;
   readonly maxEjectionPercent: number;
+  readonly minimumClients: number;
 }
 
 /** `healthCheck`, resolved. */
@@ -126,12 +128,13 @@ export function parseOptions(options: Options): Configuration {
   const hints = optionalObject('hints', options.hints);
   rejectUnknownKeys('hints', hints, ['trust', 'onInvalid', 'header', 'bodyField']);
   const affinity = optionalObject('affinity', options.affinity);
-  rejectUnknownKeys('affinity', affinity, ['header', 'bodyField', 'loadFactor', 'keyLoadFactor', 'maxSessions']);
+  rejectUnknownKeys('affinity', affinity, ['header', 'bodyField', 'loadFactor', 'loadSlack', 'keyLoadFactor', 'maxSessions']);
   const timeouts = optionalObject('timeouts', options.timeouts);
   rejectUnknownKeys('timeouts', timeouts, ['connectMs', 'firstByteMs', 'bodyMs']);
 
   const sessionAffinity = {
     loadFactor: numberOption('affinity.loadFactor', affinity.loadFactor, 1.25, 1, 1000),
+    loadSlack: numberOption('affinity.loadSlack', affinity.loadSlack, 4, 0, 1_000_000),
     keyLoadFactor: numberOption('affinity.keyLoadFactor', affinity.keyLoadFactor, 1, 1, 1000),
     maxSessions: integerOption('affinity.maxSessions', affinity.maxSessions, 65_536, 1, 2 ** 24),
   };
@@ -152,7 +155,7 @@ export function parseOptions(options: Options): Configuration {
     bodyTimeoutMs: integerOption('timeouts.bodyMs', timeouts.bodyMs, 60_000, 1, MAX_TIMER_MS),
     bodyBudget: new BodyBudget(integerOption('maxBufferedBytes', options.maxBufferedBytes, defaultBufferedBytes(), 1, Number.MAX_SAFE_INTEGER)),
     exposeDecision: booleanOption('exposeDecision', options.exposeDecision, false),
-    xfwd: booleanOption('xfwd', options.xfwd, false),
+    xfwd: parseXfwd(options.xfwd),
     outlierDetection: parseOutlierDetection(options.outlierDetection),
     healthCheck: parseHealthCheck(options.healthCheck),
     ...parseRetries(options.retries),
@@ -164,6 +167,13 @@ export function parseOptions(options: Options): Configuration {
 /** 512 MiB, or a quarter of V8's heap limit where that is less (small containers). */
 function defaultBufferedBytes(): number {
   return Math.min(512 * 1024 * 1024, Math.floor(getHeapStatistics().heap_size_limit / 4));
+}
+
+function parseXfwd(value: unknown): Configuration['xfwd'] {
+  if (value === undefined || value === false) return false;
+  if (value === true) return 'replace';
+  if (value === 'append') return 'append';
+  fail('xfwd', `must be true or false, or 'append', got ${shown(value)}`, "Use `xfwd: true` to set the gateway's own view, or `xfwd: 'append'` behind a trusted proxy.");
 }
 
 const PROCESS_WARNINGS: Logger = { warn: (message) => process.emitWarning(message, { code: 'DP_ROUTER' }) };
@@ -199,7 +209,7 @@ function parseDiscover(path: string, value: unknown): number | undefined {
 function parseOutlierDetection(value: unknown): OutlierDetectionConfig | undefined {
   if (value === false) return undefined;
   const outlier = value === true ? {} : optionalObject('outlierDetection', value);
-  rejectUnknownKeys('outlierDetection', outlier, ['consecutiveFailures', 'baseEjectionMs', 'maxEjectionMs', 'maxEjectionPercent']);
+  rejectUnknownKeys('outlierDetection', outlier, ['consecutiveFailures', 'baseEjectionMs', 'maxEjectionMs', 'maxEjectionPercent', 'minimumClients']);
   const baseEjectionMs = integerOption('outlierDetection.baseEjectionMs', outlier.baseEjectionMs, 10_000, 1, MAX_TIMER_MS);
   const maxEjectionMs = integerOption('outlierDetection.maxEjectionMs', outlier.maxEjectionMs, Math.max(300_000, baseEjectionMs), 1, MAX_TIMER_MS);
   if (maxEjectionMs < baseEjectionMs) {
@@ -210,6 +220,7 @@ function parseOutlierDetection(value: unknown): OutlierDetectionConfig | undefin
     baseEjectionMs,
     maxEjectionMs,
     maxEjectionPercent: numberOption('outlierDetection.maxEjectionPercent', outlier.maxEjectionPercent, 50, 0, 100),
+    minimumClients: integerOption('outlierDetection.minimumClients', outlier.minimumClients, 3, 1, 1000),
   };
 }
 
@@ -347,6 +358,6 @@ function parseMetrics(value: unknown): Configuration['metrics'] {
 /** The policy validates the values; unknown names are caught here, with the option path. */
 function parsePrefixAware(value: unknown): Record<string, unknown> {
   const settings = optionalObject('prefixAware', value);
-  rejectUnknownKeys('prefixAware', settings, ['blockChars', 'maxBlocksPerEndpoint', 'contentBalance']);
+  rejectUnknownKeys('prefixAware', settings, ['blockChars', 'maxBlocksPerEndpoint', 'maxBlocksPerRequest', 'contentBalance']);
   return settings;
 }

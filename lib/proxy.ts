@@ -4,11 +4,13 @@ import type { Socket } from 'node:net';
 import { createProxyMiddleware, type RequestHandler } from 'http-proxy-middleware';
 import type { RouteEndpoint } from './endpoints';
 import { sendError } from './errors';
+import { hopByHopStripper } from './hop-by-hop';
 import { closeIdleSockets } from './idle-sockets';
 import type { RouterMetrics, UpstreamErrorKind } from './metrics';
 import type { Configuration, UpstreamConfig } from './options';
 import type { OutlierDetector } from './outlier-detector';
 import { routeOf, type RouteState, type RoutedRequest } from './route-state';
+import { lenientParser, unrelayable } from './upstream-response';
 
 /** One upstream's proxy and the connections it keeps. */
 export interface UpstreamProxy {
@@ -44,6 +46,8 @@ const DECISION_HEADER = 'x-dp-router-decision';
  * so a request is never sent down a socket the server is closing.
  */
 const IDLE_SOCKET_MS = 4_000;
+/** An upstream answer's hop-by-hop headers describe the upstream connection, not the client's. */
+const stripHopByHop = hopByHopStripper();
 
 /** Creates the http-proxy-middleware instance for one upstream, with a keep-alive agent. */
 export function createUpstreamProxy(
@@ -58,6 +62,7 @@ export function createUpstreamProxy(
   const stopIdleSweep = closeIdleSockets(agent, IDLE_SOCKET_MS);
   const { connectTimeoutMs, firstByteTimeoutMs } = config;
   const { detector, retry } = faults;
+  const checkHeaders = lenientParser();
 
   /**
    * The upstream failed after it began to answer (or the first of the two events that report
@@ -66,15 +71,7 @@ export function createUpstreamProxy(
    * tells it the answer is incomplete.
    */
   const failMidResponse = (req: ProxiedRequest, res: ServerResponse) => {
-    const route = routeOf(req)!;
-    if (route.phase === SETTLED) return;
-    route.phase = SETTLED;
-    if (clientGone(res)) return;
-    const endpoint = route.endpoint;
-    if (endpoint) {
-      metrics.upstreamError(endpoint, 'reset');
-      detector?.failed(endpoint);
-    }
+    if (!settleAsReset(req, res)) return;
     if (res.headersSent) {
       res.destroy();
       return;
@@ -83,6 +80,37 @@ export function createUpstreamProxy(
     res.statusMessage = '';
     sendError(res, 502, 'BadGatewayError', `The upstream${rankOf(req)} closed the connection before finishing its answer.`);
   };
+
+  /**
+   * The upstream answered with something the gateway cannot relay as HTTP: the upstream
+   * connection is dropped (it cannot be trusted for another request), the client gets a 502,
+   * and the endpoint is counted `reset`, as for an answer cut short: the upstream broke HTTP,
+   * it did not report a failure of its own (that is `status_5xx`).
+   */
+  const refuse = (req: ProxiedRequest, res: ServerResponse, upstreamSide: { destroy(): void }, why: string) => {
+    upstreamSide.destroy();
+    const route = routeOf(req)!;
+    route.clearDeadlines();
+    route.body = undefined;
+    if (settleAsReset(req, res)) sendError(res, 502, 'BadGatewayError', `The upstream${rankOf(req)} ${why}, which the gateway cannot relay.`);
+  };
+
+  /**
+   * Settles the try as a reset, counted against its endpoint; false when it was settled
+   * already or the client left (a client that left is not the upstream's fault).
+   */
+  function settleAsReset(req: ProxiedRequest, res: ServerResponse): boolean {
+    const route = routeOf(req)!;
+    if (route.phase === SETTLED) return false;
+    route.phase = SETTLED;
+    if (clientGone(res)) return false;
+    const endpoint = route.endpoint;
+    if (endpoint) {
+      metrics.upstreamError(endpoint, 'reset');
+      detector?.failed(endpoint, 'request', req);
+    }
+    return true;
+  }
 
   const handlers = {
     proxyReq(proxyReq: ClientRequest, req: ProxiedRequest, res: ServerResponse) {
@@ -94,8 +122,22 @@ export function createUpstreamProxy(
       const route = routeOf(req)!;
       if (route.body !== undefined) proxyReq.write(route.body);
       armDeadlines(route, proxyReq, connectTimeoutMs, firstByteTimeoutMs);
+      // Node's client hands a 101 with `Upgrade` only to an 'upgrade' listener and otherwise
+      // drops the socket without an event, which would leave the client without an answer.
+      proxyReq.on('upgrade', (_answer: IncomingMessage, socket: Socket) => refuse(req, res, socket, 'switched protocols unasked (101)'));
     },
     proxyRes(proxyRes: IncomingMessage, req: ProxiedRequest, res: ServerResponse) {
+      // Checked before http-proxy copies status and headers, which Node's server would throw
+      // on, outside any handler, taking every other request down with the process.
+      const refusal = unrelayable(proxyRes, checkHeaders);
+      if (refusal !== undefined) {
+        refuse(req, res, proxyRes, refusal);
+        return;
+      }
+      stripHopByHop(proxyRes.headers);
+      // http-proxy would otherwise echo the client's `Connection` (stripped on the way up) or
+      // default to keep-alive: the client connection's fate is what Node's server decided.
+      proxyRes.headers.connection = res.shouldKeepAlive ? 'keep-alive' : 'close';
       const route = routeOf(req)!;
       route.clearDeadlines();
       route.phase = RESPONDING;
@@ -105,7 +147,7 @@ export function createUpstreamProxy(
       if (endpoint) {
         if (proxyRes.statusCode !== undefined && proxyRes.statusCode >= 500) {
           metrics.upstreamError(endpoint, 'status_5xx');
-          detector?.failed(endpoint);
+          detector?.failed(endpoint, 'request', req);
         } else {
           // Any answer below 500, a 4xx included, shows the endpoint alive: a client's bad
           // request is never the endpoint's fault.
@@ -133,7 +175,8 @@ export function createUpstreamProxy(
       const kind = classify(error);
       if (endpoint) {
         metrics.upstreamError(endpoint, kind);
-        detector?.failed(endpoint);
+        // A first-byte timeout may be the request's own doing (a long generation); the rest never reached an answer.
+        detector?.failed(endpoint, error.code === FIRST_BYTE_TIMEOUT ? 'request' : 'connection', req);
         if (retry !== undefined && !res.headersSent && mayRetry(error) && retry(req, res, endpoint)) return;
       }
       const rank = rankOf(req);
@@ -152,7 +195,7 @@ export function createUpstreamProxy(
     target: upstream.url,
     agent,
     changeOrigin: true,
-    xfwd: config.xfwd,
+    xfwd: config.xfwd !== false,
     // http-proxy-middleware's default plugins cost every request a URL parse (for its logger,
     // silent unless configured) and two listeners with closures (for `debug` output); what
     // they guard, the handlers here do: errors are answered, and a client that leaves stops

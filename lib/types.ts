@@ -63,10 +63,17 @@ export interface AffinityOptions {
   /** Top-level JSON body field holding the key, or `false`. Default: `'user'`. */
   bodyField?: string | false;
   /**
-   * In-flight guard: a request whose session's endpoint is loaded above `⌈loadFactor × mean⌉`
-   * goes, this once, to the next endpoint in the session's hash order. Default: `1.25`.
+   * In-flight guard: a request whose session's endpoint is loaded above both
+   * `⌈loadFactor × mean⌉` and the least loaded endpoint's load plus `loadSlack` goes, this once,
+   * to the next endpoint in the session's hash order. Default: `1.25`.
    */
   loadFactor?: number;
+  /**
+   * The in-flight guard's absolute slack, in requests: at low load a session stays on its
+   * endpoint (and its cache) while that endpoint is at most this many requests ahead of the
+   * least loaded one; a hot session still spills. `0` leaves only the ratio. Default: `4`.
+   */
+  loadSlack?: number;
   /**
    * Session balance: a new session goes to the first endpoint of its hash order holding fewer
    * than `⌈keyLoadFactor × (sessions + 1) / endpoints⌉` sessions. Default: `1`.
@@ -93,25 +100,45 @@ export interface TimeoutOptions {
 }
 
 /**
- * Passive outlier detection (Envoy's name): an endpoint that fails `consecutiveFailures` times
- * in a row (connect error, timeout, reset, or a 5xx answer) is taken out of rotation for a
- * cool-down, then half-open: one trial request decides whether it comes back. A 4xx answer is
- * the request's fault, never the endpoint's, and counts as a success like any answer below 500.
+ * Passive outlier detection (Envoy's name), on two kinds of evidence:
+ *
+ * - **Connection failures** (refused, unreachable, connect timeout, reset before any answer)
+ *   are about the server: `consecutiveFailures` of them in a row to one upstream URL take every
+ *   rank behind it out of rotation together. No cap: with every server out, the router answers
+ *   503 at once.
+ * - **Request failures** (a 5xx answer, a first-byte timeout, an answer cut short) may be
+ *   provoked by the request itself: `consecutiveFailures` in a row take one endpoint out only
+ *   when they came from at least `minimumClients` distinct clients, and at most
+ *   `maxEjectionPercent` of the endpoints at once.
+ *
+ * Out of rotation is a cool-down, then half-open: one trial request decides whether the server
+ * or endpoint comes back (a passing active health check also brings a server back). A 4xx
+ * answer is the request's fault, never the endpoint's, and counts as a success like any answer
+ * below 500.
  */
 export interface OutlierDetectionOptions {
-  /** Consecutive failures that eject an endpoint. Default: `5`. */
+  /** Consecutive failures that eject a server (connection failures) or an endpoint (request failures). Default: `5`. */
   consecutiveFailures?: number;
   /** The first cool-down; it doubles for each ejection in a row, up to `maxEjectionMs`. Default: `10_000` ms. */
   baseEjectionMs?: number;
   /** The longest cool-down. Default: `300_000` ms. */
   maxEjectionMs?: number;
   /**
-   * At most this share of the router's endpoints is ejected at once (rounded down, at least
-   * one endpoint), and ejection never takes out the last endpoint in rotation: with every
-   * endpoint failing, requests still reach one and get the upstream's own error rather than a
-   * blanket 503. Default: `50`.
+   * For request failures only: at most this share of the router's endpoints is ejected at once
+   * (rounded down, at least one endpoint), and never the last endpoint in rotation: a server
+   * that still answers gives its own error rather than a blanket 503. Connection failures are
+   * not capped. Default: `50`.
    */
   maxEjectionPercent?: number;
+  /**
+   * For request failures only: the distinct clients whose requests must be among a failure run
+   * before it ejects an endpoint, so that one client cannot evict capacity for everyone with
+   * requests that make the engine fail. A client is `req.ip` (Express's, which follows your
+   * app's `trust proxy` setting: set it behind a load balancer, or every request is the
+   * balancer's), else the socket's address; an IPv6 client counts by its /64. `1` counts
+   * failures from anyone. Default: `3`.
+   */
+  minimumClients?: number;
 }
 
 /**
@@ -208,11 +235,17 @@ export interface Options {
   /** Answer with `X-DP-Router-Decision` (reveals server layout). Default: `false`. */
   exposeDecision?: boolean;
   /**
-   * Append the client's address, port and protocol to `X-Forwarded-For`, `-Port` and `-Proto`
-   * (and set `X-Forwarded-Host`) on proxied requests, as http-proxy-middleware's `xfwd` does.
-   * Default: `false`, as there; it costs about 5 % more instructions per request (`npm run bench:instructions`).
+   * Tell the upstream who the client is, in `X-Forwarded-For`, `-Host`, `-Port` and `-Proto`.
+   * `true`: the gateway's own view (the peer's address, the `Host` header, the local port and
+   * protocol), replacing whatever the client sent in those headers and in `Forwarded`, which
+   * anyone could forge. `'append'`: behind a proxy you trust, which sets them itself: the
+   * peer's address, port and protocol are appended to the values it sent and its
+   * `X-Forwarded-Host` kept (http-proxy-middleware's `xfwd`). Like Express's `trust proxy`,
+   * incoming values are trusted only when you say so. Default: `false` (headers left as they
+   * came). It costs about 5 % more instructions per request (measured with `'append'`;
+   * `npm run bench:instructions`).
    */
-  xfwd?: boolean;
+  xfwd?: boolean | 'append';
   /** Settings of the `'prefix-aware'` policy (block size, index memory bound, load thresholds). */
   prefixAware?: Omit<PrefixAwareOptions, 'fallback'>;
   /** Passive ejection of failing endpoints, or `false`. Default: on, with the defaults of {@link OutlierDetectionOptions}. */

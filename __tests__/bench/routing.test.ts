@@ -1,18 +1,69 @@
-import { describe, expect, it } from '@jest/globals';
-import { POLICIES, runRoutingBenchmark } from '../../bench/routing/run';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { runBench } from './cli';
+
+/** Every policy in the simulator's comparison, in table order. */
+const POLICIES = [
+  'round-robin',
+  'random',
+  'least-outstanding',
+  'power-of-two',
+  'session-affinity',
+  'prefix-aware',
+  'vllm-internal',
+  'sglang-cache-aware',
+  'oracle',
+];
+
+interface Result {
+  policy: string;
+  completed: number;
+  hitRate: number;
+  unboundedHitRate: number;
+  maxOverMean: number;
+  cov: number;
+  sameRankRate: number | null;
+  ttftP50: number;
+  ttftP99: number;
+  low: { ttftP50: number; ttftP99: number };
+}
+
+interface Report {
+  ranks: number;
+  workloads: Array<{ workload: string; requests: number; fleetBoundHitRate: number; results: Result[] }>;
+  targets: Array<{ target: string; pass: boolean; measured: string }>;
+}
+
+/** `npm run bench:routing -- --size small --seed 42 --out DIR`, read back from the JSON it writes. */
+async function runSimulator(dir: string): Promise<Report> {
+  const run = await runBench('bench/routing/main.ts', ['--size', 'small', '--seed', '42', '--out', dir], 60_000);
+  if (run.code !== 0) throw new Error(`bench:routing exited with ${run.code}\n${run.stderr}`);
+  return JSON.parse(readFileSync(join(dir, 'routing-small.json'), 'utf8')) as Report;
+}
 
 describe('routing simulator (small)', () => {
-  const report = runRoutingBenchmark({ size: 'small', seed: 42 });
+  const dirs = [mkdtempSync(join(tmpdir(), 'dp-router-routing-')), mkdtempSync(join(tmpdir(), 'dp-router-routing-'))];
+  let report: Report;
+  let again: Report;
+
+  beforeAll(async () => {
+    [report, again] = await Promise.all(dirs.map(runSimulator));
+  }, 90_000);
+
+  afterAll(() => {
+    for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
+  });
 
   it('is deterministic for a seed', () => {
-    const again = runRoutingBenchmark({ size: 'small', seed: 42 });
     expect(again.workloads).toEqual(report.workloads);
   });
 
   it('reports every policy on every workload with sane numbers', () => {
     expect(report.workloads.map((w) => w.workload)).toEqual(['shared-prefix', 'multi-turn', 'mooncake']);
     for (const workload of report.workloads) {
-      expect(workload.results.map((r) => r.policy)).toEqual(POLICIES.map((p) => p.name));
+      expect(workload.results.map((r) => r.policy)).toEqual(POLICIES);
       for (const r of workload.results) {
         expect(r.completed).toBe(workload.requests);
         expect(r.hitRate).toBeGreaterThanOrEqual(0);

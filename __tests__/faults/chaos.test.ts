@@ -99,7 +99,8 @@ describe('chaos: upstreams killed, restarted and stalled during traffic', () => 
   });
 
   it('routes around a stalled upstream: first-byte timeouts answer 504, then it is ejected', async () => {
-    const [, b] = await twoVllms({ timeouts: { firstByteMs: 150 } });
+    // First-byte timeouts are request failures; these clients share one address, so every one counts.
+    const [, b] = await twoVllms({ timeouts: { firstByteMs: 150 }, outlierDetection: { consecutiveFailures: 3, baseEjectionMs: 200, maxEjectionMs: 400, minimumClients: 1 } });
     b.current!.fault = { kind: 'stall' };
     const load = traffic(gateway!.url, 4);
     await sleep(900);

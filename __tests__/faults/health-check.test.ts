@@ -113,6 +113,25 @@ describe('active health checks', () => {
     expect((await exchange(gateway.url, { body: '{"model":"mock-model","prompt":"hi","max_tokens":2}' })).status).toBe(200);
   });
 
+  it('brings a server ejected for refused connections back as soon as its probe passes, before the cool-down ends', async () => {
+    const mock = await vllm(2);
+    gateway = await startGateway({
+      upstreams: [{ url: mock.url, name: 'm', dataParallelSize: 2 }],
+      retries: false,
+      outlierDetection: { consecutiveFailures: 2, baseEjectionMs: 60_000 },
+      // Probes alone would take the server out only after many failures: the ejection is the router's own.
+      healthCheck: { intervalMs: 20, timeoutMs: 200, unhealthyThreshold: 1000 },
+    });
+    await mock.kill();
+    expect((await exchange(gateway.url)).status).toBe(502);
+    expect((await exchange(gateway.url)).status).toBe(502);
+    expect(healthyOf(gateway, 'm')).toEqual([false, false]);
+    expect((await exchange(gateway.url)).status).toBe(503);
+    await mock.restart();
+    await waitFor(() => healthyOf(gateway!, 'm').every((healthy) => healthy), 3000);
+    expect((await exchange(gateway.url, { body: '{"model":"mock-model","prompt":"hi","max_tokens":2}' })).status).toBe(200);
+  });
+
   it('stops probing on close()', async () => {
     const upstream = await echo();
     gateway = await startGateway({ upstreams: [{ url: upstream.url, name: 'a' }], healthCheck: { intervalMs: 10 } });

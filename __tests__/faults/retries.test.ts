@@ -37,7 +37,7 @@ function pair(a: string, b: string, extra: Partial<Options> = {}): Options {
 describe('retries', () => {
   it('retries a refused connection on the other upstream, replaying each body byte for byte', async () => {
     const live = await echo();
-    gateway = await startGateway(pair(await deadUrl(), live.url, { xfwd: true }));
+    gateway = await startGateway(pair(await deadUrl(), live.url, { xfwd: 'append' }));
     const bodies = Array.from({ length: 8 }, (_, index) => JSON.stringify({ prompt: `request ${index} ${'é'.repeat(index * 50)}` }));
     for (const body of bodies) {
       const answer = await exchange(gateway.url, { body, headers: { 'x-forwarded-for': '10.0.0.1' } });
@@ -55,6 +55,20 @@ describe('retries', () => {
     await waitFor(() => allIdle(gateway!));
     const samples = parseExposition(await gateway.registry.metrics());
     expect(sumSamples(samples, 'dp_router_request_duration_seconds_count')).toBe(8);
+  });
+
+  it('with xfwd: true a retry sends the gateway\'s own view once, the client\'s claims dropped', async () => {
+    const live = await echo();
+    gateway = await startGateway(pair(await deadUrl(), live.url, { xfwd: true }));
+    for (let index = 0; index < 4; index++) {
+      const answer = await exchange(gateway.url, { headers: { 'x-forwarded-for': '10.0.0.1', 'x-forwarded-proto': 'https' } });
+      expect(answer.status).toBe(200);
+    }
+    const host = new URL(gateway.url).host;
+    for (const seen of live.seen) {
+      expect(seen.headers).toMatchObject({ 'x-forwarded-for': '127.0.0.1', 'x-forwarded-proto': 'http', 'x-forwarded-host': host });
+    }
+    expect(await metricValue(gateway.registry, 'dp_router_upstream_errors_total', { upstream: 'a', kind: 'connect' })).toBeGreaterThanOrEqual(1);
   });
 
   it('retries a connection reset before any answer', async () => {

@@ -27,12 +27,20 @@ export interface Exchange {
 /** Sends one request on a fresh connection and collects whatever comes back, never rejecting. */
 export function exchange(
   url: string,
-  options: { method?: string; path?: string; headers?: Record<string, string | string[]>; body?: string | Buffer } = {},
+  options: {
+    method?: string;
+    path?: string;
+    headers?: Record<string, string | string[]>;
+    body?: string | Buffer;
+    /** The client's own address, e.g. `127.0.0.2`: a distinct client on loopback. */
+    localAddress?: string;
+  } = {},
 ): Promise<Exchange> {
   return new Promise((resolve) => {
     const outgoing = httpRequest(`${url}${options.path ?? '/v1/completions'}`, {
       method: options.method ?? 'POST',
       agent: false,
+      localAddress: options.localAddress,
       headers: { 'content-type': 'application/json', ...options.headers },
     });
     outgoing.on('response', (response) => {

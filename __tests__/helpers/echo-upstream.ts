@@ -1,5 +1,6 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo, Socket } from 'node:net';
+import type { AddressInfo } from 'node:net';
+import { closerOf } from './raw-http';
 
 /** What the echo upstream saw of one request. */
 export interface SeenRequest {
@@ -21,7 +22,6 @@ export interface EchoUpstream {
 
 /** A real upstream on 127.0.0.1:0 that records every request and answers with what it saw. */
 export async function startEchoUpstream(): Promise<EchoUpstream> {
-  const sockets = new Set<Socket>();
   const upstream: EchoUpstream = { url: '', seen: [], respond: undefined, close: async () => undefined };
   const server: Server = createServer((req, res) => {
     const chunks: Buffer[] = [];
@@ -42,16 +42,8 @@ export async function startEchoUpstream(): Promise<EchoUpstream> {
       res.end(payload);
     });
   });
-  server.on('connection', (socket) => {
-    sockets.add(socket);
-    socket.on('close', () => sockets.delete(socket));
-  });
+  upstream.close = closerOf(server);
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   upstream.url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
-  upstream.close = () =>
-    new Promise<void>((resolve) => {
-      for (const socket of sockets) socket.destroy();
-      server.close(() => resolve());
-    });
   return upstream;
 }

@@ -1,4 +1,4 @@
-import { connect } from 'node:net';
+import { connect, createServer, type AddressInfo, type Server, type Socket } from 'node:net';
 
 /**
  * Sends bytes exactly as given (duplicate header lines included) and returns the raw answer.
@@ -15,4 +15,61 @@ export function rawRequest(url: string, request: string): Promise<string> {
     socket.on('end', () => resolve(answer));
     socket.on('error', reject);
   });
+}
+
+/** One request as the raw upstream read it: the head (request line and header lines) as sent. */
+export interface RawSeen {
+  head: string;
+}
+
+export interface RawUpstream {
+  url: string;
+  seen: RawSeen[];
+  /** The bytes (latin1) to answer a request with, given its head; the socket is then ended. */
+  answer: (head: string) => string | Buffer | Promise<string | Buffer>;
+  close(): Promise<void>;
+}
+
+/**
+ * A `node:net` upstream that answers each request with exactly the bytes `answer` returns
+ * (hostile status lines and headers included, which no `node:http` server would write), then
+ * ends the connection. It answers once the head has arrived and ignores any body.
+ */
+export async function startRawUpstream(answer: RawUpstream['answer']): Promise<RawUpstream> {
+  const upstream: RawUpstream = { url: '', seen: [], answer, close: async () => undefined };
+  const server: Server = createServer((socket) => {
+    socket.on('error', () => undefined);
+    let head = '';
+    socket.setEncoding('latin1');
+    const onData = (chunk: string) => {
+      head += chunk;
+      const end = head.indexOf('\r\n\r\n');
+      if (end === -1) return;
+      socket.off('data', onData);
+      head = head.slice(0, end);
+      upstream.seen.push({ head });
+      void Promise.resolve(upstream.answer(head)).then((bytes) => {
+        socket.end(typeof bytes === 'string' ? Buffer.from(bytes, 'latin1') : bytes);
+      });
+    };
+    socket.on('data', onData);
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  upstream.url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  upstream.close = closerOf(server);
+  return upstream;
+}
+
+/** Tracks `server`'s connections; the returned `close()` destroys them and waits for the server. */
+export function closerOf(server: Server): () => Promise<void> {
+  const sockets = new Set<Socket>();
+  server.on('connection', (socket: Socket) => {
+    sockets.add(socket);
+    socket.on('close', () => sockets.delete(socket));
+  });
+  return () =>
+    new Promise<void>((resolve) => {
+      for (const socket of sockets) socket.destroy();
+      server.close(() => resolve());
+    });
 }

@@ -1,3 +1,4 @@
+import fc from 'fast-check';
 import type { Endpoint } from '../../lib';
 
 /** A mutable endpoint for policy tests: policies read only these fields. */
@@ -20,5 +21,12 @@ export function fakeEndpoints(count: number, loads: readonly number[] = []): Fak
 
 export const NO_CONTEXT = { path: '/v1/completions', affinityKey: undefined, prompt: undefined };
 
-/** A seeded generator, so random policies are testable. */
-export { seededRng as seededRandom } from '../../bench/routing/rng';
+/**
+ * A seeded uniform source in [0, 1), so random policies are testable: same seed, same picks.
+ * fast-check's seeded generator, without its bias towards edge values.
+ */
+export function seededRandom(seed: number): () => number {
+  const values = fc.sample(fc.noBias(fc.integer({ min: 0, max: 0x7fffffff })), { seed, numRuns: 10_000 });
+  let next = 0;
+  return () => values[next++ % values.length] / 0x80000000;
+}

@@ -1,6 +1,9 @@
-import { describe, expect, it } from '@jest/globals';
+import { afterEach, describe, expect, it } from '@jest/globals';
 import { sessionAffinity } from '../../lib/policies/session-affinity';
 import type { Endpoint, PickContext, Policy } from '../../lib/types';
+import { startGateway, type TestGateway } from '../helpers/app';
+import { exchange, echoUpstreams } from '../faults/support';
+import { seededRandom } from './fake-endpoints';
 
 function endpoints(count: number, load = 0): Endpoint[] {
   return Array.from({ length: count }, (_, rank) => ({
@@ -141,8 +144,86 @@ describe('sessionAffinity', () => {
     expect(calls).toHaveLength(2);
   });
 
+  it('keeps a session on its endpoint while it is at most loadSlack requests ahead of the least loaded', () => {
+    const policy = sessionAffinity();
+    const candidates = endpoints(8);
+    const key = 'low-load-session';
+    const home = policy.pick(candidates, ctx(key));
+    const withHome = (load: number) => candidates.map((e) => (e === home ? { ...e, load, inflight: load } : e));
+    // Three other requests on it, none elsewhere: mean 0.375, ⌈1.25 × mean⌉ = 1, but nothing
+    // queues anywhere, and the session's cache is there.
+    expect(policy.pick(withHome(3), ctx(key)).key).toBe(home.key);
+    expect(policy.pick(withHome(4), ctx(key)).key).toBe(home.key);
+    // A hot session: five ahead of an idle endpoint spills.
+    expect(policy.pick(withHome(5), ctx(key)).key).not.toBe(home.key);
+    // The slack counts from the least loaded endpoint, not from zero.
+    const busy = candidates.map((e) => (e === home ? { ...e, load: 9, inflight: 9 } : { ...e, load: 5, inflight: 5 }));
+    expect(policy.pick(busy, ctx(key)).key).toBe(home.key);
+    const ratioOnly = sessionAffinity({ loadSlack: 0 });
+    const again = ratioOnly.pick(candidates, ctx(key));
+    expect(ratioOnly.pick(candidates.map((e) => (e === again ? { ...e, load: 3, inflight: 3 } : e)), ctx(key)).key).not.toBe(again.key);
+    expect(() => sessionAffinity({ loadSlack: -1 })).toThrow(/loadSlack/);
+  });
+
   it('rejects a load factor below 1', () => {
     expect(() => sessionAffinity({ loadFactor: 0.5 })).toThrow(TypeError);
     expect(() => sessionAffinity({ loadFactor: Number.NaN })).toThrow(/loadFactor/);
+  });
+});
+
+describe('sessionAffinity through the middleware', () => {
+  const echo = echoUpstreams();
+  let gateway: TestGateway | undefined;
+  afterEach(async () => {
+    await gateway?.close();
+    gateway = undefined;
+  });
+
+  it('keeps ≥ 99% of follow-up turns on the previous rank: 128 sessions × 4 turns on 8 ranks at concurrency 8', async () => {
+    const upstream = await echo();
+    let answered = 0;
+    // Each answer takes a moment, so that the eight clients' requests overlap as real ones do.
+    upstream.respond = (_req, res) => {
+      const rankHeaders = upstream.seen[upstream.seen.length - 1].rankHeaders;
+      setTimeout(() => {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ rankHeaders }));
+      }, 1 + (answered++ % 4));
+    };
+    gateway = await startGateway({ upstreams: [{ url: upstream.url, dataParallelSize: 8 }], policy: 'session-affinity' });
+    const url = gateway.url;
+    const sessions = 128;
+    const turns = 4;
+    const ranks: string[][] = Array.from({ length: sessions }, () => []);
+    // Sessions start in a shuffled order and each next turn queues at a random place (think
+    // times differ), so the sessions in flight together are any eight; a session's next turn
+    // waits for its previous answer.
+    const random = seededRandom(13);
+    const ready: number[] = [];
+    const enqueue = (session: number) => ready.splice(Math.floor(random() * (ready.length + 1)), 0, session);
+    for (let session = 0; session < sessions; session++) enqueue(session);
+    const client = async () => {
+      for (let session = ready.shift(); session !== undefined; session = ready.shift()) {
+        const answer = await exchange(url, {
+          path: '/v1/chat/completions',
+          headers: { 'x-session-id': `chat-${session}` },
+          body: JSON.stringify({ model: 'm', messages: [{ role: 'user', content: `turn ${ranks[session].length}` }] }),
+        });
+        expect(answer.status).toBe(200);
+        ranks[session].push(JSON.parse(answer.body).rankHeaders[0]);
+        if (ranks[session].length < turns) enqueue(session);
+      }
+    };
+    await Promise.all(Array.from({ length: 8 }, client));
+    let followUps = 0;
+    let sameRank = 0;
+    for (const visited of ranks) {
+      for (let turn = 1; turn < turns; turn++) {
+        followUps++;
+        if (visited[turn] === visited[turn - 1]) sameRank++;
+      }
+    }
+    expect(followUps).toBe(384);
+    expect(sameRank / followUps).toBeGreaterThanOrEqual(0.99);
   });
 });

@@ -1,12 +1,46 @@
+import { parseArgs } from '../lib/stats';
 import { runFleet, type FleetOptions, type FleetResult } from './fleet';
 
 /**
  * `npm run bench:gateways`: three gateway processes share one mock vLLM under the same load,
  * once with local in-flight counts only and once with load feedback from the mock's
  * /metrics, alternating A B A B. Reports per-rank imbalance of the engines' running requests.
+ *
+ *   npm run bench:gateways [-- --quick]
+ *   npm run bench:gateways -- --single [--feedback-ms 200 --feedback-weight 1 --pinned-share 0.3
+ *                                       --rate 120 --seconds 3 --seed 5]   # one run, its result as JSON
  */
-async function main(): Promise<void> {
-  const quick = process.argv.includes('--quick');
+const USAGE =
+  'usage: npm run bench:gateways -- [--quick] | --single [--gateways N] [--ranks N] [--rate N] [--seconds N] ' +
+  '[--feedback-ms N] [--feedback-weight X] [--pinned-share X] [--decode-ms N] [--seed N]';
+
+const SINGLE_FLAGS: Record<string, keyof FleetOptions> = {
+  gateways: 'gateways',
+  ranks: 'ranks',
+  rate: 'rate',
+  seconds: 'seconds',
+  'feedback-ms': 'feedbackMs',
+  'feedback-weight': 'feedbackWeight',
+  'pinned-share': 'pinnedShare',
+  'decode-ms': 'decodeMsPerToken',
+  seed: 'seed',
+};
+
+/** One run with the settings given on the command line; prints `{ options, result }` as JSON. */
+async function single(args: Map<string, string | true>): Promise<void> {
+  const options: FleetOptions = { gateways: 3, ranks: 8, rate: 120, seconds: 4, feedbackMs: 0, feedbackWeight: 0.5, pinnedShare: 0, decodeMsPerToken: 10, seed: 17 };
+  for (const [flag, value] of args) {
+    if (flag === 'single') continue;
+    const key = SINGLE_FLAGS[flag];
+    const number = Number(value);
+    if (!key || value === true || !Number.isFinite(number) || number < 0) throw new Error(`--${flag}: unknown flag or not a number ≥ 0; ${USAGE}`);
+    options[key] = number;
+  }
+  const result = await runFleet(options);
+  process.stdout.write(`${JSON.stringify({ options, result })}\n`);
+}
+
+async function grid(quick: boolean): Promise<void> {
   const rounds = quick ? 1 : 2;
   const base: Omit<FleetOptions, 'feedbackMs' | 'pinnedShare' | 'seed'> = {
     gateways: 3,
@@ -44,6 +78,13 @@ async function main(): Promise<void> {
       );
     }
   }
+}
+
+async function main(): Promise<void> {
+  const args = parseArgs(process.argv.slice(2));
+  if (args.has('single')) return single(args);
+  for (const flag of args.keys()) if (flag !== 'quick') throw new Error(`unknown flag --${flag}; ${USAGE}`);
+  return grid(args.has('quick'));
 }
 
 main().catch((error: unknown) => {

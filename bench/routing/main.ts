@@ -1,7 +1,8 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { formatTable, formatTargets, renderSvg } from './report';
-import { type BenchSize, runRoutingBenchmark } from './run';
+import type { BenchSize } from './results';
+import { runRoutingBenchmark } from './run';
 
 /** `npm run bench:routing -- [--size small|full] [--out DIR] [--seed N] [--trace FILE.jsonl]` */
 function parseArgs(argv: readonly string[]): { size: BenchSize; out: string; seed: number; trace?: string } {

@@ -1,4 +1,4 @@
-import type { BenchReport, WorkloadResult } from './run';
+import type { BenchReport, WorkloadResult } from './results';
 
 const pct = (x: number): string => `${(x * 100).toFixed(1)}%`;
 const ms = (seconds: number): string => (seconds * 1000).toFixed(0);

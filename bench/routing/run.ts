@@ -7,9 +7,10 @@ import { roundRobin } from '../../lib/policies/round-robin';
 import { sessionAffinity } from '../../lib/policies/session-affinity';
 import { oracle, sglangCacheAware, vllmInternalBalancer } from './baselines';
 import { type RankModel, SimRank } from './rank';
+import type { BenchReport, BenchSize } from './results';
 import { seededRng } from './rng';
 import { type PolicyFactory, type RunMetrics, SimEndpoint, simulate } from './simulator';
-import { evaluateTargets, type TargetResult } from './targets';
+import { evaluateTargets } from './targets';
 import {
   type FleetCapacity,
   LOAD_LEVELS,
@@ -20,43 +21,11 @@ import {
   type Workload,
 } from './workloads';
 
-/** `small` is the CI smoke size (seconds); `full` is the issue's workload sizes. */
-export type BenchSize = 'small' | 'full';
-
 export interface BenchOptions {
   size?: BenchSize;
   seed?: number;
   /** A Mooncake-format JSONL trace; default: the committed generated fixture. */
   tracePath?: string;
-}
-
-/** One policy on one workload: the high-load run's cache and balance figures, TTFT at both levels. */
-export interface PolicyResult extends RunMetrics {
-  policy: string;
-  low: { ttftP50: number; ttftP99: number; hitRate: number };
-}
-
-export interface WorkloadResult {
-  workload: string;
-  description: string;
-  requests: number;
-  rankCacheBlocks: number;
-  /** Arrival scale per level: seconds per unit of the workload's timing. */
-  secondsPerUnit: { low: number; high: number };
-  /** One unbounded cache shared by every rank: what any routing could reach at most. */
-  fleetBoundHitRate: number;
-  results: PolicyResult[];
-}
-
-export interface BenchReport {
-  size: BenchSize;
-  seed: number;
-  ranks: number;
-  model: RankModel;
-  loadLevels: typeof LOAD_LEVELS;
-  workloads: WorkloadResult[];
-  targets: TargetResult[];
-  elapsedSeconds: number;
 }
 
 export const RANKS = 8;

@@ -1,11 +1,4 @@
-import type { PolicyResult, WorkloadResult } from './run';
-
-/** One of the targets, checked against this run. */
-export interface TargetResult {
-  target: string;
-  pass: boolean;
-  measured: string;
-}
+import type { PolicyResult, TargetResult, WorkloadResult } from './results';
 
 const f2 = (x: number): string => x.toFixed(2);
 const f3 = (x: number): string => x.toFixed(3);
@@ -15,7 +8,7 @@ function result(workload: WorkloadResult | undefined, policy: string): PolicyRes
   return workload?.results.find((r) => r.policy === policy);
 }
 
-/** Checks the targets (8 ranks, one run) against the measured figures. */
+/** Checks the routing targets (8 ranks, one run) against the measured figures. */
 export function evaluateTargets(workloads: readonly WorkloadResult[]): TargetResult[] {
   const targets: TargetResult[] = [];
   const byName = (name: string) => workloads.find((w) => w.workload === name);

@@ -1,4 +1,4 @@
-import { hashString } from '../hash';
+import { hashString, keyedMix32, randomKey32 } from '../hash';
 import type { Endpoint, PickContext, Policy } from '../types';
 import { leastOutstanding } from './least-outstanding';
 
@@ -18,6 +18,16 @@ export interface PrefixAwareOptions {
    * Default: `32768`.
    */
   maxBlocksPerEndpoint?: number;
+  /**
+   * The work bound per request: only a prompt's first `maxBlocksPerRequest` blocks are hashed,
+   * looked up and recorded; the rest of a longer prompt is routed as if it were not there
+   * (its head decides where its cache is anyway). With the index's bounded probing, one
+   * request costs at most this many blocks × a fixed number of slot probes, whatever its text.
+   * Default: `16384` blocks (1 MiB of prompt at 64 characters, about 256 K tokens: past the
+   * 128 K-token context of most served models), or `maxBlocksPerEndpoint` when that is smaller,
+   * so that one request cannot flush an endpoint's index.
+   */
+  maxBlocksPerRequest?: number;
   /**
    * Weight of the content-balance term: an endpoint that received a share `s` of the new
    * blocks recently sent to the candidates (about the last one to two caches' worth) costs
@@ -67,6 +77,10 @@ const WORK_SMOOTHING = 1 / 32;
 export function prefixAware(options: PrefixAwareOptions = {}): Policy {
   const blockChars = positiveInteger(options.blockChars ?? 64, 'blockChars');
   const maxBlocks = positiveInteger(options.maxBlocksPerEndpoint ?? 32768, 'maxBlocksPerEndpoint');
+  const maxRequestBlocks = positiveInteger(options.maxBlocksPerRequest ?? Math.min(16384, maxBlocks), 'maxBlocksPerRequest');
+  // One key for every index of this policy: slots are unpredictable to clients, and the
+  // content hashes themselves stay deterministic (replicas may place prefixes by them).
+  const slotKey = randomKey32();
   const contentBalance = nonNegative(options.contentBalance ?? 1, 'contentBalance');
   const fallback = options.fallback ?? leastOutstanding();
   const indexes = new Map<string, BlockIndex>();
@@ -80,14 +94,9 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
   let recentTotal = 0;
 
   function hashBlocks(prompt: string): number {
-    const count = Math.floor(prompt.length / blockChars);
-    if (count > blockHashes.length) blockHashes = new Int32Array(Math.max(count, blockHashes.length * 2));
-    let hash = 0;
-    for (let i = 0; i < count; i++) {
-      hash = hashString(prompt, hash, i * blockChars, (i + 1) * blockChars);
-      blockHashes[i] = hash;
-    }
-    return count;
+    const count = Math.min(Math.floor(prompt.length / blockChars), maxRequestBlocks);
+    if (count > blockHashes.length) blockHashes = new Int32Array(Math.min(Math.max(count, blockHashes.length * 2), maxRequestBlocks));
+    return hashPromptBlocks(prompt, blockChars, count, blockHashes);
   }
 
   function forgetAbsentEndpoints(): void {
@@ -161,7 +170,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
 
       let index = indexes.get(chosen.key);
       if (index === undefined) {
-        index = new BlockIndex(maxBlocks);
+        index = new BlockIndex(maxBlocks, slotKey);
         index.lastCandidatePick = picks;
         indexes.set(chosen.key, index);
       }
@@ -184,6 +193,20 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
 }
 
 /**
+ * Writes the chained content hashes of the prompt's first `count` blocks into `out`: block
+ * `i`'s hash covers all text before its end, as vLLM's block hashes do. Deterministic, the same
+ * in every process. Returns `count`.
+ */
+export function hashPromptBlocks(prompt: string, blockChars: number, count: number, out: Int32Array): number {
+  let hash = 0;
+  for (let i = 0; i < count; i++) {
+    hash = hashString(prompt, hash, i * blockChars, (i + 1) * blockChars);
+    out[i] = hash;
+  }
+  return count;
+}
+
+/**
  * The block hashes one endpoint was sent, approximately least-recently-used: two
  * generations of at most `maxBlocks` hashes each; when the current one fills, the older is
  * dropped whole. So the `maxBlocks` most recently used hashes are always held (the rank's
@@ -200,10 +223,16 @@ export class BlockIndex {
   private previous: HashSet32;
   private readonly generationSize: number;
 
-  constructor(maxBlocks: number) {
+  /** `slotKey` keys the tables' slot hash; a random one (the default) keeps clients from forging collisions. */
+  constructor(maxBlocks: number, slotKey = randomKey32()) {
     this.generationSize = maxBlocks;
-    this.current = new HashSet32(this.generationSize);
-    this.previous = new HashSet32(this.generationSize);
+    this.current = new HashSet32(this.generationSize, slotKey);
+    this.previous = new HashSet32(this.generationSize, slotKey);
+  }
+
+  /** Slot probes past the first, over the index's life: the work hash collisions cost. */
+  get extraProbes(): number {
+    return this.current.extraProbes + this.previous.extraProbes;
   }
 
   /** How many block hashes are held (never more than `2 × maxBlocks`). */
@@ -263,13 +292,31 @@ export class BlockIndex {
   }
 }
 
-/** A fixed-capacity set of 32-bit hashes with linear probing; 0 marks an empty slot. */
+/**
+ * Slots a lookup or insertion probes at most. At the tables' load of at most one half, the
+ * longest run of occupied slots in a table of 2^16 slots is about 50 with a random slot hash,
+ * so the bound almost never turns a hash away, and it caps the work of any one operation
+ * whatever the hashes are.
+ */
+export const MAX_PROBES = 64;
+
+/**
+ * A fixed-capacity set of 32-bit hashes with linear probing from a keyed slot hash; 0 marks
+ * an empty slot. A hash is never stored more than `MAX_PROBES − 1` slots past its home slot
+ * (an insertion that would go further is dropped: the index forgets that block), so a lookup
+ * that has probed `MAX_PROBES` slots knows the hash is absent.
+ */
 class HashSet32 {
   size = 0;
+  /** Probes past the first slot, ever (not reset by `clear`). */
+  extraProbes = 0;
   private readonly slots: Int32Array;
   private readonly mask: number;
 
-  constructor(maxEntries: number) {
+  constructor(
+    maxEntries: number,
+    private readonly slotKey: number,
+  ) {
     let capacity = 2;
     while (capacity < maxEntries * 2) capacity *= 2;
     this.slots = new Int32Array(capacity);
@@ -282,24 +329,37 @@ class HashSet32 {
 
   has(hash: number): boolean {
     const key = hash === 0 ? 1 : hash;
-    return this.slots[this.slotOf(key)] === key;
+    const slot = this.slotOf(key);
+    return slot >= 0 && this.slots[slot] === key;
   }
 
-  /** Adds the hash; returns whether it was new. The owner keeps `size` at most half the slots. */
+  /**
+   * Adds the hash; returns whether it was added (false when held, or when its probe run is
+   * full). The owner keeps `size` at most half the slots.
+   */
   add(hash: number): boolean {
     const key = hash === 0 ? 1 : hash;
     const slot = this.slotOf(key);
-    if (this.slots[slot] === key) return false;
+    if (slot < 0 || this.slots[slot] === key) return false;
     this.slots[slot] = key;
     this.size++;
     return true;
   }
 
-  /** Linear probing: the slot holding `key`, or the empty slot where it would go. */
+  /**
+   * Linear probing: the slot holding `key`, or the empty slot where it would go; -1 when
+   * `MAX_PROBES` slots hold neither.
+   */
   private slotOf(key: number): number {
     const slots = this.slots;
-    let slot = key & this.mask;
-    while (slots[slot] !== key && slots[slot] !== 0) slot = (slot + 1) & this.mask;
+    let slot = keyedMix32(key, this.slotKey) & this.mask;
+    let probed = 1;
+    while (slots[slot] !== key && slots[slot] !== 0) {
+      if (probed === MAX_PROBES) return -1;
+      probed++;
+      this.extraProbes++;
+      slot = (slot + 1) & this.mask;
+    }
     return slot;
   }
 

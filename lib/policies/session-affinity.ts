@@ -1,15 +1,26 @@
-import { combine32, hashString } from '../hash';
+import { combine32, hashString, keyedMix32, randomKey32 } from '../hash';
 import type { Endpoint, PickContext, Policy } from '../types';
 import { leastOutstanding } from './least-outstanding';
 
 /** Options of {@link sessionAffinity}. */
 export interface SessionAffinityOptions {
   /**
-   * In-flight guard `c`: a request whose session's endpoint has a load above `⌈c × mean load⌉`
-   * goes, this once, to the next endpoint of the session's hash order that is within that
-   * bound; the session keeps its endpoint. At least 1. Default: `1.25`.
+   * In-flight guard `c`: a request whose session's endpoint has a load above
+   * `max(⌈c × mean load⌉, least load + loadSlack)` goes, this once, to the next endpoint of the
+   * session's hash order that is within that bound; the session keeps its endpoint. At least 1.
+   * Default: `1.25`.
    */
   loadFactor?: number;
+  /**
+   * The in-flight guard's absolute slack: the session's endpoint keeps its requests while its
+   * load is at most this much above the least loaded candidate's, whatever the ratio says (as
+   * SGLang's `balance_abs_threshold`). At low load a ratio alone is noise: with 8 requests in
+   * flight on 8 endpoints the mean is 1, so two other sessions' requests would push a session
+   * away from its cache although nothing queues. A hot session still spills once its endpoint
+   * is this far ahead. `0` leaves only the ratio. Default: `4` (with 8 sessions in flight on
+   * 8 endpoints, about 1 follow-up turn in 2000 spills).
+   */
+  loadSlack?: number;
   /**
    * Key balance `c_k`: a new session is assigned to the first endpoint of its hash order that
    * holds fewer than `⌈c_k × (sessions + 1) / endpoints⌉` of the remembered sessions
@@ -45,8 +56,9 @@ const MAX_ENDPOINT_KEYS = 4096;
  *   uneven (balls into bins); this is not. A remembered session stays on its endpoint while
  *   that endpoint is a candidate: removing an endpoint moves only its sessions; adding one
  *   moves none (new sessions fill it).
- * - **Requests.** When the session's endpoint has a load above `⌈loadFactor × mean⌉`, the
- *   request alone goes to the first endpoint of the session's order within that bound.
+ * - **Requests.** When the session's endpoint has a load above both `⌈loadFactor × mean⌉` and
+ *   the least load plus `loadSlack`, the request alone goes to the first endpoint of the
+ *   session's order within that bound.
  *
  * Per pick: one hash of the key, one `Map` lookup and touch, two passes over the candidates;
  * no allocation beyond the LRU's own entry.
@@ -57,6 +69,10 @@ const MAX_ENDPOINT_KEYS = 4096;
  */
 export function sessionAffinity(options: SessionAffinityOptions = {}): Policy {
   const loadFactor = atLeastOne(options.loadFactor ?? 1.25, 'loadFactor', 'use 1.25 for the default bound.');
+  const loadSlack = options.loadSlack ?? 4;
+  if (!Number.isFinite(loadSlack) || loadSlack < 0) {
+    throw new TypeError(`sessionAffinity: loadSlack must be a finite number >= 0 (got ${String(loadSlack)}); use 4 for the default slack.`);
+  }
   const keyLoadFactor = atLeastOne(options.keyLoadFactor ?? 1, 'keyLoadFactor', 'use 1 for the default bound.');
   const maxSessions = options.maxSessions ?? 65536;
   if (!Number.isInteger(maxSessions) || maxSessions < 1) {
@@ -64,11 +80,17 @@ export function sessionAffinity(options: SessionAffinityOptions = {}): Policy {
   }
   const fallback = options.fallback ?? leastOutstanding();
   const endpoints = new EndpointTable();
-  /** Session key hash → endpoint id, in least-recently-used order. */
+  /**
+   * Session slot → endpoint id, in least-recently-used order. The slot is the key's hash mixed
+   * with a random key: V8 hashes integer `Map` keys without a seed, so keys a client could
+   * compute would let it pile sessions into one bucket. The rendezvous order uses the plain
+   * key hash, which every gateway replica computes alike.
+   */
   const sessions = new Map<number, number>();
+  const slotKey = randomKey32();
 
-  function forget(keyHash: number, id: number): void {
-    sessions.delete(keyHash);
+  function forget(slot: number, id: number): void {
+    sessions.delete(slot);
     endpoints.sessions[id]--;
   }
 
@@ -84,23 +106,28 @@ export function sessionAffinity(options: SessionAffinityOptions = {}): Policy {
       const ids = endpoints.ids;
       const counts = endpoints.sessions;
       const keyHash = hashString(key);
-      let home = sessions.get(keyHash);
+      const slot = keyedMix32(keyHash, slotKey);
+      let home = sessions.get(slot);
 
       let totalLoad = 0;
+      let leastLoad = Infinity;
       let totalSessions = 0;
       let homeIndex = -1;
       for (let i = 0; i < candidates.length; i++) {
-        totalLoad += candidates[i].load;
+        const load = candidates[i].load;
+        totalLoad += load;
+        if (load < leastLoad) leastLoad = load;
         totalSessions += counts[ids[i]];
         if (ids[i] === home) homeIndex = i;
       }
       // The ceiling gives integer in-flight counts a slot of slack: near idle the mean is a
-      // fraction, and one request must not push a session off its endpoint.
-      const loadCap = Math.ceil((loadFactor * totalLoad) / candidates.length);
+      // fraction, and one request must not push a session off its endpoint. The absolute slack
+      // keeps a few more there while the fleet has idle room anyway.
+      const loadCap = Math.max(Math.ceil((loadFactor * totalLoad) / candidates.length), leastLoad + loadSlack);
 
       if (homeIndex < 0) {
         // New, forgotten, or its endpoint left: assign it anew.
-        if (home !== undefined) forget(keyHash, home);
+        if (home !== undefined) forget(slot, home);
         const sessionCap = Math.ceil((keyLoadFactor * (totalSessions + 1)) / candidates.length);
         let bestWeight = -1;
         for (let i = 0; i < candidates.length; i++) {
@@ -118,9 +145,9 @@ export function sessionAffinity(options: SessionAffinityOptions = {}): Policy {
           forget(oldest, sessions.get(oldest) as number);
         }
       } else {
-        sessions.delete(keyHash); // re-inserted below: most recently used
+        sessions.delete(slot); // re-inserted below: most recently used
       }
-      sessions.set(keyHash, ids[homeIndex]);
+      sessions.set(slot, ids[homeIndex]);
 
       const homeEndpoint = candidates[homeIndex];
       if (homeEndpoint.load <= loadCap) return homeEndpoint;
@@ -135,7 +162,7 @@ export function sessionAffinity(options: SessionAffinityOptions = {}): Policy {
           spill = candidates[i];
         }
       }
-      // None only when a load is NaN (the least loaded is never above the mean).
+      // None only when a load is NaN (the least loaded is never above the cap).
       return spill ?? homeEndpoint;
     },
   };

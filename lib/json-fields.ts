@@ -40,7 +40,9 @@ const REPEATED: FieldScan = Object.freeze({ ok: false, repeated: true });
  * spans of the top-level object's members with that name. A top-level value that is not an
  * object has no members.
  */
-export function scanFields(bytes: Uint8Array, names: readonly Uint8Array[]): FieldScan {
+export function scanFields(body: Uint8Array, names: readonly Uint8Array[]): FieldScan {
+  // A plain Uint8Array view: V8 indexes it about a third faster than a Buffer, whose prototype differs.
+  const bytes = new Uint8Array(body.buffer, body.byteOffset, body.length);
   const length = bytes.length;
   const fields: Array<JsonField[] | undefined> = new Array(names.length).fill(undefined);
   let stack = new Uint8Array(64);

@@ -201,6 +201,16 @@ describe.each<Forwarder>(['http-proxy-middleware', 'node:http'])('dpRank with %s
     expect(gateway.decisions[0]).toMatchObject({ rank: 6, source: 'hint' });
   });
 
+  it('hands on the router\'s rank in an untrusted body hint field, never the client\'s', async () => {
+    gateway = await startDpRankGateway(seed({ hints: { bodyField: 'routed_dp_rank' } }), forwarder);
+    const response = await request(gateway.url).post('/v1/completions').send({ prompt: 'x', routed_dp_rank: 99 });
+    expect(response.status).toBe(200);
+    const rank = gateway.decisions[0].rank;
+    expect(gateway.bodies[0]).toEqual({ prompt: 'x', routed_dp_rank: rank });
+    expect(JSON.parse(upstream.seen[0].body.toString('utf8'))).toEqual({ prompt: 'x', routed_dp_rank: rank });
+    expect(await metricValue(gateway.registry, 'dp_router_rank_hints_total', { outcome: 'untrusted' })).toBe(1);
+  });
+
   it('answers a rejected hint itself: the proxy never runs', async () => {
     gateway = await startDpRankGateway(seed({ hints: { trust: true, onInvalid: 'reject' } }), forwarder);
     const response = await request(gateway.url).post('/v1/completions').set('x-data-parallel-rank', '3').send({});

@@ -3,6 +3,7 @@ import type { ServerResponse } from 'node:http';
 /** The error types the gateway answers with, named as vLLM and OpenAI name them. */
 export type GatewayErrorType =
   | 'BadRequestError'
+  | 'RequestTimeoutError'
   | 'RequestEntityTooLargeError'
   | 'BadGatewayError'
   | 'NotImplementedError'

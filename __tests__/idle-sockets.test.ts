@@ -2,6 +2,7 @@ import { afterEach, beforeEach, expect, it } from '@jest/globals';
 import { Agent, createServer, request, type Server } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 import { closeIdleSockets } from '../lib/idle-sockets';
+import { sleep } from './helpers';
 
 let server: Server;
 let url: string;
@@ -37,7 +38,6 @@ const get = () =>
   });
 
 const freeSockets = () => Object.values(agent.freeSockets).flat().length;
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 it('closes a keep-alive socket once it has been idle, and not before', async () => {
   stop = closeIdleSockets(agent, 1_000);

@@ -3,6 +3,7 @@ import { request as httpRequest } from 'node:http';
 import request from 'supertest';
 import { startEchoUpstream, type EchoUpstream } from './helpers/echo-upstream';
 import { metricValue, parseExposition, startGateway } from './helpers/app';
+import { waitFor } from './helpers/wait';
 
 const started: Array<{ close(): Promise<void> }> = [];
 afterEach(async () => {
@@ -37,7 +38,7 @@ describe('setUpstreams', () => {
       outgoing.on('error', reject);
       outgoing.end('{}');
     });
-    while (a.seen.length === 0) await new Promise((resolve) => setTimeout(resolve, 5));
+    await waitFor(() => a.seen.length > 0);
 
     gateway.router.setUpstreams([{ url: b.url, name: 'b', dataParallelSize: 2, startRank: 2 }]);
     expect(gateway.router.endpoints().map(({ upstream, rank }) => `${upstream}#${rank}`)).toEqual(['b#2', 'b#3']);
@@ -58,7 +59,7 @@ describe('setUpstreams', () => {
     const gateway = await startGateway({ upstreams: [{ url: a.url, name: 'a' }] });
     started.push(gateway);
     const pending = Promise.all([request(gateway.url).post('/').send({}), request(gateway.url).post('/').send({})]);
-    while (a.seen.length < 2) await new Promise((resolve) => setTimeout(resolve, 5));
+    await waitFor(() => a.seen.length >= 2);
     gateway.router.setUpstreams([{ url: a.url, name: 'a' }, { url: b.url, name: 'b' }]);
     expect(gateway.router.endpoints()).toEqual([
       { upstream: 'a', rank: 0, inflight: 2, healthy: true },

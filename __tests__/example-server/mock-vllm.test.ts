@@ -5,6 +5,7 @@ import http from 'node:http';
 import net from 'node:net';
 import { parsePythonInt, startMockVllm, type MockVllm, type MockVllmOptions } from '../../example-server/mock-vllm';
 import { RequestLog } from '../../example-server/mock-vllm/request-log';
+import { waitFor } from '../helpers';
 
 const PROMTOOL = '/usr/bin/promtool';
 
@@ -66,14 +67,6 @@ function rawPost(path: string, body: string, headerLines: string[]): string {
     '',
     body,
   ].join('\r\n');
-}
-
-async function waitFor(condition: () => boolean, timeoutMs = 2000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!condition()) {
-    if (Date.now() > deadline) throw new Error('condition not met in time');
-    await new Promise((resolve) => setTimeout(resolve, 5));
-  }
 }
 
 const totalRunning = (server: MockVllm) =>

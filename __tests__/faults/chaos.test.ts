@@ -1,7 +1,6 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
 import type { Options } from '../../lib';
-import { metricValue, startGateway, type TestGateway } from '../helpers/app';
-import { allIdle, exchange, sleep, startRestartableVllm, waitFor, type Exchange, type RestartableVllm } from './support';
+import { allIdle, exchange, type Exchange, metricValue, type RestartableVllm, sleep, startGateway, startRestartableVllm, type TestGateway, waitFor } from '../helpers';
 
 let gateway: TestGateway | undefined;
 const mocks: RestartableVllm[] = [];

@@ -1,7 +1,5 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
-import { startGateway, type TestGateway } from '../helpers/app';
-import { startEchoUpstream, type EchoUpstream } from '../helpers/echo-upstream';
-import { exchange, sleep, startRestartableVllm, waitFor, type RestartableVllm } from './support';
+import { type EchoUpstream, exchange, type RestartableVllm, sleep, startEchoUpstream, startGateway, startRestartableVllm, type TestGateway, waitFor } from '../helpers';
 
 let gateway: TestGateway | undefined;
 const closers: Array<() => Promise<void>> = [];

@@ -9,6 +9,18 @@ afterEach(async () => {
   await Promise.all(started.splice(0).map((server) => server.close()));
 });
 
+/** The polls of `/metrics` that reached the mock, by its own log. */
+const polls = (mock: MockVllm) => mock.stats().requests.filter((seen) => seen.path === '/metrics').length;
+
+/**
+ * Resolves once a poll sent after this call has been applied: polls are serial, so the second
+ * one to arrive from now on was sent after the first ended.
+ */
+async function pollApplied(mock: MockVllm, timeoutMs = 5000): Promise<void> {
+  const before = polls(mock);
+  await waitFor(() => polls(mock) >= before + 2, timeoutMs);
+}
+
 const completion = (gateway: TestGateway) =>
   request(gateway.url).post('/v1/completions').send({ model: 'mock-model', prompt: 'hi', max_tokens: 1 });
 
@@ -37,7 +49,9 @@ describe('rank discovery', () => {
       expect(sumSamples(samples, 'dp_router_requests_total', { rank: '0' })).toBe(0);
       expect(samples.some((sample) => sample.name === 'dp_router_requests_total' && sample.labels.rank === '0')).toBe(false);
       expect(sumSamples(samples, 'dp_router_requests_total', { upstream: 'node-b' })).toBe(8);
-      await new Promise((resolve) => setTimeout(resolve, 150));
+      // Three more polls of the same report: none warns again.
+      const before = polls(mock);
+      await waitFor(() => polls(mock) >= before + 3);
       expect(warnings).toEqual(["express-dp-router: upstream 'node-b' serves ranks 4, 5, 6, 7 by its /metrics (was: 0); routing to those now."]);
     }
   });
@@ -96,7 +110,7 @@ describe('load feedback', () => {
     started.push(blind, informed);
     const batch = occupy(mock, 0, 6);
     await waitFor(() => mock.stats().perRank[0].running === 6);
-    await new Promise((resolve) => setTimeout(resolve, 60));
+    await pollApplied(mock);
     expect((await ranksChosen(blind, 8)).filter((rank) => rank === '0')).toHaveLength(2);
     expect((await ranksChosen(informed, 8)).filter((rank) => rank === '0')).toHaveLength(0);
     await Promise.all(batch);
@@ -110,7 +124,7 @@ describe('load feedback', () => {
     const failures = () => metricValue(gateway.registry, 'dp_router_upstream_scrape_failures_total', { upstream: 'm' });
     const batch = occupy(mock, 0, 4);
     await waitFor(() => mock.stats().perRank[0].running === 4);
-    await new Promise((resolve) => setTimeout(resolve, 450));
+    await pollApplied(mock);
     expect(await ranksChosen(gateway, 4)).toEqual(['1', '1', '1', '1']);
 
     mock.fault = { kind: 'stall' };

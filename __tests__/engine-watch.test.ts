@@ -1,13 +1,11 @@
-import { afterEach, describe, expect, it } from '@jest/globals';
+import { describe, expect, it } from '@jest/globals';
 import request from 'supertest';
 import { startMockVllm, type MockVllm } from '../example-server/mock-vllm';
 import { metricValue, parseExposition, startGateway, sumSamples, type TestGateway } from './helpers/app';
+import { closedAfterEach } from './helpers/lifecycle';
 import { waitFor } from './helpers/wait';
 
-const started: Array<{ close(): Promise<void> }> = [];
-afterEach(async () => {
-  await Promise.all(started.splice(0).map((server) => server.close()));
-});
+const started = closedAfterEach();
 
 /** The polls of `/metrics` that reached the mock, by its own log. */
 const polls = (mock: MockVllm) => mock.stats().requests.filter((seen) => seen.path === '/metrics').length;

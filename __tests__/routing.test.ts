@@ -1,14 +1,12 @@
-import { afterEach, describe, expect, it } from '@jest/globals';
+import { describe, expect, it } from '@jest/globals';
 import { request as httpRequest } from 'node:http';
 import request from 'supertest';
 import { startEchoUpstream, type EchoUpstream } from './helpers/echo-upstream';
 import { metricValue, parseExposition, startGateway } from './helpers/app';
+import { closedAfterEach } from './helpers/lifecycle';
 import { waitFor } from './helpers/wait';
 
-const started: Array<{ close(): Promise<void> }> = [];
-afterEach(async () => {
-  await Promise.all(started.splice(0).map((server) => server.close()));
-});
+const started = closedAfterEach();
 
 async function upstreams(count: number): Promise<EchoUpstream[]> {
   const servers = await Promise.all(Array.from({ length: count }, () => startEchoUpstream()));

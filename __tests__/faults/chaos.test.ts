@@ -62,6 +62,15 @@ const onA = (answer: Exchange) => ['0', '1'].includes(String(servedBy(answer)));
 const onB = (answer: Exchange) => ['2', '3'].includes(String(servedBy(answer)));
 const ejected = (upstream: string) =>
   gateway!.router.endpoints().filter((endpoint) => endpoint.upstream === upstream).every((endpoint) => !endpoint.healthy);
+/** Once `load` reaches both upstreams, kills `b` and waits until the router has taken it out. */
+async function killDuring(load: { log: readonly Logged[] }, b: RestartableVllm): Promise<{ killedAt: number; ejectedAt: number }> {
+  await waitFor(() => load.log.some(onA) && load.log.some(onB));
+  const killedAt = performance.now();
+  await b.kill();
+  await waitFor(() => ejected('b'));
+  return { killedAt, ejectedAt: performance.now() };
+}
+
 /** The exchanges that ended after the last failed one. */
 const sinceLastFailure = (log: readonly Logged[]) => {
   const lastFailure = Math.max(...log.filter(failed).map((answer) => answer.at));
@@ -72,11 +81,7 @@ describe('chaos: upstreams killed, restarted and stalled during traffic', () => 
   it('keeps serving on the other upstream when one is killed, and returns to it when it is back', async () => {
     const [, b] = await twoVllms();
     const load = traffic(gateway!.url, 8);
-    await waitFor(() => load.log.some(onA) && load.log.some(onB));
-    const killedAt = performance.now();
-    await b.kill();
-    await waitFor(() => ejected('b'));
-    const ejectedAt = performance.now();
+    const { killedAt, ejectedAt } = await killDuring(load, b);
     await waitFor(() => load.log.filter((answer) => answer.sent > ejectedAt).length > 10);
     const afterKill = load.log.filter((answer) => answer.at > killedAt);
     // Refused connections are retried on `a`; only requests cut mid-answer can fail.
@@ -99,11 +104,7 @@ describe('chaos: upstreams killed, restarted and stalled during traffic', () => 
   it('with retries off, a killed upstream costs at most a few failed requests before it is ejected', async () => {
     const [, b] = await twoVllms({ retries: false, outlierDetection: { consecutiveFailures: 3, baseEjectionMs: 5000 } });
     const load = traffic(gateway!.url, 4);
-    await waitFor(() => load.log.some(onA) && load.log.some(onB));
-    const killedAt = performance.now();
-    await b.kill();
-    await waitFor(() => ejected('b'));
-    const ejectedAt = performance.now();
+    const { killedAt, ejectedAt } = await killDuring(load, b);
     // Nothing sent before the ejection is still running, and more than 8 answers came since the last failure.
     await waitFor(() => load.allSentAfter(ejectedAt) && sinceLastFailure(load.log).length > 8);
     await load.stop();

@@ -1,24 +1,19 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
-import { type EchoUpstream, exchange, type RestartableVllm, startEchoUpstream, startGateway, startRestartableVllm, type TestGateway, waitFor } from '../helpers';
+import { closedAfterEach, type EchoUpstream, echoUpstreams, exchange, type RestartableVllm, startGateway, startRestartableVllm, type TestGateway, waitFor } from '../helpers';
 
 let gateway: TestGateway | undefined;
-const closers: Array<() => Promise<void>> = [];
 
 afterEach(async () => {
   await gateway?.close();
   gateway = undefined;
-  await Promise.all(closers.splice(0).map((close) => close()));
 });
 
-async function echo(): Promise<EchoUpstream> {
-  const upstream = await startEchoUpstream();
-  closers.push(() => upstream.close());
-  return upstream;
-}
+const echo = echoUpstreams();
+const started = closedAfterEach();
 
 async function vllm(dataParallelSize: number): Promise<RestartableVllm> {
   const mock = await startRestartableVllm({ dataParallelSize });
-  closers.push(() => mock.close());
+  started.push(mock);
   return mock;
 }
 
@@ -161,7 +156,7 @@ describe('active health checks', () => {
     // The clock: a router left running, probing its own upstream at the same interval.
     const witnessUpstream = await echo();
     const witness = await startGateway({ upstreams: [{ url: witnessUpstream.url, name: 'w' }], healthCheck: { intervalMs: 10 } });
-    closers.push(() => witness.close());
+    started.push(witness);
     const witnessProbes = () => probesOf(witnessUpstream);
     await waitFor(() => probesOf(upstream) >= 2);
     await gateway.router.close();

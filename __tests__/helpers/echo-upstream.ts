@@ -52,6 +52,10 @@ export async function startEchoUpstream(): Promise<EchoUpstream> {
 
 /** Gives a test file an `echo()` that starts an echo upstream, closed again after each test. */
 export function echoUpstreams(): () => Promise<EchoUpstream> {
-  const close = closedAfterEach();
-  return async () => close(await startEchoUpstream());
+  const started = closedAfterEach();
+  return async () => {
+    const upstream = await startEchoUpstream();
+    started.push(upstream);
+    return upstream;
+  };
 }

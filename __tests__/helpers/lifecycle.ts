@@ -6,16 +6,13 @@ export interface Closable {
 }
 
 /**
- * Gives a test file a `closed(thing)` that returns `thing` and closes it after the current
- * test, all together, whether the test passed or not.
+ * A list for what a test file starts (`started.push(server)`): after each test, whatever its
+ * outcome, everything in it is closed, all together, and the list emptied.
  */
-export function closedAfterEach(): <T extends Closable>(thing: T) => T {
+export function closedAfterEach(): Closable[] {
   const started: Closable[] = [];
   afterEach(async () => {
     await Promise.all(started.splice(0).map((thing) => thing.close()));
   });
-  return (thing) => {
-    started.push(thing);
-    return thing;
-  };
+  return started;
 }

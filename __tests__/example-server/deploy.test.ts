@@ -592,6 +592,9 @@ describe('example-server/Dockerfile', () => {
       expect(stage.base).toMatch(/^node:\d+/);
       expect(Number(/^node:(\d+)/.exec(stage.base)![1])).toBeGreaterThanOrEqual(Number(/\d+/.exec(engines)![0]));
     }
+    // The image runs the newest Node line CI tests (.ci/node.sh), so what ships is what was tested.
+    const ciMajors = /^CI_NODE_MAJORS=\(([\d ]+)\)$/m.exec(readFileSync(path.join(REPO, '.ci/node.sh'), 'utf8'))![1].split(' ').map(Number);
+    for (const stage of stages) expect(Number(/^node:(\d+)/.exec(stage.base)![1])).toBe(Math.max(...ciMajors));
     const runs = (stage: Stage) => stage.instructions.filter((instruction) => instruction.keyword === 'RUN').map((instruction) => instruction.args);
     expect(runs(stages[0]).some((line) => /^npm ci\b/.test(line) && !/--omit/.test(line))).toBe(true);
     expect(runs(final).some((line) => /^npm ci\b.*--omit=dev/.test(line))).toBe(true);

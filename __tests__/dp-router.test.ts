@@ -5,8 +5,10 @@ import request from 'supertest';
 import express from 'express';
 import { dpRouter, type Options } from '../lib';
 import { startEchoUpstream, type EchoUpstream } from './helpers/echo-upstream';
-import { metricValue, parseExposition, startGateway, sumSamples, type TestGateway } from './helpers/app';
+import { metricValue, parseExposition, serve, startGateway, sumSamples, type TestGateway } from './helpers/app';
 import { rawRequest } from './helpers/raw-http';
+import { seedScenario } from './helpers/fixtures';
+import { waitFor } from './helpers/wait';
 
 let upstream: EchoUpstream;
 let gateway: TestGateway | undefined;
@@ -20,11 +22,7 @@ afterEach(async () => {
   await upstream.close();
 });
 
-/** The seed scenario: an 8-rank server of which ranks 0, 2, 4, 6 are routed to. */
-const seed = (extra: Partial<Options> = {}): Options => ({
-  upstreams: [{ url: upstream.url, name: 'node-a', dataParallelSize: 8, ranks: [0, 2, 4, 6] }],
-  ...extra,
-});
+const seed = (extra: Partial<Options> = {}): Options => seedScenario(upstream.url, extra);
 
 const post = (path = '/v1/completions') => request(gateway!.url).post(path).send({ model: 'm', prompt: 'hi' });
 
@@ -189,6 +187,128 @@ describe('client hints', () => {
     expect(response.status).toBe(413);
     expect(response.body.error.code).toBe(413);
     expect(upstream.seen).toHaveLength(0);
+  });
+});
+
+describe('body-field hints (SGLang)', () => {
+  const sglang = (extra: Partial<Options> = {}, hints: Options['hints'] = {}) =>
+    seed({ hints: { trust: true, onInvalid: 'reject', bodyField: 'routed_dp_rank', ...hints }, ...extra });
+  /** What the upstream received, decoded, with its Content-Length checked against the bytes. */
+  const forwarded = (index: number) => {
+    const seen = upstream.seen[index];
+    expect(Number(seen.headers['content-length'])).toBe(seen.body.length);
+    return JSON.parse(seen.body.toString('utf8')) as Record<string, unknown>;
+  };
+  const postRaw = (body: string, contentType = 'application/json') => request(gateway!.url).post('/v1/completions').set('content-type', contentType).send(body);
+
+  it('reads the field whatever the letter case of the media type', async () => {
+    gateway = await startGateway(sglang());
+    for (const type of ['Application/JSON', 'APPLICATION/JSON; charset=UTF-8', 'application/vnd.sglang+json']) {
+      const response = await postRaw('{"prompt":"x","routed_dp_rank":4}', type);
+      expect(response.body.rankHeaders).toEqual(['4']);
+    }
+    expect(await metricValue(gateway.registry, 'dp_router_rank_hints_total', { outcome: 'accepted' })).toBe(3);
+  });
+
+  it('counts an untrusted body hint untrusted and forwards the router\'s rank in its place', async () => {
+    gateway = await startGateway(sglang({}, { trust: false }));
+    const response = await postRaw('{"prompt":"x", "routed_dp_rank" : 99 ,"max_tokens":3}');
+    expect(response.status).toBe(200);
+    const [rank] = response.body.rankHeaders as string[];
+    expect(forwarded(0)).toEqual({ prompt: 'x', routed_dp_rank: Number(rank), max_tokens: 3 });
+    expect(upstream.seen[0].body.toString()).toBe(`{"prompt":"x", "routed_dp_rank" : ${rank} ,"max_tokens":3}`);
+    expect(await metricValue(gateway.registry, 'dp_router_rank_hints_total', { outcome: 'untrusted' })).toBe(1);
+    // A key spelled with an escape is the same field to the upstream's decoder.
+    await postRaw('{"routed\\u005fdp_rank":99}');
+    expect(forwarded(1).routed_dp_rank).not.toBe(99);
+    expect(await metricValue(gateway.registry, 'dp_router_rank_hints_total', { outcome: 'untrusted' })).toBe(2);
+  });
+
+  it('accepts only an integer literal: 2.0, 2e0, -0, "2" and repeated fields are malformed', async () => {
+    gateway = await startGateway(sglang());
+    for (const token of ['2.0', '2e0', '-0', '"2"', '2, "routed_dp_rank": 2']) {
+      const rejected = await postRaw(`{"prompt":"x","routed_dp_rank":${token}}`);
+      expect(rejected.status).toBe(400);
+      expect(rejected.body.error).toMatchObject({ type: 'BadRequestError', param: 'routed_dp_rank', code: 400 });
+    }
+    expect(await metricValue(gateway.registry, 'dp_router_rank_hints_total', { outcome: 'malformed' })).toBe(5);
+    expect(upstream.seen).toHaveLength(0);
+  });
+
+  it('rewrites every copy to the rank chosen when reassigning, and to the header\'s rank when the header wins', async () => {
+    gateway = await startGateway(sglang({}, { onInvalid: 'reassign' }));
+    const reassigned = await postRaw('{"routed_dp_rank":2.0,"prompt":"x","routed_dp_rank":99}');
+    const [rank] = reassigned.body.rankHeaders as string[];
+    expect(upstream.seen[0].body.toString()).toBe(`{"routed_dp_rank":${rank},"prompt":"x","routed_dp_rank":${rank}}`);
+    const headerWins = await request(gateway.url).post('/v1/completions').set('x-data-parallel-rank', '2').send({ prompt: 'x', routed_dp_rank: 6 });
+    expect(headerWins.body.rankHeaders).toEqual(['2']);
+    expect(forwarded(1)).toEqual({ prompt: 'x', routed_dp_rank: 2 });
+  });
+
+  it("writes the rank as the upstream reads it: rank − startRank for 'local', null for 'none'", async () => {
+    gateway = await startGateway({
+      upstreams: [
+        { url: upstream.url, name: 'hybrid', dataParallelSize: 4, startRank: 4, rankHeader: 'local' },
+        { url: upstream.url, name: 'external', startRank: 8, rankHeader: 'none' },
+      ],
+      hints: { trust: true, bodyField: 'routed_dp_rank' },
+    });
+    await postRaw('{"prompt":"x","routed_dp_rank":6}');
+    expect(upstream.seen[0].rankHeaders).toEqual(['2']);
+    expect(forwarded(0).routed_dp_rank).toBe(2);
+    await postRaw('{"prompt":"x","routed_dp_rank":8}');
+    expect(upstream.seen[1].rankHeaders).toEqual([]);
+    expect(forwarded(1).routed_dp_rank).toBeNull();
+  });
+
+  it('rewrites the field in a body express.json() parsed first, with a matching Content-Length', async () => {
+    const registry = new Registry();
+    const router = dpRouter({ upstreams: [{ url: upstream.url, dataParallelSize: 4 }], metrics: { registry }, hints: { bodyField: 'routed_dp_rank' }, logger: false });
+    const parsedFirst = await serve(express().use(express.json(), router));
+    try {
+      const response = await request(parsedFirst.url).post('/v1/completions').send({ prompt: 'x', routed_dp_rank: 99 });
+      const [rank] = response.body.rankHeaders as string[];
+      expect(forwarded(0)).toEqual({ prompt: 'x', routed_dp_rank: Number(rank) });
+      expect(await metricValue(registry, 'dp_router_rank_hints_total', { outcome: 'untrusted' })).toBe(1);
+    } finally {
+      await parsedFirst.close();
+      await router.close();
+    }
+  });
+
+  it('forwards a multipart body whose boundary spells "json" untouched, without judging it as JSON', async () => {
+    gateway = await startGateway(sglang({ policy: 'prefix-aware' }));
+    const boundary = '----jsonBoundary';
+    const body = `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\nRIFF\r\n--${boundary}--\r\n`;
+    const response = await postRaw(body, `multipart/form-data; boundary=${boundary}`);
+    expect(response.status).toBe(200);
+    expect(upstream.seen[0].body.toString()).toBe(body);
+  });
+});
+
+describe("Node's header line limit", () => {
+  /** A request whose second hint line lies past the ~1000 lines Node keeps. */
+  const padded = (lines: number) =>
+    `GET /v1/models HTTP/1.1\r\nHost: x\r\nx-data-parallel-rank: 2\r\n${'x-pad: 1\r\n'.repeat(lines)}x-data-parallel-rank: 4\r\nConnection: close\r\n\r\n`;
+
+  it('judges a trusted hint malformed when the request reaches the limit, since a copy may be hidden', async () => {
+    gateway = await startGateway(seed({ hints: { trust: true, onInvalid: 'reject' } }));
+    const answer = await rawRequest(gateway.url, padded(1100));
+    expect(answer).toMatch(/^HTTP\/1\.1 400 /);
+    expect(answer).toContain('"param":"x-data-parallel-rank"');
+    expect(await metricValue(gateway.registry, 'dp_router_rank_hints_total', { outcome: 'malformed' })).toBe(1);
+    expect(await metricValue(gateway.registry, 'dp_router_rank_hints_total', { outcome: 'accepted' })).toBe(0);
+    expect(upstream.seen).toHaveLength(0);
+  });
+
+  it("follows the server's own maxHeadersCount", async () => {
+    gateway = await startGateway(seed({ hints: { trust: true, onInvalid: 'reject' } }));
+    gateway.server.maxHeadersCount = 2000;
+    const single = `GET /v1/models HTTP/1.1\r\nHost: x\r\nx-data-parallel-rank: 2\r\n${'x-pad: 1\r\n'.repeat(1100)}Connection: close\r\n\r\n`;
+    expect(await rawRequest(gateway.url, single)).toMatch(/^HTTP\/1\.1 200 /);
+    expect(await rawRequest(gateway.url, padded(1100))).toMatch(/^HTTP\/1\.1 400 /);
+    gateway.server.maxHeadersCount = 100;
+    expect(await rawRequest(gateway.url, single)).toMatch(/^HTTP\/1\.1 400 /);
   });
 });
 
@@ -489,11 +609,3 @@ describe('metrics', () => {
     }
   });
 });
-
-async function waitFor(condition: () => Promise<boolean>, timeoutMs = 5000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await condition())) {
-    if (Date.now() > deadline) throw new Error('condition not met in time');
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
-}

@@ -1,5 +1,5 @@
 import { describe, expect, it } from '@jest/globals';
-import { countHeaderLines, parseBodyRankHint, parseRankHint } from '../lib/hint';
+import { atHeaderLimit, countHeaderLines, parseBodyRankHint, parseRankHint } from '../lib/hint';
 
 describe('parseRankHint', () => {
   it.each([
@@ -41,12 +41,28 @@ describe('parseRankHint', () => {
 });
 
 describe('parseBodyRankHint', () => {
-  it.each([[0], [4], [1024]])('accepts the JSON integer %j', (value) => {
-    expect(parseBodyRankHint(value)).toEqual({ ok: true, rank: value });
+  it.each([['0', 0], ['4', 4], ['1024', 1024]])('accepts the JSON integer literal %s', (token, rank) => {
+    expect(parseBodyRankHint(token)).toEqual({ ok: true, rank });
   });
 
-  it.each([['4'], [-1], [4.5], [NaN], [Infinity], [2 ** 53], [null], [true], [[4]]])('rejects %j', (value) => {
-    expect(parseBodyRankHint(value)).toEqual({ ok: false, reason: 'malformed' });
+  it.each([['"4"'], ['-1'], ['4.5'], ['NaN'], ['Infinity'], [String(2 ** 53)], ['null'], ['true'], ['[4]'], ['2.0'], ['2e0'], ['-0'], ['02'], [' 2']])(
+    'rejects %s',
+    (token) => {
+      expect(parseBodyRankHint(token)).toEqual({ ok: false, reason: 'malformed' });
+    },
+  );
+});
+
+describe('atHeaderLimit', () => {
+  it.each([
+    [999, null, false],
+    [1000, null, true],
+    [1000, undefined, true],
+    [1999, 2000, false],
+    [2000, 2000, true],
+    [5000, 0, false],
+  ])('%i lines with maxHeadersCount %p: %p', (lines, max, expected) => {
+    expect(atHeaderLimit(lines, max)).toBe(expected);
   });
 });
 

@@ -1,3 +1,4 @@
+import { getHeapStatistics } from 'node:v8';
 import { describe, expect, it } from '@jest/globals';
 import { Registry } from 'prom-client';
 import { parseOptions } from '../lib/options';
@@ -21,11 +22,14 @@ describe('parseOptions', () => {
       connectTimeoutMs: 10_000,
       firstByteTimeoutMs: 600_000,
       maxBodyBytes: 16 * 1024 * 1024,
+      bodyTimeoutMs: 60_000,
       exposeDecision: false,
       xfwd: false,
     });
     expect(config.policy.name).toBe('least-outstanding');
     expect(config.metrics?.prefix).toBe('dp_router_');
+    expect(config.bodyBudget.limit).toBe(Math.min(512 * 1024 * 1024, Math.floor(getHeapStatistics().heap_size_limit / 4)));
+    expect(parse({ upstreams: [{ url }], maxBufferedBytes: 1024 }).bodyBudget.limit).toBe(1024);
   });
 
   it('resolves the failure-handling defaults: ejection and retries on, health checks off', () => {
@@ -101,6 +105,9 @@ describe('parseOptions', () => {
     ['a bad prefix', { upstreams: [{ url }], metrics: { prefix: 'dp-router' } }, /`metrics\.prefix` must be a valid Prometheus metric name prefix/],
     ['a negative timeout', { upstreams: [{ url }], timeouts: { connectMs: -1 } }, /`timeouts\.connectMs` must be an integer from 1/],
     ['a zero body limit', { upstreams: [{ url }], maxBodyBytes: 0 }, /`maxBodyBytes` must be an integer from 1/],
+    ['a fractional body budget', { upstreams: [{ url }], maxBufferedBytes: 1.5 }, /`maxBufferedBytes` must be an integer from 1/],
+    ['a zero body timeout', { upstreams: [{ url }], timeouts: { bodyMs: 0 } }, /`timeouts\.bodyMs` must be an integer from 1/],
+    ['a misspelt body timeout', { upstreams: [{ url }], timeouts: { bodyTimeoutMs: 5 } }, /`timeouts\.bodyTimeoutMs` is not an option/],
     ['a string exposeDecision', { upstreams: [{ url }], exposeDecision: 'yes' }, /`exposeDecision` must be true or false/],
     ['a string xfwd', { upstreams: [{ url }], xfwd: 'yes' }, /`xfwd` must be true or false/],
     ['a misspelt xfwd mode', { upstreams: [{ url }], xfwd: 'appended' }, /`xfwd` must be true or false, or 'append'.*xfwd: 'append'/],

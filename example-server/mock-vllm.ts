@@ -19,6 +19,7 @@ import {
 } from './mock-vllm/openai';
 import { RequestLog, rankHeaderCopies } from './mock-vllm/request-log';
 import { RequestTimer, SseWriter } from './mock-vllm/stream-writer';
+import { serveTokenize } from './mock-vllm/tokenize';
 import type { MockFault, MockRequestRecord, MockVllm, MockVllmOptions } from './mock-vllm/types';
 
 export type {
@@ -52,6 +53,7 @@ const ROUTES = new Map<string, { method: string; handle: RouteHandler }>([
   ['/v1/models', { method: 'GET', handle: serveModels }],
   ['/health', { method: 'GET', handle: serveHealth }],
   ['/metrics', { method: 'GET', handle: serveMetrics }],
+  ['/tokenize', { method: 'POST', handle: (ctx, req, res) => serveTokenize(ctx.config.model, ctx.config.maxModelLen, req, res) }],
 ]);
 
 /** Starts a mock vLLM data-parallel server; resolves once it listens. */

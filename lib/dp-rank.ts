@@ -39,14 +39,18 @@ function keepRankHeader(headers: IncomingHttpHeaders, header: string): void {
 }
 
 function handOn(req: RoutedRequest & { _body?: boolean }, _res: ServerResponse, next: (error?: unknown) => void, route: RouteState): void {
-  const parsed = route.parsedBody;
-  if (parsed !== undefined && req.body === undefined) {
+  const bytes = route.body;
+  // A body parsed before the router holds the client's hint field: hand on the rewritten one.
+  if (bytes !== undefined && (req.body === undefined || route.hintFields !== undefined)) {
     // The body had to be read here (body hints, prefix-aware, a body affinity key), so the
     // stream is spent: leave it parsed as express.json() would, for the caller's proxy to
     // forward (http-proxy-middleware's fixRequestBody, express-http-proxy). `_body` tells a
-    // later body-parser 1.x (Express 4) not to wait for a stream that has ended.
-    req.body = parsed;
+    // later body-parser 1.x (Express 4) not to wait for a stream that has ended. The router
+    // read it as valid JSON (or encoded the parser's result), with any hint field already
+    // carrying the chosen rank.
+    req.body = JSON.parse(bytes.toString('utf8'));
     req._body = true;
+    route.body = undefined;
   }
   next();
 }

@@ -108,8 +108,10 @@ export function dpRouter(options: Options): DpRouter {
     }
     stripHopByHop(headers);
     if (replaceForwarded) dropForwarded(headers);
-    if (retryBodyLimit > 0 && route.body === undefined && replayableSize(req, retryBodyLimit)) {
-      // Hold the body so that a retry can replay it; the limit bounds what is held.
+    // Hold the body so that a retry can replay it; the limit bounds what one request holds, the
+    // body budget what all do. Past the budget the body is streamed and the request not retried.
+    const lease = retryBodyLimit > 0 && route.body === undefined && replayableSize(req, retryBodyLimit) ? route.leaseFrom(config.bodyBudget, res) : undefined;
+    if (lease !== undefined && lease.grow(Number(req.headers['content-length']))) {
       readBody(req, retryBodyLimit).then((result) => {
         if (!result.ok) {
           // Cannot happen with a declared length (Node enforces it); the client left otherwise,

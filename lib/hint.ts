@@ -25,10 +25,31 @@ export function parseRankHint(raw: unknown): RankHintResult {
   return { ok: true, rank: Number(raw) };
 }
 
-/** Checks a JSON body field hint: only a JSON integer ≥ 0 (not `"4"`, `-1` or `4.5`). */
-export function parseBodyRankHint(value: unknown): RankHintResult {
-  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0) return MALFORMED;
-  return { ok: true, rank: value };
+/**
+ * Checks a JSON body field hint as written: `token` is the member value's raw text, which must
+ * be the integer literal `0|[1-9][0-9]*` (at most 10 digits). Decoding would lose what was
+ * written: `2.0`, `2e0` and `-0` all decode to a valid-looking number, and each decoder
+ * upstream may read them differently; `"2"`, `-1`, `4.5` are malformed too.
+ *
+ * @example parseBodyRankHint('2') // { ok: true, rank: 2 }
+ * @example parseBodyRankHint('2.0') // { ok: false, reason: 'malformed' }
+ */
+export function parseBodyRankHint(token: string): RankHintResult {
+  return parseRankHint(token);
+}
+
+/** Node's header line limit when `server.maxHeadersCount` is unset: its parser keeps 2000 raw entries. */
+const NODE_DEFAULT_HEADER_LINES = 1000;
+
+/**
+ * Whether Node may have dropped header lines of this request: it keeps only about
+ * `server.maxHeadersCount` lines (1000 when unset; 0 means no limit), silently, so a second hint
+ * line past them would be invisible. A request with `lines` at or over the limit cannot be
+ * judged to carry exactly one hint.
+ */
+export function atHeaderLimit(lines: number, maxHeadersCount: number | null | undefined): boolean {
+  const limit = typeof maxHeadersCount === 'number' ? maxHeadersCount : NODE_DEFAULT_HEADER_LINES;
+  return limit > 0 && lines >= limit;
 }
 
 /**

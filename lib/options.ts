@@ -1,4 +1,5 @@
 import type { IncomingMessage } from 'node:http';
+import { getHeapStatistics } from 'node:v8';
 import { register, type Registry } from 'prom-client';
 import {
   booleanOption,
@@ -13,6 +14,7 @@ import {
   rejectUnknownKeys,
   shown,
 } from './option-checks';
+import { BodyBudget } from './body-budget';
 import { POLICY_NAMES, policyByName, type PolicySettings } from './policies/by-name';
 import { parseLogger, type RouterLogger } from './logger';
 import { createTracing, type Tracing } from './tracing';
@@ -48,6 +50,10 @@ export interface Configuration {
   readonly connectTimeoutMs: number;
   readonly firstByteTimeoutMs: number;
   readonly maxBodyBytes: number;
+  /** Time for a request body to arrive in full. */
+  readonly bodyTimeoutMs: number;
+  /** The router's one body budget (`maxBufferedBytes`), shared by all its requests. */
+  readonly bodyBudget: BodyBudget;
   readonly exposeDecision: boolean;
   /** `'replace'` for `xfwd: true`; `false` when off. */
   readonly xfwd: false | 'replace' | 'append';
@@ -100,6 +106,7 @@ const TOP_LEVEL_KEYS = [
   'affinity',
   'timeouts',
   'maxBodyBytes',
+  'maxBufferedBytes',
   'exposeDecision',
   'xfwd',
   'outlierDetection',
@@ -127,7 +134,7 @@ export function parseOptions(options: Options): Configuration {
   const affinity = optionalObject('affinity', options.affinity);
   rejectUnknownKeys('affinity', affinity, ['header', 'bodyField', 'loadFactor', 'loadSlack', 'keyLoadFactor', 'maxSessions']);
   const timeouts = optionalObject('timeouts', options.timeouts);
-  rejectUnknownKeys('timeouts', timeouts, ['connectMs', 'firstByteMs']);
+  rejectUnknownKeys('timeouts', timeouts, ['connectMs', 'firstByteMs', 'bodyMs']);
 
   const sessionAffinity = {
     loadFactor: numberOption('affinity.loadFactor', affinity.loadFactor, 1.25, 1, 1000),
@@ -152,6 +159,8 @@ export function parseOptions(options: Options): Configuration {
     connectTimeoutMs: integerOption('timeouts.connectMs', timeouts.connectMs, 10_000, 1, MAX_TIMER_MS),
     firstByteTimeoutMs: integerOption('timeouts.firstByteMs', timeouts.firstByteMs, 600_000, 1, MAX_TIMER_MS),
     maxBodyBytes: integerOption('maxBodyBytes', options.maxBodyBytes, 16 * 1024 * 1024, 1, 2 ** 31),
+    bodyTimeoutMs: integerOption('timeouts.bodyMs', timeouts.bodyMs, 60_000, 1, MAX_TIMER_MS),
+    bodyBudget: new BodyBudget(integerOption('maxBufferedBytes', options.maxBufferedBytes, defaultBufferedBytes(), 1, Number.MAX_SAFE_INTEGER)),
     exposeDecision: booleanOption('exposeDecision', options.exposeDecision, false),
     xfwd: parseXfwd(options.xfwd),
     outlierDetection: parseOutlierDetection(options.outlierDetection),
@@ -161,6 +170,11 @@ export function parseOptions(options: Options): Configuration {
     logger: parseLogger(options.logger),
     tracing: createTracing(policy.name),
   };
+}
+
+/** 512 MiB, or a quarter of V8's heap limit where that is less (small containers). */
+function defaultBufferedBytes(): number {
+  return Math.min(512 * 1024 * 1024, Math.floor(getHeapStatistics().heap_size_limit / 4));
 }
 
 function parseXfwd(value: unknown): Configuration['xfwd'] {

@@ -2,10 +2,12 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { hasBody, isJson, readBody } from './body';
 import type { EndpointTable, RouteEndpoint } from './endpoints';
 import { sendError } from './errors';
-import { countHeaderLines, parseBodyRankHint, parseRankHint, type RankHintResult } from './hint';
+import { atHeaderLimit, countHeaderLines, parseBodyRankHint, parseRankHint, type RankHintResult } from './hint';
+import { decodeField, fieldToken, scanFields, type JsonField } from './json-fields';
 import type { HintOutcome, RouterMetrics } from './metrics';
 import type { Configuration } from './options';
 import { extractPrompt } from './prompt';
+import { SETTLED } from './proxy';
 import { RankDecision, RouteState, type RoutedRequest } from './route-state';
 import type { DecisionSource, PickContext } from './types';
 
@@ -16,8 +18,14 @@ export type Proceed = (req: RoutedRequest, res: ServerResponse, next: Next, rout
 
 type JudgedHint = { outcome: HintOutcome; rank?: number; param: string };
 type HintVerdict = { outcome: 'none' } | JudgedHint;
+/** The body's bytes and the spans of the members routing reads, by name index. */
+type BodyView = { readonly bytes: Buffer; readonly fields: ReadonlyArray<JsonField[] | undefined> };
 
 const NO_HINT: HintVerdict = { outcome: 'none' };
+/** What decoding one JSON value may cost, beyond its text: measured 40 bytes (a 16 MiB body of `[],` held 213 MiB), with margin. */
+const BYTES_PER_NODE = 48;
+/** Longest token a valid rank can be written with (10 digits). */
+const MAX_RANK_TOKEN = 10;
 
 /**
  * The per-request core shared by `dpRank()` and `dpRouter()`: strips client copies of the
@@ -25,8 +33,16 @@ const NO_HINT: HintVerdict = { outcome: 'none' };
  * response closes. Client mistakes are answered here; only the code's own faults reach `next(error)`.
  */
 export function createRankHandler(config: Configuration, table: EndpointTable, metrics: RouterMetrics, proceed: Proceed) {
-  const { hintHeader, header, hintBodyField, policy, trust, onInvalid } = config;
+  const { hintHeader, header, hintBodyField, policy, trust, onInvalid, bodyBudget, bodyTimeoutMs } = config;
   const readsAffinityBody = policy.usesAffinityKey === true && config.affinityBodyField !== undefined;
+  // The members routing reads, scanned for once per body; the same name asked twice shares a slot.
+  const names: string[] = [];
+  const slot = (name: string | undefined) => (name === undefined ? -1 : names.includes(name) ? names.indexOf(name) : names.push(name) - 1);
+  const HINT = slot(hintBodyField);
+  const AFFINITY = slot(readsAffinityBody ? config.affinityBodyField : undefined);
+  const PROMPT = slot(policy.usesPrompt ? 'prompt' : undefined);
+  const MESSAGES = slot(policy.usesPrompt ? 'messages' : undefined);
+  const encodedNames = names.map((name) => Buffer.from(name));
   let warnedParsedBody = false;
 
   function handle(req: RoutedRequest, res: ServerResponse, next: Next): void {
@@ -39,18 +55,16 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
       return;
     }
     const { headers } = req;
-    const headerHint = headers[hintHeader] !== undefined ? judgeHeader(req, trusted) : NO_HINT;
+    const headerHint = headers[hintHeader] !== undefined || (trusted && headersCut(req)) ? judgeHeader(req, trusted) : NO_HINT;
     // `delete` always takes V8's slow path, so only where there is something to remove.
-    if (headerHint !== NO_HINT) delete headers[hintHeader];
+    if (headers[hintHeader] !== undefined) delete headers[hintHeader];
     if (headers[header] !== undefined) delete headers[header];
     // Node answered `100 Continue` itself before this handler ran; forwarding the expectation
     // would only make http-proxy skip its `proxyReq` event, where timeouts are armed.
     if (headers.expect !== undefined) delete headers.expect;
 
-    const wantsBody =
-      policy.usesPrompt === true ||
-      (readsAffinityBody && headerKey(req) === undefined) ||
-      (trusted && hintBodyField !== undefined && headerHint === NO_HINT);
+    // A body hint field is read whoever sent it: an untrusted one is counted and never forwarded.
+    const wantsBody = policy.usesPrompt === true || (readsAffinityBody && headerKey(req) === undefined) || hintBodyField !== undefined;
     if (req.readableEnded && hasBody(req)) {
       // A body parser ran first: the stream is spent, so its result is all there is to read
       // and to forward.
@@ -58,46 +72,76 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
         warnedParsedBody = true;
         config.logger.warn(PARSED_BODY_NOTICE);
       }
-      decide(req, res, next, route, trusted, headerHint, wantsBody ? req.body : undefined);
+      decide(req, res, next, route, trusted, headerHint, wantsBody ? parsedBodyView(req, route) : undefined);
       return;
+    }
+    if (hasBody(req) && !req.complete) {
+      route.bodyDeadline = setTimeout(bodyTimedOut, bodyTimeoutMs, req, res, route);
+      req.once('close', () => clearTimeout(route.bodyDeadline));
     }
     if (!wantsBody || !hasBody(req) || !isJson(req)) {
       decide(req, res, next, route, trusted, headerHint, undefined);
       return;
     }
-    readBody(req, config.maxBodyBytes).then((result) => {
+    const lease = route.leaseFrom(bodyBudget, res);
+    if (lease === undefined) return;
+    readBody(req, config.maxBodyBytes, lease).then((result) => {
       if (!result.ok) {
         if (result.failure === 'too_large') {
           res.setHeader('connection', 'close');
           sendError(res, 413, 'RequestEntityTooLargeError', `Request body exceeds ${config.maxBodyBytes} bytes.`);
+        } else if (result.failure === 'over_budget') {
+          overBudget(req, res, Number(req.headers['content-length']) || 0);
         }
         return;
       }
-      let body: unknown;
-      try {
-        body = JSON.parse(result.bytes.toString('utf8'));
-      } catch {
-        sendError(res, 400, 'BadRequestError', 'Request body is not valid JSON.');
+      const scan = scanFields(result.bytes, encodedNames);
+      if (!scan.ok) {
+        const message = scan.repeated ? 'Request body repeats a field the router reads.' : 'Request body is not valid JSON.';
+        sendError(res, 400, 'BadRequestError', message);
         return;
       }
       route.body = result.bytes;
-      route.parsedBody = body;
-      decide(req, res, next, route, trusted, headerHint, body);
+      decide(req, res, next, route, trusted, headerHint, { bytes: result.bytes, fields: scan.fields });
     }, next);
+  }
+
+  /** The router's budget cannot hold this body now: 503 to retry later, or 413 when it never could. */
+  function overBudget(req: IncomingMessage, res: ServerResponse, bytes: number): void {
+    // The rest of the body is discarded as it arrives (nothing is held; `timeouts.bodyMs` bounds
+    // a trickle), so the connection stays usable and the client reads the answer, not a reset.
+    req.resume();
+    if (bytes > bodyBudget.limit) {
+      sendError(res, 413, 'RequestEntityTooLargeError', `Request body exceeds the router's body budget of ${bodyBudget.limit} bytes.`);
+    } else {
+      res.setHeader('retry-after', '1');
+      sendError(res, 503, 'ServiceUnavailableError', 'The router is holding as many request bodies as it may; retry shortly.');
+    }
+  }
+
+  /** The body still arriving at `timeouts.bodyMs`: answer 408, close, and stop any upstream request without blaming it. */
+  function bodyTimedOut(req: IncomingMessage, res: ServerResponse, route: RouteState): void {
+    if (req.complete || res.writableEnded || res.destroyed) return;
+    route.phase = SETTLED;
+    route.clearDeadlines();
+    route.upstreamRequest?.destroy();
+    if (!res.headersSent) res.setHeader('connection', 'close');
+    sendError(res, 408, 'RequestTimeoutError', `The request body did not arrive within ${bodyTimeoutMs} ms.`);
   }
 
   function judgeHeader(req: IncomingMessage, trusted: boolean): HintVerdict {
     if (!trusted) return { outcome: 'untrusted', param: hintHeader };
-    if (countHeaderLines(req.rawHeaders, hintHeader) !== 1) return { outcome: 'malformed', param: hintHeader };
+    if (headersCut(req) || countHeaderLines(req.rawHeaders, hintHeader) !== 1) return { outcome: 'malformed', param: hintHeader };
     return judgeRank(parseRankHint(req.headers[hintHeader]), hintHeader);
   }
 
-  function judgeBodyField(body: unknown, trusted: boolean): HintVerdict {
-    if (hintBodyField === undefined || typeof body !== 'object' || body === null || !Object.hasOwn(body, hintBodyField)) {
-      return NO_HINT;
-    }
-    if (!trusted) return { outcome: 'untrusted', param: hintBodyField };
-    return judgeRank(parseBodyRankHint((body as Record<string, unknown>)[hintBodyField]), hintBodyField);
+  function judgeBodyField(view: BodyView | undefined, trusted: boolean): HintVerdict {
+    const found = HINT === -1 || view === undefined ? undefined : view.fields[HINT];
+    if (found === undefined) return NO_HINT;
+    if (!trusted) return { outcome: 'untrusted', param: hintBodyField! };
+    // Two copies may be read differently by two decoders, as two header lines may.
+    if (found.length !== 1 || found[0].end - found[0].start > MAX_RANK_TOKEN) return { outcome: 'malformed', param: hintBodyField! };
+    return judgeRank(parseBodyRankHint(fieldToken(view!.bytes, found[0])), hintBodyField!);
   }
 
   function judgeRank(parsed: RankHintResult, param: string): HintVerdict {
@@ -107,8 +151,9 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     return { outcome: 'accepted', rank: parsed.rank, param };
   }
 
-  function decide(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, trusted: boolean, headerHint: HintVerdict, body: unknown): void {
+  function decide(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, trusted: boolean, headerHint: HintVerdict, body: BodyView | undefined): void {
     if (res.destroyed) return;
+    if (HINT !== -1) route.hintFields = body?.fields[HINT];
     const verdict = headerHint === NO_HINT ? judgeBodyField(body, trusted) : headerHint;
     if (verdict.outcome !== 'none') metrics.hint(verdict.outcome);
     if (verdict.outcome === 'accepted') {
@@ -124,11 +169,9 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
       sendError(res, 503, 'ServiceUnavailableError', 'No healthy data-parallel endpoint is available.');
       return;
     }
-    const context: PickContext = {
-      path: req.originalUrl ?? req.url ?? '/',
-      affinityKey: policy.usesAffinityKey ? affinityKeyOf(req, body) : undefined,
-      prompt: policy.usesPrompt && body !== undefined ? extractPrompt(body) : undefined,
-    };
+    const affinityKey = policy.usesAffinityKey ? affinityKeyOf(req, body, route) : undefined;
+    const prompt = policy.usesPrompt && body !== undefined ? promptOf(body, route) : undefined;
+    const context: PickContext = { path: req.originalUrl ?? req.url ?? '/', affinityKey, prompt };
     route.context = context;
     let chosen: RouteEndpoint;
     try {
@@ -164,14 +207,65 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     return undefined;
   }
 
-  function affinityKeyOf(req: IncomingMessage, body: unknown): string | undefined {
+  /** The session key; one from the body counts against the budget while kept, or is not used. */
+  function affinityKeyOf(req: IncomingMessage, body: BodyView | undefined, route: RouteState): string | undefined {
     const fromHeader = headerKey(req);
     if (fromHeader !== undefined) return fromHeader;
-    if (config.affinityBodyField !== undefined && typeof body === 'object' && body !== null) {
-      const value = (body as Record<string, unknown>)[config.affinityBodyField];
-      if ((typeof value === 'string' && value.length > 0) || typeof value === 'number') return String(value);
-    }
+    const found = AFFINITY === -1 || body === undefined ? undefined : body.fields[AFFINITY];
+    if (found === undefined) return undefined;
+    // Only a string or a number can be a key: anything else is not decoded at all.
+    const field = found[found.length - 1];
+    const first = body!.bytes[field.start];
+    if (first !== 0x22 && first !== 0x2d && (first < 0x30 || first > 0x39)) return undefined;
+    if (route.lease !== undefined && !route.lease.grow(2 * (field.end - field.start))) return undefined;
+    const value = decodeField(body!.bytes, field);
+    if ((typeof value === 'string' && value.length > 0) || typeof value === 'number') return String(value);
     return undefined;
+  }
+
+  /**
+   * The prompt text from the `prompt` or `messages` member alone. Decoding is bounded by the
+   * body budget: when what it may cost (or the text kept for a retry's pick, until the response
+   * ends) does not fit, the request is routed as one without a prompt rather than refused, since
+   * its body is already held within the budget. The decoded values are dropped once the text is made.
+   */
+  function promptOf(body: BodyView, route: RouteState): string | undefined {
+    const prompt = body.fields[PROMPT];
+    const messages = body.fields[MESSAGES];
+    if (prompt === undefined && messages === undefined) return undefined;
+    let cost = 0;
+    for (const found of [prompt, messages]) {
+      if (found === undefined) continue;
+      const field = found[found.length - 1];
+      cost += field.nodes * BYTES_PER_NODE + 2 * (field.end - field.start);
+    }
+    const lease = route.lease;
+    if (lease !== undefined && !lease.grow(cost)) return undefined;
+    let text: string | undefined;
+    try {
+      const members: Record<string, unknown> = {};
+      if (prompt !== undefined) members.prompt = decodeField(body.bytes, prompt[prompt.length - 1]);
+      if (messages !== undefined) members.messages = decodeField(body.bytes, messages[messages.length - 1]);
+      text = extractPrompt(members);
+    } finally {
+      lease?.shrink(cost);
+    }
+    if (text !== undefined && lease !== undefined && !lease.grow(2 * text.length)) return undefined;
+    return text;
+  }
+
+  /** The members routing reads from a body a parser already decoded, found in its re-encoding. */
+  function parsedBodyView(req: RoutedRequest, route: RouteState): BodyView | undefined {
+    const bytes = route.body;
+    if (bytes === undefined || typeof req.body !== 'object' || req.body === null || Buffer.isBuffer(req.body)) return undefined;
+    const scan = scanFields(bytes, encodedNames);
+    return scan.ok ? { bytes, fields: scan.fields } : undefined;
+  }
+
+  /** Whether Node may have dropped header lines (`server.maxHeadersCount`): a hint line could be among them. */
+  function headersCut(req: IncomingMessage): boolean {
+    const server = (req.socket as { server?: { maxHeadersCount?: number | null } } | null)?.server;
+    return atHeaderLimit(req.rawHeaders.length / 2, server?.maxHeadersCount);
   }
 
   function dispatch(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, endpoint: RouteEndpoint, source: DecisionSource, hintOutcome: HintOutcome | undefined): void {
@@ -179,6 +273,7 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     metrics.dispatched(endpoint, source);
     if (endpoint.headerValue !== undefined) req.headers[header] = endpoint.headerValue;
     route.endpoint = endpoint;
+    route.carryRank(req, endpoint);
     req.dpRank = new RankDecision(endpoint, source, route);
     if (config.exposeDecision) res.setHeader('x-dp-router-decision', endpoint.receipts[source]);
     route.started = performance.now();

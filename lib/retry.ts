@@ -42,6 +42,7 @@ export function createRetry(config: Configuration, table: EndpointTable, metrics
     next.inflight++;
     metrics.dispatched(next, source);
     route.endpoint = next;
+    route.carryRank(req, next);
     req.dpRank = new RankDecision(next, source, route);
     if (next.headerValue !== undefined) req.headers[header] = next.headerValue;
     else delete req.headers[header];

@@ -1,5 +1,7 @@
 import type { ClientRequest, IncomingMessage, ServerResponse } from 'node:http';
+import type { BodyBudget, BodyLease } from './body-budget';
 import type { RouteEndpoint } from './endpoints';
+import { replaceValues, type JsonField } from './json-fields';
 import type { DecisionSource, DpRankDecision, PickContext } from './types';
 
 /** What the router keeps about one request, in one fixed-shape object. */
@@ -8,8 +10,12 @@ export class RouteState {
   endpoint: RouteEndpoint | undefined = undefined;
   /** The body bytes to send upstream, when the router holds them. */
   body: Buffer | undefined = undefined;
-  /** The body as the router parsed it, when it had to read it. */
-  parsedBody: unknown = undefined;
+  /** The request's share of the router's body budget, once it holds body bytes. */
+  lease: BodyLease | undefined = undefined;
+  /** Where `body` carries the hint field (`hints.bodyField`), rewritten to the rank it is sent to. */
+  hintFields: JsonField[] | undefined = undefined;
+  /** Armed while the request body is still arriving (`timeouts.bodyMs`). */
+  bodyDeadline: NodeJS.Timeout | undefined = undefined;
   /** The context the policy picked with, so that a retry can pick again with it. */
   context: PickContext | undefined = undefined;
   /** When the request was dispatched, by `performance.now()`. */
@@ -38,7 +44,31 @@ export class RouteState {
    */
   responseClosed(res: ServerResponse): void {
     this.clearDeadlines();
+    clearTimeout(this.bodyDeadline);
     if (!res.writableFinished) this.upstreamRequest?.destroy();
+  }
+
+  /**
+   * The request's lease on `budget`, started on first use and released when the response
+   * closes, however it ends; `undefined` when the client has already left (no close to come).
+   */
+  leaseFrom(budget: BodyBudget, res: ServerResponse): BodyLease | undefined {
+    if (this.lease !== undefined) return this.lease;
+    if (res.destroyed) return undefined;
+    const lease = (this.lease = budget.lease());
+    res.once('close', () => lease.release());
+    return lease;
+  }
+
+  /**
+   * Makes the held body's hint field carry the rank header's value for `endpoint` (`null` for
+   * `rankHeader: 'none'`), so that an upstream reading the field sees the router's rank and never
+   * the client's; called on dispatch and on every retry. `Content-Length` follows the new size.
+   */
+  carryRank(req: IncomingMessage, endpoint: RouteEndpoint): void {
+    if (this.hintFields === undefined || this.body === undefined) return;
+    this.body = replaceValues(this.body, this.hintFields, endpoint.headerValue ?? 'null');
+    if (req.headers['transfer-encoding'] === undefined) req.headers['content-length'] = String(this.body.length);
   }
 }
 

@@ -83,12 +83,20 @@ export interface AffinityOptions {
   maxSessions?: number;
 }
 
-/** Upstream timeouts; exceeding one answers 504. */
+/** Timeouts: the upstream's (exceeding one answers 504) and the client's body (408). */
 export interface TimeoutOptions {
   /** Time to establish the upstream connection. Default: `10_000` ms. */
   connectMs?: number;
   /** Time from dispatch until the upstream's response headers. Default: `600_000` ms. */
   firstByteMs?: number;
+  /**
+   * Time for the request body to arrive in full, from the moment the router sees the request,
+   * whether the router reads the body or streams it to the upstream. A body still arriving then
+   * gets a 408 `RequestTimeoutError` (the connection is closed and any upstream request
+   * destroyed), before Node's own `server.requestTimeout` (300 s) would answer outside vLLM's
+   * error shape; keep it below that. Default: `60_000` ms.
+   */
+  bodyMs?: number;
 }
 
 /**
@@ -211,10 +219,19 @@ export interface Options {
   metrics?: MetricsOptions | false;
   /** Session keys for the `session-affinity` policy. */
   affinity?: AffinityOptions;
-  /** Upstream timeouts. */
+  /** Upstream and request body timeouts. */
   timeouts?: TimeoutOptions;
   /** Largest body read when it must be read (body hints, prefix-aware); more answers 413. Default: 16 MiB. */
   maxBodyBytes?: number;
+  /**
+   * The most memory all requests in flight may hold in request bodies at once: bodies the
+   * router reads (prefix-aware, a body affinity key, body hints), bodies held for retries, and
+   * the text routing extracts from them, each held until its response ends. A body that would
+   * pass it gets a 503 `ServiceUnavailableError` (413 when it alone exceeds it); a body only
+   * wanted for a retry is streamed instead, without retries. Default: 512 MiB, or a quarter of
+   * V8's heap limit where that is less — 32 bodies of the default `maxBodyBytes` at once.
+   */
+  maxBufferedBytes?: number;
   /** Answer with `X-DP-Router-Decision` (reveals server layout). Default: `false`. */
   exposeDecision?: boolean;
   /**

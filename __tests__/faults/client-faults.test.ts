@@ -2,10 +2,7 @@ import { afterEach, describe, expect, it } from '@jest/globals';
 import express from 'express';
 import { request as httpRequest, type ServerResponse } from 'node:http';
 import { dpRouter } from '../../lib';
-import { metricValue, serve, startGateway, type TestGateway } from '../helpers/app';
-import { startEchoUpstream, type EchoUpstream } from '../helpers/echo-upstream';
-import { rawRequest } from '../helpers/raw-http';
-import { allIdle, exchange, sleep, waitFor } from './support';
+import { allIdle, type EchoUpstream, exchange, metricValue, rawRefusal, rawRequest, serve, sleep, startEchoUpstream, startGateway, type TestGateway, waitFor } from '../helpers';
 
 let gateway: TestGateway | undefined;
 let upstream: EchoUpstream;
@@ -135,6 +132,18 @@ describe('client faults', () => {
     expect(long.body).not.toContain('1111111111');
     expect(upstream.seen).toHaveLength(0);
     expect((await exchange(gateway.url, { headers: { 'x-data-parallel-rank': '3' } })).status).toBe(200);
+  });
+
+  it('answers 431 to headers past the first 64 KiB read, and keeps serving', async () => {
+    // Node answers these itself, before Express, and closes with request bytes unread: the
+    // client gets the whole 431, then a reset (which Node 24's libuv reports; see rawRefusal).
+    upstream = await startEchoUpstream();
+    gateway = await startGateway({ upstreams: [{ url: upstream.url, name: 'a' }] });
+    const huge = await rawRefusal(gateway.url, `GET /v1/models HTTP/1.1\r\nHost: x\r\nx-junk: ${'a'.repeat(200_000)}\r\n\r\n`);
+    expect(huge.answer).toBe('HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n\r\n');
+    expect(upstream.seen).toHaveLength(0);
+    expect((await exchange(gateway.url)).status).toBe(200);
+    expect(allIdle(gateway)).toBe(true);
   });
 
   it('keeps a client that leaves while its body is being buffered from holding a slot', async () => {

@@ -17,6 +17,30 @@ export function rawRequest(url: string, request: string): Promise<string> {
   });
 }
 
+/**
+ * The raw answer to a request the server refuses before reading all of it (headers past
+ * Node's limit, say), and how the connection closed. Node's server answers and closes with
+ * the unread request bytes still in the kernel's buffer, so Linux sends a reset, not a FIN.
+ * A Node client before Node 24 still saw a clean end: libuv before 1.52 took a short read
+ * plus POLLHUP as EOF and never read the reset. libuv 1.52 (Node 24) reads on and reports
+ * ECONNRESET, after the answer. So the answer is collected either way; a reset before any
+ * answer still rejects.
+ */
+export function rawRefusal(url: string, request: string): Promise<{ answer: string; closed: 'end' | 'reset' }> {
+  const { hostname, port } = new URL(url);
+  return new Promise((resolve, reject) => {
+    const socket = connect(Number(port), hostname, () => socket.write(request));
+    let answer = '';
+    socket.setEncoding('latin1');
+    socket.on('data', (chunk) => (answer += chunk));
+    socket.on('end', () => resolve({ answer, closed: 'end' }));
+    socket.on('error', (error: NodeJS.ErrnoException) => {
+      if (error.code === 'ECONNRESET' && answer !== '') resolve({ answer, closed: 'reset' });
+      else reject(error);
+    });
+  });
+}
+
 /** One request as the raw upstream read it: the head (request line and header lines) as sent. */
 export interface RawSeen {
   head: string;

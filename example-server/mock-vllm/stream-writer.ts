@@ -34,7 +34,12 @@ export class SseWriter {
 
   /** Writes steps until the stream ends, a delay is due, the socket needs draining, or the fault strikes. */
   readonly run = (): void => {
-    if (this.writeSteps() === 'die') dieAfterFlush(this.res);
+    const outcome = this.writeSteps();
+    // end() only once uncorked: Node 22's end() on a corked response sends the chunked
+    // terminator ahead of the chunks written since cork(), so the client's body stops short
+    // (Node 24.22 flushes them first; Node 20 does not buffer them).
+    if (outcome === 'done') this.res.end();
+    else if (outcome === 'die') dieAfterFlush(this.res);
   };
 
   private writeSteps(): StepOutcome {
@@ -44,10 +49,7 @@ export class SseWriter {
       while (!res.destroyed) {
         const outcome = this.writeStep();
         if (outcome !== 'written') return outcome;
-        if (++this.step === this.stream.steps) {
-          res.end();
-          return 'paused';
-        }
+        if (++this.step === this.stream.steps) return 'done';
         if (this.stepDelayMs > 0) {
           this.timer.after(this.stepDelayMs, this.run);
           return 'paused';
@@ -75,4 +77,4 @@ export class SseWriter {
   }
 }
 
-type StepOutcome = 'written' | 'paused' | 'gone' | 'die';
+type StepOutcome = 'written' | 'paused' | 'done' | 'gone' | 'die';

@@ -23,9 +23,14 @@ export function loadMsgpackr(): typeof Msgpackr {
 }
 
 function load<T>(name: string): T {
+  return requireOptional<T>(name, 'KV events need', INSTALL);
+}
+
+/** Requires an optional peer dependency, or throws an Error saying what needs it and how to install it. */
+export function requireOptional<T>(name: string, neededBy: string, install: string): T {
   try {
     return require(name) as T;
   } catch (error) {
-    throw new Error(`KV events need the optional package "${name}", which could not be loaded (${(error as Error).message}). Install it with: ${INSTALL}`);
+    throw new Error(`${neededBy} the optional package "${name}", which could not be loaded (${(error as Error).message}). Install it with: ${install}`);
   }
 }

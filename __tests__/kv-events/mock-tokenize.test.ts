@@ -1,0 +1,58 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import request from 'supertest';
+import { startMockVllm, type MockVllm } from '../../example-server/mock-vllm';
+import { mockTokenizer } from '../../example-server/mock-vllm/tokenize';
+
+let mock: MockVllm;
+beforeAll(async () => {
+  mock = await startMockVllm({ model: 'tiny', maxModelLen: 4096 });
+});
+afterAll(() => mock.close());
+
+const messages = [{ role: 'user', content: 'What is the capital of France?' }];
+
+describe('mock vLLM POST /tokenize', () => {
+  it('tokenizes a prompt with special tokens by default, in vLLM response shape', async () => {
+    const res = await request(mock.url).post('/tokenize').send({ model: 'tiny', prompt: 'Hello world' }).expect(200);
+    const tokens = mockTokenizer().encodeWhole('Hello world', true);
+    expect(res.body).toEqual({ count: tokens.length, max_model_len: 4096, tokens, token_strs: null });
+    const plain = await request(mock.url).post('/tokenize').send({ prompt: 'Hello world', add_special_tokens: false }).expect(200);
+    expect(plain.body.tokens).toEqual(tokens.slice(1));
+  });
+
+  it('renders messages with the chat template and the generation prompt', async () => {
+    const res = await request(mock.url).post('/tokenize').send({ messages }).expect(200);
+    const text = mockTokenizer().renderChat({ messages }) as string;
+    expect(text.endsWith('<|start_header_id|>assistant<|end_header_id|>\n\n')).toBe(true);
+    expect(res.body.tokens).toEqual(mockTokenizer().encodeWhole(text, false));
+    const without = await request(mock.url).post('/tokenize').send({ messages, add_generation_prompt: false }).expect(200);
+    expect(without.body.count).toBeLessThan(res.body.count);
+  });
+
+  it('tokenizes a prompt of any length, as vLLM does', async () => {
+    const long = 'word '.repeat(40_000);
+    const res = await request(mock.url).post('/tokenize').send({ prompt: long }).expect(200);
+    expect(res.body.count).toBe(mockTokenizer().encodeWhole(long, true).length);
+  });
+
+  it('lists token strings when asked', async () => {
+    const res = await request(mock.url).post('/tokenize').send({ prompt: ' the', return_token_strs: true }).expect(200);
+    expect(res.body.token_strs).toEqual(['<|begin_of_text|>', 'Ġthe']);
+  });
+
+  it.each([
+    ['another model', { model: 'other', prompt: 'x' }, 404, 'The model `other` does not exist.', 'model'],
+    ['no prompt', { model: 'tiny' }, 400, '`prompt` must be a string (or send `messages`).', 'prompt'],
+    ['an image part', { messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }] }, 400, 'Cannot tokenize this request (unsupported).', 'messages'],
+    ['a JSON array', [1], 400, 'The request body must be a JSON object.', null],
+  ])('answers %s with vLLM error shape', async (_name, body, status, message, param) => {
+    const res = await request(mock.url).post('/tokenize').send(body as object).expect(status);
+    expect(res.body).toEqual({ error: { message, type: expect.any(String), param, code: status } });
+  });
+
+  it('answers broken JSON and a GET', async () => {
+    const res = await request(mock.url).post('/tokenize').set('content-type', 'application/json').send('{').expect(400);
+    expect(res.body.error.message).toMatch(/^Invalid JSON body/);
+    await request(mock.url).get('/tokenize').expect(405);
+  });
+});

@@ -1,0 +1,51 @@
+/**
+ * vLLM's `POST /tokenize` (serving_tokenization.py), with the tokenizer the project ships for
+ * the mock (example-server/mock-vllm/tokenizer/, made by make-tokenizer.ts):
+ * `{model?, prompt, add_special_tokens = true}` or
+ * `{model?, messages, add_generation_prompt = true, continue_final_message = false, add_special_tokens = false, ...}`
+ * → `{count, max_model_len, tokens, token_strs}`.
+ */
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { join } from 'node:path';
+import { PromptTokenizer } from '../../lib/kv-events/tokenizer';
+import { readBody, sendError, sendJson } from './http';
+
+/** The directory of the mock's tokenizer (`tokenizer.json`, `tokenizer_config.json`). */
+export const MOCK_TOKENIZER_DIR = join(__dirname, 'tokenizer');
+
+const MAX_BODY_BYTES = 64 * 1024 * 1024;
+
+let shared: PromptTokenizer | undefined;
+
+/** The mock's tokenizer, loaded on the first `/tokenize` (the package is a dev dependency). */
+export function mockTokenizer(): PromptTokenizer {
+  // vLLM tokenizes any prompt it is sent; the router's per-request budget is not the server's.
+  shared ??= PromptTokenizer.load(MOCK_TOKENIZER_DIR, { maxUncachedChars: Infinity });
+  return shared;
+}
+
+/** Serves one `/tokenize` request for a server of `model` with context length `maxModelLen`. */
+export async function serveTokenize(model: string, maxModelLen: number, req: IncomingMessage, res: ServerResponse): Promise<void> {
+  const raw = await readBody(req, MAX_BODY_BYTES);
+  if (raw === 'aborted') return;
+  if (raw === 'too_large') return sendError(res, 413, 'Request body too large.', null, { connection: 'close' });
+  let body: unknown;
+  try {
+    body = JSON.parse(raw.toString('utf8'));
+  } catch (error) {
+    return sendError(res, 400, `Invalid JSON body: ${(error as Error).message}`);
+  }
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) return sendError(res, 400, 'The request body must be a JSON object.');
+  const request = body as Record<string, unknown>;
+  if (request.model !== undefined && request.model !== null && request.model !== model) {
+    return sendError(res, 404, `The model \`${String(request.model)}\` does not exist.`, 'model');
+  }
+  const isChat = request.messages !== undefined;
+  if (!isChat && typeof request.prompt !== 'string') return sendError(res, 400, '`prompt` must be a string (or send `messages`).', 'prompt');
+  const tokenizer = mockTokenizer();
+  const outcome = tokenizer.tokenize(isChat ? 'chat' : 'completions', request);
+  if ('refused' in outcome) return sendError(res, 400, `Cannot tokenize this request (${outcome.refused}).`, isChat ? 'messages' : 'prompt');
+  const tokens = outcome.prompts[0];
+  const tokenStrs = request.return_token_strs === true ? tokens.map((id) => tokenizer.tokenString(id)) : null;
+  sendJson(res, 200, JSON.stringify({ count: tokens.length, max_model_len: maxModelLen, tokens, token_strs: tokenStrs }));
+}

@@ -1,0 +1,206 @@
+/**
+ * Verifies the router's tokenizer against the upstream's: for a sample of requests, the same
+ * prompt goes to vLLM's `POST /tokenize` and the returned ids are compared with the router's.
+ * A different tokenizer file, chat template or vLLM default would otherwise route every
+ * request on keys that never match the engine's blocks, silently.
+ *
+ * Sampling is bounded three ways, so it never loads the upstream or delays routing: a share of
+ * requests (the first one always), a least interval between checks, and one check in flight.
+ * The check runs after the routing decision, on its own socket, with a timeout; its failures
+ * (upstream down, an error answer, a timeout) are not counted either way.
+ */
+import { request as httpRequest, type IncomingMessage } from 'node:http';
+import { request as httpsRequest } from 'node:https';
+import type { PromptKind } from './tokenizer';
+
+/** Options of {@link TokenizerAgreement}. */
+export interface TokenizerAgreementOptions {
+  /** The upstream's base URL, e.g. `http://10.0.0.5:8000`. */
+  url: string;
+  /** The `model` sent when the request names none. Default: none sent (vLLM then uses its served model). */
+  model?: string;
+  /** Share of offered requests checked, after the first. Default 0.01. */
+  sampleRate?: number;
+  /** Least time between two checks, in ms. Default 1000. */
+  minIntervalMs?: number;
+  /** A check without an answer after this long is dropped, in ms. Default 5000. */
+  timeoutMs?: number;
+  /** Told each compared sample's outcome. */
+  onResult?: (result: AgreementResult) => void;
+  /** Told when a check could not be made (uncounted). */
+  onError?: (reason: string) => void;
+  /** The random source for sampling; default `Math.random`. */
+  random?: () => number;
+  /** The clock for `minIntervalMs`; default `Date.now`. */
+  now?: () => number;
+}
+
+/** One compared sample. */
+export interface AgreementResult {
+  agreed: boolean;
+  /** Agreed samples over compared samples so far. */
+  ratio: number;
+  compared: number;
+  /** On disagreement: the first differing position and both lengths, for the warning. */
+  difference?: { at: number; routerCount: number; upstreamCount: number };
+}
+
+const MAX_RESPONSE_BYTES = 64 * 1024 * 1024;
+
+/** The agreement sampler of one upstream. */
+export class TokenizerAgreement {
+  private readonly target: URL;
+  private readonly options: TokenizerAgreementOptions;
+  private readonly sampleRate: number;
+  private readonly minIntervalMs: number;
+  private readonly timeoutMs: number;
+  private readonly random: () => number;
+  private readonly now: () => number;
+  private lastCheck = -Infinity;
+  private inFlight = 0;
+  private offered = 0;
+  private closed = false;
+  private agreedCount = 0;
+  private comparedCount = 0;
+
+  constructor(options: TokenizerAgreementOptions) {
+    this.options = options;
+    this.target = new URL('tokenize', options.url.endsWith('/') ? options.url : `${options.url}/`);
+    this.sampleRate = options.sampleRate ?? 0.01;
+    this.minIntervalMs = options.minIntervalMs ?? 1000;
+    this.timeoutMs = options.timeoutMs ?? 5000;
+    this.random = options.random ?? Math.random;
+    this.now = options.now ?? Date.now;
+  }
+
+  /** Agreed over compared samples, or undefined before the first comparison. */
+  get ratio(): number | undefined {
+    return this.comparedCount === 0 ? undefined : this.agreedCount / this.comparedCount;
+  }
+
+  get compared(): number {
+    return this.comparedCount;
+  }
+
+  /** False once any sample disagreed. */
+  get agreeing(): boolean {
+    return this.agreedCount === this.comparedCount;
+  }
+
+  /**
+   * Offers one routed request (its parsed body and the router's tokens for its first prompt);
+   * checks it if the sample picks it. Returns at once; never throws.
+   */
+  offer(kind: PromptKind, body: Record<string, unknown>, tokens: readonly number[]): void {
+    const first = this.offered++ === 0;
+    if (this.closed || this.inFlight > 0 || this.now() - this.lastCheck < this.minIntervalMs) return;
+    if (!first && !(this.random() < this.sampleRate)) return;
+    void this.check(kind, body, tokens);
+  }
+
+  /** Checks one request now, unsampled; resolves to its result, or undefined when no check could be made. */
+  check(kind: PromptKind, body: Record<string, unknown>, tokens: readonly number[]): Promise<AgreementResult | undefined> {
+    const payload = tokenizeBody(kind, body, this.options.model);
+    if (payload === undefined) return Promise.resolve(undefined);
+    this.lastCheck = this.now();
+    this.inFlight++;
+    // The slot is free before the listener hears of the result.
+    return this.post(payload).then(
+      (upstream) => {
+        this.inFlight--;
+        return this.compare(tokens, upstream);
+      },
+      (error: Error) => {
+        this.inFlight--;
+        this.options.onError?.(error.message);
+        return undefined;
+      },
+    );
+  }
+
+  /** Stops sampling. */
+  close(): void {
+    this.closed = true;
+  }
+
+  private compare(tokens: readonly number[], upstream: number[]): AgreementResult {
+    let at = 0;
+    while (at < tokens.length && at < upstream.length && tokens[at] === upstream[at]) at++;
+    const agreed = at === tokens.length && at === upstream.length;
+    this.comparedCount++;
+    if (agreed) this.agreedCount++;
+    const result: AgreementResult = { agreed, ratio: this.agreedCount / this.comparedCount, compared: this.comparedCount };
+    if (!agreed) result.difference = { at, routerCount: tokens.length, upstreamCount: upstream.length };
+    this.options.onResult?.(result);
+    return result;
+  }
+
+  private post(payload: string): Promise<number[]> {
+    return new Promise((resolve, reject) => {
+      const send = this.target.protocol === 'https:' ? httpsRequest : httpRequest;
+      const req = send(this.target, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(payload) },
+        timeout: this.timeoutMs,
+      });
+      req.on('timeout', () => req.destroy(new Error(`/tokenize timed out after ${this.timeoutMs} ms`)));
+      req.on('error', reject);
+      req.on('response', (res) => readTokens(res).then(resolve, reject));
+      req.end(payload);
+    });
+  }
+}
+
+/** vLLM's `/tokenize` body for the same prompt: the fields that change its tokens, nothing else. */
+function tokenizeBody(kind: PromptKind, body: Record<string, unknown>, model: string | undefined): string | undefined {
+  const out: Record<string, unknown> = {};
+  const named = typeof body.model === 'string' ? body.model : model;
+  if (named !== undefined) out.model = named;
+  if (kind === 'chat') {
+    for (const key of CHAT_FIELDS) if (body[key] !== undefined) out[key] = body[key];
+    if (out.messages === undefined) return undefined;
+  } else {
+    const prompt = Array.isArray(body.prompt) ? body.prompt[0] : body.prompt;
+    // A token-array prompt is used as it is: nothing to verify.
+    if (typeof prompt !== 'string') return undefined;
+    out.prompt = prompt;
+    if (body.add_special_tokens !== undefined) out.add_special_tokens = body.add_special_tokens;
+  }
+  return JSON.stringify(out);
+}
+
+const CHAT_FIELDS = [
+  'messages',
+  'add_generation_prompt',
+  'continue_final_message',
+  'add_special_tokens',
+  'chat_template_kwargs',
+  'tools',
+  'documents',
+];
+
+function readTokens(res: IncomingMessage): Promise<number[]> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    res.on('data', (chunk: Buffer) => {
+      size += chunk.length;
+      if (size > MAX_RESPONSE_BYTES) res.destroy(new Error('/tokenize answer too large'));
+      else chunks.push(chunk);
+    });
+    res.on('error', reject);
+    res.on('aborted', () => reject(new Error('/tokenize answer cut short')));
+    res.on('end', () => {
+      if (res.statusCode !== 200) return reject(new Error(`/tokenize answered HTTP ${res.statusCode}`));
+      let body: unknown;
+      try {
+        body = JSON.parse(Buffer.concat(chunks, size).toString('utf8'));
+      } catch {
+        return reject(new Error('/tokenize answered invalid JSON'));
+      }
+      const tokens = (body as { tokens?: unknown } | null)?.tokens;
+      if (!Array.isArray(tokens) || !tokens.every((id) => Number.isSafeInteger(id))) return reject(new Error('/tokenize answer has no token list'));
+      resolve(tokens as number[]);
+    });
+  });
+}

@@ -1,0 +1,333 @@
+/**
+ * A request's prompt as the engine's token ids, computed in the router from the model's own
+ * tokenizer files, so the exact KV index can be looked up before the request is sent.
+ *
+ * What vLLM does, and so what this does: `/v1/chat/completions` renders the messages with the
+ * chat template (see tokenizer-chat.ts) and tokenizes the text with `add_special_tokens: false`
+ * (the template wrote them); `/v1/completions` tokenizes a text prompt with
+ * `add_special_tokens: true` (the post-processor's BOS) and takes a token-array prompt as it is;
+ * either endpoint's `add_special_tokens` field overrides the default.
+ *
+ * Shared prefixes are not tokenized again: the text is cut at the tokenizer's added tokens
+ * (`<|eot_id|>`, `<|im_start|>`, ...), which the tokenizer itself splits on before any other
+ * step, so each piece between them tokenizes on its own to the same ids; pieces are cached
+ * (LRU, bounded in bytes). A chat template puts such tokens around every message, so a system
+ * prompt seen before costs one map lookup. Whether cutting is exact for this tokenizer (a
+ * normalizer or pre-tokenizer could treat the start of the text specially) is checked on a
+ * sample at load and on the first requests against whole-text tokenization; on any difference
+ * the cache keeps whole texts only.
+ */
+import type { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
+import { ChatRenderer, isRefused, type Refused } from './tokenizer-chat';
+import { loadTokenizersPackage, readTokenizerFiles, type TokenizerFiles } from './tokenizer-files';
+
+export type { Refused, RenderRefusal } from './tokenizer-chat';
+export { readTokenizerFiles, type TokenizerFiles } from './tokenizer-files';
+
+/** Options of {@link PromptTokenizer}. */
+export interface PromptTokenizerOptions {
+  /** Memory held by the prefix cache (token ids and the text they came from). Default 32 MiB. */
+  cacheBytes?: number;
+  /** Requests whose cut-and-cached tokenization is compared with whole-text tokenization before it is trusted. Default 32. */
+  selfCheckRequests?: number;
+  /**
+   * The most text a request may bring that is not in the cache yet, in UTF-16 units; a request
+   * with more is refused as `too_long`. Tokenizing runs on the event loop (about 1.7 µs a
+   * token cold, see bench/tokenize.ts), so this bounds what one request, hostile or not, can
+   * cost every other. What was tokenized before the budget ran out stays cached, so a long
+   * shared prefix is taken in over a few requests; a single piece of text (between two added
+   * tokens) longer than this never is. Default 65,536 (about 16k tokens, ~25 ms).
+   */
+  maxUncachedChars?: number;
+  /** Told once if cutting the text at added tokens changed the tokens (the cache then keeps whole texts only). */
+  onSegmentMismatch?: (text: string) => void;
+}
+
+/** The endpoints whose prompts are tokenized. */
+export type PromptKind = 'chat' | 'completions';
+
+/** A request's prompts as token ids (a completions batch has several), or why not. */
+export type TokenizeOutcome = { prompts: number[][] } | Refused;
+
+/** Cache counters. */
+export interface PromptTokenizerStats {
+  hits: number;
+  misses: number;
+  cachedBytes: number;
+  /** False once cutting at added tokens was found to change the tokens. */
+  segmenting: boolean;
+}
+
+const DEFAULT_CACHE_BYTES = 32 * 1024 * 1024;
+const DEFAULT_MAX_UNCACHED_CHARS = 65_536;
+const TOO_LONG: Refused = Object.freeze({ refused: 'too_long' });
+/** Thrown inside one tokenize() call when its budget runs out; never escapes it. */
+const OVER_BUDGET = new Error('over budget');
+// A cached piece costs its text (2 bytes a UTF-16 unit), its ids (8 bytes each in a packed
+// array) and a map entry.
+const ENTRY_OVERHEAD_BYTES = 80;
+
+/** Tokenizes requests' prompts with one model's tokenizer; pure and synchronous. */
+export class PromptTokenizer {
+  private readonly tokenizer: HfTokenizer;
+  private readonly chat: ChatRenderer | undefined;
+  private readonly splitter: RegExp | undefined;
+  private readonly addedIds: Map<string, number | undefined>;
+  private readonly specialPrefix: number[];
+  private readonly specialSuffix: number[];
+  private readonly cacheBytes: number;
+  private readonly maxUncachedChars: number;
+  /** What the request being tokenized may still spend; unlimited outside tokenize(). */
+  private budget = Infinity;
+  private readonly cache = new Map<string, number[]>();
+  private readonly onSegmentMismatch: ((text: string) => void) | undefined;
+  private selfChecks: number;
+  private segmenting: boolean;
+  private hits = 0;
+  private misses = 0;
+  private heldBytes = 0;
+
+  /** Loads a tokenizer from a directory holding `tokenizer.json` (+ `tokenizer_config.json`), the first file, or both paths. */
+  static load(path: string | readonly [string, string], options: PromptTokenizerOptions = {}): PromptTokenizer {
+    return new PromptTokenizer(readTokenizerFiles(path), options);
+  }
+
+  constructor(files: TokenizerFiles, options: PromptTokenizerOptions = {}) {
+    const { Tokenizer } = loadTokenizersPackage();
+    this.tokenizer = new Tokenizer(files.tokenizer, files.config);
+    const template = chatTemplateOf(files.config);
+    this.chat = template === undefined ? undefined : new ChatRenderer(template, files.config);
+    this.cacheBytes = options.cacheBytes ?? DEFAULT_CACHE_BYTES;
+    this.maxUncachedChars = options.maxUncachedChars ?? DEFAULT_MAX_UNCACHED_CHARS;
+    this.selfChecks = options.selfCheckRequests ?? 32;
+    this.onSegmentMismatch = options.onSegmentMismatch;
+    this.addedIds = addedTokens(files.tokenizer);
+    this.splitter = this.addedIds.size === 0 ? undefined : alternation([...this.addedIds.keys()]);
+    [this.specialPrefix, this.specialSuffix] = this.postProcessorTokens();
+    this.segmenting = this.splitter !== undefined && this.cutsAgree();
+  }
+
+  /** Whether the files had a chat template (without one, chat requests are refused as unsupported). */
+  get hasChatTemplate(): boolean {
+    return this.chat !== undefined;
+  }
+
+  /** The token ids of a parsed request body for `kind`'s endpoint, as vLLM would compute them. */
+  tokenize(kind: PromptKind, body: unknown): TokenizeOutcome {
+    this.budget = this.maxUncachedChars;
+    try {
+      return this.tokenizeRequest(kind, body);
+    } catch (error) {
+      if (error === OVER_BUDGET) return TOO_LONG;
+      throw error;
+    } finally {
+      this.budget = Infinity;
+    }
+  }
+
+  private tokenizeRequest(kind: PromptKind, body: unknown): TokenizeOutcome {
+    if (typeof body !== 'object' || body === null || Array.isArray(body)) return { refused: 'invalid' };
+    const request = body as Record<string, unknown>;
+    const special = request.add_special_tokens;
+    if (special !== undefined && typeof special !== 'boolean') return { refused: 'invalid' };
+    if (kind === 'chat') {
+      if (!this.chat) return { refused: 'unsupported' };
+      const text = this.chat.render(request);
+      if (isRefused(text)) return text;
+      return { prompts: [this.encode(text, special ?? false)] };
+    }
+    return this.completionPrompts(request.prompt, special ?? true);
+  }
+
+  /** The rendered chat prompt (what `/tokenize` with `messages` tokenizes). */
+  renderChat(body: Record<string, unknown>): string | Refused {
+    return this.chat ? this.chat.render(body) : { refused: 'unsupported' };
+  }
+
+  /** `text`'s token ids through the prefix cache. */
+  encode(text: string, addSpecialTokens: boolean): number[] {
+    // A copy: the cached array must not be changed by a caller.
+    if (!this.segmenting) return this.cachedPiece(text, addSpecialTokens).slice();
+    const ids = this.encodeCut(text, addSpecialTokens);
+    // The check tokenizes the whole text: only for a text within the budget.
+    if (this.selfChecks > 0 && text.length <= this.maxUncachedChars) {
+      this.selfChecks--;
+      if (!sameIds(ids, this.encodeWhole(text, addSpecialTokens))) {
+        this.stopSegmenting(text);
+        return this.encodeWhole(text, addSpecialTokens);
+      }
+    }
+    return ids;
+  }
+
+  /** `text`'s token ids from the tokenizer alone, no cache. */
+  encodeWhole(text: string, addSpecialTokens: boolean): number[] {
+    return this.tokenizer.encode(text, { add_special_tokens: addSpecialTokens }).ids;
+  }
+
+  /** The text of `ids` (special tokens included). */
+  decode(ids: readonly number[]): string {
+    if (ids.length === 0) return '';
+    return this.tokenizer.decode(ids as number[], { skip_special_tokens: false, clean_up_tokenization_spaces: false });
+  }
+
+  /** The vocabulary's string for `id` (e.g. `Ġthe`), as `/tokenize` with `return_token_strs` lists it. */
+  tokenString(id: number): string {
+    return this.tokenizer.id_to_token(id) ?? '';
+  }
+
+  /** Cache counters. */
+  stats(): PromptTokenizerStats {
+    return { hits: this.hits, misses: this.misses, cachedBytes: this.heldBytes, segmenting: this.segmenting };
+  }
+
+  private completionPrompts(prompt: unknown, special: boolean): TokenizeOutcome {
+    if (typeof prompt === 'string') return { prompts: [this.encode(prompt, special)] };
+    if (!Array.isArray(prompt) || prompt.length === 0) return { refused: 'invalid' };
+    if (isTokenIds(prompt)) return { prompts: [prompt] };
+    const prompts: number[][] = [];
+    for (const one of prompt) {
+      if (typeof one === 'string') prompts.push(this.encode(one, special));
+      else if (Array.isArray(one) && one.length > 0 && isTokenIds(one)) prompts.push(one);
+      else return { refused: 'invalid' };
+    }
+    return { prompts };
+  }
+
+  private encodeCut(text: string, addSpecialTokens: boolean): number[] {
+    const ids = addSpecialTokens ? this.specialPrefix.slice() : [];
+    const splitter = this.splitter as RegExp;
+    splitter.lastIndex = 0;
+    let last = 0;
+    for (let match = splitter.exec(text); match !== null; match = splitter.exec(text)) {
+      const id = this.addedIds.get(match[0]);
+      if (id === undefined) continue;
+      if (match.index > last) pushAll(ids, this.cachedPiece(text.slice(last, match.index), false));
+      ids.push(id);
+      last = splitter.lastIndex;
+    }
+    if (last < text.length) pushAll(ids, this.cachedPiece(last === 0 ? text : text.slice(last), false));
+    if (addSpecialTokens) pushAll(ids, this.specialSuffix);
+    return ids;
+  }
+
+  private cachedPiece(text: string, addSpecialTokens: boolean): number[] {
+    // Whole texts (when not cutting) are keyed with their special-token flag.
+    const key = addSpecialTokens ? `\u0001${text}` : text;
+    const cached = this.cache.get(key);
+    if (cached !== undefined) {
+      this.hits++;
+      this.cache.delete(key);
+      this.cache.set(key, cached);
+      return cached;
+    }
+    if (text.length > this.budget) throw OVER_BUDGET;
+    this.budget -= text.length;
+    this.misses++;
+    const ids = this.encodeWhole(text, addSpecialTokens);
+    const bytes = key.length * 2 + ids.length * 8 + ENTRY_OVERHEAD_BYTES;
+    if (bytes <= this.cacheBytes / 4) {
+      this.cache.set(key, ids);
+      this.heldBytes += bytes;
+      this.evict();
+    }
+    return ids;
+  }
+
+  private evict(): void {
+    for (const [key, ids] of this.cache) {
+      if (this.heldBytes <= this.cacheBytes) return;
+      this.cache.delete(key);
+      this.heldBytes -= key.length * 2 + ids.length * 8 + ENTRY_OVERHEAD_BYTES;
+    }
+  }
+
+  private stopSegmenting(text: string): void {
+    this.segmenting = false;
+    this.cache.clear();
+    this.heldBytes = 0;
+    this.onSegmentMismatch?.(text);
+  }
+
+  /** What the post-processor puts around a single sequence (Llama 3's BOS), found on a probe text. */
+  private postProcessorTokens(): [number[], number[]] {
+    const probe = 'a b';
+    const plain = this.encodeWhole(probe, false);
+    const full = this.encodeWhole(probe, true);
+    for (let at = 0; at + plain.length <= full.length; at++) {
+      if (sameIds(full.slice(at, at + plain.length), plain)) return [full.slice(0, at), full.slice(at + plain.length)];
+    }
+    return [[], []];
+  }
+
+  /** Cutting at added tokens gives the whole text's tokens on a sample (template-rendered when there is a template). */
+  private cutsAgree(): boolean {
+    const samples = [...SAMPLE_TEXTS];
+    const rendered = this.chat?.render({ messages: SAMPLE_MESSAGES });
+    if (typeof rendered === 'string') samples.push(rendered);
+    for (const token of [...this.addedIds.keys()].slice(0, 16)) samples.push(`${token} x${token}\n${token}y ${token}`);
+    const agree = samples.every(
+      (text) => sameIds(this.encodeCut(text, false), this.encodeWhole(text, false)) && sameIds(this.encodeCut(text, true), this.encodeWhole(text, true)),
+    );
+    this.cache.clear();
+    this.heldBytes = this.hits = this.misses = 0;
+    return agree;
+  }
+}
+
+const SAMPLE_MESSAGES = [
+  { role: 'system', content: '  You are a helpful assistant.\n\n' },
+  { role: 'user', content: 'Héllo wörld!  12345 tokens\t\ttabs, 🚀 emoji; "quotes" and \'apostrophes\' ' },
+  { role: 'assistant', content: ' Sure.\n' },
+  { role: 'user', content: '\n\nAgain   ' },
+];
+const SAMPLE_TEXTS = ['', ' leading space', 'trailing space ', 'line\n\nbreaks\r\n', '  ', 'naïve café 123 4567'];
+
+/**
+ * Every added token (so a cut never falls inside a longer one that overlaps it), each with its
+ * id when it is a safe cut point: matched verbatim in the raw text with no strip, word or
+ * normalizer rule that could reach across the cut; `undefined` otherwise.
+ */
+function addedTokens(tokenizer: Record<string, unknown>): Map<string, number | undefined> {
+  const tokens = new Map<string, number | undefined>();
+  const added = tokenizer.added_tokens;
+  if (!Array.isArray(added)) return tokens;
+  for (const token of added as Array<Record<string, unknown>>) {
+    if (typeof token.content !== 'string' || token.content === '' || !Number.isSafeInteger(token.id)) continue;
+    const clean = token.normalized !== true && token.lstrip !== true && token.rstrip !== true && token.single_word !== true;
+    tokens.set(token.content, clean ? (token.id as number) : undefined);
+  }
+  return tokens;
+}
+
+/** Longest first, so the leftmost match is also the longest, as the tokenizer's own matcher takes it. */
+function alternation(literals: string[]): RegExp {
+  const sorted = literals.sort((a, b) => b.length - a.length);
+  return new RegExp(sorted.map((literal) => literal.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')).join('|'), 'g');
+}
+
+function chatTemplateOf(config: Record<string, unknown>): string | undefined {
+  const template = config.chat_template;
+  if (typeof template === 'string') return template;
+  // The list form names several templates; vLLM's default is the one named "default".
+  if (Array.isArray(template)) {
+    const named = template.find((entry) => entry?.name === 'default') as { template?: unknown } | undefined;
+    if (typeof named?.template === 'string') return named.template;
+  }
+  return undefined;
+}
+
+function isTokenIds(values: unknown[]): values is number[] {
+  for (const value of values) if (!Number.isSafeInteger(value) || (value as number) < 0) return false;
+  return true;
+}
+
+function sameIds(a: readonly number[], b: readonly number[]): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+function pushAll(target: number[], ids: readonly number[]): void {
+  for (let i = 0; i < ids.length; i++) target.push(ids[i]);
+}

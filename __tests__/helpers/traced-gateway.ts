@@ -42,30 +42,35 @@ async function main(): Promise<void> {
   const { default: express } = await import('express');
   const { createServer } = await import('node:http');
   const { dpRouter } = await import('../../lib');
-  const { startEchoUpstream } = await import('./echo-upstream');
 
-  const upstream = await startEchoUpstream();
+  // The upstream (jest's helpers are not for a process of its own): records every raw
+  // `traceparent` line of each request.
   const seen: SeenByUpstream[] = [];
-  upstream.respond = (req, res) => {
+  const upstream = createServer((req, res) => {
     const traceparents: string[] = [];
     for (let index = 0; index < req.rawHeaders.length; index += 2) {
       if (req.rawHeaders[index].toLowerCase() === 'traceparent') traceparents.push(req.rawHeaders[index + 1]);
     }
     seen.push({ url: req.url ?? '', traceparents });
-    res.writeHead(200, { 'content-type': 'application/json' });
-    res.end('{}');
-  };
+    req.resume();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end('{}');
+    });
+  });
+  await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve));
+  const upstreamUrl = `http://127.0.0.1:${(upstream.address() as { port: number }).port}`;
   // A port with nothing listening: connections to it are refused, and retried elsewhere.
   const refused = createServer();
   await new Promise<void>((resolve) => refused.listen(0, '127.0.0.1', resolve));
   const refusedUrl = `http://127.0.0.1:${(refused.address() as { port: number }).port}`;
   await new Promise<void>((resolve) => refused.close(() => resolve()));
 
-  const routed = dpRouter({ upstreams: [{ url: upstream.url, name: 'echo', dataParallelSize: 2 }], hints: { trust: true }, metrics: false, logger: false });
+  const routed = dpRouter({ upstreams: [{ url: upstreamUrl, name: 'echo', dataParallelSize: 2 }], hints: { trust: true }, metrics: false, logger: false });
   const retried = dpRouter({
     upstreams: [
       { url: refusedUrl, name: 'refused' },
-      { url: upstream.url, name: 'echo' },
+      { url: upstreamUrl, name: 'echo' },
     ],
     policy: 'round-robin',
     metrics: false,
@@ -107,7 +112,9 @@ async function main(): Promise<void> {
 
   server.closeAllConnections();
   server.close();
-  await Promise.all([routed.close(), retried.close(), failing.close(), upstream.close()]);
+  upstream.closeAllConnections();
+  upstream.close();
+  await Promise.all([routed.close(), retried.close(), failing.close()]);
   await provider.shutdown();
 }
 

@@ -21,7 +21,15 @@ export interface GatewaySettings {
   loadFeedbackMs: number;
   /** Weight of other gateways' engine load (0–1). */
   loadFeedbackWeight: number;
+  /** pino level of the gateway's log. */
+  logLevel: LogLevel;
+  /** OTLP/HTTP traces endpoint; `undefined`: no tracing. */
+  otlpEndpoint: string | undefined;
 }
+
+/** pino's levels. */
+export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
+const LOG_LEVELS: readonly LogLevel[] = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
 
 /** A command line the gateway cannot run with; the message is one line. */
 export class UsageError extends Error {}
@@ -55,10 +63,16 @@ Options:
                         weight of other gateways' engine load, 0 to 1    [0.5]
   --mock-decode-ms N    embedded mock: delay per generated token         [0]
   --drain-timeout-ms N  on SIGTERM, wait this long for in-flight requests [30000]
+  --log-level LEVEL     fatal | error | warn | info | debug (one line per routing
+                        decision) | trace | silent (env LOG_LEVEL)        [info]
+  --otlp-endpoint URL   export OpenTelemetry traces over OTLP/HTTP, e.g.
+                        http://127.0.0.1:4318 (/v1/traces is added to a bare URL);
+                        vLLM's --otlp-traces-endpoint joins the same traces [off]
   -h, --help            print this help
 
 Serves the proxied API under /, metrics at GET /metrics, liveness at GET /healthz and
-readiness at GET /readyz.`;
+readiness at GET /readyz. Logs with pino: pretty on a terminal, JSON lines otherwise, one
+access line per proxied request with its upstream, rank and source.`;
 
 const POLICIES: readonly PolicyName[] = ['least-outstanding', 'round-robin', 'random', 'power-of-two', 'session-affinity', 'prefix-aware'];
 const RANK_HEADERS: readonly RankHeaderMode[] = ['global', 'local', 'none'];
@@ -79,6 +93,8 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     healthCheckMs: 0,
     loadFeedbackMs: 0,
     loadFeedbackWeight: 0.5,
+    logLevel: env.LOG_LEVEL === undefined ? 'info' : choice('LOG_LEVEL', env.LOG_LEVEL, LOG_LEVELS),
+    otlpEndpoint: undefined,
   };
   let discover = false;
   const upstreamSpecs: string[] = [];
@@ -142,6 +158,12 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
       case '--load-feedback-weight':
         settings.loadFeedbackWeight = fraction(flag, value());
         break;
+      case '--log-level':
+        settings.logLevel = choice(flag, value(), LOG_LEVELS);
+        break;
+      case '--otlp-endpoint':
+        settings.otlpEndpoint = httpUrl(flag, value());
+        break;
       case '--drain-timeout-ms':
         settings.drainTimeoutMs = integer(flag, value(), 0, 3_600_000);
         break;
@@ -203,6 +225,16 @@ function parseRankList(spec: string, list: string): number[] {
     for (let rank = first; rank <= last; rank++) ranks.push(rank);
   }
   return ranks;
+}
+
+function httpUrl(flag: string, raw: string): string {
+  try {
+    const url = new URL(raw);
+    if (url.protocol === 'http:' || url.protocol === 'https:') return url.href;
+  } catch {
+    // answered below
+  }
+  throw new UsageError(`${flag} must be an http(s) URL such as http://127.0.0.1:4318, got ${JSON.stringify(raw)}`);
 }
 
 function splitOnce(arg: string): [string, string] {

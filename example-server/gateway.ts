@@ -1,6 +1,8 @@
 import express from 'express';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import type { Logger as PinoLogger } from 'pino';
+import { pinoHttp } from 'pino-http';
 import { Registry } from 'prom-client';
 import { dpRouter, type DpRouter, type UpstreamOptions } from '../lib';
 import type { GatewaySettings } from './cli';
@@ -19,8 +21,12 @@ export interface RunningGateway {
   close(): Promise<void>;
 }
 
-/** Starts the gateway (and the embedded mock vLLM when no upstream is given). */
-export async function startExampleGateway(settings: GatewaySettings): Promise<RunningGateway> {
+/**
+ * Starts the gateway (and the embedded mock vLLM when no upstream is given). With a pino
+ * `logger`, the router logs to it and every proxied request gets an access line carrying
+ * its routing decision.
+ */
+export async function startExampleGateway(settings: GatewaySettings, logger?: PinoLogger): Promise<RunningGateway> {
   const mock = settings.upstreams.length === 0 ? await startMockVllm({ dataParallelSize: settings.dpSize, decodeMsPerToken: settings.mockDecodeMs }) : undefined;
   const upstreams: UpstreamOptions[] = mock
     ? [{ url: mock.url, name: 'mock-vllm', dataParallelSize: settings.dpSize }]
@@ -34,6 +40,7 @@ export async function startExampleGateway(settings: GatewaySettings): Promise<Ru
     healthCheck: settings.healthCheckMs > 0 ? { intervalMs: settings.healthCheckMs } : false,
     loadFeedback: settings.loadFeedbackMs > 0 ? { intervalMs: settings.loadFeedbackMs, weight: settings.loadFeedbackWeight } : false,
     metrics: { registry },
+    ...(logger ? { logger } : {}),
   });
 
   const app = express();
@@ -47,6 +54,15 @@ export async function startExampleGateway(settings: GatewaySettings): Promise<Ru
     res.status(healthy > 0 ? 200 : 503).json({ status: healthy > 0 ? 'ready' : 'no healthy endpoint', healthyEndpoints: healthy });
   });
   app.get('/metrics', router.metrics);
+  if (logger) {
+    // After the probes and the scrape endpoint, which would drown the requests worth reading.
+    app.use(
+      pinoHttp({
+        logger,
+        customProps: (req) => (req.dpRank ? { dpRank: { upstream: req.dpRank.upstream, rank: req.dpRank.rank, source: req.dpRank.source } } : {}),
+      }),
+    );
+  }
   app.use(router);
 
   const server = createServer(app);

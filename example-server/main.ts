@@ -1,7 +1,12 @@
-import { parseCommandLine, USAGE, UsageError } from './cli';
-import { startExampleGateway } from './gateway';
+import pino, { type Logger } from 'pino';
+import pretty from 'pino-pretty';
+import { parseCommandLine, USAGE, UsageError, type GatewaySettings } from './cli';
+import type { RunningTracing } from './tracing';
 
-/** `npm start`: parse the command line, start the gateway, drain on SIGINT/SIGTERM. */
+/**
+ * `npm start`: parse the command line, start tracing when asked (before express is loaded, so
+ * that its instrumentation applies), start the gateway, drain on SIGINT/SIGTERM.
+ */
 async function main(): Promise<void> {
   let settings;
   try {
@@ -16,18 +21,35 @@ async function main(): Promise<void> {
     process.stdout.write(`${USAGE}\n`);
     return;
   }
-  const gateway = await startExampleGateway(settings);
-  process.stdout.write(`${gateway.summary}\n`);
+  const logger = createLogger(settings);
+  let tracing: RunningTracing | undefined;
+  if (settings.otlpEndpoint !== undefined) {
+    const { startTracing } = await import('./tracing');
+    tracing = startTracing(settings.otlpEndpoint);
+  }
+  const { startExampleGateway } = await import('./gateway');
+  const gateway = await startExampleGateway(settings, logger);
+  logger.info({ otlpEndpoint: settings.otlpEndpoint }, gateway.summary);
 
   const shutdown = (signal: NodeJS.Signals) => {
-    process.stdout.write(`express-dp-router: ${signal}: draining in-flight requests\n`);
-    gateway.close().then(
-      () => process.exit(0),
-      () => process.exit(1),
-    );
+    logger.info(`express-dp-router: ${signal}: draining in-flight requests`);
+    gateway
+      .close()
+      .then(() => tracing?.shutdown())
+      .then(
+        () => process.exit(0),
+        () => process.exit(1),
+      );
   };
   process.once('SIGINT', shutdown);
   process.once('SIGTERM', shutdown);
+}
+
+/** Pretty lines for a person at a terminal, JSON lines for a log collector. */
+function createLogger(settings: GatewaySettings): Logger {
+  const options = { level: settings.logLevel };
+  // Synchronous, in this thread: lines written just before an exit are not lost.
+  return process.stdout.isTTY ? pino(options, pretty({ colorize: true, sync: true })) : pino(options, pino.destination({ dest: 1, sync: true }));
 }
 
 main().catch((error: unknown) => {

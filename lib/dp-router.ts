@@ -4,6 +4,7 @@ import { sendError } from './errors';
 import { startHealthChecks } from './health-checker';
 import { hopByHopStripper } from './hop-by-hop';
 import { OutlierDetector } from './outlier-detector';
+import type { RouteEndpoint } from './endpoints';
 import { createUpstreamProxy, WAITING, type ProxiedRequest, type UpstreamProxy } from './proxy';
 import { routeOf, type RouteState } from './route-state';
 import { createRetry } from './retry';
@@ -27,7 +28,14 @@ export type DpRouter = Middleware & RoutingHelpers;
 export function dpRouter(options: Options): DpRouter {
   const routing = createRouting(options, proxyDecided);
   const { config, table, metrics } = routing;
-  const detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection) : undefined;
+  const ejections = {
+    ejected(endpoint: RouteEndpoint): void {
+      metrics.ejected(endpoint);
+      config.tracing.ejected(endpoint);
+      config.logger.ejected(endpoint);
+    },
+  };
+  const detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection, ejections) : undefined;
   const retry = config.retryAttempts > 1 ? createRetry(config, table, metrics, (req, res) => send(req, res, (error) => answerProxyFailure(res, error), routeOf(req)!)) : undefined;
   // One proxy (and keep-alive agent) per upstream, by name; a replaced one is kept until close()
   // so that requests in flight through it finish.

@@ -1,4 +1,5 @@
 import type { ServerResponse } from 'node:http';
+import { markError } from './tracing';
 
 /** The error types the gateway answers with, named as vLLM and OpenAI name them. */
 export type GatewayErrorType =
@@ -27,6 +28,7 @@ export function sendError(
   message: string,
   param: string | null = null,
 ): void {
+  markError(res, status, message);
   if (res.headersSent) {
     res.destroy();
     return;

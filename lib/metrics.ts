@@ -1,3 +1,4 @@
+import type { IncomingMessage } from 'node:http';
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 import type { RouteEndpoint } from './endpoints';
 import type { DecisionSource } from './types';
@@ -11,6 +12,8 @@ export const HINT_OUTCOMES: readonly HintOutcome[] = ['accepted', 'untrusted', '
 export const UPSTREAM_ERROR_KINDS: readonly UpstreamErrorKind[] = ['connect', 'timeout', 'reset', 'status_5xx'];
 /** From a cached short completion to a long generation. */
 const DURATION_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
+/** From a warm prefix-cache hit (tens of ms) to a long prompt queued behind others (a minute). */
+const FIRST_TOKEN_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60];
 
 /** The router's instruments; a no-op stands in when metrics are off. */
 export interface RouterMetrics {
@@ -18,6 +21,15 @@ export interface RouterMetrics {
   dispatched(endpoint: RouteEndpoint, source: DecisionSource): void;
   finished(endpoint: RouteEndpoint, seconds: number): void;
   upstreamError(endpoint: RouteEndpoint, kind: UpstreamErrorKind): void;
+  /**
+   * The upstream began a 2xx answer to a request dispatched at `started` (`performance.now()`):
+   * time to first token is taken now, or for an event stream at its first body chunk.
+   */
+  responded(endpoint: RouteEndpoint, response: IncomingMessage, started: number): void;
+  /** A request is sent again elsewhere after `endpoint` failed it. */
+  retried(endpoint: RouteEndpoint): void;
+  /** The outlier detector took `endpoint` out of rotation. */
+  ejected(endpoint: RouteEndpoint): void;
   /** A failed read of an upstream's `/metrics` (discovery, load feedback). */
   scrapeFailed(upstream: string): void;
   /** Follows a reconfiguration: zero-filled series for new endpoints, none left for removed ones. */
@@ -31,6 +43,9 @@ interface EndpointInstruments {
   readonly requests: Record<DecisionSource, { inc(): void }>;
   readonly errors: Record<UpstreamErrorKind, { inc(): void }>;
   readonly duration: { observe(seconds: number): void };
+  readonly firstToken: { observe(seconds: number): void };
+  readonly retries: { inc(): void };
+  readonly ejections: { inc(): void };
 }
 
 type GaugeSource = (gauge: Gauge) => void;
@@ -51,6 +66,15 @@ export function createMetrics(
   const hints = counter(registry, `${prefix}rank_hints_total`, 'Client rank hints, by outcome.', ['outcome']);
   const errors = counter(registry, `${prefix}upstream_errors_total`, 'Failed upstream exchanges, by endpoint and kind.', ['upstream', 'rank', 'kind']);
   const duration = histogram(registry, `${prefix}request_duration_seconds`, 'Time from dispatch until the response ended, by endpoint.', ['upstream', 'rank']);
+  const firstToken = histogram(
+    registry,
+    `${prefix}time_to_first_token_seconds`,
+    'Time from dispatch until the first byte of a 2xx answer (of an event stream: its first event), by endpoint that answered.',
+    ['upstream', 'rank'],
+    FIRST_TOKEN_BUCKETS,
+  );
+  const retries = counter(registry, `${prefix}retries_total`, 'Requests sent again to another endpoint, by the endpoint that failed them.', ['upstream', 'rank']);
+  const ejections = counter(registry, `${prefix}ejections_total`, 'Times the outlier detector took the endpoint out of rotation.', ['upstream', 'rank']);
   const scrapes = counter(registry, `${prefix}upstream_scrape_failures_total`, "Failed reads of an upstream's /metrics for discovery or load feedback.", ['upstream']);
 
   const instruments = new Map<RouteEndpoint, EndpointInstruments>();
@@ -66,8 +90,12 @@ export function createMetrics(
       requests: { hint: bind(requests, { source: 'hint' }), assigned: bind(requests, { source: 'assigned' }) },
       errors: Object.fromEntries(UPSTREAM_ERROR_KINDS.map((kind) => [kind, bind(errors, { kind })])) as EndpointInstruments['errors'],
       duration: duration.labels(labels),
+      firstToken: firstToken.labels(labels),
+      retries: bind(retries, {}),
+      ejections: bind(ejections, {}),
     });
     duration.zero(labels);
+    firstToken.zero(labels);
   };
   const forget = (endpoint: RouteEndpoint) => {
     const known = instruments.get(endpoint);
@@ -76,6 +104,9 @@ export function createMetrics(
     for (const source of ['hint', 'assigned']) requests.remove({ ...known.labels, source });
     for (const kind of UPSTREAM_ERROR_KINDS) errors.remove({ ...known.labels, kind });
     duration.remove(known.labels);
+    firstToken.remove(known.labels);
+    retries.remove(known.labels);
+    ejections.remove(known.labels);
   };
   const scraped = new Set<string>();
   const watchScrapes = (upstreams: readonly string[]) => {
@@ -109,6 +140,21 @@ export function createMetrics(
     dispatched: (endpoint, source) => instruments.get(endpoint)?.requests[source].inc(),
     finished: (endpoint, seconds) => instruments.get(endpoint)?.duration.observe(seconds),
     upstreamError: (endpoint, kind) => instruments.get(endpoint)?.errors[kind].inc(),
+    responded: (endpoint, response, started) => {
+      const status = response.statusCode ?? 0;
+      if (status < 200 || status >= 300) return;
+      const known = instruments.get(endpoint);
+      if (known === undefined) return;
+      const contentType = response.headers['content-type'];
+      if (contentType !== undefined && contentType.startsWith('text/event-stream')) {
+        // The headers of a stream come before its first token: wait for the first event.
+        response.once('data', () => known.firstToken.observe((performance.now() - started) / 1000));
+      } else {
+        known.firstToken.observe((performance.now() - started) / 1000);
+      }
+    },
+    retried: (endpoint) => instruments.get(endpoint)?.retries.inc(),
+    ejected: (endpoint) => instruments.get(endpoint)?.ejections.inc(),
     scrapeFailed: (upstream) => {
       if (scraped.has(upstream)) scrapes.inc({ upstream });
     },
@@ -127,6 +173,9 @@ export const NO_METRICS: RouterMetrics = {
   dispatched: () => undefined,
   finished: () => undefined,
   upstreamError: () => undefined,
+  responded: () => undefined,
+  retried: () => undefined,
+  ejected: () => undefined,
   scrapeFailed: () => undefined,
   track: () => undefined,
   close: () => undefined,
@@ -138,10 +187,10 @@ function counter(registry: Registry, name: string, help: string, labelNames: str
   return new Counter({ name, help, labelNames, registers: [registry] });
 }
 
-function histogram(registry: Registry, name: string, help: string, labelNames: string[]): Histogram {
+function histogram(registry: Registry, name: string, help: string, labelNames: string[], buckets = DURATION_BUCKETS): Histogram {
   const existing = registry.getSingleMetric(name);
   if (existing instanceof Histogram) return existing;
-  return new Histogram({ name, help, labelNames, buckets: DURATION_BUCKETS, registers: [registry] });
+  return new Histogram({ name, help, labelNames, buckets, registers: [registry] });
 }
 
 function sharedGauge(registry: Registry, name: string, help: string, source: GaugeSource): () => void {

@@ -16,7 +16,9 @@ import {
 } from './option-checks';
 import { BodyBudget } from './body-budget';
 import { POLICY_NAMES, policyByName, type PolicySettings } from './policies/by-name';
-import type { Logger, Options, Policy, PolicyName, RankHeaderMode } from './types';
+import { parseLogger, type RouterLogger } from './logger';
+import { createTracing, type Tracing } from './tracing';
+import type { Options, Policy, PolicyName, RankHeaderMode } from './types';
 
 /** One upstream, resolved. */
 export interface UpstreamConfig {
@@ -65,7 +67,9 @@ export interface Configuration {
   readonly retryMaxBodyBytes: number;
   /** Engine load polling; `undefined` when off. */
   readonly loadFeedback: LoadFeedbackConfig | undefined;
-  readonly logger: Logger;
+  readonly logger: RouterLogger;
+  /** OpenTelemetry reports, live when `@opentelemetry/api` is installed. */
+  readonly tracing: Tracing;
 }
 
 /** `loadFeedback`, resolved. */
@@ -138,9 +142,12 @@ export function parseOptions(options: Options): Configuration {
     keyLoadFactor: numberOption('affinity.keyLoadFactor', affinity.keyLoadFactor, 1, 1, 1000),
     maxSessions: integerOption('affinity.maxSessions', affinity.maxSessions, 65_536, 1, 2 ** 24),
   };
+  // In this order, so that the first wrong option is reported first.
+  const upstreams = parseUpstreams(options.upstreams);
+  const policy = parsePolicy(options.policy, { sessionAffinity, prefixAware: parsePrefixAware(options.prefixAware) });
   return {
-    upstreams: parseUpstreams(options.upstreams),
-    policy: parsePolicy(options.policy, { sessionAffinity, prefixAware: parsePrefixAware(options.prefixAware) }),
+    upstreams,
+    policy,
     trust: parseTrust(hints.trust),
     onInvalid: oneOf('hints.onInvalid', hints.onInvalid, ['reassign', 'reject'], 'reassign'),
     hintHeader: headerNameOption('hints.header', hints.header, 'x-data-parallel-rank')!,
@@ -161,6 +168,7 @@ export function parseOptions(options: Options): Configuration {
     ...parseRetries(options.retries),
     loadFeedback: parseLoadFeedback(options.loadFeedback),
     logger: parseLogger(options.logger),
+    tracing: createTracing(policy.name),
   };
 }
 
@@ -174,18 +182,6 @@ function parseXfwd(value: unknown): Configuration['xfwd'] {
   if (value === true) return 'replace';
   if (value === 'append') return 'append';
   fail('xfwd', `must be true or false, or 'append', got ${shown(value)}`, "Use `xfwd: true` to set the gateway's own view, or `xfwd: 'append'` behind a trusted proxy.");
-}
-
-const PROCESS_WARNINGS: Logger = { warn: (message) => process.emitWarning(message, { code: 'DP_ROUTER' }) };
-const SILENT: Logger = { warn: () => undefined };
-
-function parseLogger(value: unknown): Logger {
-  if (value === undefined) return PROCESS_WARNINGS;
-  if (value === false) return SILENT;
-  if (typeof (value as { warn?: unknown } | null)?.warn !== 'function') {
-    fail('logger', `must have a warn(message) method, got ${shown(value)}`, 'Pass e.g. `logger: console`, or `false`.');
-  }
-  return value as Logger;
 }
 
 function parseLoadFeedback(value: unknown): LoadFeedbackConfig | undefined {

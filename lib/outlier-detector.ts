@@ -2,6 +2,7 @@ import type { IncomingMessage } from 'node:http';
 import { isIPv4 } from 'node:net';
 import type { Circuit, EndpointTable, RouteEndpoint, UpstreamServer } from './endpoints';
 import { hashString } from './hash';
+import { NO_METRICS, type RouterMetrics } from './metrics';
 import type { OutlierDetectionConfig } from './options';
 
 /**
@@ -45,6 +46,7 @@ export class OutlierDetector {
   constructor(
     private readonly table: EndpointTable,
     private readonly config: OutlierDetectionConfig,
+    private readonly metrics: Pick<RouterMetrics, 'ejected'> = NO_METRICS,
   ) {}
 
   /** Read from the table as it is now: `setUpstreams()` and discovery change its size. */
@@ -196,6 +198,8 @@ export class OutlierDetector {
     circuit.failingClients.length = 0;
     const coolDown = Math.min(this.config.baseEjectionMs * 2 ** Math.min(circuit.ejections, 30), this.config.maxEjectionMs);
     circuit.ejections++;
+    // A server's ejection takes out each of its endpoints: each counts one.
+    for (const endpoint of this.table.all) if (endpoint.circuit === circuit || endpoint.server === circuit) this.metrics.ejected(endpoint);
     changed();
     const timer = setTimeout(() => {
       this.timers.delete(timer);

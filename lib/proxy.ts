@@ -145,6 +145,7 @@ export function createUpstreamProxy(
       route.body = undefined;
       const endpoint = route.endpoint;
       if (endpoint) {
+        metrics.responded(endpoint, proxyRes, route.started);
         if (proxyRes.statusCode !== undefined && proxyRes.statusCode >= 500) {
           metrics.upstreamError(endpoint, 'status_5xx');
           detector?.failed(endpoint, 'request', req);

@@ -157,7 +157,7 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     const verdict = headerHint === NO_HINT ? judgeBodyField(body, trusted) : headerHint;
     if (verdict.outcome !== 'none') metrics.hint(verdict.outcome);
     if (verdict.outcome === 'accepted') {
-      dispatch(req, res, next, route, leastLoaded(table.healthyOfRank(verdict.rank!)), 'hint');
+      dispatch(req, res, next, route, leastLoaded(table.healthyOfRank(verdict.rank!)), 'hint', 'accepted');
       return;
     }
     if (onInvalid === 'reject' && verdict.outcome !== 'none' && verdict.outcome !== 'untrusted') {
@@ -184,7 +184,7 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
       next(new TypeError(`express-dp-router: policy '${policy.name}' returned an endpoint that was not among the candidates.`));
       return;
     }
-    dispatch(req, res, next, route, chosen, 'assigned');
+    dispatch(req, res, next, route, chosen, 'assigned', verdict.outcome === 'none' ? undefined : verdict.outcome);
   }
 
   function reject(res: ServerResponse, verdict: JudgedHint): void {
@@ -268,7 +268,7 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     return atHeaderLimit(req.rawHeaders.length / 2, server?.maxHeadersCount);
   }
 
-  function dispatch(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, endpoint: RouteEndpoint, source: DecisionSource): void {
+  function dispatch(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, endpoint: RouteEndpoint, source: DecisionSource, hintOutcome: HintOutcome | undefined): void {
     endpoint.inflight++;
     metrics.dispatched(endpoint, source);
     if (endpoint.headerValue !== undefined) req.headers[header] = endpoint.headerValue;
@@ -286,6 +286,9 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
       held.inflight--;
       metrics.finished(held, (performance.now() - route.started) / 1000);
     });
+    // Before proceeding: the trace context goes onto the headers the proxy copies.
+    config.tracing.decided(req, endpoint, source, hintOutcome);
+    config.logger.decided(endpoint, source, policy.name, hintOutcome);
     proceed(req, res, next, route);
   }
 

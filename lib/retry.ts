@@ -34,6 +34,9 @@ export function createRetry(config: Configuration, table: EndpointTable, metrics
     const source: DecisionSource = req.dpRank!.source;
     const next = source === 'hint' ? otherReplica(failed.rank, tried) : pickAnother(req, route.context, tried);
     if (next === undefined) return false;
+    metrics.retried(failed);
+    config.tracing.retried(req, failed, next);
+    config.logger.retried(failed, next);
 
     failed.inflight--;
     next.inflight++;

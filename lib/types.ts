@@ -257,16 +257,27 @@ export interface Options {
   /** Blend engine-reported load into the load policies see, or `false`. Default: `false` (off). */
   loadFeedback?: LoadFeedbackOptions | boolean;
   /**
-   * Where the router reports what it noticed at run time (a body parser mounted before it,
-   * ranks discovered), each kind once per occurrence, never on the request path's critical
-   * errors. `false` silences it. Default: `process.emitWarning`.
+   * Where the router logs: a pino logger as it is, `console`, or anything with `warn`.
+   * Run-time notices (a body parser mounted before it, ranks discovered) go to `warn`, each
+   * kind once per occurrence; an ejected endpoint to `info`; one structured line per routing
+   * decision and per retry to `debug`, only when `isLevelEnabled('debug')` says so (pino's
+   * level check, so `console` never gets them). `false` silences it.
+   * Default: notices as `process.emitWarning`, nothing else.
    */
   logger?: Logger | false;
 }
 
-/** Receives the router's run-time notices. */
+/**
+ * Receives the router's logs, in pino's calling convention: `(fields, message)` for structured
+ * lines, `(message)` for notices. pino's logger (a child logger too) and `console` fit as they are.
+ */
 export interface Logger {
   warn(message: string): void;
+  info?(fields: object, message: string): void;
+  debug?(fields: object, message: string): void;
+  error?(fields: object, message: string): void;
+  /** pino's level check; without it no per-request line is written. */
+  isLevelEnabled?(level: string): boolean;
 }
 
 /** One (upstream, global rank) pair that requests can be routed to. */
@@ -329,7 +340,9 @@ export interface EndpointSnapshot {
   healthy: boolean;
 }
 
-declare module 'node:http' {
+// On 'http', which 'node:http' re-exports: augmenting 'node:http' breaks the type check of a
+// program that also loads pino's types ("IncomingMessage incorrectly extends Readable").
+declare module 'http' {
   interface IncomingMessage {
     /** The routing decision, set by `dpRank()` and `dpRouter()`. */
     dpRank?: DpRankDecision;

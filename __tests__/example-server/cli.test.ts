@@ -19,7 +19,15 @@ describe('parseCommandLine', () => {
       healthCheckMs: 0,
       loadFeedbackMs: 0,
       loadFeedbackWeight: 0.5,
+      logLevel: 'info',
+      otlpEndpoint: undefined,
     });
+  });
+
+  it('reads the log level from LOG_LEVEL, and --log-level over it, and the OTLP endpoint', () => {
+    expect((parseCommandLine([], { LOG_LEVEL: 'debug' }) as GatewaySettings).logLevel).toBe('debug');
+    expect((parseCommandLine(['--log-level', 'warn'], { LOG_LEVEL: 'debug' }) as GatewaySettings).logLevel).toBe('warn');
+    expect((parseCommandLine(['--otlp-endpoint', 'http://127.0.0.1:4318']) as GatewaySettings).otlpEndpoint).toBe('http://127.0.0.1:4318/');
   });
 
   it('reads HOST from the environment, and --host over it', () => {
@@ -93,6 +101,9 @@ describe('parseCommandLine', () => {
     [['--upstream', 'http://h:8000@0', '--start-rank', '2'], /below --start-rank 2/],
     [['--load-feedback-weight', '1.5'], /--load-feedback-weight must be a number from 0 to 1/],
     [['--rank-header', 'relative'], /--rank-header must be one of global, local, none/],
+    [['--log-level', 'verbose'], /--log-level must be one of fatal, error, warn, info, debug, trace, silent/],
+    [['--otlp-endpoint', 'grpc://collector:4317'], /--otlp-endpoint must be an http\(s\) URL/],
+    [['--otlp-endpoint', 'collector'], /--otlp-endpoint must be an http\(s\) URL/],
   ])('rejects %j with a one-line reason', (argv, message) => {
     expect(() => parseCommandLine(argv)).toThrow(UsageError);
     expect(() => parseCommandLine(argv)).toThrow(message);

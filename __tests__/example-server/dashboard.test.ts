@@ -24,6 +24,12 @@ const FAMILIES = [
   'dp_router_request_duration_seconds',
   'dp_router_upstream_errors_total',
   'dp_router_endpoint_healthy',
+  'dp_router_time_to_first_token_seconds',
+  'dp_router_retries_total',
+  'dp_router_ejections_total',
+  // vLLM's own, scraped from its API servers (the vllm job), beside the gateway's traffic.
+  'vllm:prefix_cache_hits_total',
+  'vllm:prefix_cache_queries_total',
 ];
 
 // --- a PromQL reader, enough to find metric names and the labels each use names ------------
@@ -151,7 +157,7 @@ function problems(expr: string, exported: ReadonlyMap<string, ReadonlySet<string
 // --- the tests -----------------------------------------------------------------------------
 
 let gateway: RunningGateway;
-/** Sample name (with _bucket/_sum/_count) → the label names its samples carry. */
+/** Sample name (with _bucket/_sum/_count) → the label names its samples carry, on the gateway's and vLLM's /metrics. */
 const exported = new Map<string, Set<string>>();
 
 beforeAll(async () => {
@@ -168,10 +174,13 @@ beforeAll(async () => {
     expect(answer.status).toBe(200);
     await answer.text();
   }
-  for (const sample of parseExposition(await (await fetch(`${gateway.url}/metrics`)).text())) {
-    const labels = exported.get(sample.name) ?? new Set<string>();
-    Object.keys(sample.labels).forEach((label) => labels.add(label));
-    exported.set(sample.name, labels);
+  // The gateway's metrics, and vLLM's (the embedded mock's) that the dashboard sets beside them.
+  for (const url of [gateway.url, gateway.mock!.url]) {
+    for (const sample of parseExposition(await (await fetch(`${url}/metrics`)).text())) {
+      const labels = exported.get(sample.name) ?? new Set<string>();
+      Object.keys(sample.labels).forEach((label) => labels.add(label));
+      exported.set(sample.name, labels);
+    }
   }
 });
 

@@ -5,6 +5,7 @@ import OpenAI from 'openai';
 import request from 'supertest';
 import { parseCommandLine, type GatewaySettings } from '../../example-server/cli';
 import { startExampleGateway, type RunningGateway } from '../../example-server/gateway';
+import { serve } from '../helpers/app';
 
 const ROOT = join(__dirname, '..', '..');
 const TSX = join(ROOT, 'node_modules', '.bin', 'tsx');
@@ -114,5 +115,50 @@ describe('npm start (the process)', () => {
     expect(code).toBe(0);
     expect(stdout).toContain('SIGTERM: draining in-flight requests');
     await expect(fetch(`${url}/healthz`)).rejects.toThrow();
+  });
+
+  it('logs JSON lines off a terminal, one access line per request with its rank, and exports traces with --otlp-endpoint', async () => {
+    const exported: string[] = [];
+    let received!: () => void;
+    const someExported = new Promise<void>((resolve) => (received = resolve));
+    const collector = await serve((req, res) => {
+      const chunks: Buffer[] = [];
+      req.on('data', (chunk: Buffer) => chunks.push(chunk));
+      req.on('end', () => {
+        if (req.url === '/v1/traces') exported.push(Buffer.concat(chunks).toString('utf8'));
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end('{}');
+        received();
+      });
+    });
+    try {
+      const child = run(['--port', '0', '--otlp-endpoint', collector.url, '--log-level', 'debug']);
+      const done = exited(child);
+      const url = await new Promise<string>((resolve) => {
+        child.stdout.on('data', (chunk: Buffer) => {
+          const match = /listening on (http:\/\/127\.0\.0\.1:\d+) → embedded mock vLLM/.exec(chunk.toString());
+          if (match) resolve(match[1]);
+        });
+      });
+      const response = await fetch(`${url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'mock-model', prompt: 'hi', max_tokens: 2 }),
+      });
+      expect(response.status).toBe(200);
+      await response.arrayBuffer();
+      child.kill('SIGTERM');
+      const { code, stdout } = await done;
+      expect(code).toBe(0);
+      const lines = stdout.trim().split('\n').map((line) => JSON.parse(line) as Record<string, unknown>);
+      expect(lines.find((line) => line.msg === 'express-dp-router: routed')).toMatchObject({ level: 20, dpRank: { upstream: 'mock-vllm', source: 'assigned' } });
+      expect(lines.find((line) => line.msg === 'request completed')).toMatchObject({ dpRank: { upstream: 'mock-vllm', source: 'assigned' }, res: { statusCode: 200 } });
+      // Shutdown flushes the batch.
+      await someExported;
+      const traces = exported.join('\n');
+      expect(traces).toContain('"dp_router.rank"');
+    } finally {
+      await collector.close();
+    }
   });
 });

@@ -49,15 +49,16 @@ function chat(gateway: RunningGateway, headers: Record<string, string> = {}): Pr
   });
 }
 
-/** The shipped config with the gateway as the only target and a 1 s scrape interval. */
-function testConfig(target: string): string {
+/** The shipped config with the gateway and the embedded mock vLLM as targets and a 1 s scrape interval. */
+function testConfig(target: string, vllmTarget: string): string {
   const config = parse(readFileSync(CONFIG_FILE, 'utf8'));
   const job = config.scrape_configs.find((candidate: { job_name: string }) => candidate.job_name === JOB);
   if (!job) throw new Error(`${CONFIG_FILE} has no job ${JOB}`);
   delete job.scrape_interval;
   delete job.scrape_timeout;
   job.static_configs = [{ targets: [target] }];
-  return stringify({ ...config, global: { ...config.global, scrape_interval: '1s' }, scrape_configs: [job] });
+  const vllm = { job_name: 'vllm', metrics_path: '/metrics', static_configs: [{ targets: [vllmTarget] }] };
+  return stringify({ ...config, global: { ...config.global, scrape_interval: '1s' }, scrape_configs: [job, vllm] });
 }
 
 describe('example-server/prometheus.yml', () => {
@@ -110,12 +111,13 @@ describe('a real Prometheus scraping the example gateway', () => {
     expect(answers.map((answer) => answer.status)).toEqual(Array(TOTAL).fill(200));
 
     if (!PROMETHEUS) return;
-    prometheus = await startPrometheus(PROMETHEUS, testConfig(new URL(gateway.url).host));
+    prometheus = await startPrometheus(PROMETHEUS, testConfig(new URL(gateway.url).host, new URL(gateway.mock!.url).host));
     // Every request counted, and enough 1 s scrapes since for rate() over 30 s.
     await waitFor(
       async () =>
         (await queryInstant(prometheus!.url, 'sum(dp_router_requests_total)'))[0]?.value === TOTAL &&
-        ((await queryInstant(prometheus!.url, `count_over_time(up{job="${JOB}"}[30s])`))[0]?.value ?? 0) >= 4,
+        ((await queryInstant(prometheus!.url, `count_over_time(up{job="${JOB}"}[30s])`))[0]?.value ?? 0) >= 4 &&
+        ((await queryInstant(prometheus!.url, 'count_over_time(up{job="vllm"}[30s])'))[0]?.value ?? 0) >= 4,
       20_000,
       () => `Prometheus never saw ${TOTAL} requests from ${gateway.url}/metrics. Its log:\n${prometheus!.log()}`,
       100,
@@ -138,7 +140,14 @@ describe('a real Prometheus scraping the example gateway', () => {
   it('scrapes it with the shipped job', async () => {
     if (!prometheus) return void skipped('prometheus');
     const up = await queryInstant(prometheus.url, 'up');
-    expect(up).toEqual([{ metric: { __name__: 'up', job: JOB, instance: new URL(gateway.url).host }, value: 1 }]);
+    // Prometheus does not order an instant vector.
+    expect(up).toHaveLength(2);
+    expect(up).toEqual(
+      expect.arrayContaining([
+        { metric: { __name__: 'up', job: JOB, instance: new URL(gateway.url).host }, value: 1 },
+        { metric: { __name__: 'up', job: 'vllm', instance: new URL(gateway.mock!.url).host }, value: 1 },
+      ]),
+    );
   });
 
   it('counts by rank exactly the requests sent to each rank', async () => {

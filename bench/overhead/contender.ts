@@ -7,8 +7,12 @@
  * would mount themselves), `baseline-json` (the same behind `express.json()` with
  * `fixRequestBody`), `router:<policy>` (Express + dpRouter with that policy, default
  * options), `router:<policy>+nometrics` / `+noretry` (the same with `metrics: false` /
- * `retries: false`, diagnostic) and `bare-http` (a bare node:http proxy without Express,
- * for context).
+ * `retries: false`, diagnostic), `+pino` (a pino logger at info, so the per-decision debug
+ * line is checked and skipped), `+otel` (the OpenTelemetry SDK registered and a recording
+ * span made active per request, as the HTTP instrumentation would: the router traces) and
+ * `+otelidle` (the same span, with a non-recording stand-in made active in its place: the
+ * router finds nothing to record, so `+otel` against it is the router's own tracing work),
+ * and `bare-http` (a bare node:http proxy without Express, for context).
  * Prints `READY <port>`.
  */
 import { Agent, createServer, request as httpRequest } from 'node:http';
@@ -83,6 +87,8 @@ if (kind === 'bare-http') {
   for (const flag of flags) {
     if (flag === 'nometrics') extra.metrics = false;
     else if (flag === 'noretry') extra.retries = false;
+    else if (flag === 'pino') extra.logger = require('pino')({ level: 'info' }, require('pino').destination('/dev/null'));
+    else if (flag === 'otel' || flag === 'otelidle') app.use(spanPerRequest(flag === 'otel'));
     else throw new Error(`unknown router flag '+${flag}'`);
   }
   app.use(dpRouter({ upstreams: [{ url: upstreamUrl, ...ROUTER_UPSTREAM }], policy, ...extra }));
@@ -121,4 +127,24 @@ function startBareProxy(target: string): void {
   bare.keepAliveTimeout = 60_000;
   bare.headersTimeout = 65_000;
   bare.listen(0, '127.0.0.1', () => process.stdout.write(`READY ${(bare.address() as AddressInfo).port}\n`));
+}
+
+/**
+ * The SDK with every span sampled and kept in memory only as long as it is open (no
+ * exporter: exporting is the SDK's cost, not the router's), and one server span per request,
+ * made the active one as @opentelemetry/instrumentation-http does (`recording`), or a
+ * non-recording span of the same context in its place (the same context switching).
+ */
+function spanPerRequest(recording: boolean): express.RequestHandler {
+  // Loaded only for these contenders, so that the others run without the SDK in memory.
+  const api = require('@opentelemetry/api') as typeof import('@opentelemetry/api');
+  const { NodeTracerProvider } = require('@opentelemetry/sdk-trace-node') as typeof import('@opentelemetry/sdk-trace-node');
+  new NodeTracerProvider().register();
+  const tracer = api.trace.getTracer('bench');
+  return (req, res, next) => {
+    const span = tracer.startSpan(`${req.method} ${req.path}`, { kind: api.SpanKind.SERVER });
+    res.once('finish', () => span.end());
+    const current = recording ? span : api.trace.wrapSpanContext(span.spanContext());
+    api.context.with(api.trace.setSpan(api.context.active(), current), next);
+  };
 }

@@ -1,0 +1,124 @@
+/**
+ * A gateway traced by the real OpenTelemetry SDK, run as its own process (the HTTP and Express
+ * instrumentations patch modules as Node loads them, which jest's module registry bypasses):
+ *
+ *   tsx traced-gateway.ts
+ *
+ * Sends a few requests through dpRouter to a real upstream and prints one JSON line: the
+ * finished spans and what the upstream saw of each request.
+ */
+import { InMemorySpanExporter, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base';
+import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
+import { registerInstrumentations } from '@opentelemetry/instrumentation';
+import { HttpInstrumentation } from '@opentelemetry/instrumentation-http';
+import { ExpressInstrumentation } from '@opentelemetry/instrumentation-express';
+
+const exporter = new InMemorySpanExporter();
+const provider = new NodeTracerProvider({ spanProcessors: [new SimpleSpanProcessor(exporter)] });
+provider.register();
+registerInstrumentations({ instrumentations: [new HttpInstrumentation(), new ExpressInstrumentation()] });
+
+/** What the upstream saw of one request. */
+export interface SeenByUpstream {
+  url: string;
+  /** Every raw `traceparent` line, in order. */
+  traceparents: string[];
+}
+
+/** A finished span, as the test reads it. */
+export interface ExportedSpan {
+  name: string;
+  kind: number;
+  traceId: string;
+  spanId: string;
+  parentSpanId: string | undefined;
+  attributes: Record<string, unknown>;
+  events: Array<{ name: string; attributes: Record<string, unknown> }>;
+  status: { code: number; message?: string };
+}
+
+async function main(): Promise<void> {
+  // Loaded after the instrumentations, as a traced application loads them.
+  const { default: express } = await import('express');
+  const { createServer } = await import('node:http');
+  const { dpRouter } = await import('../../lib');
+
+  // The upstream (jest's helpers are not for a process of its own): records every raw
+  // `traceparent` line of each request.
+  const seen: SeenByUpstream[] = [];
+  const upstream = createServer((req, res) => {
+    const traceparents: string[] = [];
+    for (let index = 0; index < req.rawHeaders.length; index += 2) {
+      if (req.rawHeaders[index].toLowerCase() === 'traceparent') traceparents.push(req.rawHeaders[index + 1]);
+    }
+    seen.push({ url: req.url ?? '', traceparents });
+    req.resume();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end('{}');
+    });
+  });
+  await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve));
+  const upstreamUrl = `http://127.0.0.1:${(upstream.address() as { port: number }).port}`;
+  // A port with nothing listening: connections to it are refused, and retried elsewhere.
+  const refused = createServer();
+  await new Promise<void>((resolve) => refused.listen(0, '127.0.0.1', resolve));
+  const refusedUrl = `http://127.0.0.1:${(refused.address() as { port: number }).port}`;
+  await new Promise<void>((resolve) => refused.close(() => resolve()));
+
+  const routed = dpRouter({ upstreams: [{ url: upstreamUrl, name: 'echo', dataParallelSize: 2 }], hints: { trust: true }, metrics: false, logger: false });
+  const retried = dpRouter({
+    upstreams: [
+      { url: refusedUrl, name: 'refused' },
+      { url: upstreamUrl, name: 'echo' },
+    ],
+    policy: 'round-robin',
+    metrics: false,
+    logger: false,
+    outlierDetection: { consecutiveFailures: 1 },
+  });
+  const failing = dpRouter({ upstreams: [{ url: refusedUrl, name: 'refused' }], metrics: false, logger: false });
+  const app = express();
+  app.use('/retried', retried);
+  app.use('/failing', failing);
+  app.use(routed);
+  const server = createServer(app);
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const base = `http://127.0.0.1:${(server.address() as { port: number }).port}`;
+
+  const answers: Record<string, number> = {};
+  const send = async (name: string, path: string, headers: Record<string, string> = {}) => {
+    const response = await fetch(`${base}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: '{"prompt":"hi"}' });
+    await response.arrayBuffer();
+    answers[name] = response.status;
+  };
+  await send('assigned', '/v1/completions?case=assigned');
+  await send('hinted', '/v1/completions?case=hinted', { 'x-data-parallel-rank': '1', traceparent: '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01' });
+  await send('retried', '/retried/v1/completions?case=retried');
+  await send('failing', '/failing/v1/completions?case=failing');
+
+  await provider.forceFlush();
+  const spans: ExportedSpan[] = exporter.getFinishedSpans().map((span) => ({
+    name: span.name,
+    kind: span.kind,
+    traceId: span.spanContext().traceId,
+    spanId: span.spanContext().spanId,
+    parentSpanId: span.parentSpanContext?.spanId,
+    attributes: { ...span.attributes },
+    events: span.events.map((event) => ({ name: event.name, attributes: { ...event.attributes } })),
+    status: { ...span.status },
+  }));
+  process.stdout.write(`${JSON.stringify({ spans, seen, answers })}\n`);
+
+  server.closeAllConnections();
+  server.close();
+  upstream.closeAllConnections();
+  upstream.close();
+  await Promise.all([routed.close(), retried.close(), failing.close()]);
+  await provider.shutdown();
+}
+
+main().catch((error: unknown) => {
+  process.stderr.write(`${error instanceof Error ? error.stack : String(error)}\n`);
+  process.exit(1);
+});

@@ -305,3 +305,11 @@ describe('dpRank options', () => {
     expect(misspelt.message).toMatch(/`timeouts\.bodyMS` is not an option\. Did you mean `bodyMs`\?/);
   });
 });
+
+describe('header options', () => {
+  it('turns the affinity header off with false, and refuses false for the rank headers', () => {
+    expect(parse({ upstreams: [{ url }], affinity: { header: false } }).affinityHeader).toBeUndefined();
+    expect(() => parse({ upstreams: [{ url }], hints: { header: false } })).toThrow(/`hints\.header` must be a header name, got false\. Use e\.g\. `hints\.header: 'x-data-parallel-rank'`/);
+    expect(() => parse({ upstreams: [{ url }], header: false })).toThrow(/`header` must be a header name, got false/);
+  });
+});

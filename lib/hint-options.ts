@@ -39,7 +39,7 @@ export function parseHints(path: string, value: unknown): HintConfig {
   return {
     trust: parseTrust(pathOf(path, 'trust'), hints.trust),
     onInvalid: oneOf(pathOf(path, 'onInvalid'), hints.onInvalid, ['reassign', 'reject'], ON_INVALID),
-    hintHeader: headerNameOption(pathOf(path, 'header'), hints.header, HINT_HEADER)!,
+    hintHeader: headerNameOption(pathOf(path, 'header'), hints.header, HINT_HEADER),
     hintBodyField: fieldNameOption(pathOf(path, 'bodyField'), hints.bodyField, BODY_FIELD),
   };
 }

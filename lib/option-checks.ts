@@ -171,12 +171,14 @@ export function oneOf<T extends string>(path: string, value: unknown, allowed: r
 /** RFC 9110 token characters: what a header name may be made of. */
 const HEADER_NAME = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 
-/** A header name, lower-cased as Node keys `req.headers`; `false` turns the feature off. */
-export function headerNameOption(path: string, value: unknown, fallback: string | false): string | undefined {
+/** A header name, lower-cased as Node keys `req.headers`; where `offable`, `false` turns the feature off (`undefined`). */
+export function headerNameOption(path: string, value: unknown, fallback: string, offable: true): string | undefined;
+export function headerNameOption(path: string, value: unknown, fallback: string, offable?: false): string;
+export function headerNameOption(path: string, value: unknown, fallback: string, offable = false): string | undefined {
   const name = value === undefined ? fallback : value;
-  if (name === false) return undefined;
+  if (offable && name === false) return undefined;
   if (typeof name !== 'string' || !HEADER_NAME.test(name)) {
-    fail(path, `must be a header name${fallback === false ? ' or false' : ''}, got ${shown(value)}`, `Use e.g. \`${path}: '${fallback || 'x-session-id'}'\`.`);
+    fail(path, `must be a header name${offable ? ' or false' : ''}, got ${shown(value)}`, `Use e.g. \`${path}: '${fallback}'\`.`);
   }
   return name.toLowerCase();
 }

@@ -153,7 +153,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
     upstreams,
     policy,
     ...hints,
-    header: headerNameOption('header', options.header, HEADER)!,
+    header: headerNameOption('header', options.header, HEADER),
     metrics: parseMetrics('metrics', options.metrics),
     ...affinity,
     ...parseTimeouts('timeouts', options.timeouts, proxying),

@@ -13,7 +13,7 @@ export interface PrefixAwareSettings {
    * The memory bound, per endpoint: the index remembers at least the `maxBlocksPerEndpoint`
    * block hashes most recently sent to it and never more than twice that, in fixed tables of
    * `16 × nextPowerOfTwo(maxBlocksPerEndpoint)` bytes: 512 KiB per endpoint for the default
-   * `32768` (2 M characters, about 500 K tokens of prompt). Match it to the rank's KV cache,
+   * (2 M characters, about 500 K tokens of prompt). Match it to the rank's KV cache,
    * `tokens × 4 / blockChars`, so that the index does not forget before the rank does.
    * Default: `32768`.
    */

@@ -94,7 +94,7 @@ function parseSettings(path: string, settings: Record<string, unknown>): Session
 export function parseAffinity(path: string, value: unknown): AffinityConfig {
   const affinity = section(path, value, AFFINITY_KEYS);
   return {
-    affinityHeader: headerNameOption(pathOf(path, 'header'), affinity.header, HEADER),
+    affinityHeader: headerNameOption(pathOf(path, 'header'), affinity.header, HEADER, true),
     affinityBodyField: fieldNameOption(pathOf(path, 'bodyField'), affinity.bodyField, BODY_FIELD),
     sessionAffinity: parseSettings(path, affinity),
   };

@@ -294,7 +294,7 @@ describe('dpRank options', () => {
 
   it('refuses them through dpRank() itself', () => {
     expect(() => dpRank({ upstreams: [{ url }], metrics: false, retries: { attempts: 3 } } as Options)).toThrow(
-      new OptionError('retries', "is an option of dpRouter(), which proxies; dpRank() leaves the proxying to you", "Remove it from dpRank()'s options (set the like on your own proxy), or use dpRouter()."),
+      new OptionError('retries', "is an option of dpRouter(), which proxies; dpRank() leaves the proxying to you", "Remove it from dpRank()'s options and set the equivalent on your own proxy, or use dpRouter()."),
     );
   });
 

@@ -59,8 +59,8 @@ export function isPlainObject(value: unknown): value is Record<string, unknown> 
 }
 
 /** Rejects keys the option object does not know, suggesting the closest known one. */
-export function rejectUnknownKeys(path: string, value: Record<string, unknown>, keys: KeysEnum<object> | readonly string[]): void {
-  const known = Array.isArray(keys) ? (keys as readonly string[]) : Object.keys(keys);
+export function rejectUnknownKeys(path: string, value: Record<string, unknown>, keys: KeysEnum<object>): void {
+  const known = Object.keys(keys);
   for (const key of Object.keys(value)) {
     if (known.includes(key)) continue;
     const suggestion = closest(key, known);
@@ -75,15 +75,12 @@ export function rejectUnknownKeys(path: string, value: Record<string, unknown>, 
 export function rejectProxyOnly(path: string, value: Record<string, unknown>, proxyOnly: KeysEnum<object>): void {
   for (const key of Object.keys(proxyOnly)) {
     if (Object.hasOwn(value, key)) {
-      fail(pathOf(path, key), 'is an option of dpRouter(), which proxies; dpRank() leaves the proxying to you', "Remove it from dpRank()'s options (set the like on your own proxy), or use dpRouter().");
+      fail(pathOf(path, key), 'is an option of dpRouter(), which proxies; dpRank() leaves the proxying to you', "Remove it from dpRank()'s options and set the equivalent on your own proxy, or use dpRouter().");
     }
   }
 }
 
-/**
- * An option object whose keys are all known (`{}` when left out). `true` stands for `{}` where
- * the option may be switched on with its defaults; `undefined` is returned for `false` there.
- */
+/** An option object whose keys are all known; `{}` when left out. */
 export function section(path: string, value: unknown, keys: KeysEnum<object>): Record<string, unknown> {
   const object = optionalObject(path, value);
   rejectUnknownKeys(path, object, keys);

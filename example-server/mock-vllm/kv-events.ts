@@ -234,11 +234,13 @@ export interface MockKvPublisherOptions {
   /** Default ''. */
   topic?: string;
   /**
-   * 'ephemeral' (default): each rank binds 127.0.0.1 on a port of the OS's choice (read the
-   * endpoints back from `endpoints`). A number: vLLM's scheme, rank r's PUB on base + r and
-   * its ROUTER on replayBase + r.
+   * 'ephemeral' (default): each rank binds a port of the OS's choice (read the endpoints back
+   * from `endpoints`). Numbers: vLLM's scheme, rank r's PUB on base + r and its ROUTER on
+   * replayBase + r; a base of 0 leaves that socket's ports to the OS.
    */
   ports?: 'ephemeral' | { base: number; replayBase: number };
+  /** The address bound. Default '127.0.0.1'. */
+  host?: string;
   /** Bind a replay ROUTER per rank. Default true. */
   replay?: boolean;
   /** Batches kept for replay per rank (vLLM's `buffer_steps`). Default 10,000. */
@@ -251,6 +253,8 @@ interface RankPublisher {
   router: Zeromq.Router | null;
   seq: number;
   buffer: Array<[number, Buffer]>;
+  /** The last send: zeromq allows one send at a time per socket, so sends queue in sequence order. */
+  tail: Promise<unknown>;
 }
 
 /** A running mock publisher. */
@@ -279,17 +283,19 @@ export async function startMockKvPublisher(options: MockKvPublisherOptions): Pro
   const topic = options.topic ?? '';
   const bufferSteps = options.bufferSteps ?? 10_000;
   const ports = options.ports ?? 'ephemeral';
+  const host = options.host ?? '127.0.0.1';
+  const bindTo = (base: number | undefined, rank: number) => `tcp://${host}:${base ? base + rank : '*'}`;
   const ranks: RankPublisher[] = [];
   let closed = false;
   try {
     for (const rank of options.ranks) {
       const pub = new zmq.Publisher({ linger: 0 });
-      ranks.push({ rank, pub, router: null, seq: 0, buffer: [] });
-      await pub.bind(ports === 'ephemeral' ? 'tcp://127.0.0.1:*' : `tcp://127.0.0.1:${ports.base + rank}`);
+      ranks.push({ rank, pub, router: null, seq: 0, buffer: [], tail: Promise.resolve() });
+      await pub.bind(bindTo(ports === 'ephemeral' ? undefined : ports.base, rank));
       if (options.replay ?? true) {
         const router = new zmq.Router({ linger: 0 });
         ranks[ranks.length - 1].router = router;
-        await router.bind(ports === 'ephemeral' ? 'tcp://127.0.0.1:*' : `tcp://127.0.0.1:${ports.replayBase + rank}`);
+        await router.bind(bindTo(ports === 'ephemeral' ? undefined : ports.replayBase, rank));
       }
     }
   } catch (error) {
@@ -329,8 +335,14 @@ export async function startMockKvPublisher(options: MockKvPublisherOptions): Pro
     one.buffer.push([seq, payload]);
     if (one.buffer.length > bufferSteps) one.buffer.shift();
     // A dropped batch is what a subscriber misses past the PUB high-water mark.
-    if (!drop) await one.pub.send([topic, seqBytes(seq), payload]);
+    if (!drop) await queueSend(one, [topic, seqBytes(seq), payload]);
     return seq;
+  }
+
+  function queueSend(one: RankPublisher, frames: Array<Buffer | string>): Promise<void> {
+    const sending = one.tail.then(() => one.pub.send(frames));
+    one.tail = sending.catch(() => {});
+    return sending;
   }
 
   function find(rank: number): RankPublisher {
@@ -351,7 +363,8 @@ export async function startMockKvPublisher(options: MockKvPublisherOptions): Pro
       return send(find(rank), payload, false);
     },
     async publishRaw(rank, frames) {
-      await find(rank).pub.send(frames);
+      const one = find(rank);
+      await queueSend(one, frames);
     },
     restart(rank) {
       const one = find(rank);

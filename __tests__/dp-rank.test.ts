@@ -9,6 +9,8 @@ import { dpRank, dpRouter, type DpRank, type DpRankDecision, type Options } from
 import { expressMajor, metricValue, serve, startGateway, type TestGateway } from './helpers/app';
 import { startEchoUpstream, type EchoUpstream } from './helpers/echo-upstream';
 import { rawRequest } from './helpers/raw-http';
+import { seedScenario } from './helpers/fixtures';
+import { waitFor } from './helpers/wait';
 
 /** Set per jest project in package.json (`globals`), so a mapping that silently fails is caught. */
 declare const EXPECTED_EXPRESS_MAJOR: number;
@@ -112,11 +114,7 @@ afterEach(async () => {
   await upstream.close();
 });
 
-/** The seed scenario: an 8-rank server of which ranks 0, 2, 4, 6 are routed to. */
-const seed = (extra: Partial<Options> = {}): Options => ({
-  upstreams: [{ url: upstream.url, name: 'node-a', dataParallelSize: 8, ranks: [0, 2, 4, 6] }],
-  ...extra,
-});
+const seed = (extra: Partial<Options> = {}): Options => seedScenario(upstream.url, extra);
 
 const inflight = (rank: DpRank) => rank.endpoints().reduce((sum, endpoint) => sum + endpoint.inflight, 0);
 
@@ -126,14 +124,6 @@ function openRequest(url: string): ClientRequest {
   client.on('error', () => undefined);
   client.end(JSON.stringify({ model: 'm', prompt: 'hold' }));
   return client;
-}
-
-async function until(condition: () => boolean | Promise<boolean>, what: string): Promise<void> {
-  const deadline = Date.now() + 5_000;
-  while (!(await condition())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
 }
 
 it(`runs on the Express major its jest project asks for (${expressMajor})`, () => {
@@ -236,13 +226,13 @@ describe.each<Forwarder>(['http-proxy-middleware', 'node:http'])('dpRank with %s
         response.on('end', () => resolve(text));
       });
     });
-    await until(() => release !== undefined, 'the upstream to get the request');
+    await waitFor(() => release !== undefined, 5_000, 'timed out waiting for the upstream to get the request');
     expect(inflight(gateway.rank)).toBe(1);
     expect(await metricValue(gateway.registry, 'dp_router_inflight_requests')).toBe(1);
 
     release!();
     expect(await answered).toBe('{"done":true}');
-    await until(() => inflight(gateway!.rank) === 0, 'the slot to be released');
+    await waitFor(() => inflight(gateway!.rank) === 0, 5_000, 'timed out waiting for the slot to be released');
     expect(await metricValue(gateway.registry, 'dp_router_inflight_requests')).toBe(0);
     expect(await metricValue(gateway.registry, 'dp_router_requests_total')).toBe(1);
   });
@@ -256,13 +246,13 @@ describe.each<Forwarder>(['http-proxy-middleware', 'node:http'])('dpRank with %s
       res.write('data: {"partial":true}\n\n');
     };
     const client = openRequest(gateway.url);
-    await until(() => upstream.seen.length === 1, 'the upstream to get the request');
+    await waitFor(() => upstream.seen.length === 1, 5_000, 'timed out waiting for the upstream to get the request');
     expect(inflight(gateway.rank)).toBe(1);
 
     client.destroy();
-    await until(() => inflight(gateway!.rank) === 0, 'the slot to be released');
+    await waitFor(() => inflight(gateway!.rank) === 0, 5_000, 'timed out waiting for the slot to be released');
     expect(await metricValue(gateway.registry, 'dp_router_inflight_requests')).toBe(0);
-    await until(() => upstreamClosed, 'the proxy to drop the upstream request');
+    await waitFor(() => upstreamClosed, 5_000, 'timed out waiting for the proxy to drop the upstream request');
   });
 });
 
@@ -330,14 +320,14 @@ describe('two routers on one request', () => {
         res.writeHead(200, { 'content-type': 'application/json' });
       };
       const client = openRequest(stacked.url);
-      await until(() => release !== undefined, 'the upstream to get the request');
+      await waitFor(() => release !== undefined, 5_000, 'timed out waiting for the upstream to get the request');
       expect([inflight(stacked.outer), inflight(stacked.inner as unknown as DpRank)]).toEqual([1, 1]);
       // The inner router's header is the one forwarded.
       expect(upstream.seen[0].rankHeaders).toHaveLength(1);
 
       if (ending === 'ends') release!();
       else client.destroy();
-      await until(() => inflight(stacked.outer) === 0 && inflight(stacked.inner as unknown as DpRank) === 0, 'both slots to be released');
+      await waitFor(() => inflight(stacked.outer) === 0 && inflight(stacked.inner as unknown as DpRank) === 0, 5_000, 'timed out waiting for both slots to be released');
       expect(stacked.outer.endpoints().map((endpoint) => endpoint.inflight)).toEqual([0, 0, 0, 0]);
       expect(stacked.inner.endpoints().map((endpoint) => endpoint.inflight)).toEqual([0, 0, 0, 0]);
     } finally {

@@ -7,6 +7,8 @@ import { dpRouter, type Options } from '../lib';
 import { startEchoUpstream, type EchoUpstream } from './helpers/echo-upstream';
 import { metricValue, parseExposition, serve, startGateway, sumSamples, type TestGateway } from './helpers/app';
 import { rawRequest } from './helpers/raw-http';
+import { seedScenario } from './helpers/fixtures';
+import { waitFor } from './helpers/wait';
 
 let upstream: EchoUpstream;
 let gateway: TestGateway | undefined;
@@ -20,11 +22,7 @@ afterEach(async () => {
   await upstream.close();
 });
 
-/** The seed scenario: an 8-rank server of which ranks 0, 2, 4, 6 are routed to. */
-const seed = (extra: Partial<Options> = {}): Options => ({
-  upstreams: [{ url: upstream.url, name: 'node-a', dataParallelSize: 8, ranks: [0, 2, 4, 6] }],
-  ...extra,
-});
+const seed = (extra: Partial<Options> = {}): Options => seedScenario(upstream.url, extra);
 
 const post = (path = '/v1/completions') => request(gateway!.url).post(path).send({ model: 'm', prompt: 'hi' });
 
@@ -611,11 +609,3 @@ describe('metrics', () => {
     }
   });
 });
-
-async function waitFor(condition: () => Promise<boolean>, timeoutMs = 5000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await condition())) {
-    if (Date.now() > deadline) throw new Error('condition not met in time');
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
-}

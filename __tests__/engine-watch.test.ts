@@ -1,19 +1,22 @@
-import { afterEach, describe, expect, it } from '@jest/globals';
+import { describe, expect, it } from '@jest/globals';
 import request from 'supertest';
 import { startMockVllm, type MockVllm } from '../example-server/mock-vllm';
 import { metricValue, parseExposition, startGateway, sumSamples, type TestGateway } from './helpers/app';
+import { closedAfterEach } from './helpers/lifecycle';
+import { waitFor } from './helpers/wait';
 
-const started: Array<{ close(): Promise<void> }> = [];
-afterEach(async () => {
-  await Promise.all(started.splice(0).map((server) => server.close()));
-});
+const started = closedAfterEach();
 
-async function eventually(check: () => boolean | Promise<boolean>, timeoutMs = 5000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error('condition not met in time');
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
+/** The polls of `/metrics` that reached the mock, by its own log. */
+const polls = (mock: MockVllm) => mock.stats().requests.filter((seen) => seen.path === '/metrics').length;
+
+/**
+ * Resolves once a poll sent after this call has been applied: polls are serial, so the second
+ * one to arrive from now on was sent after the first ended.
+ */
+async function pollApplied(mock: MockVllm, timeoutMs = 5000): Promise<void> {
+  const before = polls(mock);
+  await waitFor(() => polls(mock) >= before + 2, timeoutMs);
 }
 
 const completion = (gateway: TestGateway) =>
@@ -31,7 +34,7 @@ describe('rank discovery', () => {
         logger: { warn: (message) => warnings.push(message) },
       });
       started.push(gateway);
-      await eventually(() => gateway.router.endpoints().length === 4);
+      await waitFor(() => gateway.router.endpoints().length === 4);
       expect(gateway.router.endpoints().map((endpoint) => endpoint.rank)).toEqual([4, 5, 6, 7]);
       const served = new Set<string>();
       for (let index = 0; index < 8; index++) {
@@ -44,7 +47,9 @@ describe('rank discovery', () => {
       expect(sumSamples(samples, 'dp_router_requests_total', { rank: '0' })).toBe(0);
       expect(samples.some((sample) => sample.name === 'dp_router_requests_total' && sample.labels.rank === '0')).toBe(false);
       expect(sumSamples(samples, 'dp_router_requests_total', { upstream: 'node-b' })).toBe(8);
-      await new Promise((resolve) => setTimeout(resolve, 150));
+      // Three more polls of the same report: none warns again.
+      const before = polls(mock);
+      await waitFor(() => polls(mock) >= before + 3);
       expect(warnings).toEqual(["express-dp-router: upstream 'node-b' serves ranks 4, 5, 6, 7 by its /metrics (was: 0); routing to those now."]);
     }
   });
@@ -55,7 +60,7 @@ describe('rank discovery', () => {
     mock.fault = { kind: 'status', status: 500 };
     const gateway = await startGateway({ upstreams: [{ url: mock.url, name: 'node-a', dataParallelSize: 2, discover: { intervalMs: 20 } }] });
     started.push(gateway);
-    await eventually(async () => (await metricValue(gateway.registry, 'dp_router_upstream_scrape_failures_total', { upstream: 'node-a' })) >= 2);
+    await waitFor(async () => (await metricValue(gateway.registry, 'dp_router_upstream_scrape_failures_total', { upstream: 'node-a' })) >= 2);
     expect(gateway.router.endpoints().map((endpoint) => endpoint.rank)).toEqual([0, 1]);
   });
 
@@ -64,12 +69,12 @@ describe('rank discovery', () => {
     started.push(wide);
     const gateway = await startGateway({ upstreams: [{ url: wide.url, name: 'node', dataParallelSize: 4, discover: { intervalMs: 30 } }] });
     started.push(gateway);
-    await eventually(() => gateway.router.endpoints().length === 4);
+    await waitFor(() => gateway.router.endpoints().length === 4);
     // The same server now reports two engines only, as after a restart with a smaller size.
     await wide.close();
     const narrow = await startMockVllm({ dataParallelSize: 2, port: Number(new URL(wide.url).port) });
     started.push(narrow);
-    await eventually(() => gateway.router.endpoints().length === 2);
+    await waitFor(() => gateway.router.endpoints().length === 2);
     for (let index = 0; index < 6; index++) expect(['0', '1']).toContain((await completion(gateway)).body.choices[0].text.slice(5, 6));
   });
 });
@@ -102,8 +107,8 @@ describe('load feedback', () => {
     const informed = await startGateway({ upstreams: [{ url: mock.url, dataParallelSize: 4 }], loadFeedback: { intervalMs: 20, weight: 1 } });
     started.push(blind, informed);
     const batch = occupy(mock, 0, 6);
-    await eventually(() => mock.stats().perRank[0].running === 6);
-    await new Promise((resolve) => setTimeout(resolve, 60));
+    await waitFor(() => mock.stats().perRank[0].running === 6);
+    await pollApplied(mock);
     expect((await ranksChosen(blind, 8)).filter((rank) => rank === '0')).toHaveLength(2);
     expect((await ranksChosen(informed, 8)).filter((rank) => rank === '0')).toHaveLength(0);
     await Promise.all(batch);
@@ -116,12 +121,12 @@ describe('load feedback', () => {
     started.push(gateway);
     const failures = () => metricValue(gateway.registry, 'dp_router_upstream_scrape_failures_total', { upstream: 'm' });
     const batch = occupy(mock, 0, 4);
-    await eventually(() => mock.stats().perRank[0].running === 4);
-    await new Promise((resolve) => setTimeout(resolve, 450));
+    await waitFor(() => mock.stats().perRank[0].running === 4);
+    await pollApplied(mock);
     expect(await ranksChosen(gateway, 4)).toEqual(['1', '1', '1', '1']);
 
     mock.fault = { kind: 'stall' };
-    await eventually(async () => (await failures()) === 1, 2000);
+    await waitFor(async () => (await failures()) === 1, 2000);
     mock.fault = undefined;
     // Until the next poll, 400 ms on, only this gateway's own (idle) counts steer.
     expect((await ranksChosen(gateway, 4)).sort()).toEqual(['0', '0', '1', '1']);

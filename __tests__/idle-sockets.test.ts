@@ -1,29 +1,33 @@
-import { afterEach, beforeEach, expect, it } from '@jest/globals';
-import { Agent, createServer, request, type Server } from 'node:http';
-import type { AddressInfo, Socket } from 'node:net';
+import { afterEach, beforeEach, expect, it, jest } from '@jest/globals';
+import { Agent, request, type Server } from 'node:http';
+import type { Socket } from 'node:net';
 import { closeIdleSockets } from '../lib/idle-sockets';
+import { serve } from './helpers';
 
 let server: Server;
 let url: string;
+let close: () => Promise<void>;
 let connections: Socket[];
 let agent: Agent;
 let stop: (() => void) | undefined;
 
 beforeEach(async () => {
   connections = [];
-  server = createServer((_req, res) => res.end('ok'));
+  ({ server, url, close } = await serve((_req, res) => res.end('ok')));
   server.keepAliveTimeout = 60_000;
   server.on('connection', (socket) => connections.push(socket));
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  // The sweep's clock is fake, stepped by the tests; sockets, I/O and their callbacks stay real.
+  jest.useFakeTimers({
+    doNotFake: ['Date', 'hrtime', 'nextTick', 'queueMicrotask', 'setImmediate', 'clearImmediate', 'setTimeout', 'clearTimeout'],
+  });
   agent = new Agent({ keepAlive: true, scheduling: 'lifo' });
 });
 afterEach(async () => {
   stop?.();
   stop = undefined;
+  jest.useRealTimers();
   agent.destroy();
-  server.closeAllConnections();
-  await new Promise<void>((resolve) => server.close(() => resolve()));
+  await close();
 });
 
 const get = () =>
@@ -37,21 +41,20 @@ const get = () =>
   });
 
 const freeSockets = () => Object.values(agent.freeSockets).flat().length;
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 it('closes a keep-alive socket once it has been idle, and not before', async () => {
   stop = closeIdleSockets(agent, 1_000);
   await get();
   expect(freeSockets()).toBe(1);
   const [socket] = Object.values(agent.freeSockets).flat();
-  const closed = new Promise<number>((resolve) => {
-    const idleFrom = performance.now();
-    socket!.once('close', () => resolve(performance.now() - idleFrom));
-  });
-  const idleFor = await closed;
-  // Never later than the idle limit (plus a little timer lateness), never before idle − 2 sweeps.
-  expect(idleFor).toBeGreaterThanOrEqual(450);
-  expect(idleFor).toBeLessThan(1_300);
+  const closed = new Promise<void>((resolve) => socket!.once('close', () => resolve()));
+  // Never before idle − 2 sweeps (sweeps every 250 ms)...
+  jest.advanceTimersByTime(499);
+  expect(socket!.destroyed).toBe(false);
+  // ...never later than the idle limit.
+  jest.advanceTimersByTime(501);
+  expect(socket!.destroyed).toBe(true);
+  await closed;
   expect(freeSockets()).toBe(0);
   // The next request opens a new connection.
   await get();
@@ -60,10 +63,12 @@ it('closes a keep-alive socket once it has been idle, and not before', async () 
 
 it('keeps a socket that is reused between sweeps', async () => {
   stop = closeIdleSockets(agent, 1_000);
-  const until = performance.now() + 2_500;
-  while (performance.now() < until) {
+  // A request every 200 ms for 2.4 s, well past the idle limit; a swept socket would make the
+  // next request open a new connection.
+  await get();
+  for (let round = 0; round < 12; round++) {
+    jest.advanceTimersByTime(200);
     await get();
-    await sleep(50);
   }
   // Every request went down the one connection: it was in the free list at every sweep, but
   // never idle for long.
@@ -75,7 +80,12 @@ it('stops sweeping when told to', async () => {
   stop = closeIdleSockets(agent, 200);
   stop();
   await get();
-  await sleep(600);
+  const [socket] = Object.values(agent.freeSockets).flat();
+  jest.advanceTimersByTime(600);
+  expect(socket!.destroyed).toBe(false);
   expect(freeSockets()).toBe(1);
+  // The next request reuses the connection.
+  await get();
+  expect(connections).toHaveLength(1);
   expect(connections[0].destroyed).toBe(false);
 });

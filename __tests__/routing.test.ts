@@ -1,13 +1,12 @@
-import { afterEach, describe, expect, it } from '@jest/globals';
+import { describe, expect, it } from '@jest/globals';
 import { request as httpRequest } from 'node:http';
 import request from 'supertest';
 import { startEchoUpstream, type EchoUpstream } from './helpers/echo-upstream';
 import { metricValue, parseExposition, startGateway } from './helpers/app';
+import { closedAfterEach } from './helpers/lifecycle';
+import { waitFor } from './helpers/wait';
 
-const started: Array<{ close(): Promise<void> }> = [];
-afterEach(async () => {
-  await Promise.all(started.splice(0).map((server) => server.close()));
-});
+const started = closedAfterEach();
 
 async function upstreams(count: number): Promise<EchoUpstream[]> {
   const servers = await Promise.all(Array.from({ length: count }, () => startEchoUpstream()));
@@ -37,7 +36,7 @@ describe('setUpstreams', () => {
       outgoing.on('error', reject);
       outgoing.end('{}');
     });
-    while (a.seen.length === 0) await new Promise((resolve) => setTimeout(resolve, 5));
+    await waitFor(() => a.seen.length > 0);
 
     gateway.router.setUpstreams([{ url: b.url, name: 'b', dataParallelSize: 2, startRank: 2 }]);
     expect(gateway.router.endpoints().map(({ upstream, rank }) => `${upstream}#${rank}`)).toEqual(['b#2', 'b#3']);
@@ -58,7 +57,7 @@ describe('setUpstreams', () => {
     const gateway = await startGateway({ upstreams: [{ url: a.url, name: 'a' }] });
     started.push(gateway);
     const pending = Promise.all([request(gateway.url).post('/').send({}), request(gateway.url).post('/').send({})]);
-    while (a.seen.length < 2) await new Promise((resolve) => setTimeout(resolve, 5));
+    await waitFor(() => a.seen.length >= 2);
     gateway.router.setUpstreams([{ url: a.url, name: 'a' }, { url: b.url, name: 'b' }]);
     expect(gateway.router.endpoints()).toEqual([
       { upstream: 'a', rank: 0, inflight: 2, healthy: true },

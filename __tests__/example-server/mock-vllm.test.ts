@@ -5,7 +5,7 @@ import http from 'node:http';
 import net from 'node:net';
 import { parsePythonInt, startMockVllm, type MockVllm, type MockVllmOptions } from '../../example-server/mock-vllm';
 import { RequestLog } from '../../example-server/mock-vllm/request-log';
-import { rawRefusal } from '../helpers/raw-http';
+import { rawRefusal, sleep, waitFor } from '../helpers';
 
 const PROMTOOL = '/usr/bin/promtool';
 
@@ -67,14 +67,6 @@ function rawPost(path: string, body: string, headerLines: string[]): string {
     '',
     body,
   ].join('\r\n');
-}
-
-async function waitFor(condition: () => boolean, timeoutMs = 2000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!condition()) {
-    if (Date.now() > deadline) throw new Error('condition not met in time');
-    await new Promise((resolve) => setTimeout(resolve, 5));
-  }
 }
 
 const totalRunning = (server: MockVllm) =>
@@ -477,7 +469,7 @@ describe('mock vLLM: faults and disconnects', () => {
     expect(server.stats().perRank[1].running).toBe(2);
     for (const client of clients) client.abort();
     await waitFor(() => totalRunning(server) === 0);
-    await new Promise((resolve) => setTimeout(resolve, 30)); // no late double release
+    await sleep(30); // no late double release
     expect(Object.values(server.stats().perRank).map((rank) => rank.running)).toEqual([0, 0, 0, 0]);
   });
 

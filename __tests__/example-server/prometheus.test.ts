@@ -21,7 +21,7 @@ import {
   waitFor,
   withoutGrafanaVariables,
   type RunningPrometheus,
-} from '../helpers/prometheus';
+} from '../helpers';
 
 const PROMETHEUS = findExecutable('prometheus');
 const PROMTOOL = findExecutable('promtool');
@@ -118,6 +118,7 @@ describe('a real Prometheus scraping the example gateway', () => {
         ((await queryInstant(prometheus!.url, `count_over_time(up{job="${JOB}"}[30s])`))[0]?.value ?? 0) >= 4,
       20_000,
       () => `Prometheus never saw ${TOTAL} requests from ${gateway.url}/metrics. Its log:\n${prometheus!.log()}`,
+      100,
     );
   }, 30_000);
 

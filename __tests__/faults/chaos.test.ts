@@ -1,7 +1,6 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
 import type { Options } from '../../lib';
-import { metricValue, startGateway, type TestGateway } from '../helpers/app';
-import { allIdle, exchange, sleep, startRestartableVllm, waitFor, type Exchange, type RestartableVllm } from './support';
+import { allIdle, exchange, type Exchange, metricValue, type RestartableVllm, startGateway, startRestartableVllm, type TestGateway, waitFor } from '../helpers';
 
 let gateway: TestGateway | undefined;
 const mocks: RestartableVllm[] = [];
@@ -29,16 +28,25 @@ async function twoVllms(extra: Partial<Options> = {}): Promise<[RestartableVllm,
   return [a, b];
 }
 
+/** One exchange of a traffic client: which client, when it was sent and when it ended (performance.now()). */
+type Logged = Exchange & { client: number; sent: number; at: number };
+
 /** Runs `concurrency` clients in a loop until `stop()` is called; records every exchange in order. */
 function traffic(url: string, concurrency: number, stream = false) {
-  const log: Array<Exchange & { at: number }> = [];
+  const log: Logged[] = [];
   let running = true;
   const body = JSON.stringify({ model: 'mock-model', prompt: 'chaos', max_tokens: 4, stream });
-  const workers = Array.from({ length: concurrency }, async () => {
-    while (running) log.push({ ...(await exchange(url, { body })), at: Date.now() });
+  const workers = Array.from({ length: concurrency }, async (_, client) => {
+    while (running) {
+      const sent = performance.now();
+      const answer = await exchange(url, { body });
+      log.push({ ...answer, client, sent, at: performance.now() });
+    }
   });
   const load = {
     log,
+    /** Every client has finished a request sent after `time`: none sent before it is still running. */
+    allSentAfter: (time: number) => new Set(log.filter((answer) => answer.sent > time).map((answer) => answer.client)).size === concurrency,
     stop: async () => {
       running = false;
       await Promise.all(workers);
@@ -50,26 +58,41 @@ function traffic(url: string, concurrency: number, stream = false) {
 
 const servedBy = (answer: Exchange) => answer.headers['x-mock-rank'];
 const failed = (answer: Exchange) => answer.status !== 200 || answer.ending !== 'end';
+const onA = (answer: Exchange) => ['0', '1'].includes(String(servedBy(answer)));
+const onB = (answer: Exchange) => ['2', '3'].includes(String(servedBy(answer)));
+const ejected = (upstream: string) =>
+  gateway!.router.endpoints().filter((endpoint) => endpoint.upstream === upstream).every((endpoint) => !endpoint.healthy);
+/** Once `load` reaches both upstreams, kills `b` and waits until the router has taken it out. */
+async function killDuring(load: { log: readonly Logged[] }, b: RestartableVllm): Promise<{ killedAt: number; ejectedAt: number }> {
+  await waitFor(() => load.log.some(onA) && load.log.some(onB));
+  const killedAt = performance.now();
+  await b.kill();
+  await waitFor(() => ejected('b'));
+  return { killedAt, ejectedAt: performance.now() };
+}
+
+/** The exchanges that ended after the last failed one. */
+const sinceLastFailure = (log: readonly Logged[]) => {
+  const lastFailure = Math.max(...log.filter(failed).map((answer) => answer.at));
+  return log.filter((answer) => answer.at > lastFailure);
+};
 
 describe('chaos: upstreams killed, restarted and stalled during traffic', () => {
   it('keeps serving on the other upstream when one is killed, and returns to it when it is back', async () => {
     const [, b] = await twoVllms();
     const load = traffic(gateway!.url, 8);
-    await sleep(200);
-    const killedAt = Date.now();
-    await b.kill();
-    await sleep(600);
+    const { killedAt, ejectedAt } = await killDuring(load, b);
+    await waitFor(() => load.log.filter((answer) => answer.sent > ejectedAt).length > 10);
     const afterKill = load.log.filter((answer) => answer.at > killedAt);
     // Refused connections are retried on `a`; only requests cut mid-answer can fail.
     expect(afterKill.filter(failed).length).toBeLessThanOrEqual(8);
-    const settled = afterKill.filter((answer) => answer.at > killedAt + 100);
+    const settled = load.log.filter((answer) => answer.sent > ejectedAt);
     expect(settled.length).toBeGreaterThan(10);
-    expect(settled.every((answer) => !failed(answer) && ['0', '1'].includes(String(servedBy(answer))))).toBe(true);
-    expect(gateway!.router.endpoints().filter((endpoint) => endpoint.upstream === 'b').every((endpoint) => !endpoint.healthy)).toBe(true);
+    expect(settled.every((answer) => !failed(answer) && onA(answer))).toBe(true);
 
     await b.restart();
-    const restartedAt = Date.now();
-    await waitFor(() => load.log.some((answer) => answer.at > restartedAt && ['2', '3'].includes(String(servedBy(answer)))), 5000);
+    const restartedAt = performance.now();
+    await waitFor(() => load.log.some((answer) => answer.at > restartedAt && onB(answer)), 5000);
     await waitFor(() => gateway!.router.endpoints().every((endpoint) => endpoint.healthy), 5000);
     await load.stop();
     expect(load.log.filter((answer) => answer.at > restartedAt).filter(failed).length).toBeLessThanOrEqual(2);
@@ -81,21 +104,19 @@ describe('chaos: upstreams killed, restarted and stalled during traffic', () => 
   it('with retries off, a killed upstream costs at most a few failed requests before it is ejected', async () => {
     const [, b] = await twoVllms({ retries: false, outlierDetection: { consecutiveFailures: 3, baseEjectionMs: 5000 } });
     const load = traffic(gateway!.url, 4);
-    await sleep(150);
-    const killedAt = Date.now();
-    await b.kill();
-    await sleep(600);
+    const { killedAt, ejectedAt } = await killDuring(load, b);
+    // Nothing sent before the ejection is still running, and more than 8 answers came since the last failure.
+    await waitFor(() => load.allSentAfter(ejectedAt) && sinceLastFailure(load.log).length > 8);
     await load.stop();
     const failures = load.log.filter((answer) => answer.at > killedAt && failed(answer));
     // Three failures eject an endpoint, and `b` has two; requests cut at the kill come on top.
     expect(failures.length).toBeLessThanOrEqual(2 * 3 + 4);
     expect(failures.every((answer) => answer.status === 502 || answer.ending === 'error')).toBe(true);
     // Then the failures stop: everything after the last one succeeded, on `a`.
-    const lastFailure = Math.max(...failures.map((answer) => answer.at));
-    const after = load.log.filter((answer) => answer.at > lastFailure);
+    const after = sinceLastFailure(load.log);
     expect(after.length).toBeGreaterThan(8);
     expect(after.filter(failed)).toHaveLength(0);
-    expect(after.every((answer) => ['0', '1'].includes(String(servedBy(answer))))).toBe(true);
+    expect(after.every(onA)).toBe(true);
   });
 
   it('routes around a stalled upstream: first-byte timeouts answer 504, then it is ejected', async () => {
@@ -103,7 +124,8 @@ describe('chaos: upstreams killed, restarted and stalled during traffic', () => 
     const [, b] = await twoVllms({ timeouts: { firstByteMs: 150 }, outlierDetection: { consecutiveFailures: 3, baseEjectionMs: 200, maxEjectionMs: 400, minimumClients: 1 } });
     b.current!.fault = { kind: 'stall' };
     const load = traffic(gateway!.url, 4);
-    await sleep(900);
+    // Taken out (for 200 to 400 ms at a time) while more than 8 requests succeeded on `a`.
+    await waitFor(() => ejected('b') && load.log.filter((answer) => answer.status === 200).length > 8);
     await load.stop();
     const timeouts = load.log.filter((answer) => answer.status === 504);
     expect(timeouts.length).toBeGreaterThan(0);
@@ -111,7 +133,6 @@ describe('chaos: upstreams killed, restarted and stalled during traffic', () => 
     expect(timeouts.every((answer) => JSON.parse(answer.body).error.type === 'GatewayTimeoutError')).toBe(true);
     expect(load.log.filter((answer) => answer.status === 200).length).toBeGreaterThan(8);
     expect(load.log.every((answer) => answer.status === 200 || answer.status === 504)).toBe(true);
-    expect(gateway!.router.endpoints().filter((endpoint) => endpoint.upstream === 'b').every((endpoint) => !endpoint.healthy)).toBe(true);
     await waitFor(() => allIdle(gateway!));
     // Every stalled upstream request was destroyed: the mock holds nothing running.
     await waitFor(() => Object.values(b.current!.stats().perRank).every((rank) => rank.running === 0));

@@ -2,10 +2,7 @@ import { afterEach, describe, expect, it } from '@jest/globals';
 import express from 'express';
 import { request as httpRequest, type ServerResponse } from 'node:http';
 import { dpRouter } from '../../lib';
-import { metricValue, serve, startGateway, type TestGateway } from '../helpers/app';
-import { startEchoUpstream, type EchoUpstream } from '../helpers/echo-upstream';
-import { rawRefusal, rawRequest } from '../helpers/raw-http';
-import { allIdle, exchange, sleep, waitFor } from './support';
+import { allIdle, type EchoUpstream, exchange, metricValue, rawRefusal, rawRequest, serve, sleep, startEchoUpstream, startGateway, type TestGateway, waitFor } from '../helpers';
 
 let gateway: TestGateway | undefined;
 let upstream: EchoUpstream;

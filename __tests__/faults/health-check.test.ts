@@ -1,58 +1,75 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
-import { startGateway, type TestGateway } from '../helpers/app';
-import { startEchoUpstream, type EchoUpstream } from '../helpers/echo-upstream';
-import { exchange, sleep, startRestartableVllm, waitFor, type RestartableVllm } from './support';
+import { closedAfterEach, type EchoUpstream, echoUpstreams, exchange, type RestartableVllm, startGateway, startRestartableVllm, type TestGateway, waitFor } from '../helpers';
 
 let gateway: TestGateway | undefined;
-const closers: Array<() => Promise<void>> = [];
 
 afterEach(async () => {
   await gateway?.close();
   gateway = undefined;
-  await Promise.all(closers.splice(0).map((close) => close()));
 });
 
-async function echo(): Promise<EchoUpstream> {
-  const upstream = await startEchoUpstream();
-  closers.push(() => upstream.close());
-  return upstream;
-}
+const echo = echoUpstreams();
+const started = closedAfterEach();
 
 async function vllm(dataParallelSize: number): Promise<RestartableVllm> {
   const mock = await startRestartableVllm({ dataParallelSize });
-  closers.push(() => mock.close());
+  started.push(mock);
   return mock;
 }
 
 const probesOf = (upstream: EchoUpstream) => upstream.seen.filter((seen) => seen.url === '/health').length;
+/** One probe as its upstream saw it: when it arrived and when the upstream wrote its answer. */
+interface TimedProbe {
+  arrived: number;
+  answered: number;
+}
+
+/** Makes `upstream` answer 200 to everything and record, on its own clock, each `/health` probe. */
+function timedProbes(upstream: EchoUpstream): TimedProbe[] {
+  const probes: TimedProbe[] = [];
+  upstream.respond = (req, res) => {
+    if (req.url === '/health') probes.push({ arrived: performance.now(), answered: performance.now() });
+    res.writeHead(200);
+    res.end('{}');
+  };
+  return probes;
+}
+
+/**
+ * One probe chain at `intervalMs`: each probe comes at least an interval after the previous one
+ * was answered, the only order in which one prober per URL can send them. Probes per rank or per
+ * upstream entry would arrive side by side. The 1 ms is the timer clock's granularity (whole ms).
+ */
+function expectOneProbeChain(probes: readonly TimedProbe[], intervalMs: number): void {
+  const gaps = probes.slice(1).map((probe, index) => probe.arrived - probes[index].answered);
+  expect(gaps.filter((gap) => gap < intervalMs - 1)).toEqual([]);
+}
+
 const healthyOf = (gateway: TestGateway, upstream: string) =>
   gateway.router.endpoints().filter((endpoint) => endpoint.upstream === upstream).map((endpoint) => endpoint.healthy);
 
 describe('active health checks', () => {
   it('probes each upstream URL once per interval, whatever its rank count', async () => {
     const upstream = await echo();
+    const probes = timedProbes(upstream);
     gateway = await startGateway({ upstreams: [{ url: upstream.url, name: 'a', dataParallelSize: 8 }], healthCheck: { intervalMs: 50 } });
-    const started = Date.now();
-    await sleep(400);
-    const probes = probesOf(upstream);
-    const elapsed = Date.now() - started;
-    expect(probes).toBeGreaterThanOrEqual(2);
-    expect(probes).toBeLessThanOrEqual(Math.ceil(elapsed / 50) + 1);
+    await waitFor(() => probes.length >= 4);
+    expectOneProbeChain(probes, 50);
     expect(upstream.seen.every((seen) => seen.method === 'GET' && seen.rankHeaders.length === 0)).toBe(true);
   });
 
   it('shares one probe between upstream entries with the same URL', async () => {
     const upstream = await echo();
+    const probes = timedProbes(upstream);
     gateway = await startGateway({
       upstreams: [
         { url: upstream.url, name: 'low', dataParallelSize: 8, ranks: [0, 1] },
         { url: upstream.url, name: 'high', dataParallelSize: 8, ranks: [6, 7] },
       ],
-      healthCheck: { intervalMs: 1000 },
+      healthCheck: { intervalMs: 30 },
     });
-    await waitFor(() => probesOf(upstream) === 1);
-    await sleep(100);
-    expect(probesOf(upstream)).toBe(1);
+    await waitFor(() => probes.length >= 3);
+    expectOneProbeChain(probes, 30);
   });
 
   it('takes all ranks of a failing upstream out after unhealthyThreshold probes, and brings them back', async () => {
@@ -104,7 +121,8 @@ describe('active health checks', () => {
   it('follows a killed and restarted vLLM', async () => {
     const mock = await vllm(2);
     gateway = await startGateway({ upstreams: [{ url: mock.url, name: 'm', dataParallelSize: 2 }], healthCheck: { intervalMs: 20, timeoutMs: 200, unhealthyThreshold: 1 } });
-    await sleep(60);
+    // The second probe is sent only once the first was answered.
+    await waitFor(() => mock.current!.stats().requests.filter((seen) => seen.path === '/health').length >= 2);
     expect(healthyOf(gateway, 'm')).toEqual([true, true]);
     await mock.kill();
     await waitFor(() => healthyOf(gateway!, 'm').every((healthy) => !healthy));
@@ -135,11 +153,19 @@ describe('active health checks', () => {
   it('stops probing on close()', async () => {
     const upstream = await echo();
     gateway = await startGateway({ upstreams: [{ url: upstream.url, name: 'a' }], healthCheck: { intervalMs: 10 } });
+    // The clock: a router left running, probing its own upstream at the same interval.
+    const witnessUpstream = await echo();
+    const witness = await startGateway({ upstreams: [{ url: witnessUpstream.url, name: 'w' }], healthCheck: { intervalMs: 10 } });
+    started.push(witness);
+    const witnessProbes = () => probesOf(witnessUpstream);
     await waitFor(() => probesOf(upstream) >= 2);
     await gateway.router.close();
-    await sleep(30);
+    // Three witness rounds let a probe that was on the wire at close() arrive.
+    const closedAt = witnessProbes();
+    await waitFor(() => witnessProbes() >= closedAt + 3);
     const after = probesOf(upstream);
-    await sleep(100);
+    // Ten more rounds, each at least 10 ms: a prober still scheduled would have probed again.
+    await waitFor(() => witnessProbes() >= closedAt + 13);
     expect(probesOf(upstream)).toBe(after);
   });
 });

@@ -7,7 +7,7 @@ import { promisify } from 'node:util';
 import { metricValue, startGateway, type TestGateway } from '../helpers/app';
 import { startEchoUpstream, type EchoUpstream } from '../helpers/echo-upstream';
 import { REPO } from '../helpers/prometheus';
-import { allIdle, exchange, waitFor } from './support';
+import { allIdle, exchange, waitFor } from '../helpers';
 
 let gateway: TestGateway | undefined;
 let upstream: EchoUpstream | undefined;

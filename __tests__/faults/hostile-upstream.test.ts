@@ -1,9 +1,7 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
 import fc from 'fast-check';
 import WebSocket from 'ws';
-import { metricValue, startGateway, type TestGateway } from '../helpers/app';
-import { rawRequest, startRawUpstream, type RawUpstream } from '../helpers/raw-http';
-import { allIdle, exchange, waitFor } from './support';
+import { allIdle, exchange, metricValue, rawRequest, type RawUpstream, startGateway, startRawUpstream, type TestGateway, waitFor } from '../helpers';
 
 let gateway: TestGateway | undefined;
 let upstream: RawUpstream | undefined;

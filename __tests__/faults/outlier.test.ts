@@ -1,9 +1,7 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
 import type { Options } from '../../lib';
-import { metricValue, startGateway, type TestGateway } from '../helpers/app';
-import type { EchoUpstream } from '../helpers/echo-upstream';
+import { allIdle, type EchoUpstream, echoUpstreams, exchange, metricValue, type RestartableVllm, sleep, startGateway, startRestartableVllm, type TestGateway, waitFor } from '../helpers';
 import { clientOf } from '../../lib/outlier-detector';
-import { allIdle, exchange, sleep, waitFor, echoUpstreams, startRestartableVllm, type RestartableVllm } from './support';
 
 let gateway: TestGateway | undefined;
 

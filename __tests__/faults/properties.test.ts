@@ -1,9 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import fc from 'fast-check';
-import { parseExposition, startGateway, type TestGateway } from '../helpers/app';
-import { startEchoUpstream, type EchoUpstream } from '../helpers/echo-upstream';
-import { rawRequest } from '../helpers/raw-http';
-import { allIdle, waitFor } from './support';
+import { allIdle, type EchoUpstream, parseExposition, rawRequest, seedScenario, startEchoUpstream, startGateway, type TestGateway, waitFor } from '../helpers';
 
 const ROUTABLE = ['0', '2', '4', '6'];
 let upstream: EchoUpstream;
@@ -12,9 +9,8 @@ let rejecting: TestGateway;
 
 beforeAll(async () => {
   upstream = await startEchoUpstream();
-  const upstreams = [{ url: upstream.url, name: 'node-a', dataParallelSize: 8, ranks: [0, 2, 4, 6] }];
-  reassigning = await startGateway({ upstreams, hints: { trust: true, onInvalid: 'reassign', bodyField: 'data_parallel_rank' } });
-  rejecting = await startGateway({ upstreams, hints: { trust: true, onInvalid: 'reject', bodyField: 'data_parallel_rank' } });
+  reassigning = await startGateway(seedScenario(upstream.url, { hints: { trust: true, onInvalid: 'reassign', bodyField: 'data_parallel_rank' } }));
+  rejecting = await startGateway(seedScenario(upstream.url, { hints: { trust: true, onInvalid: 'reject', bodyField: 'data_parallel_rank' } }));
 });
 afterAll(async () => {
   await reassigning.close();

@@ -1,9 +1,7 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
 import { request as httpRequest } from 'node:http';
 import type { Options } from '../../lib';
-import { metricValue, parseExposition, startGateway, sumSamples, type TestGateway } from '../helpers/app';
-import { startEchoUpstream } from '../helpers/echo-upstream';
-import { allIdle, exchange, waitFor, echoUpstreams } from './support';
+import { allIdle, echoUpstreams, exchange, metricValue, parseExposition, startEchoUpstream, startGateway, sumSamples, type TestGateway, waitFor } from '../helpers';
 
 let gateway: TestGateway | undefined;
 

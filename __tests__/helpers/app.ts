@@ -95,3 +95,8 @@ export function sumSamples(samples: readonly Sample[], name: string, labels: Rec
     .filter((sample) => sample.name === name && Object.entries(labels).every(([key, value]) => sample.labels[key] === value))
     .reduce((sum, sample) => sum + sample.value, 0);
 }
+
+/** Every endpoint's in-flight count is back to 0. */
+export function allIdle(gateway: TestGateway): boolean {
+  return gateway.router.endpoints().every((endpoint) => endpoint.inflight === 0);
+}

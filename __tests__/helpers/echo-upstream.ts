@@ -1,5 +1,7 @@
+import { afterEach } from '@jest/globals';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { closedAfterEach } from './lifecycle';
 import { closerOf } from './raw-http';
 
 /** What the echo upstream saw of one request. */
@@ -46,4 +48,14 @@ export async function startEchoUpstream(): Promise<EchoUpstream> {
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   upstream.url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
   return upstream;
+}
+
+/** Gives a test file an `echo()` that starts an echo upstream, closed again after each test. */
+export function echoUpstreams(): () => Promise<EchoUpstream> {
+  const started = closedAfterEach();
+  return async () => {
+    const upstream = await startEchoUpstream();
+    started.push(upstream);
+    return upstream;
+  };
 }

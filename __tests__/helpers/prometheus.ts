@@ -3,6 +3,7 @@ import { accessSync, constants, mkdtempSync, readFileSync, rmSync, writeFileSync
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { waitFor } from './wait';
 
 /** The repository root. */
 export const REPO = path.resolve(__dirname, '..', '..');
@@ -71,7 +72,7 @@ export async function startPrometheus(binary: string, config: string): Promise<R
   };
   const url = `http://127.0.0.1:${port}`;
   try {
-    await waitFor(async () => child.exitCode === null && (await fetch(`${url}/-/ready`)).ok, 15_000, () => `prometheus did not become ready:\n${log}`);
+    await waitFor(async () => child.exitCode === null && (await fetch(`${url}/-/ready`)).ok, 15_000, () => `prometheus did not become ready:\n${log}`, 100);
   } catch (error) {
     await close();
     throw error;
@@ -104,20 +105,6 @@ export async function queryInstant(prometheusUrl: string, expr: string): Promise
   if (body.status !== 'success') throw new Error(`query ${expr} failed: ${body.error}`);
   if (body.data!.resultType !== 'vector') throw new Error(`query ${expr} returned a ${body.data!.resultType}, not a vector`);
   return body.data!.result.map(({ metric, value }) => ({ metric, value: Number(value[1]) }));
-}
-
-/** Polls `check` until it returns true; fails with `describe()` after `timeoutMs`. */
-export async function waitFor(check: () => Promise<boolean> | boolean, timeoutMs: number, describe: () => string): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    try {
-      if (await check()) return;
-    } catch {
-      // not yet (connection refused while starting)
-    }
-    if (Date.now() > deadline) throw new Error(describe());
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
 }
 
 /** One PromQL query of the Grafana dashboard. */

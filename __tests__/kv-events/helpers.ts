@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import type { KvEventType, KvGapOutcome, KvStreamListener } from '../../lib/kv-events/subscriber';
+import { sleep } from '../helpers/wait';
 
 /** A fixture's bytes: hex pairs, `#` comments and whitespace ignored. */
 export function fixture(name: string): Buffer {
@@ -72,7 +73,7 @@ export class Recorder implements KvStreamListener {
 export async function untilJoined(probe: () => Promise<unknown>, ready: () => boolean): Promise<void> {
   for (let attempt = 0; attempt < 400 && !ready(); attempt++) {
     await probe();
-    await new Promise((resolve) => setTimeout(resolve, 25));
+    await sleep(25);
   }
   if (!ready()) throw new Error('the subscriber never joined');
 }

@@ -1,14 +1,12 @@
-import { afterEach, describe, expect, it } from '@jest/globals';
+import { describe, expect, it } from '@jest/globals';
 import request from 'supertest';
 import { startMockVllm, type MockVllm } from '../../example-server/mock-vllm';
 import type { PolicyName } from '../../lib';
 import { startEchoUpstream } from '../helpers/echo-upstream';
 import { startGateway, type TestGateway } from '../helpers/app';
+import { closedAfterEach } from '../helpers/lifecycle';
 
-const started: Array<{ close(): Promise<void> }> = [];
-afterEach(async () => {
-  await Promise.all(started.splice(0).map((server) => server.close()));
-});
+const started = closedAfterEach();
 
 /**
  * Each mock rank caches about two groups' system prompts (52 blocks each), as a real KV cache

@@ -1,8 +1,7 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
 import { sessionAffinity } from '../../lib/policies/session-affinity';
 import type { Endpoint, PickContext, Policy } from '../../lib/types';
-import { startGateway, type TestGateway } from '../helpers/app';
-import { exchange, echoUpstreams } from '../faults/support';
+import { echoUpstreams, exchange, startGateway, type TestGateway } from '../helpers';
 import { seededRandom } from './fake-endpoints';
 
 function endpoints(count: number, load = 0): Endpoint[] {

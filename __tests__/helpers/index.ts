@@ -1,0 +1,12 @@
+// The test helpers, one import away: `import { startGateway, waitFor } from './helpers'`.
+// Look here before writing a new one; folder-specific fixtures stay beside their tests
+// (kv-events/helpers.ts, policies/fake-endpoints.ts).
+export * from './app'; // gateways and servers on 127.0.0.1:0, metric readers, allIdle
+export * from './echo-upstream'; // an upstream that records and echoes every request
+export * from './exchange'; // one client request that never rejects
+export * from './fixtures'; // shared option sets (the seed scenario)
+export * from './lifecycle'; // closedAfterEach: what a test starts is closed after it
+export * from './prometheus'; // a real Prometheus server, dashboard queries
+export * from './raw-http'; // hostile bytes both ways over node:net
+export * from './vllm'; // a mock vLLM that can be killed and restarted on its port
+export * from './wait'; // waitFor (events, not sleeps), sleep

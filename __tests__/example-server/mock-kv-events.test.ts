@@ -1,17 +1,15 @@
-import { afterEach, describe, expect, it } from '@jest/globals';
+import { describe, expect, it } from '@jest/globals';
 import { MOCK_TOKENIZER_DIR, startMockVllm, type MockVllm, type MockVllmOptions } from '../../example-server/mock-vllm';
 import type { KvLayout } from '../../example-server/mock-vllm/kv-events';
 import type { KvEvent, KvBlockStored } from '../../lib/kv-events/decode';
 import { KvExactIndex, type KvEventSink } from '../../lib/kv-events/exact-index';
 import { createKvEventSubscriber, type KvEventSubscriber } from '../../lib/kv-events/subscriber';
 import { PromptTokenizer } from '../../lib/kv-events/tokenizer';
+import { closedAfterEach } from '../helpers';
 import { Recorder, freePortRun, untilJoined } from '../kv-events/helpers';
 
 const BLOCK = 16;
-const closers: Array<() => Promise<void>> = [];
-afterEach(async () => {
-  while (closers.length > 0) await (closers.pop() as () => Promise<void>)();
-});
+const started = closedAfterEach();
 
 /** The router's side: its own tokenizer, loaded from the directory the mock reports. */
 let routerTokenizer: PromptTokenizer | undefined;
@@ -22,7 +20,7 @@ function router(mock: MockVllm): PromptTokenizer {
 
 async function startMock(options: MockVllmOptions = {}): Promise<MockVllm> {
   const mock = await startMockVllm({ dataParallelSize: 2, kvEvents: {}, ...options });
-  closers.push(() => mock.close());
+  started.push(mock);
   return mock;
 }
 
@@ -67,7 +65,7 @@ async function feed(mock: MockVllm, endpoint?: string): Promise<Feed> {
     sink,
     listener: recorder,
   });
-  closers.push(() => sub.close());
+  started.push(sub);
   // A SUB joins asynchronously: requests of one block each until the rank's stream arrives
   // (a missed first batch is replayed when the next one shows the sequence past 0).
   for (const rank of kv.ranks) {

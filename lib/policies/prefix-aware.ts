@@ -1,6 +1,7 @@
-import { hashString, keyedMix32, randomKey32 } from '../hash';
+import { endpointHash, hashString, keyedMix32, randomKey32, rendezvousWeight } from '../hash';
 import type { Endpoint, PickContext, Policy } from '../types';
 import { leastOutstanding } from './least-outstanding';
+import { DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK } from './session-affinity';
 
 /** Options of {@link prefixAware}. */
 export interface PrefixAwareOptions {
@@ -50,6 +51,19 @@ const FORGET_AFTER_PICKS = 4096;
  */
 const MAX_EXCESS = 0.5;
 
+/**
+ * A prompt's lead is its first `LEAD_BLOCKS` blocks (256 characters at the default
+ * `blockChars`), or all of a shorter prompt: a prompt whose lead no candidate holds is a new
+ * prefix, placed by the lead's rendezvous order. Long enough to get past the text most
+ * prompts open with (a chat template's role markers, "You are a helpful assistant."), so that
+ * different system prompts are told apart; short enough that a prompt matching less than its
+ * lead loses at most 3 blocks of cache by being placed anew.
+ */
+const LEAD_BLOCKS = 4;
+
+/** Distinct endpoint keys whose rendezvous hashes are kept (endpoint sets are small). */
+const MAX_ENDPOINT_KEYS = 4096;
+
 /** Weight of a new sample in the running mean of the prefill blocks a request needs. */
 const WORK_SMOOTHING = 1 / 32;
 
@@ -87,6 +101,8 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
   let blockHashes = new Int32Array(256);
   /** Each candidate's index during one pick (looked up once), reused across picks. */
   const candidateIndexes: Array<BlockIndex | undefined> = [];
+  /** Endpoint key → its rendezvous identity (see `endpointHash`). */
+  const endpointHashes = new Map<string, number>();
   let picks = 0;
   /** Running mean of the uncached blocks of routed requests; negative until the first. */
   let typicalWork = -1;
@@ -108,13 +124,25 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
     }
   }
 
+  function rendezvous(candidate: Endpoint, lead: number): number {
+    let hash = endpointHashes.get(candidate.key);
+    if (hash === undefined) {
+      if (endpointHashes.size >= MAX_ENDPOINT_KEYS) endpointHashes.clear();
+      hash = endpointHash(candidate.key);
+      endpointHashes.set(candidate.key, hash);
+    }
+    return rendezvousWeight(lead, hash);
+  }
+
   function choose(candidates: readonly Endpoint[], blockCount: number): Endpoint {
     let minLoad = Infinity;
+    let totalLoad = 0;
     let candidateRecent = 0;
     candidateIndexes.length = candidates.length;
     for (let at = 0; at < candidates.length; at++) {
       const candidate = candidates[at];
       if (candidate.load < minLoad) minLoad = candidate.load;
+      totalLoad += candidate.load;
       const index = indexes.get(candidate.key);
       candidateIndexes[at] = index;
       if (index !== undefined) {
@@ -124,38 +152,62 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
     }
     const work = typicalWork < 0 ? blockCount : typicalWork;
     const fairRecent = candidateRecent / candidates.length;
-    const first = blockHashes[0];
+    const lead = blockHashes[Math.min(blockCount, LEAD_BLOCKS) - 1];
 
     let best = candidates[0];
     let bestCost = Infinity;
+    let bestWeight = -1;
     let anyMatch = false;
-    let fewest = candidates[0];
-    let fewestRecent = Infinity;
     for (let at = 0; at < candidates.length; at++) {
       const candidate = candidates[at];
       const index = candidateIndexes[at];
       const recent = index === undefined ? 0 : index.recentBlocks;
-      if (recent < fewestRecent || (recent === fewestRecent && candidate.load < fewest.load)) {
-        fewest = candidate;
-        fewestRecent = recent;
-      }
       let cost = work * (candidate.load - minLoad);
       if (recent > fairRecent) cost += contentBalance * blockCount * Math.min(MAX_EXCESS, recent / fairRecent - 1);
-      const holds = index !== undefined && index.has(first);
+      const holds = index !== undefined && index.has(lead);
       if (holds) anyMatch = true;
-      // Uncached blocks are the whole prompt without the first block, at least none with it:
-      // skip the search when even none cannot win.
+      // Uncached blocks are the whole prompt without the lead, at least none with it: skip the
+      // search when even none cannot win.
       if (cost + blockCount - (holds ? blockCount : 0) > bestCost) continue;
       if (holds) cost += blockCount - (index as BlockIndex).leadingRun(blockHashes, blockCount, 0);
       else cost += blockCount;
-      if (cost < bestCost || (cost === bestCost && candidate.load < best.load)) {
+      if (cost > bestCost) continue;
+      // On a tie the lead's rendezvous order decides, as in every replica.
+      const weight = cost === bestCost ? rendezvous(candidate, lead) : -1;
+      if (cost === bestCost && bestWeight < 0) bestWeight = rendezvous(best, lead);
+      if (cost < bestCost || weight > bestWeight) {
         best = candidate;
         bestCost = cost;
+        bestWeight = weight;
       }
     }
+    if (!anyMatch) best = place(candidates, lead, minLoad, totalLoad, fairRecent);
     // Let go of the indexes until the next pick.
     candidateIndexes.fill(undefined);
-    return anyMatch ? best : fewest;
+    return best;
+  }
+
+  /**
+   * A new prefix: the first candidate of its lead's rendezvous order within the load bound
+   * and not charged by the content-balance term (at most its fair share of recent new blocks).
+   */
+  function place(candidates: readonly Endpoint[], lead: number, minLoad: number, totalLoad: number, fairRecent: number): Endpoint {
+    const loadCap = Math.max(Math.ceil((DEFAULT_LOAD_FACTOR * totalLoad) / candidates.length), minLoad + DEFAULT_LOAD_SLACK);
+    let chosen: Endpoint | undefined;
+    let chosenWeight = -1;
+    for (let at = 0; at < candidates.length; at++) {
+      const candidate = candidates[at];
+      const index = candidateIndexes[at];
+      if (candidate.load > loadCap) continue;
+      if (contentBalance > 0 && index !== undefined && index.recentBlocks > fairRecent) continue;
+      const weight = rendezvous(candidate, lead);
+      if (weight > chosenWeight) {
+        chosen = candidate;
+        chosenWeight = weight;
+      }
+    }
+    // None only when a load is NaN (the least loaded, least filled candidate is within both bounds).
+    return chosen ?? candidates[0];
   }
 
   return {

@@ -79,14 +79,18 @@ const WORK_SMOOTHING = 1 / 32;
  *   of the requests routed so far (what a queued request typically costs to prefill);
  * - its **content share** above its fair part, at most half the prompt, see `contentBalance`;
  *
- * and the cheapest wins (the less loaded on a tie). A prompt that no candidate holds any block
- * of goes to the endpoint that received the fewest new blocks recently (less loaded on a tie),
- * as SGLang's router sends a miss to its smallest tree: new prefixes spread evenly, and so
- * does the cache they take.
+ * and the cheapest wins. A prompt whose lead (its first 4 blocks) no candidate holds is a new
+ * prefix: it goes to the first endpoint of the lead's rendezvous (highest-random-weight) order
+ * whose load is within `max(⌈1.25 × mean⌉, least + 4)`, session-affinity's default bound. That
+ * order depends only on the prompt's text and the endpoint keys, so gateway replicas that share
+ * the traffic, each learning only from its own share, place a new prefix on the same endpoint
+ * and find it there later; a private rule (the emptiest endpoint in this gateway's view) would
+ * cache each prefix once per replica. Ties between holders also go by that order.
  *
  * Per pick: one pass hashing the prompt, then per candidate one `Map` lookup and a binary search
- * of its matching run (skipped when the candidate cannot win); no allocation once the hash
- * buffer has grown to the longest prompt.
+ * of its matching run (skipped when the candidate cannot win), and for a new prefix one more
+ * `Map` lookup and hash per candidate; no allocation once the hash buffer has grown to the
+ * longest prompt and the endpoint keys are known.
  */
 export function prefixAware(options: PrefixAwareOptions = {}): Policy {
   const blockChars = positiveInteger(options.blockChars ?? 64, 'blockChars');
@@ -181,33 +185,32 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
         bestWeight = weight;
       }
     }
-    if (!anyMatch) best = place(candidates, lead, minLoad, totalLoad, fairRecent);
+    if (!anyMatch) best = place(candidates, lead, minLoad, totalLoad);
     // Let go of the indexes until the next pick.
     candidateIndexes.fill(undefined);
     return best;
   }
 
   /**
-   * A new prefix: the first candidate of its lead's rendezvous order within the load bound
-   * and not charged by the content-balance term (at most its fair share of recent new blocks).
+   * A new prefix: the first candidate of its lead's rendezvous order whose load is within
+   * `max(⌈1.25 × mean⌉, least + 4)`, session-affinity's default bound. The order depends on
+   * the prompt and the endpoint keys only, so every replica places the prefix alike.
    */
-  function place(candidates: readonly Endpoint[], lead: number, minLoad: number, totalLoad: number, fairRecent: number): Endpoint {
+  function place(candidates: readonly Endpoint[], lead: number, minLoad: number, totalLoad: number): Endpoint {
     const loadCap = Math.max(Math.ceil((DEFAULT_LOAD_FACTOR * totalLoad) / candidates.length), minLoad + DEFAULT_LOAD_SLACK);
-    let chosen: Endpoint | undefined;
+    let chosen = candidates[0];
     let chosenWeight = -1;
     for (let at = 0; at < candidates.length; at++) {
       const candidate = candidates[at];
-      const index = candidateIndexes[at];
+      // The least loaded candidate is always within the bound (unless a load is NaN).
       if (candidate.load > loadCap) continue;
-      if (contentBalance > 0 && index !== undefined && index.recentBlocks > fairRecent) continue;
       const weight = rendezvous(candidate, lead);
       if (weight > chosenWeight) {
         chosen = candidate;
         chosenWeight = weight;
       }
     }
-    // None only when a load is NaN (the least loaded, least filled candidate is within both bounds).
-    return chosen ?? candidates[0];
+    return chosen;
   }
 
   return {

@@ -1,28 +1,51 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { basename, join, resolve } from 'node:path';
+import type { PrefixAwareOptions } from '../../lib/policies/prefix-aware';
+import type { Policy } from '../../lib/types';
 import { formatReplicasTable } from './report';
-import { type ReplicasSize, runReplicasBenchmark } from './run';
+import { indexBlocksFor, type ReplicasSize, runReplicasBenchmark } from './run';
 
-/** `npm run bench:replicas -- [--size small|full] [--out DIR] [--seed N]` */
-function parseArgs(argv: readonly string[]): { size: ReplicasSize; out: string; seed: number } {
-  const args = { size: 'full' as ReplicasSize, out: 'bench/results', seed: 42 };
+/** `npm run bench:replicas -- [--size small|full] [--out DIR] [--seed N] [--compare FILE.ts]` */
+function parseArgs(argv: readonly string[]): { size: ReplicasSize; out: string; seed: number; compare: string[] } {
+  const args = { size: 'full' as ReplicasSize, out: 'bench/results', seed: 42, compare: [] as string[] };
   for (let i = 0; i < argv.length; i++) {
     const flag = argv[i];
     const value = argv[i + 1];
     if (flag === '--size' && (value === 'small' || value === 'full')) args.size = value;
     else if (flag === '--out' && value) args.out = value;
     else if (flag === '--seed' && value && Number.isInteger(Number(value))) args.seed = Number(value);
-    else throw new Error(`unknown or incomplete flag ${flag}; usage: --size small|full --out DIR --seed N`);
+    else if (flag === '--compare' && value) args.compare.push(value);
+    else throw new Error(`unknown or incomplete flag ${flag}; usage: --size small|full --out DIR --seed N --compare FILE.ts`);
     i++;
   }
   return args;
 }
 
-const args = parseArgs(process.argv.slice(2));
-const report = runReplicasBenchmark({ size: args.size, seed: args.seed });
-console.log(formatReplicasTable(report));
-console.log(`\ntargets:\n${report.targets.map((t) => `${t.pass ? 'PASS' : 'MISS'}  ${t.target}: ${t.measured}`).join('\n')}`);
-mkdirSync(args.out, { recursive: true });
-const file = join(args.out, `replicas-${report.size}.json`);
-writeFileSync(file, `${JSON.stringify(report, null, 2)}\n`);
-console.log(`\nwrote ${file} in ${report.elapsedSeconds.toFixed(1)} s`);
+type PrefixAwareFactory = (options: PrefixAwareOptions) => Policy;
+
+async function main(): Promise<void> {
+  const args = parseArgs(process.argv.slice(2));
+  // Another version of the policy (e.g. `git show main:lib/policies/prefix-aware.ts` saved next
+  // to it), run with the same options as `approximate`.
+  const extra = await Promise.all(
+    args.compare.map(async (file) => {
+      const { prefixAware } = (await import(resolve(file))) as { prefixAware: PrefixAwareFactory };
+      return {
+        name: `approximate (${basename(file, '.ts')})`,
+        make: ({ rankCacheBlocks }: { rankCacheBlocks: number }) => prefixAware({ maxBlocksPerEndpoint: indexBlocksFor(rankCacheBlocks) }),
+      };
+    }),
+  );
+  const report = runReplicasBenchmark({ size: args.size, seed: args.seed, extra });
+  console.log(formatReplicasTable(report));
+  console.log(`\ntargets:\n${report.targets.map((t) => `${t.pass ? 'PASS' : 'MISS'}  ${t.target}: ${t.measured}`).join('\n')}`);
+  mkdirSync(args.out, { recursive: true });
+  const file = join(args.out, `replicas-${report.size}.json`);
+  writeFileSync(file, `${JSON.stringify(report, null, 2)}\n`);
+  console.log(`\nwrote ${file} in ${report.elapsedSeconds.toFixed(1)} s`);
+}
+
+main().catch((error: unknown) => {
+  console.error(error);
+  process.exit(1);
+});

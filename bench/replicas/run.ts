@@ -48,6 +48,11 @@ export const CACHE_SIZES = [
 /** Characters per token in the simulated prompt text (as bench:routing). */
 const CHARS_PER_TOKEN = 4;
 
+/** `maxBlocksPerEndpoint` sized to the rank's KV cache, as prefix-aware's JSDoc advises. */
+export function indexBlocksFor(rankCacheBlocks: number): number {
+  return (rankCacheBlocks * TOKENS_PER_BLOCK * CHARS_PER_TOKEN) / 64;
+}
+
 /** Builds one gateway replica's policy; `replica` numbers the replicas of one run from 0. */
 export type ContenderFactory = (setup: { view: SimView; replica: number; rankCacheBlocks: number }) => Policy;
 
@@ -59,8 +64,8 @@ export const CONTENDERS: ReadonlyArray<{ name: string; make: ContenderFactory }>
   { name: 'round-robin', make: () => roundRobin() },
   {
     name: 'approximate',
-    // Defaults, except the memory bound, sized to the rank's KV cache as its JSDoc advises.
-    make: ({ rankCacheBlocks }) => prefixAware({ maxBlocksPerEndpoint: (rankCacheBlocks * TOKENS_PER_BLOCK * CHARS_PER_TOKEN) / 64 }),
+    // Defaults, except the memory bound.
+    make: ({ rankCacheBlocks }) => prefixAware({ maxBlocksPerEndpoint: indexBlocksFor(rankCacheBlocks) }),
   },
   // What KV events give every replica: each rank's real cache, shared, with prefix-aware's
   // placement and load terms (see exact.ts). The router's exact index replaces it once the
@@ -155,8 +160,16 @@ function runCell(workload: Workload, rankCacheBlocks: number, replicas: number, 
   };
 }
 
+/** Options of {@link runReplicasBenchmark}. */
+export interface ReplicasOptions {
+  size?: ReplicasSize;
+  seed?: number;
+  /** More contenders, run after `approximate` (e.g. another version of the policy). */
+  extra?: ReadonlyArray<{ name: string; make: ContenderFactory }>;
+}
+
 /** Every contender × replica count × cache size; deterministic for a seed. */
-export function runReplicasBenchmark(options: { size?: ReplicasSize; seed?: number } = {}): ReplicasReport {
+export function runReplicasBenchmark(options: ReplicasOptions = {}): ReplicasReport {
   const started = process.hrtime.bigint();
   const size = options.size ?? 'full';
   const seed = options.seed ?? 42;
@@ -165,7 +178,9 @@ export function runReplicasBenchmark(options: { size?: ReplicasSize; seed?: numb
   const results: ReplicasResult[] = [];
   for (const cache of CACHE_SIZES) {
     const rankCacheBlocks = Math.ceil(workload.rankCacheBlocks * cache.fraction);
-    for (const { name, make } of CONTENDERS) {
+    const contenders = [...CONTENDERS];
+    contenders.splice(2, 0, ...(options.extra ?? []));
+    for (const { name, make } of contenders) {
       for (const replicas of REPLICA_COUNTS) {
         results.push({ policy: name, cache: cache.name, ...runCell(workload, rankCacheBlocks, replicas, make) });
       }

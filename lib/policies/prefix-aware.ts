@@ -61,9 +61,6 @@ const MAX_EXCESS = 0.5;
  */
 const LEAD_BLOCKS = 4;
 
-/** Distinct endpoint keys whose rendezvous hashes are kept (endpoint sets are small). */
-const MAX_ENDPOINT_KEYS = 4096;
-
 /** Weight of a new sample in the running mean of the prefill blocks a request needs. */
 const WORK_SMOOTHING = 1 / 32;
 
@@ -105,8 +102,14 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
   let blockHashes = new Int32Array(256);
   /** Each candidate's index during one pick (looked up once), reused across picks. */
   const candidateIndexes: Array<BlockIndex | undefined> = [];
-  /** Endpoint key → its rendezvous identity (see `endpointHash`). */
-  const endpointHashes = new Map<string, number>();
+  /**
+   * Rendezvous identities (`endpointHash`) of `hashedCandidates`, by position: the router
+   * passes the same endpoints in the same order until the healthy set changes, so they are
+   * hashed again only then. Checked once per pick that needs them (`hashesCheckedAt`).
+   */
+  let positionHashes = new Int32Array(0);
+  let hashedCandidates: Endpoint[] = [];
+  let hashesCheckedAt = -1;
   let picks = 0;
   /** Running mean of the uncached blocks of routed requests; negative until the first. */
   let typicalWork = -1;
@@ -128,14 +131,23 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
     }
   }
 
-  function rendezvous(candidate: Endpoint, lead: number): number {
-    let hash = endpointHashes.get(candidate.key);
-    if (hash === undefined) {
-      if (endpointHashes.size >= MAX_ENDPOINT_KEYS) endpointHashes.clear();
-      hash = endpointHash(candidate.key);
-      endpointHashes.set(candidate.key, hash);
+  /** The rendezvous weight of `candidates[at]` for `lead`. */
+  function weightAt(candidates: readonly Endpoint[], at: number, lead: number): number {
+    if (hashesCheckedAt !== picks) {
+      hashesCheckedAt = picks;
+      if (!sameAsHashed(candidates)) {
+        positionHashes = new Int32Array(candidates.length);
+        for (let i = 0; i < candidates.length; i++) positionHashes[i] = endpointHash(candidates[i].key);
+        hashedCandidates = candidates.slice();
+      }
     }
-    return rendezvousWeight(lead, hash);
+    return rendezvousWeight(lead, positionHashes[at]);
+  }
+
+  function sameAsHashed(candidates: readonly Endpoint[]): boolean {
+    if (hashedCandidates.length !== candidates.length) return false;
+    for (let i = 0; i < candidates.length; i++) if (hashedCandidates[i] !== candidates[i]) return false;
+    return true;
   }
 
   function choose(candidates: readonly Endpoint[], blockCount: number): Endpoint {
@@ -159,7 +171,9 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
     const lead = blockHashes[Math.min(blockCount, LEAD_BLOCKS) - 1];
 
     let best = candidates[0];
+    let bestAt = 0;
     let bestCost = Infinity;
+    /** The best's rendezvous weight, once a tie needed it. */
     let bestWeight = -1;
     let anyMatch = false;
     for (let at = 0; at < candidates.length; at++) {
@@ -177,10 +191,11 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
       else cost += blockCount;
       if (cost > bestCost) continue;
       // On a tie the lead's rendezvous order decides, as in every replica.
-      const weight = cost === bestCost ? rendezvous(candidate, lead) : -1;
-      if (cost === bestCost && bestWeight < 0) bestWeight = rendezvous(best, lead);
+      const weight = cost === bestCost ? weightAt(candidates, at, lead) : -1;
+      if (cost === bestCost && bestWeight < 0) bestWeight = weightAt(candidates, bestAt, lead);
       if (cost < bestCost || weight > bestWeight) {
         best = candidate;
+        bestAt = at;
         bestCost = cost;
         bestWeight = weight;
       }
@@ -204,7 +219,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
       const candidate = candidates[at];
       // The least loaded candidate is always within the bound (unless a load is NaN).
       if (candidate.load > loadCap) continue;
-      const weight = rendezvous(candidate, lead);
+      const weight = weightAt(candidates, at, lead);
       if (weight > chosenWeight) {
         chosen = candidate;
         chosenWeight = weight;

@@ -3,22 +3,18 @@ import { basename, join, resolve } from 'node:path';
 import type { PrefixAwareOptions } from '../../lib/policies/prefix-aware';
 import type { Policy } from '../../lib/types';
 import { formatReplicasTable } from './report';
-import { indexBlocksFor, type ReplicasSize, runReplicasBenchmark } from './run';
+import { parseSimArgs, type SimArgs } from '../lib/sim-args';
+import { indexBlocksFor, runReplicasBenchmark } from './run';
 
 /** `npm run bench:replicas -- [--size small|full] [--out DIR] [--seed N] [--compare FILE.ts]` */
-function parseArgs(argv: readonly string[]): { size: ReplicasSize; out: string; seed: number; compare: string[] } {
-  const args = { size: 'full' as ReplicasSize, out: 'bench/results', seed: 42, compare: [] as string[] };
-  for (let i = 0; i < argv.length; i++) {
-    const flag = argv[i];
-    const value = argv[i + 1];
-    if (flag === '--size' && (value === 'small' || value === 'full')) args.size = value;
-    else if (flag === '--out' && value) args.out = value;
-    else if (flag === '--seed' && value && Number.isInteger(Number(value))) args.seed = Number(value);
-    else if (flag === '--compare' && value) args.compare.push(value);
-    else throw new Error(`unknown or incomplete flag ${flag}; usage: --size small|full --out DIR --seed N --compare FILE.ts`);
-    i++;
-  }
-  return args;
+function parseArgs(argv: readonly string[]): SimArgs & { compare: string[] } {
+  const compare: string[] = [];
+  const args = parseSimArgs(argv, '--size small|full --out DIR --seed N --compare FILE.ts', (flag, value) => {
+    if (flag !== '--compare') return false;
+    compare.push(value);
+    return true;
+  });
+  return { ...args, compare };
 }
 
 type PrefixAwareFactory = (options: PrefixAwareOptions) => Policy;

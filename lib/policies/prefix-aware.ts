@@ -110,6 +110,8 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
   let positionHashes = new Int32Array(0);
   let hashedCandidates: Endpoint[] = [];
   let hashesCheckedAt = -1;
+  /** Each candidate's cost during one pick (Infinity when skipped), reused across picks. */
+  let candidateCosts = new Float64Array(0);
   let picks = 0;
   /** Running mean of the uncached blocks of routed requests; negative until the first. */
   let typicalWork = -1;
@@ -170,11 +172,10 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
     const fairRecent = candidateRecent / candidates.length;
     const lead = blockHashes[Math.min(blockCount, LEAD_BLOCKS) - 1];
 
-    let best = candidates[0];
+    if (candidateCosts.length < candidates.length) candidateCosts = new Float64Array(candidates.length);
     let bestAt = 0;
     let bestCost = Infinity;
-    /** The best's rendezvous weight, once a tie needed it. */
-    let bestWeight = -1;
+    let ties = 0;
     let anyMatch = false;
     for (let at = 0; at < candidates.length; at++) {
       const candidate = candidates[at];
@@ -185,25 +186,39 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
       const holds = index !== undefined && index.has(lead);
       if (holds) anyMatch = true;
       // Uncached blocks are the whole prompt without the lead, at least none with it: skip the
-      // search when even none cannot win.
-      if (cost + blockCount - (holds ? blockCount : 0) > bestCost) continue;
+      // search when even none cannot win (or tie).
+      if (cost + blockCount - (holds ? blockCount : 0) > bestCost) {
+        candidateCosts[at] = Infinity;
+        continue;
+      }
       if (holds) cost += blockCount - (index as BlockIndex).leadingRun(blockHashes, blockCount, 0);
       else cost += blockCount;
-      if (cost > bestCost) continue;
-      // On a tie the lead's rendezvous order decides, as in every replica.
-      const weight = cost === bestCost ? weightAt(candidates, at, lead) : -1;
-      if (cost === bestCost && bestWeight < 0) bestWeight = weightAt(candidates, bestAt, lead);
-      if (cost < bestCost || weight > bestWeight) {
-        best = candidate;
+      candidateCosts[at] = cost;
+      if (cost < bestCost) {
         bestAt = at;
         bestCost = cost;
-        bestWeight = weight;
+        ties = 0;
+      } else if (cost === bestCost) {
+        ties++;
       }
     }
-    if (!anyMatch) best = place(candidates, lead, minLoad, totalLoad);
+    if (!anyMatch) {
+      bestAt = place(candidates, lead, minLoad, totalLoad);
+    } else if (ties > 0) {
+      // The lead's rendezvous order decides between the cheapest, as in every replica.
+      let bestWeight = -1;
+      for (let at = 0; at < candidates.length; at++) {
+        if (candidateCosts[at] !== bestCost) continue;
+        const weight = weightAt(candidates, at, lead);
+        if (weight > bestWeight) {
+          bestWeight = weight;
+          bestAt = at;
+        }
+      }
+    }
     // Let go of the indexes until the next pick.
     candidateIndexes.fill(undefined);
-    return best;
+    return candidates[bestAt];
   }
 
   /**
@@ -211,17 +226,16 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
    * `max(⌈1.25 × mean⌉, least + 4)`, session-affinity's default bound. The order depends on
    * the prompt and the endpoint keys only, so every replica places the prefix alike.
    */
-  function place(candidates: readonly Endpoint[], lead: number, minLoad: number, totalLoad: number): Endpoint {
+  function place(candidates: readonly Endpoint[], lead: number, minLoad: number, totalLoad: number): number {
     const loadCap = Math.max(Math.ceil((DEFAULT_LOAD_FACTOR * totalLoad) / candidates.length), minLoad + DEFAULT_LOAD_SLACK);
-    let chosen = candidates[0];
+    let chosen = 0;
     let chosenWeight = -1;
     for (let at = 0; at < candidates.length; at++) {
-      const candidate = candidates[at];
       // The least loaded candidate is always within the bound (unless a load is NaN).
-      if (candidate.load > loadCap) continue;
+      if (candidates[at].load > loadCap) continue;
       const weight = weightAt(candidates, at, lead);
       if (weight > chosenWeight) {
-        chosen = candidate;
+        chosen = at;
         chosenWeight = weight;
       }
     }

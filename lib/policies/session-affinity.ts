@@ -42,6 +42,11 @@ export interface SessionAffinityOptions {
   fallback?: Policy;
 }
 
+/** Default `loadFactor`: also the load bound of prefix-aware's placement of new prefixes. */
+export const DEFAULT_LOAD_FACTOR = 1.25;
+/** Default `loadSlack`: also the load bound of prefix-aware's placement of new prefixes. */
+export const DEFAULT_LOAD_SLACK = 4;
+
 /** Distinct endpoint keys remembered before every assignment is dropped (endpoint sets are small). */
 const MAX_ENDPOINT_KEYS = 4096;
 
@@ -68,10 +73,10 @@ const MAX_ENDPOINT_KEYS = 4096;
  * large `keyLoadFactor`); put one router in front of a session, or route by prefix.
  */
 export function sessionAffinity(options: SessionAffinityOptions = {}): Policy {
-  const loadFactor = atLeastOne(options.loadFactor ?? 1.25, 'loadFactor', 'use 1.25 for the default bound.');
-  const loadSlack = options.loadSlack ?? 4;
+  const loadFactor = atLeastOne(options.loadFactor ?? DEFAULT_LOAD_FACTOR, 'loadFactor', `use ${DEFAULT_LOAD_FACTOR} for the default bound.`);
+  const loadSlack = options.loadSlack ?? DEFAULT_LOAD_SLACK;
   if (!Number.isFinite(loadSlack) || loadSlack < 0) {
-    throw new TypeError(`sessionAffinity: loadSlack must be a finite number >= 0 (got ${String(loadSlack)}); use 4 for the default slack.`);
+    throw new TypeError(`sessionAffinity: loadSlack must be a finite number >= 0 (got ${String(loadSlack)}); use ${DEFAULT_LOAD_SLACK} for the default slack.`);
   }
   const keyLoadFactor = atLeastOne(options.keyLoadFactor ?? 1, 'keyLoadFactor', 'use 1 for the default bound.');
   const maxSessions = options.maxSessions ?? 65536;

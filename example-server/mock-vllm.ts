@@ -7,6 +7,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 import { MockEngine, type RankState } from './mock-vllm/engine';
+import { resolveKvEventsOptions, startEngineEvents, type EngineEvents, type KvEventsConfig } from './mock-vllm/engine-events';
 import { dieAfterFlush, pathOf, readBody, sendError, sendJson, sendStreamError, SSE_HEADERS } from './mock-vllm/http';
 import { renderMetrics } from './mock-vllm/metrics';
 import {
@@ -19,11 +20,14 @@ import {
 } from './mock-vllm/openai';
 import { RequestLog, rankHeaderCopies } from './mock-vllm/request-log';
 import { RequestTimer, SseWriter } from './mock-vllm/stream-writer';
-import { serveTokenize } from './mock-vllm/tokenize';
+import { mockTokenizer, serveTokenize } from './mock-vllm/tokenize';
+import type { PromptTokenizer } from '../lib/kv-events/tokenizer';
 import type { MockFault, MockRequestRecord, MockVllm, MockVllmOptions } from './mock-vllm/types';
 
 export type {
   MockFault,
+  MockKvEvents,
+  MockKvEventsOptions,
   MockRankStats,
   MockRequestRecord,
   MockVllm,
@@ -31,17 +35,20 @@ export type {
   MockVllmStats,
 } from './mock-vllm/types';
 export { parsePythonInt } from './mock-vllm/python-int';
+export { MOCK_TOKENIZER_DIR } from './mock-vllm/tokenize';
 
 const REQUEST_LOG_SIZE = 10_000;
 /** Far above any real prompt; only there so a hostile body cannot exhaust memory. */
 const MAX_BODY_BYTES = 64 * 1024 * 1024;
 
-type MockConfig = Required<MockVllmOptions>;
+type MockConfig = Required<Omit<MockVllmOptions, 'kvEvents'>> & { kvEvents: KvEventsConfig | null };
 
 interface ServerContext {
   readonly config: MockConfig;
   readonly engine: MockEngine;
   readonly log: RequestLog;
+  /** Set with `kvEvents`: prompts are tokenized as vLLM does. */
+  readonly tokenizer: PromptTokenizer | undefined;
   readonly currentFault: () => MockFault | undefined;
 }
 
@@ -59,21 +66,31 @@ const ROUTES = new Map<string, { method: string; handle: RouteHandler }>([
 /** Starts a mock vLLM data-parallel server; resolves once it listens. */
 export async function startMockVllm(options: MockVllmOptions = {}): Promise<MockVllm> {
   const config = resolveOptions(options);
-  const engine = new MockEngine(config);
+  // Loaded before anything binds, so a missing tokenizer package fails the start cleanly.
+  const tokenizer = config.kvEvents ? mockTokenizer() : undefined;
+  const ranks = Array.from({ length: config.dataParallelSize }, (_, index) => config.startRank + index);
+  const events: EngineEvents | undefined = config.kvEvents ? await startEngineEvents(config.kvEvents, ranks, config.blockTokens) : undefined;
+  const engine = new MockEngine({ ...config, publishKvEvents: events?.publish });
   const log = new RequestLog(REQUEST_LOG_SIZE);
   let fault: MockFault | undefined;
-  const ctx: ServerContext = { config, engine, log, currentFault: () => fault };
+  const ctx: ServerContext = { config, engine, log, tokenizer, currentFault: () => fault };
 
   const server = createServer((req, res) => handleRequest(ctx, req, res));
   const sockets = trackSockets(server);
-  await listen(server, config.port, config.host);
+  try {
+    await listen(server, config.port, config.host);
+  } catch (error) {
+    await events?.close();
+    throw error;
+  }
   const port = (server.address() as AddressInfo).port;
   let closing: Promise<void> | undefined;
 
   return {
     url: `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`,
     port,
-    close: () => (closing ??= closeServer(server, sockets)),
+    kvEvents: events?.info,
+    close: () => (closing ??= Promise.all([closeServer(server, sockets), events?.close()]).then(() => undefined)),
     stats: () => ({ perRank: engine.snapshot(), requests: log.snapshot() }),
     resetStats: () => {
       engine.resetCounters();
@@ -101,6 +118,7 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
     cacheBlocksPerRank: options.cacheBlocksPerRank ?? 4096,
     blockTokens: options.blockTokens ?? 16,
     maxModelLen: options.maxModelLen ?? 131_072,
+    kvEvents: null,
   };
   const integers = { port: 0, dataParallelSize: 1, startRank: 0, cacheBlocksPerRank: 1, blockTokens: 1, maxModelLen: 1 };
   for (const [name, minimum] of Object.entries(integers)) {
@@ -116,6 +134,9 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
   }
   if (config.headerMode !== 'global' && config.headerMode !== 'local') {
     throw new TypeError(`startMockVllm: headerMode must be 'global' or 'local', got ${String(config.headerMode)}`);
+  }
+  if (options.kvEvents !== undefined) {
+    config.kvEvents = resolveKvEventsOptions(options.kvEvents, config.startRank + config.dataParallelSize - 1);
   }
   return config;
 }
@@ -220,7 +241,7 @@ async function serveGeneration(
   } catch (error) {
     return sendError(res, 400, `Invalid JSON body: ${(error as Error).message}`);
   }
-  const request = parseGenerationRequest(kind, body, ctx.config.maxModelLen);
+  const request = parseGenerationRequest(kind, body, ctx.config.maxModelLen, ctx.tokenizer);
   if (isProblem(request)) return sendError(res, 400, request.message, request.param);
 
   const asked = ctx.engine.resolveRankHeader(record.rankHeaders[0]);
@@ -229,7 +250,7 @@ async function serveGeneration(
   }
   if (res.destroyed) return;
   const rank = asked.kind === 'rank' ? asked.rank : ctx.engine.pickLeastLoaded();
-  const { promptTokens, cachedTokens } = ctx.engine.admit(rank, request.prompts);
+  const { promptTokens, cachedTokens } = ctx.engine.admit(rank, request.prompts, request.tokenIds);
   record.rank = rank.globalRank;
   const timer = releaseOnClose(ctx, rank, res);
 

@@ -67,3 +67,20 @@ export function randomKey32(): number {
 export function keyedMix32(value: number, key: number): number {
   return mix32(mix32(value ^ key) + key);
 }
+
+/**
+ * An endpoint's identity in a rendezvous order: a content hash of its key, so that every
+ * gateway replica configured with the same upstreams computes the same value.
+ */
+export function endpointHash(key: string): number {
+  return hashString(key, 0x5bd1e995);
+}
+
+/**
+ * Rendezvous (highest-random-weight) weight of an endpoint for a content hash, as an unsigned
+ * 32-bit value: the endpoint with the highest weight is the hash's first choice, in every
+ * replica alike, and removing an endpoint moves only the hashes whose first choice it was.
+ */
+export function rendezvousWeight(contentHash: number, endpoint: number): number {
+  return combine32(contentHash, endpoint) >>> 0;
+}

@@ -323,6 +323,14 @@ describe('mock vLLM: load and cache', () => {
     expect(server.stats().perRank[1]).toMatchObject({ promptTokens: 162, cachedTokens: 0 });
   });
 
+  it('has no tokenizer and no KV events without the kvEvents option', async () => {
+    const server = await mock();
+    expect(server.kvEvents).toBeUndefined();
+    const res = await post(server, '/v1/chat/completions', chat('x'.repeat(37)));
+    // 4 characters a token, of the stand-in rendering `<|user|>\n…\n` (47 characters).
+    expect(((await res.json()) as any).usage.prompt_tokens).toBe(12);
+  });
+
   it('never serves the last prompt token from cache, like vLLM', async () => {
     const server = await mock();
     const prompt = 'x'.repeat(640); // exactly 10 blocks

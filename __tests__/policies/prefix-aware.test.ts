@@ -56,17 +56,86 @@ describe('prefixAware', () => {
   it('matches only leading blocks: a shared middle does not count', () => {
     const policy = prefixAware();
     const candidates = endpoints(2);
-    const home = policy.pick(candidates, ctx(text('head-1', 1) + text('body', 10)));
-    setLoad(candidates[home.rank], 1);
-    // Same body behind a different first block: a miss, which goes to the other endpoint.
-    expect(policy.pick(candidates, ctx(text('head-2', 1) + text('body', 10)))).not.toBe(home);
+    const seen = text('head-1', 1) + text('body', 10);
+    const other = text('head-2', 1) + text('body', 10);
+    // Where a policy that saw nothing puts `other`, and the endpoint `seen` would otherwise get.
+    const fresh = prefixAware().pick(candidates, ctx(other));
+    const home = candidates.find((c) => c !== fresh) as MutableEndpoint;
+    expect(policy.pick([home], ctx(seen))).toBe(home);
+    setLoad(home, 1);
+    // Same body behind a different first block: a miss, placed as if nothing were held.
+    expect(policy.pick(candidates, ctx(other))).toBe(fresh);
   });
 
-  it('sends a miss to the endpoint that received the fewest new blocks lately', () => {
+  it('places a new prefix by its rendezvous order: independent instances sharing the traffic agree', () => {
+    for (const replicas of [2, 3]) {
+      const policies = Array.from({ length: replicas }, () => prefixAware());
+      const candidates = endpoints(8);
+      const homes = new Map<number, Set<string>>();
+      // 32 groups × 4 prompts, round-robin over the instances: each learns only from its share.
+      for (let i = 0; i < 128; i++) {
+        const group = (i * 7) % 32;
+        const prompt = text(`system prompt ${group}`, 32) + text(`question ${i}`, 4);
+        const home = policies[i % replicas].pick(candidates, ctx(prompt));
+        homes.set(group, (homes.get(group) ?? new Set()).add(home.key));
+      }
+      for (const keys of homes.values()) expect(keys.size).toBe(1);
+    }
+  });
+
+  it('spreads new prefixes over the endpoints as their hashes do', () => {
     const policy = prefixAware();
-    const candidates = endpoints(4);
-    const homes = new Set([0, 1, 2, 3].map((i) => policy.pick(candidates, ctx(text(`prefix ${i}`, 8))).key));
-    expect(homes.size).toBe(4);
+    const candidates = endpoints(8);
+    const counts = new Map<string, number>();
+    for (let i = 0; i < 800; i++) {
+      const home = policy.pick(candidates, ctx(text(`prefix ${i}`, 8)));
+      counts.set(home.key, (counts.get(home.key) ?? 0) + 1);
+    }
+    expect(counts.size).toBe(8);
+    for (const count of counts.values()) expect(count).toBeGreaterThan(60); // mean 100
+  });
+
+  it('places by the lead: prompts sharing their first 4 blocks go together, whatever follows', () => {
+    const a = prefixAware();
+    const b = prefixAware();
+    const candidates = endpoints(8);
+    for (let i = 0; i < 5; i++) b.pick(candidates, ctx(text(`other ${i}`, 8))); // a history `a` lacks
+    const lead = text('shared lead', 4);
+    const home = a.pick(candidates, ctx(lead + text('tail a', 6)));
+    // `b` never saw the lead and places it alike; `a` matches it.
+    expect(b.pick(candidates, ctx(lead + text('tail b', 9)))).toBe(home);
+    expect(a.pick(candidates, ctx(lead + text('tail c', 2)))).toBe(home);
+  });
+
+  it('bounds a new prefix by load, spilling along the same order in every instance', () => {
+    const candidates = endpoints(8);
+    const prompts = Array.from({ length: 16 }, (_, i) => text(`hot ${i}`, 12));
+    for (const prompt of prompts) {
+      const first = prefixAware().pick(candidates, ctx(prompt)) as MutableEndpoint;
+      // The mean load is 1.25, the least 0: the bound is max(⌈1.25 × 1.25⌉, 0 + 4) = 4.
+      setLoad(first, 10);
+      const spills = [prefixAware(), prefixAware()].map((policy) => policy.pick(candidates, ctx(prompt)));
+      expect(spills[0]).not.toBe(first);
+      expect(spills[1]).toBe(spills[0]);
+      setLoad(first, 4); // within the bound: stays
+      expect(prefixAware().pick(candidates, ctx(prompt))).toBe(first);
+      setLoad(first, 0);
+    }
+  });
+
+  it('spreads a hot new prefix once its first choice is loaded', () => {
+    const policy = prefixAware();
+    const candidates = endpoints(8);
+    const system = text('hot system', 32);
+    const homes = new Set<string>();
+    // Requests never finish: each pick adds to its endpoint's load.
+    for (let i = 0; i < 64; i++) {
+      const home = policy.pick(candidates, ctx(system + text(`question ${i}`, 4))) as MutableEndpoint;
+      setLoad(home, home.load + 1);
+      homes.add(home.key);
+    }
+    expect(homes.size).toBeGreaterThan(1);
+    expect(Math.max(...candidates.map((c) => c.load))).toBeLessThan(64);
   });
 
   it('does not draw every new conversation onto the holder of a short shared system prompt', () => {
@@ -112,19 +181,25 @@ describe('prefixAware', () => {
   });
 
   it('forgets the index of an endpoint that stops being a candidate', () => {
+    const prompt = text('gone', 8);
+    const [home, a, b] = ((): MutableEndpoint[] => {
+      const all = endpoints(3);
+      const first = prefixAware().pick(all, ctx(prompt)) as MutableEndpoint;
+      return [first, ...all.filter((c) => c !== first)];
+    })();
     const route = (fillers: number): string => {
       const policy = prefixAware();
-      const [home, a, b] = endpoints(3);
-      const prompt = text('gone', 8);
+      setLoad(home, 0);
       expect(policy.pick([home, a, b], ctx(prompt))).toBe(home);
       for (let i = 0; i < fillers; i++) policy.pick([a, b], ctx(text(`filler ${i}`, 1)));
       policy.pick([a], ctx(text('gone', 4))); // `a` holds the first half
-      setLoad(home, 5);
+      // Two cheap requests ahead cost less than 4 uncached blocks; 8 cost more than that.
+      setLoad(home, 2);
       return policy.pick([home, a, b], ctx(prompt)).key;
     };
     // Remembered, `home` holds the whole prompt and wins despite its queue; forgotten, `a` does.
-    expect(route(100)).toBe('gpu#0');
-    expect(route(9000)).toBe('gpu#1');
+    expect(route(100)).toBe(home.key);
+    expect(route(9000)).toBe(a.key);
   });
 
   it('rejects invalid options', () => {

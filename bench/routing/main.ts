@@ -1,23 +1,18 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { formatTable, formatTargets, renderSvg } from './report';
-import type { BenchSize } from './results';
+import { parseSimArgs, type SimArgs } from '../lib/sim-args';
 import { runRoutingBenchmark } from './run';
 
 /** `npm run bench:routing -- [--size small|full] [--out DIR] [--seed N] [--trace FILE.jsonl]` */
-function parseArgs(argv: readonly string[]): { size: BenchSize; out: string; seed: number; trace?: string } {
-  const args = { size: 'full' as BenchSize, out: 'bench/results', seed: 42, trace: undefined as string | undefined };
-  for (let i = 0; i < argv.length; i++) {
-    const flag = argv[i];
-    const value = argv[i + 1];
-    if (flag === '--size' && (value === 'small' || value === 'full')) args.size = value;
-    else if (flag === '--out' && value) args.out = value;
-    else if (flag === '--seed' && value && Number.isInteger(Number(value))) args.seed = Number(value);
-    else if (flag === '--trace' && value) args.trace = value;
-    else throw new Error(`unknown or incomplete flag ${flag}; usage: --size small|full --out DIR --seed N --trace FILE`);
-    i++;
-  }
-  return args;
+function parseArgs(argv: readonly string[]): SimArgs & { trace?: string } {
+  let trace: string | undefined;
+  const args = parseSimArgs(argv, '--size small|full --out DIR --seed N --trace FILE', (flag, value) => {
+    if (flag !== '--trace') return false;
+    trace = value;
+    return true;
+  });
+  return { ...args, trace };
 }
 
 const args = parseArgs(process.argv.slice(2));

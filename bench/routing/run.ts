@@ -90,7 +90,7 @@ export function runOnce(workload: Workload, secondsPerUnit: number, make: Policy
     rng: seededRng(seed),
     workload,
   });
-  return simulate(workload, secondsPerUnit, policy, ranks, endpoints, RANK_MODEL, (request) => {
+  return simulate(workload, secondsPerUnit, [{ policy, endpoints }], ranks, RANK_MODEL, (request) => {
     current = request;
   });
 }

@@ -50,13 +50,24 @@ export interface RunMetrics {
 
 type SimEvent = { kind: 'arrive' | 'prefilled' | 'finish'; request: SimRequest };
 
-/** Replays a workload through a policy on simulated vLLM ranks with a virtual clock. */
+/**
+ * One gateway: its own policy instance and its own endpoint objects, whose in-flight counts
+ * are the requests this gateway sent (a replica sees no other replica's traffic).
+ */
+export interface SimGateway {
+  readonly policy: Policy;
+  readonly endpoints: readonly SimEndpoint[];
+}
+
+/**
+ * Replays a workload through gateways on simulated vLLM ranks with a virtual clock. Requests
+ * go to the gateways in turn, as a Kubernetes Service spreads connections over replicas.
+ */
 export function simulate(
   workload: Workload,
   secondsPerUnit: number,
-  policy: Policy,
+  gateways: readonly SimGateway[],
   ranks: readonly SimRank[],
-  endpoints: readonly SimEndpoint[],
   model: RankModel,
   setCurrent: (request: SimRequest) => void,
 ): RunMetrics {
@@ -69,6 +80,8 @@ export function simulate(
   }
   const arrivedAt = new Float64Array(requests.length);
   const rankOf = new Int32Array(requests.length).fill(-1);
+  const gatewayOf = new Int32Array(requests.length);
+  let arrivals = 0;
   const ttfts: number[] = [];
   const routedTokens = new Array<number>(ranks.length).fill(0);
   let hitTokens = 0;
@@ -96,6 +109,9 @@ export function simulate(
     if (item.kind === 'arrive') {
       arrivedAt[request.id] = now;
       setCurrent(request);
+      const gateway = arrivals++ % gateways.length;
+      gatewayOf[request.id] = gateway;
+      const { policy, endpoints } = gateways[gateway];
       const endpoint = policy.pick(endpoints, {
         path: request.path,
         affinityKey: policy.usesAffinityKey ? request.sessionKey : undefined,
@@ -124,7 +140,7 @@ export function simulate(
       rank.running--;
       rank.cache.store(request.sequenceBlocks);
       rank.unbounded.store(request.sequenceBlocks);
-      endpoints[rank.index].inflight--;
+      gateways[gatewayOf[request.id]].endpoints[rank.index].inflight--;
       for (const next of followers.get(request.id) ?? []) {
         events.push(now + next.unitThink * secondsPerUnit, { kind: 'arrive', request: next });
       }

@@ -45,7 +45,8 @@ export interface FleetCapacity {
 /** Load levels as a fraction of the fleet's no-cache prefill capacity. */
 export const LOAD_LEVELS = { low: 0.3, high: 1.0 } as const;
 
-class TokenSource {
+/** Hands out fresh token ids: text that no other part of the workload shares. */
+export class TokenSource {
   private next = 1;
   take(count: number): number[] {
     const tokens = new Array<number>(count);
@@ -54,7 +55,7 @@ class TokenSource {
   }
 }
 
-interface RequestShape {
+export interface RequestShape {
   unitArrival: number;
   follows?: number;
   unitThink?: number;
@@ -66,7 +67,8 @@ interface RequestShape {
   previousTurn?: number;
 }
 
-function buildRequest(id: number, shape: RequestShape): SimRequest {
+/** A request with its block hashes, from its tokens. */
+export function buildRequest(id: number, shape: RequestShape): SimRequest {
   const output = shape.output;
   const outputTokens = typeof output === 'number' ? output : output.length;
   // A response is cached too, but only the part a later prompt can repeat is known.
@@ -89,7 +91,7 @@ function buildRequest(id: number, shape: RequestShape): SimRequest {
 
 /** The aggregate KV cache equals the workload's distinct prompt blocks: a router that keeps
  * each prefix on one rank can hold everything; one that copies prefixes everywhere cannot. */
-function rankCacheFor(requests: readonly SimRequest[], ranks: number): number {
+export function rankCacheFor(requests: readonly SimRequest[], ranks: number): number {
   const distinct = new Set<number>();
   for (const request of requests) for (const block of request.inputBlocks) distinct.add(block);
   return Math.ceil(distinct.size / ranks);

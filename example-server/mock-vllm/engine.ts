@@ -1,11 +1,13 @@
-import { PrefixCache, countTokens } from './prefix-cache';
+import type { MockKvEvent } from './kv-events';
+import { PrefixCache, TokenPrefixCache, countTokens } from './prefix-cache';
 import { parsePythonInt } from './python-int';
 import type { MockRankStats } from './types';
 
 /** One data-parallel engine of the mock. */
 export interface RankState extends MockRankStats {
   readonly globalRank: number;
-  readonly cache: PrefixCache;
+  /** Blocks of 4-character text, or of token ids when the mock tokenizes (`kvEvents`). */
+  readonly cache: PrefixCache | TokenPrefixCache;
 }
 
 /** What the rank header asks for. */
@@ -27,6 +29,11 @@ export interface EngineConfig {
   headerMode: 'global' | 'local';
   cacheBlocksPerRank: number;
   blockTokens: number;
+  /**
+   * Set when the mock tokenizes: ranks cache token blocks, and each admission's KV events go
+   * here (the rank's global number, its events in order).
+   */
+  publishKvEvents?: (globalRank: number, events: MockKvEvent[]) => void;
 }
 
 /** The ranks' load, caches and counters, and how a request is placed on one. */
@@ -36,7 +43,9 @@ export class MockEngine {
   constructor(private readonly config: EngineConfig) {
     this.ranks = Array.from({ length: config.dataParallelSize }, (_, index) => ({
       globalRank: config.startRank + index,
-      cache: new PrefixCache(config.cacheBlocksPerRank, config.blockTokens),
+      cache: config.publishKvEvents
+        ? new TokenPrefixCache(config.cacheBlocksPerRank, config.blockTokens)
+        : new PrefixCache(config.cacheBlocksPerRank, config.blockTokens),
       requests: 0,
       running: 0,
       promptTokens: 0,
@@ -68,13 +77,28 @@ export class MockEngine {
     return best;
   }
 
-  /** Marks a request running on `rank` and runs its prompts through the prefix cache. */
-  admit(rank: RankState, prompts: readonly string[]): Admission {
+  /**
+   * Marks a request running on `rank` and runs its prompts through the prefix cache: their
+   * token ids when the mock tokenizes (`tokenIds`, one array per prompt), else their texts.
+   */
+  admit(rank: RankState, prompts: readonly string[], tokenIds?: readonly number[][]): Admission {
     let promptTokens = 0;
     let cachedTokens = 0;
-    for (const prompt of prompts) {
-      promptTokens += countTokens(prompt);
-      cachedTokens += rank.cache.admit(prompt);
+    const { cache } = rank;
+    if (cache instanceof TokenPrefixCache) {
+      const events: MockKvEvent[] = [];
+      for (const ids of tokenIds ?? []) {
+        const admitted = cache.admit(ids);
+        promptTokens += ids.length;
+        cachedTokens += admitted.cachedTokens;
+        events.push(...admitted.events);
+      }
+      if (events.length > 0) this.config.publishKvEvents?.(rank.globalRank, events);
+    } else {
+      for (const prompt of prompts) {
+        promptTokens += countTokens(prompt);
+        cachedTokens += cache.admit(prompt);
+      }
     }
     rank.requests++;
     rank.running++;

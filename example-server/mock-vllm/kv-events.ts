@@ -234,11 +234,13 @@ export interface MockKvPublisherOptions {
   /** Default ''. */
   topic?: string;
   /**
-   * 'ephemeral' (default): each rank binds 127.0.0.1 on a port of the OS's choice (read the
-   * endpoints back from `endpoints`). A number: vLLM's scheme, rank r's PUB on base + r and
-   * its ROUTER on replayBase + r.
+   * 'ephemeral' (default): each rank binds a port of the OS's choice (read the endpoints back
+   * from `endpoints`). Numbers: vLLM's scheme, rank r's PUB on base + r and its ROUTER on
+   * replayBase + r; a base of 0 leaves that socket's ports to the OS.
    */
   ports?: 'ephemeral' | { base: number; replayBase: number };
+  /** The address bound. Default '127.0.0.1'. */
+  host?: string;
   /** Bind a replay ROUTER per rank. Default true. */
   replay?: boolean;
   /** Batches kept for replay per rank (vLLM's `buffer_steps`). Default 10,000. */
@@ -279,17 +281,19 @@ export async function startMockKvPublisher(options: MockKvPublisherOptions): Pro
   const topic = options.topic ?? '';
   const bufferSteps = options.bufferSteps ?? 10_000;
   const ports = options.ports ?? 'ephemeral';
+  const host = options.host ?? '127.0.0.1';
+  const bindTo = (base: number | undefined, rank: number) => `tcp://${host}:${base ? base + rank : '*'}`;
   const ranks: RankPublisher[] = [];
   let closed = false;
   try {
     for (const rank of options.ranks) {
       const pub = new zmq.Publisher({ linger: 0 });
       ranks.push({ rank, pub, router: null, seq: 0, buffer: [] });
-      await pub.bind(ports === 'ephemeral' ? 'tcp://127.0.0.1:*' : `tcp://127.0.0.1:${ports.base + rank}`);
+      await pub.bind(bindTo(ports === 'ephemeral' ? undefined : ports.base, rank));
       if (options.replay ?? true) {
         const router = new zmq.Router({ linger: 0 });
         ranks[ranks.length - 1].router = router;
-        await router.bind(ports === 'ephemeral' ? 'tcp://127.0.0.1:*' : `tcp://127.0.0.1:${ports.replayBase + rank}`);
+        await router.bind(bindTo(ports === 'ephemeral' ? undefined : ports.replayBase, rank));
       }
     }
   } catch (error) {
@@ -329,6 +333,7 @@ export async function startMockKvPublisher(options: MockKvPublisherOptions): Pro
     one.buffer.push([seq, payload]);
     if (one.buffer.length > bufferSteps) one.buffer.shift();
     // A dropped batch is what a subscriber misses past the PUB high-water mark.
+    // A PUB never blocks (past its high-water mark it drops), so concurrent sends need no queue.
     if (!drop) await one.pub.send([topic, seqBytes(seq), payload]);
     return seq;
   }

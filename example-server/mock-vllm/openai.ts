@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto';
+import type { PromptTokenizer } from '../../lib/kv-events/tokenizer';
 import { countTokens } from './prefix-cache';
 
 /** The two generation endpoints. */
@@ -9,6 +10,8 @@ export interface GenerationRequest {
   kind: GenerationKind;
   /** Prompt texts: one per `prompt` entry, or the chat rendered as one text. */
   prompts: string[];
+  /** Each prompt's token ids, when the mock tokenizes (`kvEvents`): what the token counts and the cache go by. */
+  tokenIds?: number[][];
   maxTokens: number;
   stream: boolean;
   includeUsage: boolean;
@@ -23,11 +26,16 @@ export interface RequestProblem {
 const DEFAULT_MAX_TOKENS = 16;
 const FILLER = ['lorem', 'ipsum', 'dolor', 'sit', 'amet', 'consectetur', 'adipiscing', 'elit'];
 
-/** Validates a generation body the way a gateway can observe vLLM doing it. */
+/**
+ * Validates a generation body the way a gateway can observe vLLM doing it; with a `tokenizer`,
+ * also tokenizes its prompts as vLLM does (the chat template, special tokens), else a token is
+ * taken to be 4 characters.
+ */
 export function parseGenerationRequest(
   kind: GenerationKind,
   body: unknown,
   maxModelLen: number,
+  tokenizer?: PromptTokenizer,
 ): GenerationRequest | RequestProblem {
   if (!isObject(body)) return { message: 'The request body must be a JSON object.', param: null };
   const prompts = kind === 'chat' ? chatPrompt(body.messages) : completionPrompts(body.prompt);
@@ -41,7 +49,15 @@ export function parseGenerationRequest(
   if (!Number.isSafeInteger(maxTokens) || (maxTokens as number) < 1) {
     return { message: `${maxTokensField} must be at least 1, got ${JSON.stringify(maxTokens)}.`, param: maxTokensField };
   }
-  const longestPrompt = prompts.reduce((longest, prompt) => Math.max(longest, countTokens(prompt)), 0);
+  let tokenIds: number[][] | undefined;
+  if (tokenizer) {
+    const outcome = tokenizer.tokenize(kind, body);
+    if ('refused' in outcome) return { message: `Cannot tokenize this request (${outcome.refused}).`, param: kind === 'chat' ? 'messages' : 'prompt' };
+    tokenIds = outcome.prompts;
+  }
+  const longestPrompt = tokenIds
+    ? tokenIds.reduce((longest, ids) => Math.max(longest, ids.length), 0)
+    : prompts.reduce((longest, prompt) => Math.max(longest, countTokens(prompt)), 0);
   if (longestPrompt + (maxTokens as number) > maxModelLen) {
     return {
       message:
@@ -55,6 +71,7 @@ export function parseGenerationRequest(
   return {
     kind,
     prompts,
+    ...(tokenIds && { tokenIds }),
     maxTokens: maxTokens as number,
     stream: body.stream === true,
     includeUsage: streamOptions.include_usage === true,

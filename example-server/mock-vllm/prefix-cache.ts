@@ -1,3 +1,5 @@
+import type { MockKvEvent } from './kv-events';
+
 /** Characters per token: the mock has no tokenizer. */
 export const CHARS_PER_TOKEN = 4;
 
@@ -60,14 +62,17 @@ export class PrefixCache {
 }
 
 /**
- * 53-bit hash of (previous block hash, text[start, end)): cyrb53 seeded with the previous
- * hash. 53 bits keep collisions negligible at thousands of blocks and stay a plain number key.
+ * 53-bit hash of (previous block hash, units[start, end)), the units being a text's UTF-16
+ * code units or token ids: cyrb53 seeded with the previous hash. 53 bits keep collisions
+ * negligible at thousands of blocks and stay a plain number key (and a msgpack int).
  */
-export function hashBlock(previous: number, text: string, start: number, end: number): number {
+export function hashBlock(previous: number, units: string | ArrayLike<number>, start: number, end: number): number {
   let h1 = 0xdeadbeef ^ (previous >>> 0);
   let h2 = 0x41c6ce57 ^ Math.floor(previous / 0x100000000);
+  const text = typeof units === 'string' ? units : undefined;
+  const ids = units as ArrayLike<number>;
   for (let i = start; i < end; i++) {
-    const code = text.charCodeAt(i);
+    const code = text === undefined ? ids[i] : text.charCodeAt(i);
     h1 = Math.imul(h1 ^ code, 2654435761);
     h2 = Math.imul(h2 ^ code, 1597334677);
   }
@@ -76,4 +81,108 @@ export function hashBlock(previous: number, text: string, start: number, end: nu
   h2 = Math.imul(h2 ^ (h2 >>> 16), 2246822507);
   h2 ^= Math.imul(h1 ^ (h1 >>> 13), 3266489909);
   return 0x100000000 * (0x1fffff & h2) + (h1 >>> 0);
+}
+
+/** What one prompt did to a {@link TokenPrefixCache}. */
+export interface TokenAdmission {
+  /** Leading prompt tokens found cached (whole blocks, the last prompt token excluded). */
+  cachedTokens: number;
+  /** vLLM's KV events for it: `BlockRemoved` for what made room, then `BlockStored` per run of new blocks. */
+  events: MockKvEvent[];
+}
+
+/**
+ * One rank's prefix cache in blocks of token ids, as vLLM's block pool keeps it: full blocks
+ * only, each keyed by a hash chained over its parent's (the root's parent is 0), in a bounded
+ * LRU that reports what it stores and evicts as vLLM's KV events.
+ *
+ * Like vLLM, which frees a request's blocks tail first, a prompt's blocks are ranked so that its
+ * first block is the most recently used: a parent is never evicted before its child, so what a
+ * rank holds is always whole prefixes and its events always name a known parent.
+ */
+export class TokenPrefixCache {
+  /** Map insertion order is the LRU order: oldest first. */
+  private readonly blocks = new Map<number, true>();
+
+  constructor(
+    private readonly capacityBlocks: number,
+    private readonly blockTokens: number,
+  ) {}
+
+  /** Blocks held now. */
+  get usedBlocks(): number {
+    return this.blocks.size;
+  }
+
+  /** Fraction of the capacity in use, like `vllm:kv_cache_usage_perc`. */
+  get usage(): number {
+    return this.blocks.size / this.capacityBlocks;
+  }
+
+  /** Counts the cached leading tokens of `ids`, then caches its full blocks (at most the capacity's worth). */
+  admit(ids: readonly number[]): TokenAdmission {
+    const size = this.blockTokens;
+    // A prompt longer than the whole cache keeps its first blocks (vLLM would not admit it at all).
+    const fullBlocks = Math.min(Math.floor(ids.length / size), this.capacityBlocks);
+    // vLLM always computes the last prompt token, so a prompt that is all full blocks cannot hit its last one.
+    const hitEligibleBlocks = Math.floor((ids.length - 1) / size);
+    const hashes: number[] = [];
+    let leadingHits = 0;
+    let missing = 0;
+    for (let block = 0, hash = 0; block < fullBlocks; block++) {
+      hash = hashBlock(hash, ids, block * size, (block + 1) * size);
+      hashes.push(hash);
+      const held = this.blocks.has(hash);
+      if (held && leadingHits === block && block < hitEligibleBlocks) leadingHits++;
+      if (!held) missing++;
+    }
+    const events: MockKvEvent[] = [];
+    const stored = this.storedEvents(ids, hashes);
+    // What the prompt holds already is used first, so that making room never evicts it.
+    this.rank(hashes, (hash) => this.blocks.has(hash));
+    const evicted: number[] = [];
+    for (const hash of this.blocks.keys()) {
+      if (this.blocks.size - evicted.length + missing <= this.capacityBlocks) break;
+      evicted.push(hash);
+    }
+    for (const hash of evicted) this.blocks.delete(hash);
+    if (evicted.length > 0) events.push({ type: 'BlockRemoved', blockHashes: evicted, medium: 'GPU' });
+    this.rank(hashes, () => true);
+    events.push(...stored);
+    return { cachedTokens: leadingHits * size, events };
+  }
+
+  /** One `BlockStored` per run of consecutive blocks not held yet, naming the block before it as parent. */
+  private storedEvents(ids: readonly number[], hashes: readonly number[]): MockKvEvent[] {
+    const size = this.blockTokens;
+    const events: MockKvEvent[] = [];
+    let block = 0;
+    while (block < hashes.length) {
+      if (this.blocks.has(hashes[block])) {
+        block++;
+        continue;
+      }
+      const first = block;
+      while (block < hashes.length && !this.blocks.has(hashes[block])) block++;
+      events.push({
+        type: 'BlockStored',
+        blockHashes: hashes.slice(first, block),
+        parentBlockHash: first === 0 ? null : hashes[first - 1],
+        tokenIds: ids.slice(first * size, block * size),
+        blockSize: size,
+        medium: 'GPU',
+      });
+    }
+    return events;
+  }
+
+  /** Makes the prompt's chosen blocks the most recently used, its first block the youngest. */
+  private rank(hashes: readonly number[], chosen: (hash: number) => boolean): void {
+    for (let block = hashes.length - 1; block >= 0; block--) {
+      const hash = hashes[block];
+      if (!chosen(hash)) continue;
+      this.blocks.delete(hash);
+      this.blocks.set(hash, true);
+    }
+  }
 }

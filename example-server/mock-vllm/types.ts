@@ -1,3 +1,5 @@
+import type { KvLayout } from './kv-events';
+
 /** Options of {@link startMockVllm}. */
 export interface MockVllmOptions {
   /** Bind address. Default: `'127.0.0.1'`. */
@@ -23,12 +25,66 @@ export interface MockVllmOptions {
   /** Prefix-cache capacity of each rank, in blocks (LRU). Default: `4096`. */
   cacheBlocksPerRank?: number;
   /**
-   * Tokens per cache block. Default: `16`. The mock has no tokenizer: one token is taken to be
-   * 4 characters (UTF-16 code units) of prompt text, so a block is `blockTokens × 4` characters.
+   * Tokens per cache block (vLLM's `--block-size`). Default: `16`. Without `kvEvents` the mock
+   * has no tokenizer: one token is taken to be 4 characters (UTF-16 code units) of prompt text,
+   * so a block is `blockTokens × 4` characters.
    */
   blockTokens?: number;
+  /**
+   * Publish KV-cache events as vLLM does with `--kv-events-config`. The mock then tokenizes
+   * every prompt with its shipped tokenizer (`MOCK_TOKENIZER_DIR`; the chat template for
+   * `/v1/chat/completions`, special tokens for `/v1/completions`, exactly as the router's
+   * `PromptTokenizer` does), keeps each rank's prefix cache in blocks of `blockTokens` token
+   * ids, and publishes `BlockStored` for each newly cached full block and `BlockRemoved` for
+   * each evicted one, on a ZeroMQ PUB socket per rank with a replay ROUTER beside it. Token
+   * counts (usage, `/metrics`, `stats()`) are then real token counts. `{}` takes every default
+   * (ports of the OS's choice, read back from `kvEvents` on the started mock).
+   * Default: `undefined` (no events; 4 characters a token).
+   */
+  kvEvents?: MockKvEventsOptions;
   /** Context length: prompt + output tokens beyond it answer 400, as vLLM does. Default: `131072`. */
   maxModelLen?: number;
+}
+
+/** Where and how the mock publishes KV events (see {@link MockVllmOptions.kvEvents}). */
+export interface MockKvEventsOptions {
+  /** The address bound. Default: `'127.0.0.1'`. */
+  host?: string;
+  /**
+   * Rank 0's publisher port: global rank r binds `port + r`, as vLLM offsets its endpoint by
+   * the global rank (`offset_endpoint_port`). `0`: each rank takes a port of the OS's choice.
+   * Default: `0`.
+   */
+  port?: number;
+  /** Rank 0's replay ROUTER port, offset like `port`; `0`: ports of the OS's choice; `null`: no replay socket. Default: `0`. */
+  replayPort?: number | null;
+  /** The payload layout, one of the msgpack layouts vLLM has shipped. Default: `'map'` (current vLLM). */
+  layout?: KvLayout;
+  /** The topic frame (vLLM's `KVEventsConfig.topic`). Default: `''`. */
+  topic?: string;
+  /** Batches kept per rank for replay (vLLM's `buffer_steps`). Default: `10000`. */
+  bufferSteps?: number;
+}
+
+/** Where a started mock publishes KV events: what a router's subscriber connects to. */
+export interface MockKvEvents {
+  /** The global ranks published, in order: the order of the endpoint lists. */
+  readonly ranks: readonly number[];
+  /** Each rank's PUB endpoint, e.g. `tcp://127.0.0.1:41235`, in rank order. */
+  readonly endpoints: readonly string[];
+  /** Each rank's replay ROUTER endpoint, in rank order (empty with `replayPort: null`). */
+  readonly replayEndpoints: readonly string[];
+  /** The topic of every message. */
+  readonly topic: string;
+  /** Tokens per block, as every `BlockStored` says. */
+  readonly blockTokens: number;
+  /** The directory of the tokenizer the mock tokenizes with (`tokenizer.json`, `tokenizer_config.json`). */
+  readonly tokenizer: string;
+  /**
+   * Test hook: `rank`'s next `batches` batches go to the replay buffer but not on the wire, as
+   * a subscriber misses them past the PUB high-water mark. Default: `1`.
+   */
+  drop(rank: number, batches?: number): void;
 }
 
 /** A fault injected into every request from the moment it is set (chaos tests). */
@@ -48,7 +104,7 @@ export interface MockRankStats {
   requests: number;
   /** Requests being served now. */
   running: number;
-  /** Prompt tokens (4 characters each) of admitted requests. */
+  /** Prompt tokens of admitted requests (4 characters each, or the tokenizer's with `kvEvents`). */
   promptTokens: number;
   /** Of those, tokens found in the rank's prefix cache. */
   cachedTokens: number;
@@ -83,6 +139,8 @@ export interface MockVllm {
   stats(): MockVllmStats;
   /** Zeroes the counters (the `/metrics` prefix-cache counters too) and the request log; not `running`, not the caches. */
   resetStats(): void;
+  /** Where KV events are published; `undefined` without the `kvEvents` option. */
+  readonly kvEvents: MockKvEvents | undefined;
   /** The fault applied to requests arriving from now on; `undefined` for none. */
   fault: MockFault | undefined;
 }

@@ -1,6 +1,7 @@
-import { hashString, keyedMix32, randomKey32 } from '../hash';
+import { endpointHash, hashString, keyedMix32, randomKey32, rendezvousWeight } from '../hash';
 import type { Endpoint, PickContext, Policy } from '../types';
 import { parsePrefixAwarePolicy, type PrefixAwareOptions } from './prefix-aware-options';
+import { DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK, type SessionAffinitySettings } from './session-affinity-options';
 
 export type { PrefixAwareOptions } from './prefix-aware-options';
 
@@ -13,6 +14,16 @@ const FORGET_AFTER_PICKS = 4096;
  * endpoint without it, as in SGLang's router (cache threshold 0.5).
  */
 const MAX_EXCESS = 0.5;
+
+/**
+ * A prompt's lead is its first `LEAD_BLOCKS` blocks (256 characters at the default
+ * `blockChars`), or all of a shorter prompt: a prompt whose lead no candidate holds is a new
+ * prefix, placed by the lead's rendezvous order. Long enough to get past the text most
+ * prompts open with (a chat template's role markers, "You are a helpful assistant."), so that
+ * different system prompts are told apart; short enough that a prompt matching less than its
+ * lead loses at most 3 blocks of cache by being placed anew.
+ */
+const LEAD_BLOCKS = 4;
 
 /** Weight of a new sample in the running mean of the prefill blocks a request needs. */
 const WORK_SMOOTHING = 1 / 32;
@@ -29,14 +40,19 @@ const WORK_SMOOTHING = 1 / 32;
  *   of the requests routed so far (what a queued request typically costs to prefill);
  * - its **content share** above its fair part, at most half the prompt, see `contentBalance`;
  *
- * and the cheapest wins (the less loaded on a tie). A prompt that no candidate holds any block
- * of goes to the endpoint that received the fewest new blocks recently (less loaded on a tie),
- * as SGLang's router sends a miss to its smallest tree: new prefixes spread evenly, and so
- * does the cache they take.
+ * and the cheapest wins. A prompt whose lead (its first 4 blocks) no candidate holds is a new
+ * prefix: it goes to the first endpoint of the lead's rendezvous (highest-random-weight) order
+ * whose load is within session-affinity's bound at its defaults (`max(⌈loadFactor × mean⌉,
+ * least + loadSlack)`, see {@link SessionAffinitySettings}). That
+ * order depends only on the prompt's text and the endpoint keys, so gateway replicas that share
+ * the traffic, each learning only from its own share, place a new prefix on the same endpoint
+ * and find it there later; a private rule (the emptiest endpoint in this gateway's view) would
+ * cache each prefix once per replica. Ties between holders also go by that order.
  *
  * Per pick: one pass hashing the prompt, then per candidate one `Map` lookup and a binary search
- * of its matching run (skipped when the candidate cannot win); no allocation once the hash
- * buffer has grown to the longest prompt.
+ * of its matching run (skipped when the candidate cannot win), and for a new prefix one more
+ * `Map` lookup and hash per candidate; no allocation once the hash buffer has grown to the
+ * longest prompt and the endpoint keys are known.
  */
 export function prefixAware(options: PrefixAwareOptions = {}): Policy {
   const { blockChars, maxBlocksPerEndpoint: maxBlocks, maxBlocksPerRequest: maxRequestBlocks, contentBalance, fallback } = parsePrefixAwarePolicy('prefixAware', options);
@@ -47,6 +63,16 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
   let blockHashes = new Int32Array(256);
   /** Each candidate's index during one pick (looked up once), reused across picks. */
   const candidateIndexes: Array<BlockIndex | undefined> = [];
+  /**
+   * Rendezvous identities (`endpointHash`) of `hashedCandidates`, by position: the router
+   * passes the same endpoints in the same order until the healthy set changes, so they are
+   * hashed again only then. Checked once per pick that needs them (`hashesCheckedAt`).
+   */
+  let positionHashes = new Int32Array(0);
+  let hashedCandidates: Endpoint[] = [];
+  let hashesCheckedAt = -1;
+  /** Each candidate's cost during one pick (Infinity when skipped), reused across picks. */
+  let candidateCosts = new Float64Array(0);
   let picks = 0;
   /** Running mean of the uncached blocks of routed requests; negative until the first. */
   let typicalWork = -1;
@@ -68,13 +94,34 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
     }
   }
 
+  /** The rendezvous weight of `candidates[at]` for `lead`. */
+  function weightAt(candidates: readonly Endpoint[], at: number, lead: number): number {
+    if (hashesCheckedAt !== picks) {
+      hashesCheckedAt = picks;
+      if (!sameAsHashed(candidates)) {
+        positionHashes = new Int32Array(candidates.length);
+        for (let i = 0; i < candidates.length; i++) positionHashes[i] = endpointHash(candidates[i].key);
+        hashedCandidates = candidates.slice();
+      }
+    }
+    return rendezvousWeight(lead, positionHashes[at]);
+  }
+
+  function sameAsHashed(candidates: readonly Endpoint[]): boolean {
+    if (hashedCandidates.length !== candidates.length) return false;
+    for (let i = 0; i < candidates.length; i++) if (hashedCandidates[i] !== candidates[i]) return false;
+    return true;
+  }
+
   function choose(candidates: readonly Endpoint[], blockCount: number): Endpoint {
     let minLoad = Infinity;
+    let totalLoad = 0;
     let candidateRecent = 0;
     candidateIndexes.length = candidates.length;
     for (let at = 0; at < candidates.length; at++) {
       const candidate = candidates[at];
       if (candidate.load < minLoad) minLoad = candidate.load;
+      totalLoad += candidate.load;
       const index = indexes.get(candidate.key);
       candidateIndexes[at] = index;
       if (index !== undefined) {
@@ -84,38 +131,76 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
     }
     const work = typicalWork < 0 ? blockCount : typicalWork;
     const fairRecent = candidateRecent / candidates.length;
-    const first = blockHashes[0];
+    const lead = blockHashes[Math.min(blockCount, LEAD_BLOCKS) - 1];
 
-    let best = candidates[0];
+    if (candidateCosts.length < candidates.length) candidateCosts = new Float64Array(candidates.length);
+    let bestAt = 0;
     let bestCost = Infinity;
+    let ties = 0;
     let anyMatch = false;
-    let fewest = candidates[0];
-    let fewestRecent = Infinity;
     for (let at = 0; at < candidates.length; at++) {
       const candidate = candidates[at];
       const index = candidateIndexes[at];
       const recent = index === undefined ? 0 : index.recentBlocks;
-      if (recent < fewestRecent || (recent === fewestRecent && candidate.load < fewest.load)) {
-        fewest = candidate;
-        fewestRecent = recent;
-      }
       let cost = work * (candidate.load - minLoad);
       if (recent > fairRecent) cost += contentBalance * blockCount * Math.min(MAX_EXCESS, recent / fairRecent - 1);
-      const holds = index !== undefined && index.has(first);
+      const holds = index !== undefined && index.has(lead);
       if (holds) anyMatch = true;
-      // Uncached blocks are the whole prompt without the first block, at least none with it:
-      // skip the search when even none cannot win.
-      if (cost + blockCount - (holds ? blockCount : 0) > bestCost) continue;
+      // Uncached blocks are the whole prompt without the lead, at least none with it: skip the
+      // search when even none cannot win (or tie).
+      if (cost + blockCount - (holds ? blockCount : 0) > bestCost) {
+        candidateCosts[at] = Infinity;
+        continue;
+      }
       if (holds) cost += blockCount - (index as BlockIndex).leadingRun(blockHashes, blockCount, 0);
       else cost += blockCount;
-      if (cost < bestCost || (cost === bestCost && candidate.load < best.load)) {
-        best = candidate;
+      candidateCosts[at] = cost;
+      if (cost < bestCost) {
+        bestAt = at;
         bestCost = cost;
+        ties = 0;
+      } else if (cost === bestCost) {
+        ties++;
+      }
+    }
+    if (!anyMatch) {
+      bestAt = place(candidates, lead, minLoad, totalLoad);
+    } else if (ties > 0) {
+      // The lead's rendezvous order decides between the cheapest, as in every replica.
+      let bestWeight = -1;
+      for (let at = 0; at < candidates.length; at++) {
+        if (candidateCosts[at] !== bestCost) continue;
+        const weight = weightAt(candidates, at, lead);
+        if (weight > bestWeight) {
+          bestWeight = weight;
+          bestAt = at;
+        }
       }
     }
     // Let go of the indexes until the next pick.
     candidateIndexes.fill(undefined);
-    return anyMatch ? best : fewest;
+    return candidates[bestAt];
+  }
+
+  /**
+   * A new prefix: the first candidate of its lead's rendezvous order whose load is within
+   * session-affinity's bound at its default `loadFactor` and `loadSlack`. The order depends on
+   * the prompt and the endpoint keys only, so every replica places the prefix alike.
+   */
+  function place(candidates: readonly Endpoint[], lead: number, minLoad: number, totalLoad: number): number {
+    const loadCap = Math.max(Math.ceil((DEFAULT_LOAD_FACTOR * totalLoad) / candidates.length), minLoad + DEFAULT_LOAD_SLACK);
+    let chosen = 0;
+    let chosenWeight = -1;
+    for (let at = 0; at < candidates.length; at++) {
+      // The least loaded candidate is always within the bound (unless a load is NaN).
+      if (candidates[at].load > loadCap) continue;
+      const weight = weightAt(candidates, at, lead);
+      if (weight > chosenWeight) {
+        chosen = at;
+        chosenWeight = weight;
+      }
+    }
+    return chosen;
   }
 
   return {

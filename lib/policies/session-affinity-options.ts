@@ -70,8 +70,10 @@ export interface AffinityConfig {
   readonly sessionAffinity: SessionAffinityConfig;
 }
 
-const LOAD_FACTOR = 1.25;
-const LOAD_SLACK = 4;
+/** Default `loadFactor`: also the load bound of prefix-aware's placement of new prefixes. */
+export const DEFAULT_LOAD_FACTOR = 1.25;
+/** Default `loadSlack`: also the load bound of prefix-aware's placement of new prefixes. */
+export const DEFAULT_LOAD_SLACK = 4;
 const KEY_LOAD_FACTOR = 1;
 const MAX_SESSIONS = 65_536;
 const HEADER = 'x-session-id';
@@ -83,8 +85,8 @@ const AFFINITY_KEYS: KeysEnum<AffinityOptions> = { ...SETTINGS_KEYS, header: tru
 
 function parseSettings(path: string, settings: Record<string, unknown>): SessionAffinityConfig {
   return {
-    loadFactor: numberOption(pathOf(path, 'loadFactor'), settings.loadFactor, LOAD_FACTOR, 1, 1000),
-    loadSlack: numberOption(pathOf(path, 'loadSlack'), settings.loadSlack, LOAD_SLACK, 0, 1_000_000),
+    loadFactor: numberOption(pathOf(path, 'loadFactor'), settings.loadFactor, DEFAULT_LOAD_FACTOR, 1, 1000),
+    loadSlack: numberOption(pathOf(path, 'loadSlack'), settings.loadSlack, DEFAULT_LOAD_SLACK, 0, 1_000_000),
     keyLoadFactor: numberOption(pathOf(path, 'keyLoadFactor'), settings.keyLoadFactor, KEY_LOAD_FACTOR, 1, 1000),
     maxSessions: integerOption(pathOf(path, 'maxSessions'), settings.maxSessions, MAX_SESSIONS, 1, 2 ** 24),
   };

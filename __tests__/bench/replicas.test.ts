@@ -1,0 +1,98 @@
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { runBench } from './cli';
+
+/** The contenders in table order; `--compare` adds its rows after `approximate`. */
+const POLICIES = ['round-robin', 'approximate', 'approximate (prefix-aware)', 'exact (KV events)', 'oracle'];
+
+interface Result {
+  policy: string;
+  replicas: number;
+  cache: string;
+  rankCacheBlocks: number;
+  hitRate: number;
+  ttftP50: number;
+  ttftP99: number;
+  maxOverMean: number;
+  completed: number;
+}
+
+interface Report {
+  ranks: number;
+  requests: number;
+  results: Result[];
+  targets: Array<{ target: string; pass: boolean; measured: string }>;
+}
+
+/**
+ * `npm run bench:replicas -- --size small --seed 42 --out DIR`, comparing against the policy
+ * file itself (so that its rows must equal `approximate`'s), read back from the JSON it writes.
+ */
+async function runReplicas(dir: string): Promise<{ report: Report; stdout: string }> {
+  const args = ['--size', 'small', '--seed', '42', '--out', dir, '--compare', 'lib/policies/prefix-aware.ts'];
+  const run = await runBench('bench/replicas/main.ts', args, 60_000);
+  if (run.code !== 0) throw new Error(`bench:replicas exited with ${run.code}\n${run.stderr}`);
+  return { report: JSON.parse(readFileSync(join(dir, 'replicas-small.json'), 'utf8')) as Report, stdout: run.stdout };
+}
+
+describe('gateway replicas benchmark (small)', () => {
+  const dirs = [mkdtempSync(join(tmpdir(), 'dp-router-replicas-')), mkdtempSync(join(tmpdir(), 'dp-router-replicas-'))];
+  let report: Report;
+  let again: Report;
+  let stdout: string;
+
+  beforeAll(async () => {
+    const [first, second] = await Promise.all(dirs.map(runReplicas));
+    ({ report, stdout } = first);
+    again = second.report;
+  }, 90_000);
+
+  afterAll(() => {
+    for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('is deterministic for a seed', () => {
+    expect(again.results).toEqual(report.results);
+  });
+
+  it('reports every policy with 1, 2 and 3 replicas on both cache sizes, with sane numbers', () => {
+    const cells = report.results.map((r) => `${r.cache} ${r.policy} ${r.replicas}`);
+    const expected = ['fits', 'pressure'].flatMap((cache) => POLICIES.flatMap((policy) => [1, 2, 3].map((n) => `${cache} ${policy} ${n}`)));
+    expect(cells).toEqual(expected);
+    const fits = report.results.find((r) => r.cache === 'fits') as Result;
+    for (const r of report.results) {
+      expect(r.completed).toBe(report.requests);
+      expect(r.hitRate).toBeGreaterThanOrEqual(0);
+      expect(r.hitRate).toBeLessThan(1);
+      expect(r.maxOverMean).toBeGreaterThanOrEqual(1);
+      expect(r.maxOverMean).toBeLessThanOrEqual(report.ranks);
+      expect(r.ttftP50).toBeGreaterThan(0);
+      expect(r.ttftP99).toBeGreaterThanOrEqual(r.ttftP50);
+      if (r.cache === 'pressure') expect(r.rankCacheBlocks).toBe(Math.ceil(fits.rankCacheBlocks / 2));
+    }
+    const roundRobin = report.results.find((r) => r.policy === 'round-robin' && r.replicas === 1);
+    expect(roundRobin?.maxOverMean).toBeCloseTo(1, 5);
+  });
+
+  it('runs the --compare file as another contender: the same policy gives the same figures', () => {
+    const strip = ({ policy, ...figures }: Result) => figures;
+    const rows = (policy: string) => report.results.filter((r) => r.policy === policy).map(strip);
+    expect(rows('approximate (prefix-aware)')).toEqual(rows('approximate'));
+  });
+
+  it('prints the table and meets the target on both cache sizes', () => {
+    expect(stdout).toMatch(/^policy +replicas +hit \(fits\) +TTFT p99 ms +max\/mean +hit \(pressure\)/m);
+    expect(report.targets.map((t) => `${t.pass ? 'PASS' : 'MISS'} ${t.target}`)).toEqual([
+      'PASS cache fits: approximate with 3 replicas ≥ 0.85× approximate with 1 replica',
+      'PASS cache pressure: approximate with 3 replicas ≥ 0.85× approximate with 1 replica',
+    ]);
+  });
+
+  it('rejects an unknown flag with a usage line', async () => {
+    const run = await runBench('bench/replicas/main.ts', ['--replicas', '4'], 30_000);
+    expect(run.code).not.toBe(0);
+    expect(run.stderr).toMatch(/usage: --size small\|full --out DIR --seed N --compare FILE\.ts/);
+  });
+});

@@ -1,0 +1,88 @@
+/**
+ * The mock engine's KV-event stream (`kvEvents` option): validates the option, binds each
+ * rank's publisher and replay socket, and sends what the ranks' token caches report.
+ */
+import { startMockKvPublisher, type KvLayout, type MockKvEvent, type MockKvPublisher } from './kv-events';
+import { MOCK_TOKENIZER_DIR } from './tokenize';
+import type { MockKvEvents, MockKvEventsOptions } from './types';
+
+const LAYOUTS: readonly KvLayout[] = ['v0.9', 'v0.10', 'array-batch', 'map'];
+const KEYS = new Set(['host', 'port', 'replayPort', 'layout', 'topic', 'bufferSteps']);
+
+/** The option with every default filled in. */
+export type KvEventsConfig = Required<MockKvEventsOptions>;
+
+/** Fills the defaults and checks `kvEvents` for ranks up to `lastRank`; throws a TypeError naming the field. */
+export function resolveKvEventsOptions(options: MockKvEventsOptions, lastRank: number): KvEventsConfig {
+  const path = 'startMockVllm: kvEvents';
+  if (typeof options !== 'object' || options === null || Array.isArray(options)) {
+    throw new TypeError(`${path} must be an object such as { port: 5557 } or {} for the defaults, got ${String(options)}`);
+  }
+  for (const key of Object.keys(options)) {
+    if (!KEYS.has(key)) throw new TypeError(`${path}.${key} is not an option; known: ${[...KEYS].join(', ')}`);
+  }
+  const config: KvEventsConfig = {
+    host: options.host ?? '127.0.0.1',
+    port: options.port ?? 0,
+    replayPort: options.replayPort === undefined ? 0 : options.replayPort,
+    layout: options.layout ?? 'map',
+    topic: options.topic ?? '',
+    bufferSteps: options.bufferSteps ?? 10_000,
+  };
+  if (typeof config.host !== 'string' || config.host === '') throw new TypeError(`${path}.host must be an address such as '127.0.0.1', got ${String(config.host)}`);
+  for (const name of ['port', 'replayPort'] as const) {
+    const port = config[name];
+    if (name === 'replayPort' && port === null) continue;
+    if (!Number.isSafeInteger(port) || (port as number) < 0 || (port as number) + (port === 0 ? 0 : lastRank) > 65535) {
+      throw new TypeError(`${path}.${name} must be 0 (ports of the OS's choice) or a port that stays <= 65535 after adding the global rank ${lastRank}, got ${String(port)}`);
+    }
+  }
+  if (!LAYOUTS.includes(config.layout)) throw new TypeError(`${path}.layout must be one of ${LAYOUTS.map((one) => `'${one}'`).join(', ')}, got ${String(config.layout)}`);
+  if (typeof config.topic !== 'string') throw new TypeError(`${path}.topic must be a string, got ${String(config.topic)}`);
+  if (!Number.isSafeInteger(config.bufferSteps) || config.bufferSteps < 1) {
+    throw new TypeError(`${path}.bufferSteps must be an integer >= 1, got ${String(config.bufferSteps)}`);
+  }
+  return config;
+}
+
+/** A bound KV-event stream: what the mock reports, and where the engine sends its events. */
+export interface EngineEvents {
+  readonly info: MockKvEvents;
+  /** Publishes one batch of `rank`'s events; never throws (a send after close is dropped). */
+  publish(rank: number, events: MockKvEvent[]): void;
+  close(): Promise<void>;
+}
+
+/** Binds a PUB (and a replay ROUTER) per global rank in `ranks`. */
+export async function startEngineEvents(config: KvEventsConfig, ranks: readonly number[], blockTokens: number): Promise<EngineEvents> {
+  const publisher: MockKvPublisher = await startMockKvPublisher({
+    ranks,
+    host: config.host,
+    layout: config.layout,
+    topic: config.topic,
+    bufferSteps: config.bufferSteps,
+    ports: { base: config.port, replayBase: config.replayPort ?? 0 },
+    replay: config.replayPort !== null,
+  });
+  const toDrop = new Map<number, number>();
+  return {
+    info: {
+      ranks: [...ranks],
+      endpoints: publisher.endpoints,
+      replayEndpoints: publisher.replayEndpoints,
+      topic: config.topic,
+      blockTokens,
+      tokenizer: MOCK_TOKENIZER_DIR,
+      drop(rank, batches = 1) {
+        if (!ranks.includes(rank)) throw new RangeError(`the mock publishes no rank ${rank}`);
+        toDrop.set(rank, (toDrop.get(rank) ?? 0) + batches);
+      },
+    },
+    publish(rank, events) {
+      const dropping = toDrop.get(rank) ?? 0;
+      if (dropping > 0) toDrop.set(rank, dropping - 1);
+      publisher.publish(rank, events, { drop: dropping > 0 }).catch(() => {});
+    },
+    close: () => publisher.close(),
+  };
+}

@@ -192,6 +192,19 @@ export class EndpointTable {
     return this.healthyByRank.get(rank) ?? [];
   }
 
+  /**
+   * The least loaded healthy replica of one global rank (the first on ties), leaving out those
+   * `skip` names; `undefined` when none is left. A hint is served by it, and retried on it.
+   */
+  leastLoadedOfRank(rank: number, skip?: (endpoint: RouteEndpoint) => boolean): RouteEndpoint | undefined {
+    let best: RouteEndpoint | undefined;
+    for (const replica of this.healthyOfRank(rank)) {
+      if (skip !== undefined && skip(replica)) continue;
+      if (best === undefined || replica.load < best.load) best = replica;
+    }
+    return best;
+  }
+
   /** Takes an endpoint in or out of rotation. Returns whether anything changed. */
   setHealthy(endpoint: RouteEndpoint, healthy: boolean): boolean {
     if (endpoint.healthy === healthy) return false;

@@ -4,7 +4,7 @@ import { watchEngines, watchedUpstreams } from './engine-watch';
 import { EndpointTable, type RouteEndpoint } from './endpoints';
 import { createMetrics, NO_METRICS, type RouterMetrics } from './metrics';
 import { parseOptions, parseUpstreams, type Configuration, type UpstreamConfig } from './options';
-import { createRankHandler, type Proceed } from './rank-handler';
+import { createPipeline, type Pipeline, type Proceed } from './pipeline';
 import type { EndpointSnapshot, Options, UpstreamOptions } from './types';
 
 /** A Connect/Express-style handler, typed on `node:http` so it fits Express 4 and 5 alike. */
@@ -35,6 +35,8 @@ export interface Routing {
   readonly metrics: RouterMetrics;
   /** The middleware: decides, then hands the request to the layer's `proceed`. */
   readonly handle: Middleware;
+  /** The request path's front, for the layer built on top (dpRouter reads retry bodies with it). */
+  readonly pipeline: Pipeline;
   readonly helpers: RoutingHelpers;
   /** Work to run on `close()`, added by the layers built on top. */
   readonly onClose: Array<() => void>;
@@ -101,5 +103,6 @@ export function createRouting(options: Options, proceed: Proceed): Routing {
       return closed;
     },
   };
-  return { config, table, metrics, handle: createRankHandler(config, table, metrics, proceed) as Middleware, helpers, onClose, onReconfigure };
+  const pipeline = createPipeline(config, table, metrics, proceed);
+  return { config, table, metrics, handle: pipeline.handle as Middleware, pipeline, helpers, onClose, onReconfigure };
 }

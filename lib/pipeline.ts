@@ -2,13 +2,11 @@ import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:
 import { hasBody, isJson, readBody as readBodyBytes } from './body';
 import type { EndpointTable, RouteEndpoint } from './endpoints';
 import { sendError } from './errors';
-import { atHeaderLimit, countHeaderLines, parseBodyRankHint, parseRankHint, type RankHintResult } from './hint';
 import { hopByHopStripper, withoutNomination } from './hop-by-hop';
-import { decodeField, fieldToken, scanFields, type JsonField } from './json-fields';
-import type { HintOutcome, RouterMetrics, UpstreamErrorKind } from './metrics';
+import type { RouterMetrics, UpstreamErrorKind } from './metrics';
 import type { Configuration } from './options';
 import type { OutlierDetector } from './outlier-detector';
-import { extractPrompt } from './prompt';
+import { createRequestInputs, NO_HINT, type BodyView, type HintVerdict, type JudgedHint } from './request-inputs';
 import { clientGone, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
 import { RankDecision, RouteState, type RouteReports, type RoutedRequest } from './route-state';
 import type { PickContext } from './types';
@@ -31,18 +29,8 @@ export type Next = (error?: unknown) => void;
 /** What follows a decision: `req.dpRank` and the rank header are set, `route` holds the endpoint. */
 export type Proceed = (req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState) => void;
 
-type JudgedHint = { outcome: HintOutcome; rank?: number; param: string };
-type HintVerdict = { outcome: 'none' } | JudgedHint;
-/** The body's bytes and the spans of the members routing reads, by name index. */
-type BodyView = { readonly bytes: Buffer; readonly fields: ReadonlyArray<JsonField[] | undefined> };
 /** Why the body is read: routing needs it (all of it, or the request is answered), or a retry may replay it. */
 type BodyPurpose = 'routing' | 'replay';
-
-const NO_HINT: HintVerdict = { outcome: 'none' };
-/** What decoding one JSON value may cost, beyond its text: measured 40 bytes (a 16 MiB body of `[],` held 213 MiB), with margin. */
-const BYTES_PER_NODE = 48;
-/** Longest token a valid rank can be written with (10 digits). */
-const MAX_RANK_TOKEN = 10;
 
 /**
  * The per-request front shared by `dpRank()` and `dpRouter()`: strips client copies of the
@@ -51,17 +39,9 @@ const MAX_RANK_TOKEN = 10;
  * faults reach `next(error)`.
  */
 export function createPipeline(config: Configuration, table: EndpointTable, metrics: RouterMetrics, proceed: Proceed) {
-  const { hintHeader, header, hintBodyField, policy, trust, onInvalid, bodyBudget, bodyTimeoutMs } = config;
+  const { hintHeader, header, policy, trust, onInvalid, bodyBudget, bodyTimeoutMs } = config;
   const reports: RouteReports = { config, metrics };
-  const readsAffinityBody = policy.usesAffinityKey === true && config.affinityBodyField !== undefined;
-  // The members routing reads, scanned for once per body; the same name asked twice shares a slot.
-  const names: string[] = [];
-  const slot = (name: string | undefined) => (name === undefined ? -1 : names.includes(name) ? names.indexOf(name) : names.push(name) - 1);
-  const HINT = slot(hintBodyField);
-  const AFFINITY = slot(readsAffinityBody ? config.affinityBodyField : undefined);
-  const PROMPT = slot(policy.usesPrompt ? 'prompt' : undefined);
-  const MESSAGES = slot(policy.usesPrompt ? 'messages' : undefined);
-  const encodedNames = names.map((name) => Buffer.from(name));
+  const inputs = createRequestInputs(config, table);
   let warnedParsedBody = false;
 
   function handle(req: RoutedRequest, res: ServerResponse, next: Next): void {
@@ -74,7 +54,7 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
       return;
     }
     const { headers } = req;
-    const headerHint = headers[hintHeader] !== undefined || (trusted && headersCut(req)) ? judgeHeader(req, trusted) : NO_HINT;
+    const headerHint = inputs.headerHint(req, trusted);
     // `delete` always takes V8's slow path, so only where there is something to remove.
     if (headers[hintHeader] !== undefined) delete headers[hintHeader];
     if (headers[header] !== undefined) delete headers[header];
@@ -82,8 +62,7 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
     // would only make http-proxy skip its `proxyReq` event, where timeouts are armed.
     if (headers.expect !== undefined) delete headers.expect;
 
-    // A body hint field is read whoever sent it: an untrusted one is counted and never forwarded.
-    const wantsBody = policy.usesPrompt === true || (readsAffinityBody && headerKey(req) === undefined) || hintBodyField !== undefined;
+    const wantsBody = inputs.wantsBody(req);
     if (req.readableEnded && hasBody(req)) {
       // A body parser ran first: the stream is spent, so its result is all there is to read
       // and to forward.
@@ -91,7 +70,7 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
         warnedParsedBody = true;
         config.logger.warn(PARSED_BODY_NOTICE);
       }
-      decide(req, res, next, route, trusted, headerHint, wantsBody ? parsedBodyView(req, route) : undefined);
+      decide(req, res, next, route, trusted, headerHint, wantsBody ? inputs.parsedBodyView(req, route.body) : undefined);
       return;
     }
     if (hasBody(req) && !req.complete) {
@@ -104,13 +83,12 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
     }
     readBody(req, res, route, 'routing', next, (bytes) => {
       if (bytes === undefined) return;
-      const scan = scanFields(bytes, encodedNames);
-      if (!scan.ok) {
-        const message = scan.repeated ? 'Request body repeats a field the router reads.' : 'Request body is not valid JSON.';
-        sendError(res, 400, 'BadRequestError', message);
+      const view = inputs.viewOf(bytes);
+      if (typeof view === 'string') {
+        sendError(res, 400, 'BadRequestError', view);
         return;
       }
-      decide(req, res, next, route, trusted, headerHint, { bytes, fields: scan.fields });
+      decide(req, res, next, route, trusted, headerHint, view);
     });
   }
 
@@ -179,8 +157,8 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
 
   function decide(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, trusted: boolean, headerHint: HintVerdict, body: BodyView | undefined): void {
     if (res.destroyed) return;
-    if (HINT !== -1) route.hintFields = body?.fields[HINT];
-    const verdict = headerHint === NO_HINT ? judgeBodyField(body, trusted) : headerHint;
+    route.hintFields = inputs.hintFields(body);
+    const verdict = headerHint === NO_HINT ? inputs.bodyHint(body, trusted) : headerHint;
     if (verdict.outcome !== 'none') metrics.hint(verdict.outcome);
     if (verdict.outcome === 'accepted') {
       // Judged available: the rank has a healthy replica.
@@ -197,8 +175,8 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
       sendError(res, 503, 'ServiceUnavailableError', 'No healthy data-parallel endpoint is available.');
       return;
     }
-    const affinityKey = policy.usesAffinityKey ? affinityKeyOf(req, body, route) : undefined;
-    const prompt = policy.usesPrompt && body !== undefined ? promptOf(body, route) : undefined;
+    const affinityKey = policy.usesAffinityKey ? inputs.affinityKey(req, body, route.lease) : undefined;
+    const prompt = policy.usesPrompt && body !== undefined ? inputs.prompt(body, route.lease) : undefined;
     const context: PickContext = { path: req.originalUrl ?? req.url ?? '/', affinityKey, prompt };
     route.context = context;
     let chosen: RouteEndpoint;
@@ -225,100 +203,6 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
     } else {
       sendError(res, 503, 'ServiceUnavailableError', `Data-parallel rank ${verdict.rank} has no healthy endpoint.`, name);
     }
-  }
-
-  // What the steps above read from a request: hints, the session key, the prompt.
-
-  function judgeHeader(req: IncomingMessage, trusted: boolean): HintVerdict {
-    if (!trusted) return { outcome: 'untrusted', param: hintHeader };
-    if (headersCut(req) || countHeaderLines(req.rawHeaders, hintHeader) !== 1) return { outcome: 'malformed', param: hintHeader };
-    return judgeRank(parseRankHint(req.headers[hintHeader]), hintHeader);
-  }
-
-  function judgeBodyField(view: BodyView | undefined, trusted: boolean): HintVerdict {
-    const found = HINT === -1 || view === undefined ? undefined : view.fields[HINT];
-    if (found === undefined) return NO_HINT;
-    if (!trusted) return { outcome: 'untrusted', param: hintBodyField! };
-    // Two copies may be read differently by two decoders, as two header lines may.
-    if (found.length !== 1 || found[0].end - found[0].start > MAX_RANK_TOKEN) return { outcome: 'malformed', param: hintBodyField! };
-    return judgeRank(parseBodyRankHint(fieldToken(view!.bytes, found[0])), hintBodyField!);
-  }
-
-  function judgeRank(parsed: RankHintResult, param: string): HintVerdict {
-    if (!parsed.ok) return { outcome: 'malformed', param };
-    if (!table.isRoutable(parsed.rank)) return { outcome: 'out_of_range', rank: parsed.rank, param };
-    if (table.healthyOfRank(parsed.rank).length === 0) return { outcome: 'unavailable', rank: parsed.rank, param };
-    return { outcome: 'accepted', rank: parsed.rank, param };
-  }
-
-  /** The session key from the affinity header, when it carries one. */
-  function headerKey(req: IncomingMessage): string | undefined {
-    if (config.affinityHeader === undefined) return undefined;
-    const value = req.headers[config.affinityHeader];
-    if (typeof value === 'string' && value.length > 0) return value;
-    if (Array.isArray(value) && value.length > 0) return value[0];
-    return undefined;
-  }
-
-  /** The session key; one from the body counts against the budget while kept, or is not used. */
-  function affinityKeyOf(req: IncomingMessage, body: BodyView | undefined, route: RouteState): string | undefined {
-    const fromHeader = headerKey(req);
-    if (fromHeader !== undefined) return fromHeader;
-    const found = AFFINITY === -1 || body === undefined ? undefined : body.fields[AFFINITY];
-    if (found === undefined) return undefined;
-    // Only a string or a number can be a key: anything else is not decoded at all.
-    const field = found[found.length - 1];
-    const first = body!.bytes[field.start];
-    if (first !== 0x22 && first !== 0x2d && (first < 0x30 || first > 0x39)) return undefined;
-    if (route.lease !== undefined && !route.lease.grow(2 * (field.end - field.start))) return undefined;
-    const value = decodeField(body!.bytes, field);
-    if ((typeof value === 'string' && value.length > 0) || typeof value === 'number') return String(value);
-    return undefined;
-  }
-
-  /**
-   * The prompt text from the `prompt` or `messages` member alone. Decoding is bounded by the
-   * body budget: when what it may cost (or the text kept for a retry's pick, until the response
-   * ends) does not fit, the request is routed as one without a prompt rather than refused, since
-   * its body is already held within the budget. The decoded values are dropped once the text is made.
-   */
-  function promptOf(body: BodyView, route: RouteState): string | undefined {
-    const prompt = body.fields[PROMPT];
-    const messages = body.fields[MESSAGES];
-    if (prompt === undefined && messages === undefined) return undefined;
-    let cost = 0;
-    for (const found of [prompt, messages]) {
-      if (found === undefined) continue;
-      const field = found[found.length - 1];
-      cost += field.nodes * BYTES_PER_NODE + 2 * (field.end - field.start);
-    }
-    const lease = route.lease;
-    if (lease !== undefined && !lease.grow(cost)) return undefined;
-    let text: string | undefined;
-    try {
-      const members: Record<string, unknown> = {};
-      if (prompt !== undefined) members.prompt = decodeField(body.bytes, prompt[prompt.length - 1]);
-      if (messages !== undefined) members.messages = decodeField(body.bytes, messages[messages.length - 1]);
-      text = extractPrompt(members);
-    } finally {
-      lease?.shrink(cost);
-    }
-    if (text !== undefined && lease !== undefined && !lease.grow(2 * text.length)) return undefined;
-    return text;
-  }
-
-  /** The members routing reads from a body a parser already decoded, found in its re-encoding. */
-  function parsedBodyView(req: RoutedRequest, route: RouteState): BodyView | undefined {
-    const bytes = route.body;
-    if (bytes === undefined || typeof req.body !== 'object' || req.body === null || Buffer.isBuffer(req.body)) return undefined;
-    const scan = scanFields(bytes, encodedNames);
-    return scan.ok ? { bytes, fields: scan.fields } : undefined;
-  }
-
-  /** Whether Node may have dropped header lines (`server.maxHeadersCount`): a hint line could be among them. */
-  function headersCut(req: IncomingMessage): boolean {
-    const server = (req.socket as { server?: { maxHeadersCount?: number | null } } | null)?.server;
-    return atHeaderLimit(req.rawHeaders.length / 2, server?.maxHeadersCount);
   }
 
   return {
@@ -454,11 +338,7 @@ export function createForwarding(parts: ForwardingParts): { forward: Proceed; ou
     // Not after a first-byte timeout: the engine may still be working on it, and the client
     // has already waited the whole deadline.
     if (failure !== 'first_byte_timeout' && retry(req, res, route, endpoint)) return;
-    const rank = rankOf(req);
-    if (failure === 'connect_timeout') sendError(res, 504, 'GatewayTimeoutError', `The upstream${rank} did not accept the connection in time.`);
-    else if (failure === 'timeout' || failure === 'first_byte_timeout') sendError(res, 504, 'GatewayTimeoutError', `The upstream${rank} did not answer in time.`);
-    else if (failure === 'refused') sendError(res, 502, 'BadGatewayError', `The upstream${rank} refused the connection.`);
-    else sendError(res, 502, 'BadGatewayError', `The upstream${rank} closed the connection.`);
+    answerFailure(req, res, failure);
   }
 
   /**
@@ -627,6 +507,15 @@ const ERROR_KIND: Readonly<Record<TryFailure, Exclude<UpstreamErrorKind, 'status
   first_byte_timeout: 'timeout',
   reset: 'reset',
 };
+
+/** The gateway's own answer to a try that failed and was not retried: 504 for a timeout, 502 otherwise. */
+function answerFailure(req: IncomingMessage, res: ServerResponse, failure: TryFailure): void {
+  const rank = rankOf(req);
+  if (failure === 'connect_timeout') sendError(res, 504, 'GatewayTimeoutError', `The upstream${rank} did not accept the connection in time.`);
+  else if (failure === 'timeout' || failure === 'first_byte_timeout') sendError(res, 504, 'GatewayTimeoutError', `The upstream${rank} did not answer in time.`);
+  else if (failure === 'refused') sendError(res, 502, 'BadGatewayError', `The upstream${rank} refused the connection.`);
+  else sendError(res, 502, 'BadGatewayError', `The upstream${rank} closed the connection.`);
+}
 
 /** Kept on a replaced error answer: it says where the request went. */
 const DECISION_HEADER = 'x-dp-router-decision';

@@ -62,13 +62,21 @@ export class RouteEndpoint implements Endpoint {
   readonly headerValue: string | undefined;
   /** The `X-DP-Router-Decision` value per source. */
   readonly receipts: Readonly<Record<DecisionSource, string>>;
+  /** Moved only by the request's `RouteState` (assign, moveTo, and its response's close). */
   inflight = 0;
-  /** Engine-reported load, added to `inflight` where load feedback is on. */
+  /**
+   * Engine-reported load, added to `inflight` where load feedback is on; written by engine-watch
+   * alone. Kept here rather than in engine-watch because every pick reads `load` per candidate.
+   */
   externalLoad = 0;
+  /** In rotation: derived by the table from the probe verdict and both circuits ({@link EndpointTable.updateHealth}). */
   healthy = true;
-  /** Outlier detection of this rank's own answers (5xx, timeouts). */
+  /**
+   * Outlier detection of this rank's own answers (5xx, timeouts); its state moves only in the
+   * outlier detector, which reads it on every send and answer.
+   */
   readonly circuit = new Circuit();
-  /** Whether the upstream passes its active health check (always, when checks are off). */
+  /** Whether the upstream passes its active health check (always, when checks are off); written by the health checker alone. */
   probeUp = true;
 
   /** `server` is shared by every endpoint reached through the same URL (see {@link EndpointTable}). */

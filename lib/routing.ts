@@ -4,7 +4,7 @@ import { watchEngines, watchedUpstreams } from './engine-watch';
 import { EndpointTable, type RouteEndpoint } from './endpoints';
 import { createMetrics, NO_METRICS, type RouterMetrics } from './metrics';
 import { parseOptions, type Configuration, type DpRankOptions, type DpRouterOptions, type Mode, type UpstreamConfig } from './options';
-import { createRankHandler, type Proceed } from './rank-handler';
+import { createPipeline, type Pipeline, type Proceed } from './pipeline';
 import type { EndpointSnapshot } from './types';
 import { parseUpstreams, type UpstreamOptions } from './upstream-options';
 
@@ -36,6 +36,8 @@ export interface Routing {
   readonly metrics: RouterMetrics;
   /** The middleware: decides, then hands the request to the layer's `proceed`. */
   readonly handle: Middleware;
+  /** The request path's front, for the layer built on top (dpRouter reads retry bodies with it). */
+  readonly pipeline: Pipeline;
   readonly helpers: RoutingHelpers;
   /** Work to run on `close()`, added by the layers built on top. */
   readonly onClose: Array<() => void>;
@@ -102,5 +104,6 @@ export function createRouting(options: DpRankOptions | DpRouterOptions, proceed:
       return closed;
     },
   };
-  return { config, table, metrics, handle: createRankHandler(config, table, metrics, proceed) as Middleware, helpers, onClose, onReconfigure };
+  const pipeline = createPipeline(config, table, metrics, proceed);
+  return { config, table, metrics, handle: pipeline.handle as Middleware, pipeline, helpers, onClose, onReconfigure };
 }

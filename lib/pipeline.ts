@@ -83,7 +83,7 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
     }
     readBody(req, res, route, 'routing', next, (bytes) => {
       if (bytes === undefined) return;
-      const view = inputs.viewOf(bytes);
+      const view = inputs.viewOf(bytes, route.lease);
       if (typeof view === 'string') {
         sendError(res, 400, 'BadRequestError', view);
         return;

@@ -10,12 +10,29 @@ import { extractPrompt } from './prompt';
 /** A hint that was there: what became of it, its rank when it parsed, and the header or field it came in. */
 export type JudgedHint = { outcome: HintOutcome; rank?: number; param: string };
 export type HintVerdict = { outcome: 'none' } | JudgedHint;
-/** The body's bytes and the spans of the members routing reads, by name index. */
-export type BodyView = { readonly bytes: Buffer; readonly fields: ReadonlyArray<JsonField[] | undefined> };
+/**
+ * The body's bytes and the members routing reads: either decoded whole (`members`, a small body
+ * without a hint field) or found by the scanner (`fields`: spans by name index, decoded alone).
+ */
+export type BodyView = {
+  readonly bytes: Buffer;
+  readonly fields: ReadonlyArray<JsonField[] | undefined>;
+  readonly members: Readonly<Record<string, unknown>> | undefined;
+};
 
 export const NO_HINT: HintVerdict = { outcome: 'none' };
 /** What decoding one JSON value may cost, beyond its text: measured 40 bytes (a 16 MiB body of `[],` held 213 MiB), with margin. */
 const BYTES_PER_NODE = 48;
+/**
+ * Bodies up to this size are decoded whole by `JSON.parse`: it runs at about half the scanner's
+ * cost per byte, and the scanner's path decodes the prompt's bytes a second time. The tree lives
+ * only until the decision, within one turn of the event loop; larger bodies are scanned, so a
+ * hostile shape (`[],[],…` parses to 13× its size) never costs many times a large body.
+ */
+const WHOLE_PARSE_MAX_BYTES = 1024 * 1024;
+/** What `JSON.parse` may hold per byte of body while it runs: 13 measured for `[],[],…`, with margin. */
+const WHOLE_PARSE_BYTES_PER_BYTE = 16;
+const NO_FIELDS: ReadonlyArray<JsonField[] | undefined> = [];
 /** Longest token a valid rank can be written with (10 digits). */
 const MAX_RANK_TOKEN = 10;
 
@@ -53,17 +70,32 @@ export function createRequestInputs(config: Configuration, table: EndpointTable)
   }
 
   /** The members routing reads, found in a JSON body; a message for the 400 when it is not valid JSON or repeats one. */
-  function viewOf(bytes: Buffer): BodyView | string {
+  function viewOf(bytes: Buffer, lease: BodyLease | undefined): BodyView | string {
+    // A hint field's literal and place are needed as written: only the scanner keeps them.
+    if (HINT === -1 && bytes.length <= WHOLE_PARSE_MAX_BYTES) {
+      const cost = bytes.length * WHOLE_PARSE_BYTES_PER_BYTE;
+      if (lease === undefined || lease.grow(cost)) {
+        try {
+          return { bytes, fields: NO_FIELDS, members: membersOf(JSON.parse(bytes.toString('utf8'))) };
+        } catch {
+          return 'Request body is not valid JSON.';
+        } finally {
+          lease?.shrink(cost);
+        }
+      }
+    }
     const scan = scanFields(bytes, encodedNames);
-    if (scan.ok) return { bytes, fields: scan.fields };
+    if (scan.ok) return { bytes, fields: scan.fields, members: undefined };
     return scan.repeated ? 'Request body repeats a field the router reads.' : 'Request body is not valid JSON.';
   }
 
   /** The members routing reads from a body a parser already decoded, found in its re-encoding `bytes`. */
   function parsedBodyView(req: IncomingMessage & { body?: unknown }, bytes: Buffer | undefined): BodyView | undefined {
     if (bytes === undefined || typeof req.body !== 'object' || req.body === null || Buffer.isBuffer(req.body)) return undefined;
+    // Decoded already: only a hint field, to be rewritten in the bytes forwarded, needs the scan.
+    if (HINT === -1) return { bytes, fields: NO_FIELDS, members: membersOf(req.body) };
     const scan = scanFields(bytes, encodedNames);
-    return scan.ok ? { bytes, fields: scan.fields } : undefined;
+    return scan.ok ? { bytes, fields: scan.fields, members: undefined } : undefined;
   }
 
   /** Where the body carries the hint field (`hints.bodyField`), to be rewritten to the rank it is sent to. */
@@ -100,6 +132,10 @@ export function createRequestInputs(config: Configuration, table: EndpointTable)
   function affinityKey(req: IncomingMessage, body: BodyView | undefined, lease: BodyLease | undefined): string | undefined {
     const fromHeader = headerKey(req);
     if (fromHeader !== undefined) return fromHeader;
+    if (body?.members !== undefined) {
+      const key = keyOf(body.members[config.affinityBodyField!]);
+      return key !== undefined && lease !== undefined && !lease.grow(2 * key.length) ? undefined : key;
+    }
     const found = AFFINITY === -1 || body === undefined ? undefined : body.fields[AFFINITY];
     if (found === undefined) return undefined;
     // Only a string or a number can be a key: anything else is not decoded at all.
@@ -107,9 +143,7 @@ export function createRequestInputs(config: Configuration, table: EndpointTable)
     const first = body!.bytes[field.start];
     if (first !== 0x22 && first !== 0x2d && (first < 0x30 || first > 0x39)) return undefined;
     if (lease !== undefined && !lease.grow(2 * (field.end - field.start))) return undefined;
-    const value = decodeField(body!.bytes, field);
-    if ((typeof value === 'string' && value.length > 0) || typeof value === 'number') return String(value);
-    return undefined;
+    return keyOf(decodeField(body!.bytes, field));
   }
 
   /**
@@ -119,6 +153,7 @@ export function createRequestInputs(config: Configuration, table: EndpointTable)
    * its body is already held within the budget. The decoded values are dropped once the text is made.
    */
   function prompt(body: BodyView, lease: BodyLease | undefined): string | undefined {
+    if (body.members !== undefined) return kept(extractPrompt(body.members), lease);
     const prompt = body.fields[PROMPT];
     const messages = body.fields[MESSAGES];
     if (prompt === undefined && messages === undefined) return undefined;
@@ -138,6 +173,11 @@ export function createRequestInputs(config: Configuration, table: EndpointTable)
     } finally {
       lease?.shrink(cost);
     }
+    return kept(text, lease);
+  }
+
+  /** The prompt text, kept for a retry's pick until the response ends, when the budget holds it. */
+  function kept(text: string | undefined, lease: BodyLease | undefined): string | undefined {
     if (text !== undefined && lease !== undefined && !lease.grow(2 * text.length)) return undefined;
     return text;
   }
@@ -149,4 +189,14 @@ export function createRequestInputs(config: Configuration, table: EndpointTable)
   }
 
   return { wantsBody, headerHint, viewOf, parsedBodyView, hintFields, bodyHint, affinityKey, prompt };
+}
+
+/** A decoded body's members: a top-level value that is not an object has none. */
+function membersOf(body: unknown): Readonly<Record<string, unknown>> {
+  return typeof body === 'object' && body !== null && !Array.isArray(body) ? (body as Record<string, unknown>) : {};
+}
+
+/** Only a non-empty string or a number can be a session key. */
+function keyOf(value: unknown): string | undefined {
+  return (typeof value === 'string' && value.length > 0) || typeof value === 'number' ? String(value) : undefined;
 }

@@ -102,6 +102,11 @@ export interface ExactRouting {
    * exact index or the prompt cannot be tokenized (then the pick is approximate throughout).
    */
   lookup(kind: PromptKind, body: Record<string, unknown>, candidates: readonly Endpoint[]): ExactPick | undefined;
+  /**
+   * {@link lookup} for a request as the router holds it: the path the client sent (the kind
+   * is read from it; other endpoints are not looked up) and the JSON body's bytes.
+   */
+  lookupRequest(path: string, body: Buffer, candidates: readonly Endpoint[]): ExactPick | undefined;
   /** Whether `upstream`'s `rank` is scored on the exact index now. */
   serves(upstream: string, rank: number): boolean;
   /** Follows a change of upstreams: streams of removed or changed upstreams stop, new ones start. */
@@ -224,47 +229,63 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
     }
   }
 
+  function lookup(kind: PromptKind, body: Record<string, unknown>, candidates: readonly Endpoint[]): ExactPick | undefined {
+    let any = false;
+    for (const candidate of candidates) {
+      const stream = streams.get(candidate.upstream);
+      if (stream !== undefined && serving(stream, candidate.rank)) {
+        any = true;
+        break;
+      }
+    }
+    if (!any) return undefined;
+    const outcome = tokenizer.tokenize(kind, body);
+    if (!('prompts' in outcome)) return undefined;
+    const tokens = outcome.prompts[0];
+    const matched = new Int32Array(candidates.length).fill(-1);
+    let promptBlocks = 0;
+    // One lookup per upstream, shared by its candidates.
+    const found = new Map<UpstreamStream, Int32Array>();
+    for (let at = 0; at < candidates.length; at++) {
+      const candidate = candidates[at];
+      const stream = streams.get(candidate.upstream);
+      if (stream === undefined || !serving(stream, candidate.rank)) continue;
+      let blocks = found.get(stream);
+      if (blocks === undefined) {
+        const match = stream.index.match(tokens, { now: now() });
+        if (match.promptBlocks === 0) continue;
+        blocks = match.matchedBlocks;
+        // Upstreams with another block size are counted in the first one's blocks.
+        if (promptBlocks === 0) promptBlocks = match.promptBlocks;
+        else if (match.promptBlocks !== promptBlocks) blocks = blocks.map((held) => Math.floor((held * promptBlocks) / match.promptBlocks));
+        found.set(stream, blocks);
+      }
+      matched[at] = blocks[stream.index.ranks.indexOf(candidate.rank)];
+    }
+    if (promptBlocks === 0) return undefined;
+    return new ExactPick(promptBlocks, matched, (at) => {
+      const chosen = candidates[at];
+      const stream = streams.get(chosen.upstream)!;
+      const time = now();
+      stream.index.speculate(chosen.rank, tokens, time + speculativeMs);
+      if (matched[at] < promptBlocks && !stream.awaiting.has(chosen.rank)) stream.awaiting.set(chosen.rank, time);
+      stream.agreement.offer(kind, body, tokens);
+    });
+  }
+
   return {
-    lookup(kind, body, candidates) {
-      let any = false;
-      for (const candidate of candidates) {
-        const stream = streams.get(candidate.upstream);
-        if (stream !== undefined && serving(stream, candidate.rank)) {
-          any = true;
-          break;
-        }
+    lookup,
+    lookupRequest(path, bytes, candidates) {
+      const kind = promptKindOf(path);
+      if (kind === undefined) return undefined;
+      let body: unknown;
+      try {
+        body = JSON.parse(bytes.toString('utf8'));
+      } catch {
+        return undefined;
       }
-      if (!any) return undefined;
-      const outcome = tokenizer.tokenize(kind, body);
-      if (!('prompts' in outcome)) return undefined;
-      const tokens = outcome.prompts[0];
-      const matched = new Int32Array(candidates.length).fill(-1);
-      let promptBlocks = 0;
-      // One lookup per upstream, shared by its candidates.
-      const found = new Map<UpstreamStream, Int32Array>();
-      for (let at = 0; at < candidates.length; at++) {
-        const candidate = candidates[at];
-        const stream = streams.get(candidate.upstream);
-        if (stream === undefined || !serving(stream, candidate.rank)) continue;
-        let blocks = found.get(stream);
-        if (blocks === undefined) {
-          const match = stream.index.match(tokens, { now: now() });
-          if (match.promptBlocks === 0) continue;
-          promptBlocks = match.promptBlocks;
-          blocks = match.matchedBlocks;
-          found.set(stream, blocks);
-        }
-        matched[at] = blocks[stream.index.ranks.indexOf(candidate.rank)];
-      }
-      if (promptBlocks === 0) return undefined;
-      return new ExactPick(promptBlocks, matched, (at) => {
-        const chosen = candidates[at];
-        const stream = streams.get(chosen.upstream)!;
-        const time = now();
-        stream.index.speculate(chosen.rank, tokens, time + speculativeMs);
-        if (matched[at] < promptBlocks && !stream.awaiting.has(chosen.rank)) stream.awaiting.set(chosen.rank, time);
-        stream.agreement.offer(kind, body, tokens);
-      });
+      if (typeof body !== 'object' || body === null || Array.isArray(body)) return undefined;
+      return lookup(kind, body as Record<string, unknown>, candidates);
     },
     serves(upstream, rank) {
       const stream = streams.get(upstream);
@@ -280,6 +301,15 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
       await Promise.all(stopping);
     },
   };
+}
+
+/** The prompt kind of an OpenAI endpoint's path (mount path and query allowed), or `undefined` for one whose prompt is not tokenized. */
+export function promptKindOf(path: string): PromptKind | undefined {
+  const query = path.indexOf('?');
+  const bare = query === -1 ? path : path.slice(0, query);
+  if (bare.endsWith('/v1/chat/completions')) return 'chat';
+  if (bare.endsWith('/v1/completions')) return 'completions';
+  return undefined;
 }
 
 /** What identifies an upstream's subscription: a change restarts it. */

@@ -27,10 +27,20 @@ export interface RunningGateway {
  * its routing decision.
  */
 export async function startExampleGateway(settings: GatewaySettings, logger?: PinoLogger): Promise<RunningGateway> {
-  const mock = settings.upstreams.length === 0 ? await startMockVllm({ dataParallelSize: settings.dpSize, decodeMsPerToken: settings.mockDecodeMs }) : undefined;
+  // The embedded mock publishes KV events, so that prefix-aware routes on them with no flag.
+  const mock = settings.upstreams.length === 0 ? await startMockVllm({ dataParallelSize: settings.dpSize, decodeMsPerToken: settings.mockDecodeMs, kvEvents: {} }) : undefined;
+  const mockEvents = mock?.kvEvents;
   const upstreams: UpstreamOptions[] = mock
-    ? [{ url: mock.url, name: 'mock-vllm', dataParallelSize: settings.dpSize }]
+    ? [
+        {
+          url: mock.url,
+          name: 'mock-vllm',
+          dataParallelSize: settings.dpSize,
+          kvEvents: { endpoint: mockEvents!.endpoints, replayEndpoint: mockEvents!.replayEndpoints, topic: mockEvents!.topic },
+        },
+      ]
     : settings.upstreams;
+  const tokenizer = settings.tokenizer ?? mockEvents?.tokenizer;
   const registry = new Registry();
   const router = dpRouter({
     upstreams,
@@ -40,6 +50,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
     healthCheck: settings.healthCheckMs > 0 ? { intervalMs: settings.healthCheckMs } : false,
     loadFeedback: settings.loadFeedbackMs > 0 ? { intervalMs: settings.loadFeedbackMs, weight: settings.loadFeedbackWeight } : false,
     metrics: { registry },
+    ...(tokenizer !== undefined && { prefixAware: { tokenizer } }),
     ...(logger ? { logger } : {}),
   });
 
@@ -96,7 +107,8 @@ function describe(url: string, upstreams: readonly UpstreamOptions[], settings: 
     .map((upstream) => `${mock ? `embedded mock vLLM ${upstream.url}` : upstream.url} ranks ${rankList(upstream)} (${upstream.rankHeader ?? 'global'} header)`)
     .join(', ');
   const hints = settings.trustHints ? `hints trusted, invalid → ${settings.onInvalid}` : 'hints untrusted';
-  return `express-dp-router listening on ${url} → ${targets}; policy ${settings.policy}; ${hints}; metrics at ${url}/metrics`;
+  const exact = settings.policy === 'prefix-aware' && (mock !== undefined || upstreams.some((upstream) => upstream.kvEvents !== undefined)) ? ' (exact, on KV events)' : '';
+  return `express-dp-router listening on ${url} → ${targets}; policy ${settings.policy}${exact}; ${hints}; metrics at ${url}/metrics`;
 }
 
 function rankList(upstream: UpstreamOptions): string {

@@ -18,6 +18,9 @@ import { BodyBudget } from './body-budget';
 import { POLICY_NAMES, policyByName, type PolicySettings } from './policies/by-name';
 import { parseLogger, type RouterLogger } from './logger';
 import { createTracing, type Tracing } from './tracing';
+import type { KvEventsSource } from './kv-events/exact-routing';
+import { parseKvEvents, parseTokenizer } from './kv-events/options';
+import type { PromptTokenizer } from './kv-events/tokenizer';
 import type { Options, Policy, PolicyName, RankHeaderMode } from './types';
 
 /** One upstream, resolved. */
@@ -31,6 +34,8 @@ export interface UpstreamConfig {
   readonly rankHeader: RankHeaderMode;
   /** How often the ranks are learned from the upstream's `/metrics`; `undefined` when not. */
   readonly discoverIntervalMs: number | undefined;
+  /** Where its engines publish KV events; `undefined` when not given. */
+  readonly kvEvents?: KvEventsSource;
 }
 
 /** The options, validated and resolved once at creation. */
@@ -70,6 +75,8 @@ export interface Configuration {
   readonly logger: RouterLogger;
   /** OpenTelemetry reports, live when `@opentelemetry/api` is installed. */
   readonly tracing: Tracing;
+  /** The model's tokenizer for exact prefix routing (`prefixAware.tokenizer`), for the built-in prefix-aware policy only. */
+  readonly tokenizer: PromptTokenizer | undefined;
 }
 
 /** `loadFeedback`, resolved. */
@@ -116,7 +123,7 @@ const TOP_LEVEL_KEYS = [
   'loadFeedback',
   'logger',
 ] as const;
-const UPSTREAM_KEYS = ['url', 'name', 'dataParallelSize', 'startRank', 'ranks', 'rankHeader', 'discover'] as const;
+const UPSTREAM_KEYS = ['url', 'name', 'dataParallelSize', 'startRank', 'ranks', 'rankHeader', 'discover', 'kvEvents'] as const;
 const RANK_HEADER_MODES: readonly RankHeaderMode[] = ['global', 'local', 'none'];
 /** Node's setTimeout ceiling; larger delays fire at once. */
 const MAX_TIMER_MS = 2 ** 31 - 1;
@@ -144,7 +151,8 @@ export function parseOptions(options: Options): Configuration {
   };
   // In this order, so that the first wrong option is reported first.
   const upstreams = parseUpstreams(options.upstreams);
-  const policy = parsePolicy(options.policy, { sessionAffinity, prefixAware: parsePrefixAware(options.prefixAware) });
+  const { tokenizer, ...prefixAware } = parsePrefixAware(options.prefixAware);
+  const policy = parsePolicy(options.policy, { sessionAffinity, prefixAware });
   return {
     upstreams,
     policy,
@@ -169,6 +177,7 @@ export function parseOptions(options: Options): Configuration {
     loadFeedback: parseLoadFeedback(options.loadFeedback),
     logger: parseLogger(options.logger),
     tracing: createTracing(policy.name),
+    tokenizer: options.policy === 'prefix-aware' ? parseTokenizer('prefixAware.tokenizer', tokenizer) : undefined,
   };
 }
 
@@ -275,14 +284,16 @@ function parseUpstream(path: string, value: unknown): UpstreamConfig {
   }
   const dataParallelSize = integerOption(`${path}.dataParallelSize`, value.dataParallelSize, 1, 1, 65_536);
   const startRank = integerOption(`${path}.startRank`, value.startRank, 0, 0, MAX_RANK - dataParallelSize + 1);
+  const ranks = parseRanks(`${path}.ranks`, value.ranks, startRank, dataParallelSize);
   return {
     name,
     url: url.href.replace(/\/$/, ''),
     startRank,
     dataParallelSize,
-    ranks: parseRanks(`${path}.ranks`, value.ranks, startRank, dataParallelSize),
+    ranks,
     rankHeader: oneOf(`${path}.rankHeader`, value.rankHeader, RANK_HEADER_MODES, 'global'),
     discoverIntervalMs: parseDiscover(`${path}.discover`, value.discover),
+    kvEvents: parseKvEvents(`${path}.kvEvents`, value.kvEvents, ranks),
   };
 }
 
@@ -354,6 +365,6 @@ function parseMetrics(value: unknown): Configuration['metrics'] {
 /** The policy validates the values; unknown names are caught here, with the option path. */
 function parsePrefixAware(value: unknown): Record<string, unknown> {
   const settings = optionalObject('prefixAware', value);
-  rejectUnknownKeys('prefixAware', settings, ['blockChars', 'maxBlocksPerEndpoint', 'maxBlocksPerRequest', 'contentBalance']);
+  rejectUnknownKeys('prefixAware', settings, ['blockChars', 'maxBlocksPerEndpoint', 'maxBlocksPerRequest', 'contentBalance', 'tokenizer']);
   return settings;
 }

@@ -5,7 +5,9 @@ import { sendError } from './errors';
 import { atHeaderLimit, countHeaderLines, parseBodyRankHint, parseRankHint, type RankHintResult } from './hint';
 import { decodeField, fieldToken, scanFields, type JsonField } from './json-fields';
 import type { HintOutcome, RouterMetrics } from './metrics';
+import type { ExactRouting, IndexSource } from './kv-events/exact-routing';
 import type { Configuration } from './options';
+import type { PrefixPickContext } from './policies/prefix-aware';
 import { extractPrompt } from './prompt';
 import { SETTLED } from './proxy';
 import { RankDecision, RouteState, type RoutedRequest } from './route-state';
@@ -24,6 +26,8 @@ type BodyView = { readonly bytes: Buffer; readonly fields: ReadonlyArray<JsonFie
 const NO_HINT: HintVerdict = { outcome: 'none' };
 /** What decoding one JSON value may cost, beyond its text: measured 40 bytes (a 16 MiB body of `[],` held 213 MiB), with margin. */
 const BYTES_PER_NODE = 48;
+/** What decoding a whole body for the tokenizer may cost, per body byte: its text twice (UTF-16) and the values, with margin. */
+const BODY_DECODE_FACTOR = 4;
 /** Longest token a valid rank can be written with (10 digits). */
 const MAX_RANK_TOKEN = 10;
 
@@ -32,7 +36,7 @@ const MAX_RANK_TOKEN = 10;
  * rank header, judges any hint, assigns a rank, and holds the in-flight slot until the
  * response closes. Client mistakes are answered here; only the code's own faults reach `next(error)`.
  */
-export function createRankHandler(config: Configuration, table: EndpointTable, metrics: RouterMetrics, proceed: Proceed) {
+export function createRankHandler(config: Configuration, table: EndpointTable, metrics: RouterMetrics, proceed: Proceed, exact?: ExactRouting) {
   const { hintHeader, header, hintBodyField, policy, trust, onInvalid, bodyBudget, bodyTimeoutMs } = config;
   const readsAffinityBody = policy.usesAffinityKey === true && config.affinityBodyField !== undefined;
   // The members routing reads, scanned for once per body; the same name asked twice shares a slot.
@@ -44,6 +48,8 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
   const MESSAGES = slot(policy.usesPrompt ? 'messages' : undefined);
   const encodedNames = names.map((name) => Buffer.from(name));
   let warnedParsedBody = false;
+  // The decision header names the index that scored the rank (docs/exact-prefix-routing.md).
+  const namesIndex = config.exposeDecision && policy.name === 'prefix-aware';
 
   function handle(req: RoutedRequest, res: ServerResponse, next: Next): void {
     const route = new RouteState();
@@ -172,10 +178,12 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     const affinityKey = policy.usesAffinityKey ? affinityKeyOf(req, body, route) : undefined;
     const prompt = policy.usesPrompt && body !== undefined ? promptOf(body, route) : undefined;
     const context: PickContext = { path: req.originalUrl ?? req.url ?? '/', affinityKey, prompt };
+    // A retry picks again among other candidates, without the exact view of these.
     route.context = context;
+    const pickContext = exact !== undefined && prompt !== undefined ? withExact(context, body!, route, candidates) : context;
     let chosen: RouteEndpoint;
     try {
-      chosen = policy.pick(candidates, context) as RouteEndpoint;
+      chosen = policy.pick(candidates, pickContext) as RouteEndpoint;
     } catch (error) {
       next(error);
       return;
@@ -184,7 +192,24 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
       next(new TypeError(`express-dp-router: policy '${policy.name}' returned an endpoint that was not among the candidates.`));
       return;
     }
-    dispatch(req, res, next, route, chosen, 'assigned', verdict.outcome === 'none' ? undefined : verdict.outcome);
+    const index = namesIndex ? ((pickContext as PrefixPickContext).exact?.source ?? 'approximate') : undefined;
+    dispatch(req, res, next, route, chosen, 'assigned', verdict.outcome === 'none' ? undefined : verdict.outcome, index);
+  }
+
+  /**
+   * The pick context with the exact index's view of the candidates, from the whole body
+   * (a chat's template fields count), decoded within the body budget and dropped after.
+   */
+  function withExact(context: PickContext, body: BodyView, route: RouteState, candidates: readonly RouteEndpoint[]): PrefixPickContext {
+    const cost = BODY_DECODE_FACTOR * body.bytes.length;
+    const lease = route.lease;
+    if (lease !== undefined && !lease.grow(cost)) return context;
+    try {
+      const found = exact!.lookupRequest(context.path, body.bytes, candidates);
+      return found === undefined ? context : { ...context, exact: found };
+    } finally {
+      lease?.shrink(cost);
+    }
   }
 
   function reject(res: ServerResponse, verdict: JudgedHint): void {
@@ -268,14 +293,23 @@ export function createRankHandler(config: Configuration, table: EndpointTable, m
     return atHeaderLimit(req.rawHeaders.length / 2, server?.maxHeadersCount);
   }
 
-  function dispatch(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, endpoint: RouteEndpoint, source: DecisionSource, hintOutcome: HintOutcome | undefined): void {
+  function dispatch(
+    req: RoutedRequest,
+    res: ServerResponse,
+    next: Next,
+    route: RouteState,
+    endpoint: RouteEndpoint,
+    source: DecisionSource,
+    hintOutcome: HintOutcome | undefined,
+    index?: IndexSource,
+  ): void {
     endpoint.inflight++;
     metrics.dispatched(endpoint, source);
     if (endpoint.headerValue !== undefined) req.headers[header] = endpoint.headerValue;
     route.endpoint = endpoint;
     route.carryRank(req, endpoint);
     req.dpRank = new RankDecision(endpoint, source, route);
-    if (config.exposeDecision) res.setHeader('x-dp-router-decision', endpoint.receipts[source]);
+    if (config.exposeDecision) res.setHeader('x-dp-router-decision', index === undefined ? endpoint.receipts[source] : `${endpoint.receipts[source]}; index=${index}`);
     route.started = performance.now();
     // One listener per request does all the work its end needs. It holds the state itself:
     // what a later middleware does to `req.dpRank` cannot make a slot leak.

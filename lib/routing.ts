@@ -2,6 +2,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { Registry } from 'prom-client';
 import { watchEngines, watchedUpstreams } from './engine-watch';
 import { EndpointTable, type RouteEndpoint } from './endpoints';
+import { createExactRouting } from './kv-events/exact-routing';
 import { createMetrics, NO_METRICS, type RouterMetrics } from './metrics';
 import { parseOptions, parseUpstreams, type Configuration, type UpstreamConfig } from './options';
 import { createRankHandler, type Proceed } from './rank-handler';
@@ -37,7 +38,7 @@ export interface Routing {
   readonly handle: Middleware;
   readonly helpers: RoutingHelpers;
   /** Work to run on `close()`, added by the layers built on top. */
-  readonly onClose: Array<() => void>;
+  readonly onClose: Array<() => void | Promise<void>>;
   /** Work to run after the upstreams changed, added by the layers built on top. */
   readonly onReconfigure: Array<(change: EndpointChange) => void>;
 }
@@ -75,7 +76,16 @@ export function createRouting(options: Options, proceed: Proceed): Routing {
     );
     reconfigure(table.upstreams.map((current) => (current.name === upstream.name ? discovered : current)));
   });
-  const onClose: Array<() => void> = [() => watch.stop(), () => metrics.close()];
+  const onClose: Array<() => void | Promise<void>> = [() => watch.stop(), () => metrics.close()];
+  // Exact prefix routing: with a tokenizer, every upstream with `kvEvents` is subscribed to.
+  const exact =
+    config.tokenizer === undefined
+      ? undefined
+      : createExactRouting({ upstreams: config.upstreams, tokenizer: config.tokenizer, metrics: config.metrics, warn: (message) => config.logger.warn(message) });
+  if (exact !== undefined) {
+    onReconfigure.push(() => exact.reconfigure(table.upstreams));
+    onClose.push(() => exact.close());
+  }
 
   const serveMetrics = (_req: IncomingMessage, res: ServerResponse): void => {
     registry.metrics().then(
@@ -97,9 +107,11 @@ export function createRouting(options: Options, proceed: Proceed): Routing {
     endpoints: () => table.snapshot(),
     setUpstreams: (upstreams) => reconfigure(parseUpstreams(upstreams)),
     close: () => {
-      closed ??= Promise.resolve().then(() => onClose.forEach((stop) => stop()));
+      closed ??= Promise.resolve()
+        .then(() => Promise.all(onClose.map((stop) => stop())))
+        .then(() => undefined);
       return closed;
     },
   };
-  return { config, table, metrics, handle: createRankHandler(config, table, metrics, proceed) as Middleware, helpers, onClose, onReconfigure };
+  return { config, table, metrics, handle: createRankHandler(config, table, metrics, proceed, exact) as Middleware, helpers, onClose, onReconfigure };
 }

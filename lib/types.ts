@@ -1,5 +1,6 @@
 import type { IncomingMessage } from 'node:http';
 import type { Registry } from 'prom-client';
+import type { KvEventsOptions } from './kv-events/options';
 import type { PrefixAwareOptions } from './policies/prefix-aware';
 
 /** What the proxied request's rank header carries for an upstream. */
@@ -30,6 +31,12 @@ export interface UpstreamOptions {
    * `{ intervalMs: 10_000 }`. Default: `false`.
    */
   discover?: boolean | { intervalMs?: number };
+  /**
+   * Where this server's engines publish KV-cache events (vLLM's `--kv-events-config`): with
+   * `prefixAware.tokenizer`, the `prefix-aware` policy routes its ranks on the blocks the
+   * engines report holding. See docs/exact-prefix-routing.md. Default: none.
+   */
+  kvEvents?: KvEventsOptions;
 }
 
 /** Built-in assignment policies, by name. */
@@ -246,8 +253,15 @@ export interface Options {
    * `npm run bench:instructions`).
    */
   xfwd?: boolean | 'append';
-  /** Settings of the `'prefix-aware'` policy (block size, index memory bound, load thresholds). */
-  prefixAware?: Omit<PrefixAwareOptions, 'fallback'>;
+  /** Settings of the `'prefix-aware'` policy (block size, index memory bound, load thresholds, tokenizer). */
+  prefixAware?: Omit<PrefixAwareOptions, 'fallback'> & {
+    /**
+     * The model's tokenizer, for exact prefix routing on upstreams with `kvEvents`: a directory
+     * holding `tokenizer.json` and `tokenizer_config.json` (with the chat template the engine
+     * uses), or the two files' paths. Loaded at creation. Default: none (approximate only).
+     */
+    tokenizer?: string | readonly [string, string];
+  };
   /** Passive ejection of failing endpoints, or `false`. Default: on, with the defaults of {@link OutlierDetectionOptions}. */
   outlierDetection?: OutlierDetectionOptions | boolean;
   /** Active health checks of each upstream, `true` for the defaults. Default: `false` (off). */

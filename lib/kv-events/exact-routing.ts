@@ -216,10 +216,22 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
       streams.delete(name);
       void stop(stream);
     }
-    for (const [name, upstream] of wanted) if (!streams.has(name)) streams.set(name, start(upstream));
+    for (const [name, upstream] of wanted) {
+      if (streams.has(name)) continue;
+      try {
+        streams.set(name, start(upstream));
+      } catch (error) {
+        // At creation the router fails; later (discovered ranks that no longer fit an endpoint
+        // list) the upstream is routed approximately.
+        if (!running) throw error;
+        warnOnce(`start:${name}`, `express-dp-router: KV events of upstream '${name}' cannot be subscribed to (${(error as Error).message}); its ranks are routed on the approximate prefix index.`);
+      }
+    }
   }
 
+  let running = false;
   reconfigure(options.upstreams);
+  running = true;
   if (metrics !== undefined) metrics.sources.add(collect);
 
   function collect(report: KvGaugeReport): void {

@@ -27,8 +27,8 @@ export interface RunningGateway {
  * its routing decision.
  */
 export async function startExampleGateway(settings: GatewaySettings, logger?: PinoLogger): Promise<RunningGateway> {
-  // The embedded mock publishes KV events, so that prefix-aware routes on them with no flag.
-  const mock = settings.upstreams.length === 0 ? await startMockVllm({ dataParallelSize: settings.dpSize, decodeMsPerToken: settings.mockDecodeMs, kvEvents: {} }) : undefined;
+  const mockStart = settings.upstreams.length === 0 ? await startMock(settings) : undefined;
+  const mock = mockStart?.mock;
   const mockEvents = mock?.kvEvents;
   const upstreams: UpstreamOptions[] = mock
     ? [
@@ -36,7 +36,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
           url: mock.url,
           name: 'mock-vllm',
           dataParallelSize: settings.dpSize,
-          kvEvents: { endpoint: mockEvents!.endpoints, replayEndpoint: mockEvents!.replayEndpoints, topic: mockEvents!.topic },
+          ...(mockEvents && { kvEvents: { endpoint: mockEvents.endpoints, replayEndpoint: mockEvents.replayEndpoints, topic: mockEvents.topic } }),
         },
       ]
     : settings.upstreams;
@@ -99,7 +99,22 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
       await mock?.close();
     })());
 
-  return { server, router, url, mock, summary: describe(url, upstreams, settings, mock), close };
+  const summary = describe(url, upstreams, settings, mock) + (mockStart?.eventsOff === undefined ? '' : `; the mock publishes no KV events (${mockStart.eventsOff})`);
+  return { server, router, url, mock, summary, close };
+}
+
+/**
+ * The embedded mock publishes KV events, so that prefix-aware routes on them with no flag; an
+ * install without the optional packages (zeromq, msgpackr, the tokenizers) or the mock's
+ * tokenizer files gets a mock without them. Nothing is bound before that fails.
+ */
+async function startMock(settings: GatewaySettings): Promise<{ mock: MockVllm; eventsOff?: string }> {
+  const options = { dataParallelSize: settings.dpSize, decodeMsPerToken: settings.mockDecodeMs };
+  try {
+    return { mock: await startMockVllm({ ...options, kvEvents: {} }) };
+  } catch (error) {
+    return { mock: await startMockVllm(options), eventsOff: (error as Error).message };
+  }
 }
 
 function describe(url: string, upstreams: readonly UpstreamOptions[], settings: GatewaySettings, mock: MockVllm | undefined): string {
@@ -107,7 +122,7 @@ function describe(url: string, upstreams: readonly UpstreamOptions[], settings: 
     .map((upstream) => `${mock ? `embedded mock vLLM ${upstream.url}` : upstream.url} ranks ${rankList(upstream)} (${upstream.rankHeader ?? 'global'} header)`)
     .join(', ');
   const hints = settings.trustHints ? `hints trusted, invalid → ${settings.onInvalid}` : 'hints untrusted';
-  const exact = settings.policy === 'prefix-aware' && (mock !== undefined || upstreams.some((upstream) => upstream.kvEvents !== undefined)) ? ' (exact, on KV events)' : '';
+  const exact = settings.policy === 'prefix-aware' && upstreams.some((upstream) => upstream.kvEvents !== undefined) ? ' (exact, on KV events)' : '';
   return `express-dp-router listening on ${url} → ${targets}; policy ${settings.policy}${exact}; ${hints}; metrics at ${url}/metrics`;
 }
 

@@ -144,7 +144,7 @@ describe('logger', () => {
     ['isLevelEnabled that is not a method', { warn: () => undefined, isLevelEnabled: true }, /`logger.isLevelEnabled` must be a method/],
     ['no warn', { debug: () => undefined }, /`logger` must have a warn\(message\) method/],
   ])('rejects a logger with %s', (_name, value, message) => {
-    expect(() => parseLogger(value)).toThrow(TypeError);
-    expect(() => parseLogger(value)).toThrow(message);
+    expect(() => parseLogger('logger', value)).toThrow(TypeError);
+    expect(() => parseLogger('logger', value)).toThrow(message);
   });
 });

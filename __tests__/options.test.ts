@@ -2,7 +2,25 @@ import { getHeapStatistics } from 'node:v8';
 import { describe, expect, it } from '@jest/globals';
 import { Registry } from 'prom-client';
 import { parseOptions } from '../lib/options';
-import type { Options } from '../lib';
+import {
+  dpRank,
+  OptionError,
+  type AffinityOptions,
+  type DiscoverOptions,
+  type DpRouterOptions,
+  type HealthCheckOptions,
+  type HintOptions,
+  type LoadFeedbackOptions,
+  type Logger,
+  type MetricsOptions,
+  type Options,
+  type OutlierDetectionOptions,
+  type KvEventsOptions,
+  type PrefixAwareRouterSettings,
+  type RetryOptions,
+  type TimeoutOptions,
+  type UpstreamOptions,
+} from '../lib';
 
 const url = 'http://127.0.0.1:8000';
 const parse = (options: unknown) => parseOptions(options as Options);
@@ -133,5 +151,168 @@ describe('parseOptions', () => {
   it.each(wrong)('throws a TypeError naming the option for %s', (_label, options, message) => {
     expect(() => parse(options)).toThrow(TypeError);
     expect(() => parse(options)).toThrow(message);
+  });
+});
+
+/** A wrong value for every key of an options type: the compiler asks for a row per key. */
+type WrongValues<T> = { [K in keyof Required<T>]: unknown };
+
+/** Every option's path with a wrong value; each must be reported at that path. */
+const wrongValues: Array<[path: string, value: unknown]> = [
+  ...rows('', {
+    upstreams: 'http://127.0.0.1:8000',
+    policy: 'fastest',
+    hints: 'trusted',
+    header: 'x rank',
+    metrics: 'on',
+    affinity: 'x-session-id',
+    prefixAware: 64,
+    timeouts: 1000,
+    maxBodyBytes: 0,
+    maxBufferedBytes: -1,
+    exposeDecision: 'yes',
+    loadFeedback: 'on',
+    logger: { info: () => undefined },
+    xfwd: 'yes',
+    outlierDetection: 'on',
+    healthCheck: 'on',
+    retries: 3,
+  } satisfies WrongValues<DpRouterOptions>),
+  ...rows('upstreams[0]', {
+    url: 'ftp://127.0.0.1',
+    name: '',
+    dataParallelSize: 0,
+    startRank: -1,
+    ranks: [1],
+    rankHeader: 'relative',
+    discover: 'yes',
+    kvEvents: 'tcp://10.0.0.5:5557',
+  } satisfies WrongValues<UpstreamOptions>),
+  ...rows('upstreams[0].kvEvents', { endpoint: 'tcp://*:5557', replayEndpoint: ['tcp://h:1', 'tcp://h:2'], topic: 7 } satisfies WrongValues<KvEventsOptions>),
+  ...rows('upstreams[0].discover', { intervalMs: 5 } satisfies WrongValues<DiscoverOptions>),
+  ...rows('hints', { trust: 'yes', onInvalid: 'drop', header: 'a b', bodyField: '' } satisfies WrongValues<HintOptions>),
+  ...rows('affinity', {
+    header: 'a b',
+    bodyField: 7,
+    loadFactor: 0.5,
+    loadSlack: -1,
+    keyLoadFactor: 0.9,
+    maxSessions: 1.5,
+  } satisfies WrongValues<AffinityOptions>),
+  ...rows('prefixAware', { blockChars: 0, maxBlocksPerEndpoint: 1.5, maxBlocksPerRequest: 0, contentBalance: -1, tokenizer: 42 } satisfies WrongValues<PrefixAwareRouterSettings>),
+  ...rows('timeouts', { connectMs: 0, firstByteMs: 2 ** 31, bodyMs: '60s' } satisfies WrongValues<TimeoutOptions>),
+  ...rows('metrics', { registry: {}, prefix: 'dp-router' } satisfies WrongValues<MetricsOptions>),
+  ...rows('outlierDetection', {
+    consecutiveFailures: 0,
+    baseEjectionMs: 0,
+    maxEjectionMs: 0,
+    maxEjectionPercent: 101,
+    minimumClients: 0,
+  } satisfies WrongValues<OutlierDetectionOptions>),
+  ...rows('healthCheck', { path: 'health', intervalMs: 0, timeoutMs: 0, unhealthyThreshold: 0, healthyThreshold: 1001 } satisfies WrongValues<HealthCheckOptions>),
+  ...rows('retries', { attempts: 11, maxBodyBytes: -1 } satisfies WrongValues<RetryOptions>),
+  ...rows('loadFeedback', { intervalMs: 1, timeoutMs: 0, weight: 2 } satisfies WrongValues<LoadFeedbackOptions>),
+  // `warn` is what makes a logger: without it the whole `logger` is wrong.
+  ...rows('logger', { warn: 'no', info: 'no', debug: 'no', error: 'no', isLevelEnabled: 'no' } satisfies WrongValues<Logger>).map(
+    ([path, value]): [string, unknown] => (path === 'logger.warn' ? ['logger', { warn: value }] : [path, value]),
+  ),
+];
+
+/** Every option object, for the unknown-key check. */
+const sections = ['', 'upstreams[0]', 'upstreams[0].discover', 'upstreams[0].kvEvents', 'hints', 'affinity', 'prefixAware', 'timeouts', 'metrics', 'outlierDetection', 'healthCheck', 'retries', 'loadFeedback'];
+
+function rows(section: string, values: Record<string, unknown>): Array<[string, unknown]> {
+  return Object.entries(values).map(([key, value]) => [section ? `${section}.${key}` : key, value]);
+}
+
+/** Valid base options with `value` set at `path` (`a.b`, `a[0].b`), the logger's other methods filled in. */
+function withOption(path: string, value: unknown): Record<string, unknown> {
+  const options: Record<string, unknown> = { upstreams: [{ url }] };
+  const keys = path.split(/\.|\[(\d+)\]/).filter((key) => key !== undefined && key !== '');
+  let at: Record<string, unknown> = options;
+  for (const key of keys.slice(0, -1)) {
+    at[key] ??= key === 'logger' ? { warn: () => undefined } : {};
+    at = at[key] as Record<string, unknown>;
+  }
+  at[keys[keys.length - 1]] = value;
+  return options;
+}
+
+function thrown(run: () => unknown): OptionError {
+  try {
+    run();
+  } catch (error) {
+    return error as OptionError;
+  }
+  throw new Error('nothing thrown');
+}
+
+describe('every option', () => {
+  it.each(wrongValues)('reports a wrong `%s` at its path, as an OptionError with a fix', (path, value) => {
+    const error = thrown(() => parse(withOption(path, value)));
+    expect(error).toBeInstanceOf(OptionError);
+    expect(error).toBeInstanceOf(TypeError);
+    expect(error.path).toBe(path);
+    expect(error.fix.length).toBeGreaterThan(0);
+    expect(error.message.startsWith(`express-dp-router: \`${path}\` `)).toBe(true);
+    expect(error.message.endsWith(error.fix)).toBe(true);
+  });
+
+  it.each(sections)('rejects an unknown key in `%s`', (section) => {
+    const path = section ? `${section}.bogusOption` : 'bogusOption';
+    const error = thrown(() => parse(withOption(path, 1)));
+    expect(error).toBeInstanceOf(OptionError);
+    expect(error.path).toBe(path);
+    expect(error.message).toMatch(/is not an option\. Known options: /);
+  });
+
+  it.each([
+    ['round-robin', { prefixAware: { blockChars: 0 } }, 'prefixAware.blockChars'],
+    ['least-outstanding', { prefixAware: { maxBlocksPerEndpoint: 0 } }, 'prefixAware.maxBlocksPerEndpoint'],
+    ['prefix-aware', { affinity: { maxSessions: 0 } }, 'affinity.maxSessions'],
+  ])('checks the policy settings whatever the policy (%s)', (policy, extra, path) => {
+    const error = thrown(() => parse({ upstreams: [{ url }], policy, ...extra }));
+    expect(error).toBeInstanceOf(OptionError);
+    expect(error.path).toBe(path);
+    expect(error.message).toMatch(new RegExp(`^express-dp-router: \`${path.replace('.', '\\.')}\` must be an integer from 1 to `));
+  });
+});
+
+describe('dpRank options', () => {
+  it.each([
+    ['xfwd', true],
+    ['retries', false],
+    ['outlierDetection', { consecutiveFailures: 3 }],
+    ['healthCheck', true],
+    ['timeouts.connectMs', 5_000],
+    ['timeouts.firstByteMs', 60_000],
+  ])('refuses the proxy-only `%s`, naming dpRouter()', (path, value) => {
+    const error = thrown(() => parseOptions(withOption(path, value) as unknown as Options, 'dpRank'));
+    expect(error).toBeInstanceOf(OptionError);
+    expect(error.path).toBe(path);
+    expect(error.message).toMatch(/is an option of dpRouter\(\), which proxies; dpRank\(\) leaves the proxying to you\. Remove it .* or use dpRouter\(\)\.$/);
+    // The same options are fine for the router.
+    expect(() => parse(withOption(path, value))).not.toThrow();
+  });
+
+  it('refuses them through dpRank() itself', () => {
+    expect(() => dpRank({ upstreams: [{ url }], metrics: false, retries: { attempts: 3 } } as Options)).toThrow(
+      new OptionError('retries', "is an option of dpRouter(), which proxies; dpRank() leaves the proxying to you", "Remove it from dpRank()'s options and set the equivalent on your own proxy, or use dpRouter()."),
+    );
+  });
+
+  it('takes the body timeout, which it uses, and leaves the proxy parts off', () => {
+    const config = parseOptions({ upstreams: [{ url }], timeouts: { bodyMs: 5_000 } }, 'dpRank');
+    expect(config).toMatchObject({ bodyTimeoutMs: 5_000, outlierDetection: undefined, healthCheck: undefined, retryAttempts: 1, retryMaxBodyBytes: 0, xfwd: false });
+    const misspelt = thrown(() => parseOptions({ upstreams: [{ url }], timeouts: { bodyMS: 5_000 } } as Options, 'dpRank'));
+    expect(misspelt.message).toMatch(/`timeouts\.bodyMS` is not an option\. Did you mean `bodyMs`\?/);
+  });
+});
+
+describe('header options', () => {
+  it('turns the affinity header off with false, and refuses false for the rank headers', () => {
+    expect(parse({ upstreams: [{ url }], affinity: { header: false } }).affinityHeader).toBeUndefined();
+    expect(() => parse({ upstreams: [{ url }], hints: { header: false } })).toThrow(/`hints\.header` must be a header name, got false\. Use e\.g\. `hints\.header: 'x-data-parallel-rank'`/);
+    expect(() => parse({ upstreams: [{ url }], header: false })).toThrow(/`header` must be a header name, got false/);
   });
 });

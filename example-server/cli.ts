@@ -1,9 +1,9 @@
 import type { PolicyName, RankHeaderMode, UpstreamOptions } from '../lib';
 import { resolveKvEndpoints } from '../lib/kv-events/endpoints';
-import type { KvEventsSource } from '../lib/kv-events/exact-routing';
+import type { KvEventsOptions } from '../lib/kv-events/source';
 
 /** An upstream as the gateway passes it to the router, with where its KV events are published. */
-export type GatewayUpstream = UpstreamOptions & { kvEvents?: KvEventsSource };
+export type GatewayUpstream = UpstreamOptions & { kvEvents?: KvEventsOptions };
 
 /** The gateway's settings, as read from the command line and environment. */
 export interface GatewaySettings {
@@ -111,7 +111,7 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     otlpEndpoint: undefined,
     tokenizer: undefined,
   };
-  const kvEvents = new Map<string, KvEventsSource>();
+  const kvEvents = new Map<string, KvEventsOptions>();
   let discover = false;
   const upstreamSpecs: string[] = [];
   let startRank: number | undefined;
@@ -257,7 +257,7 @@ function parseRankList(spec: string, list: string): number[] {
 }
 
 /** `ENDPOINT[,REPLAY_ENDPOINT]`, each a ZeroMQ endpoint the router connects to. */
-function kvEventsSpec(flag: string, raw: string): KvEventsSource {
+function kvEventsSpec(flag: string, raw: string): KvEventsOptions {
   const [endpoint, replayEndpoint, extra] = raw.split(',');
   try {
     if (extra !== undefined) throw new TypeError('give at most two endpoints');

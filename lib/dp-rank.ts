@@ -1,8 +1,8 @@
 import type { IncomingHttpHeaders, ServerResponse } from 'node:http';
 import { withoutNomination } from './hop-by-hop';
 import type { RouteState, RoutedRequest } from './route-state';
+import type { DpRankOptions } from './options';
 import { createRouting, type Middleware, type RoutingHelpers } from './routing';
-import type { Options } from './types';
 
 /** `dpRank()`'s middleware: decides the rank and leaves the proxying to you. */
 export type DpRank = Middleware & RoutingHelpers;
@@ -17,11 +17,15 @@ export type DpRank = Middleware & RoutingHelpers;
  * app.use(dpRank({ upstreams: [{ url: 'http://127.0.0.1:8000', dataParallelSize: 8 }] }));
  * app.use(createProxyMiddleware({ router: (req) => req.dpRank!.url }));
  */
-export function dpRank(options: Options): DpRank {
-  const routing = createRouting(options, (req, res, next, route) => {
-    keepRankHeader(req.headers, routing.config.header);
-    handOn(req, res, next, route);
-  });
+export function dpRank(options: DpRankOptions): DpRank {
+  const routing = createRouting(
+    options,
+    (req, res, next, route) => {
+      keepRankHeader(req.headers, routing.config.header);
+      handOn(req, res, next, route);
+    },
+    'dpRank',
+  );
   return Object.assign(routing.handle, routing.helpers);
 }
 

@@ -9,8 +9,7 @@ import { createUpstreamProxy, WAITING, type ProxiedRequest, type UpstreamProxy }
 import { routeOf, type RouteState } from './route-state';
 import { createRetry } from './retry';
 import { createRouting, type Middleware, type RoutingHelpers } from './routing';
-import type { UpstreamConfig } from './options';
-import type { Options } from './types';
+import type { DpRouterOptions, UpstreamConfig } from './options';
 
 /** The router: Express middleware with its metrics handler, registry, snapshot and `close()`. */
 export type DpRouter = Middleware & RoutingHelpers;
@@ -25,8 +24,8 @@ export type DpRouter = Middleware & RoutingHelpers;
  * app.get('/metrics', router.metrics);
  * app.use(router);
  */
-export function dpRouter(options: Options): DpRouter {
-  const routing = createRouting(options, proxyDecided);
+export function dpRouter(options: DpRouterOptions): DpRouter {
+  const routing = createRouting(options, proxyDecided, 'dpRouter');
   const { config, table, metrics } = routing;
   const ejections = {
     ejected(endpoint: RouteEndpoint): void {

@@ -1,4 +1,4 @@
-import type { UpstreamConfig } from './options';
+import type { UpstreamConfig } from './upstream-options';
 import type { DecisionSource, Endpoint, EndpointSnapshot } from './types';
 
 /**

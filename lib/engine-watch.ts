@@ -1,7 +1,8 @@
 import type { EndpointTable } from './endpoints';
 import type { RouterMetrics } from './metrics';
-import type { LoadFeedbackConfig, UpstreamConfig } from './options';
+import { DISCOVER_TIMEOUT_MS, type LoadFeedbackConfig } from './engine-watch-options';
 import { fetchText } from './scrape';
+import type { UpstreamConfig } from './upstream-options';
 import { parseEngineReport, type EngineReport } from './vllm-metrics';
 
 /** Reads each watched upstream's `/metrics`; `sync()` follows a reconfiguration. */
@@ -46,7 +47,7 @@ export function watchEngines(
   discovered: RanksDiscovered,
 ): EngineWatch {
   const targets = new Map<string, Target>();
-  const timeoutMs = feedback?.timeoutMs ?? 2_000;
+  const timeoutMs = feedback?.timeoutMs ?? DISCOVER_TIMEOUT_MS;
   let stopped = false;
 
   const current = (name: string) => table.upstreams.find((upstream) => upstream.name === name);

@@ -1,7 +1,7 @@
 import { request as httpRequest, type ClientRequest } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 import type { EndpointTable, RouteEndpoint } from './endpoints';
-import type { HealthCheckConfig } from './options';
+import type { HealthCheckConfig } from './health-checker-options';
 
 /** The probes of one router; `stop()` ends timers and probes in flight. */
 export interface HealthChecker {

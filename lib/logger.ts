@@ -1,7 +1,20 @@
 import type { RouteEndpoint } from './endpoints';
 import type { HintOutcome } from './metrics';
-import { fail, shown } from './option-checks';
-import type { DecisionSource, Logger } from './types';
+import { fail, pathOf, shown } from './option-checks';
+import type { DecisionSource } from './types';
+
+/**
+ * Receives the router's logs, in pino's calling convention: `(fields, message)` for structured
+ * lines, `(message)` for notices. pino's logger (a child logger too) and `console` fit as they are.
+ */
+export interface Logger {
+  warn(message: string): void;
+  info?(fields: object, message: string): void;
+  debug?(fields: object, message: string): void;
+  error?(fields: object, message: string): void;
+  /** pino's level check; without it no per-request line is written. */
+  isLevelEnabled?(level: string): boolean;
+}
 
 /** The logger as the router uses it: pino's calling convention, every level present. */
 export interface RouterLogger {
@@ -25,20 +38,20 @@ const PROCESS_WARNINGS: RouterLogger = { ...SILENT, warn: (message) => process.e
  * per-request lines go only to a logger that says, through `isLevelEnabled('debug')`, that it
  * wants them, so `console` keeps receiving notices alone.
  */
-export function parseLogger(value: unknown): RouterLogger {
+export function parseLogger(path: string, value: unknown): RouterLogger {
   if (value === undefined) return PROCESS_WARNINGS;
   if (value === false) return SILENT;
   if (typeof (value as { warn?: unknown } | null)?.warn !== 'function') {
-    fail('logger', `must have a warn(message) method, got ${shown(value)}`, 'Pass e.g. `logger: pino()`, `logger: console`, or `false`.');
+    fail(path, `must have a warn(message) method, got ${shown(value)}`, 'Pass e.g. `logger: pino()`, `logger: console`, or `false`.');
   }
   const logger = value as Logger & Record<string, unknown>;
   for (const level of LEVELS) {
     if (logger[level] !== undefined && typeof logger[level] !== 'function') {
-      fail(`logger.${level}`, `must be a method when present, got ${shown(logger[level])}`, 'Pass a pino logger, `console`, or an object with `warn(message)`.');
+      fail(pathOf(path, level), `must be a method when present, got ${shown(logger[level])}`, 'Pass a pino logger, `console`, or an object with `warn(message)`.');
     }
   }
   if (logger.isLevelEnabled !== undefined && typeof logger.isLevelEnabled !== 'function') {
-    fail('logger.isLevelEnabled', `must be a method when present, got ${shown(logger.isLevelEnabled)}`, "Pass a pino logger, or leave `isLevelEnabled` out.");
+    fail(pathOf(path, 'isLevelEnabled'), `must be a method when present, got ${shown(logger.isLevelEnabled)}`, "Pass a pino logger, or leave `isLevelEnabled` out.");
   }
   // Called through the logger each time: pino swaps a level's method for a no-op and back
   // when its level changes (`logger.level = 'debug'`), and asked per line, the check costs a

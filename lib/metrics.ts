@@ -1,7 +1,41 @@
 import type { IncomingMessage } from 'node:http';
-import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
+import { Counter, Gauge, Histogram, register, type Registry } from 'prom-client';
 import type { RouteEndpoint } from './endpoints';
+import { fail, isPlainObject, pathOf, section, shown, type KeysEnum } from './option-checks';
 import type { DecisionSource } from './types';
+
+/** Metrics settings. */
+export interface MetricsOptions {
+  /** The prom-client registry to register on. Default: prom-client's global `register`. */
+  registry?: Registry;
+  /** Metric name prefix. Default: `'dp_router_'`. */
+  prefix?: string;
+}
+
+/** `metrics`, resolved. */
+export interface MetricsConfig {
+  readonly registry: Registry;
+  readonly prefix: string;
+}
+
+const PREFIX = 'dp_router_';
+const METRIC_PREFIX = /^(?:[a-zA-Z_:][a-zA-Z0-9_:]*)?$/;
+const METRICS_KEYS: KeysEnum<MetricsOptions> = { registry: true, prefix: true };
+
+/** `metrics`: on by default, on prom-client's global registry; `undefined` when off. */
+export function parseMetrics(path: string, value: unknown): MetricsConfig | undefined {
+  if (value === false) return undefined;
+  const metrics = section(path, value, METRICS_KEYS);
+  const registry = metrics.registry ?? register;
+  if (!isPlainObject(registry) || typeof (registry as { getSingleMetric?: unknown }).getSingleMetric !== 'function') {
+    fail(pathOf(path, 'registry'), `must be a prom-client Registry, got ${shown(metrics.registry)}`, 'Pass `new Registry()` from prom-client, or leave it out for the global registry.');
+  }
+  const prefix = metrics.prefix ?? PREFIX;
+  if (typeof prefix !== 'string' || !METRIC_PREFIX.test(prefix)) {
+    fail(pathOf(path, 'prefix'), `must be a valid Prometheus metric name prefix, got ${shown(metrics.prefix)}`, `Use e.g. \`prefix: '${PREFIX}'\`.`);
+  }
+  return { registry: registry as unknown as Registry, prefix };
+}
 
 /** What became of a client's rank hint. */
 export type HintOutcome = 'accepted' | 'untrusted' | 'malformed' | 'out_of_range' | 'unavailable';

@@ -1,11 +1,47 @@
+import type { Policy } from './types';
+
 /**
- * Small validators for `parseOptions`. Each throws a `TypeError` that names the option
- * and says what would be accepted, so a wrong option fails at start-up, not on traffic.
+ * Small validators for every part's option parser. Each throws an {@link OptionError} that
+ * names the option and says what would be accepted, so a wrong option fails at start-up, not
+ * on traffic.
  */
 
-/** Throws a `TypeError` for option `path`. */
+/**
+ * A wrong option of `dpRouter()`, `dpRank()` or a policy factory. A `TypeError`, so that
+ * `instanceof TypeError` holds; the message reads
+ * ``express-dp-router: `<path>` <problem>. <fix>``.
+ */
+export class OptionError extends TypeError {
+  /** Where the option sits, e.g. `'upstreams[1].dataParallelSize'` or `'sessionAffinity.loadFactor'`. */
+  readonly path: string;
+  /** What to change, e.g. ``Use e.g. `retries.attempts: 2`.``. */
+  readonly fix: string;
+
+  constructor(path: string, problem: string, fix: string) {
+    super(`express-dp-router: \`${path}\` ${problem}. ${fix}`);
+    this.name = 'OptionError';
+    this.path = path;
+    this.fix = fix;
+  }
+}
+
+/** Node's setTimeout ceiling; larger delays fire at once. */
+export const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/** Throws an {@link OptionError} for option `path`. */
 export function fail(path: string, problem: string, fix: string): never {
-  throw new TypeError(`express-dp-router: \`${path}\` ${problem}. ${fix}`);
+  throw new OptionError(path, problem, fix);
+}
+
+/**
+ * Every key of an options type, as an object the compiler keeps complete: adding an option to
+ * the type without adding it here fails the type check (express-rate-limit's `KeysEnum`).
+ */
+export type KeysEnum<T> = { readonly [K in keyof Required<T>]: true };
+
+/** The path of `key` inside the option at `path` (`''` for the top level). */
+export function pathOf(path: string, key: string): string {
+  return path ? `${path}.${key}` : key;
 }
 
 /** Renders a received value briefly for an error message. */
@@ -23,13 +59,49 @@ export function isPlainObject(value: unknown): value is Record<string, unknown> 
 }
 
 /** Rejects keys the option object does not know, suggesting the closest known one. */
-export function rejectUnknownKeys(path: string, value: Record<string, unknown>, known: readonly string[]): void {
+export function rejectUnknownKeys(path: string, value: Record<string, unknown>, keys: KeysEnum<object>): void {
+  const known = Object.keys(keys);
   for (const key of Object.keys(value)) {
     if (known.includes(key)) continue;
     const suggestion = closest(key, known);
-    const where = path ? `${path}.${key}` : key;
-    fail(where, 'is not an option', suggestion ? `Did you mean \`${suggestion}\`?` : `Known options: ${known.join(', ')}.`);
+    fail(pathOf(path, key), 'is not an option', suggestion ? `Did you mean \`${suggestion}\`?` : `Known options: ${known.join(', ')}.`);
   }
+}
+
+/**
+ * Rejects the options that only the proxy uses, for `dpRank()`: it leaves the proxying to the
+ * caller, so they would do nothing there.
+ */
+export function rejectProxyOnly(path: string, value: Record<string, unknown>, proxyOnly: KeysEnum<object>): void {
+  for (const key of Object.keys(proxyOnly)) {
+    if (Object.hasOwn(value, key)) {
+      fail(pathOf(path, key), 'is an option of dpRouter(), which proxies; dpRank() leaves the proxying to you', "Remove it from dpRank()'s options and set the equivalent on your own proxy, or use dpRouter().");
+    }
+  }
+}
+
+/** An option object whose keys are all known; `{}` when left out. */
+export function section(path: string, value: unknown, keys: KeysEnum<object>): Record<string, unknown> {
+  const object = optionalObject(path, value);
+  rejectUnknownKeys(path, object, keys);
+  return object;
+}
+
+/** A `boolean | { … }` option: `undefined` when off, else its object (`{}` for `true`). */
+export function toggle(path: string, value: unknown, keys: KeysEnum<object>, onByDefault: boolean): Record<string, unknown> | undefined {
+  if (value === false || (value === undefined && !onByDefault)) return undefined;
+  return value === true ? {} : section(path, value, keys);
+}
+
+/** A {@link Policy} object: a `name` and a `pick(candidates, ctx)`. */
+export function isPolicy(value: unknown): value is Policy {
+  return isPlainObject(value) && typeof value.name === 'string' && typeof value.pick === 'function';
+}
+
+/** An optional policy object (a policy's `fallback`). */
+export function policyObjectOption(path: string, value: unknown): Policy | undefined {
+  if (value === undefined || isPolicy(value)) return value;
+  return fail(path, `must be a policy object with \`name\` and \`pick(candidates, ctx)\`, got ${shown(value)}`, `Use e.g. \`${path}: leastOutstanding()\`, or leave it out.`);
 }
 
 function closest(word: string, candidates: readonly string[]): string | undefined {
@@ -96,12 +168,14 @@ export function oneOf<T extends string>(path: string, value: unknown, allowed: r
 /** RFC 9110 token characters: what a header name may be made of. */
 const HEADER_NAME = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 
-/** A header name, lower-cased as Node keys `req.headers`; `false` turns the feature off. */
-export function headerNameOption(path: string, value: unknown, fallback: string | false): string | undefined {
+/** A header name, lower-cased as Node keys `req.headers`; where `offable`, `false` turns the feature off (`undefined`). */
+export function headerNameOption(path: string, value: unknown, fallback: string, offable: true): string | undefined;
+export function headerNameOption(path: string, value: unknown, fallback: string, offable?: false): string;
+export function headerNameOption(path: string, value: unknown, fallback: string, offable = false): string | undefined {
   const name = value === undefined ? fallback : value;
-  if (name === false) return undefined;
+  if (offable && name === false) return undefined;
   if (typeof name !== 'string' || !HEADER_NAME.test(name)) {
-    fail(path, `must be a header name${fallback === false ? ' or false' : ''}, got ${shown(value)}`, `Use e.g. \`${path}: '${fallback || 'x-session-id'}'\`.`);
+    fail(path, `must be a header name${offable ? ' or false' : ''}, got ${shown(value)}`, `Use e.g. \`${path}: '${fallback}'\`.`);
   }
   return name.toLowerCase();
 }

@@ -1,370 +1,185 @@
-import type { IncomingMessage } from 'node:http';
-import { getHeapStatistics } from 'node:v8';
-import { register, type Registry } from 'prom-client';
-import {
-  booleanOption,
-  fail,
-  fieldNameOption,
-  headerNameOption,
-  integerOption,
-  isPlainObject,
-  numberOption,
-  oneOf,
-  optionalObject,
-  rejectUnknownKeys,
-  shown,
-} from './option-checks';
-import { BodyBudget } from './body-budget';
-import { POLICY_NAMES, policyByName, type PolicySettings } from './policies/by-name';
-import { parseLogger, type RouterLogger } from './logger';
+import { BodyBudget, parseMaxBodyBytes, parseMaxBufferedBytes, type BodyLimitOptions } from './body-budget';
+import { parseLoadFeedback, type LoadFeedbackConfig, type LoadFeedbackOptions } from './engine-watch-options';
+import { parseHealthCheck, type HealthCheckConfig, type HealthCheckOptions } from './health-checker-options';
+import { parseHints, type HintConfig, type HintOptions } from './hint-options';
+import { parseLogger, type Logger, type RouterLogger } from './logger';
+import { parseMetrics, type MetricsConfig, type MetricsOptions } from './metrics';
+import { booleanOption, fail, headerNameOption, isPlainObject, rejectProxyOnly, rejectUnknownKeys, shown, type KeysEnum } from './option-checks';
+import { parseOutlierDetection, type OutlierDetectionConfig, type OutlierDetectionOptions } from './outlier-detector-options';
+import { parsePolicy } from './policies/by-name';
+import { parsePrefixAware, type PrefixAwareRouterSettings } from './policies/prefix-aware-options';
+import { parseTokenizer } from './kv-events/options';
+import type { TokenizerSource } from './kv-events/source';
+import { parseAffinity, type AffinityOptions } from './policies/session-affinity-options';
+import { parseRetries, type RetryConfig, type RetryOptions } from './retry-options';
+import { parseTimeouts, type BodyTimeoutOptions, type TimeoutConfig, type TimeoutOptions } from './timeout-options';
 import { createTracing, type Tracing } from './tracing';
-import type { KvEventsSource } from './kv-events/exact-routing';
-import { parseKvEvents, parseTokenizer } from './kv-events/options';
-import type { PromptTokenizer } from './kv-events/tokenizer';
-import type { Options, Policy, PolicyName, RankHeaderMode } from './types';
+import type { Policy, PolicyName } from './types';
+import { parseUpstreams, type UpstreamConfig, type UpstreamOptions } from './upstream-options';
 
-/** One upstream, resolved. */
-export interface UpstreamConfig {
-  readonly name: string;
-  readonly url: string;
-  readonly startRank: number;
-  readonly dataParallelSize: number;
-  /** The global ranks routed to, ascending. */
-  readonly ranks: readonly number[];
-  readonly rankHeader: RankHeaderMode;
-  /** How often the ranks are learned from the upstream's `/metrics`; `undefined` when not. */
-  readonly discoverIntervalMs: number | undefined;
-  /** Where its engines publish KV events; `undefined` when not given. */
-  readonly kvEvents?: KvEventsSource;
+export type { HealthCheckConfig, LoadFeedbackConfig, OutlierDetectionConfig, UpstreamConfig };
+
+/** Options of {@link dpRank}: hint handling and rank assignment, without the proxy. */
+export interface DpRankOptions extends BodyLimitOptions {
+  /** The vLLM servers and the ranks each serves. Required, at least one. */
+  upstreams: readonly UpstreamOptions[];
+  /** How a rank is assigned when no valid trusted hint was given. Default: `'least-outstanding'`. */
+  policy?: PolicyName | Policy;
+  /** Client hint handling. Default: hints untrusted. */
+  hints?: HintOptions;
+  /** The rank header set on the request. Default: `'X-data-parallel-rank'`. */
+  header?: string;
+  /** Metrics settings, or `false` for none. Default: on, with the defaults of {@link MetricsOptions}. */
+  metrics?: MetricsOptions | false;
+  /** Session keys and bounds of the `session-affinity` policy (checked whatever the policy). */
+  affinity?: AffinityOptions;
+  /** Settings of the `'prefix-aware'` policy and its tokenizer for exact prefix routing (checked whatever the policy). */
+  prefixAware?: PrefixAwareRouterSettings;
+  /** The request body timeout. */
+  timeouts?: BodyTimeoutOptions;
+  /** Answer with `X-DP-Router-Decision` (reveals server layout). Default: `false`. */
+  exposeDecision?: boolean;
+  /** Blend engine-reported load into the load policies see, or `false`. Default: `false` (off). */
+  loadFeedback?: LoadFeedbackOptions | boolean;
+  /**
+   * Where the router logs: a pino logger as it is, `console`, or anything with `warn`.
+   * Run-time notices (a body parser mounted before it, ranks discovered) go to `warn`, each
+   * kind once per occurrence; an ejected endpoint to `info`; one structured line per routing
+   * decision and per retry to `debug`, only when `isLevelEnabled('debug')` says so (pino's
+   * level check, so `console` never gets them). `false` silences it.
+   * Default: notices as `process.emitWarning`, nothing else.
+   */
+  logger?: Logger | false;
 }
 
+/** The options only the proxy uses: `dpRank()` refuses them, naming `dpRouter()`. */
+interface ProxyOptions {
+  /**
+   * Tell the upstream who the client is, in `X-Forwarded-For`, `-Host`, `-Port` and `-Proto`.
+   * `true`: the gateway's own view (the peer's address, the `Host` header, the local port and
+   * protocol), replacing whatever the client sent in those headers and in `Forwarded`, which
+   * anyone could forge. `'append'`: behind a proxy you trust, which sets them itself: the
+   * peer's address, port and protocol are appended to the values it sent and its
+   * `X-Forwarded-Host` kept (http-proxy-middleware's `xfwd`). Like Express's `trust proxy`,
+   * incoming values are trusted only when you say so. Default: `false` (headers left as they
+   * came). It costs about 5 % more instructions per request (measured with `'append'`;
+   * `npm run bench:instructions`).
+   */
+  xfwd?: boolean | 'append';
+  /** Passive ejection of failing endpoints, or `false`. Default: on, with the defaults of {@link OutlierDetectionOptions}. */
+  outlierDetection?: OutlierDetectionOptions | boolean;
+  /** Active health checks of each upstream, `true` for the defaults. Default: `false` (off). */
+  healthCheck?: HealthCheckOptions | boolean;
+  /** Retries of failed connections on another endpoint, or `false`. Default: on, with the defaults of {@link RetryOptions}. */
+  retries?: RetryOptions | boolean;
+}
+
+/** Options of {@link dpRouter}: those of `dpRank()`, the upstream timeouts, and the proxy's own. */
+export interface DpRouterOptions extends Omit<DpRankOptions, 'timeouts'>, ProxyOptions {
+  /** Upstream and request body timeouts. */
+  timeouts?: TimeoutOptions;
+}
+
+/** Options of {@link dpRouter} (`DpRouterOptions`); `dpRank()` takes {@link DpRankOptions}. */
+export type Options = DpRouterOptions;
+
+/** Which middleware the options are for. */
+export type Mode = 'dpRank' | 'dpRouter';
+
 /** The options, validated and resolved once at creation. */
-export interface Configuration {
+export interface Configuration extends HintConfig, TimeoutConfig, RetryConfig {
   readonly upstreams: readonly UpstreamConfig[];
   readonly policy: Policy;
-  /** `true`/`false` when fixed, else asked per request. */
-  readonly trust: boolean | ((req: IncomingMessage) => boolean);
-  readonly onInvalid: 'reassign' | 'reject';
-  readonly hintHeader: string;
-  readonly hintBodyField: string | undefined;
   /** The outgoing rank header, lower-cased. */
   readonly header: string;
-  readonly metrics: { readonly registry: Registry; readonly prefix: string } | undefined;
+  readonly metrics: MetricsConfig | undefined;
   readonly affinityHeader: string | undefined;
   readonly affinityBodyField: string | undefined;
-  readonly connectTimeoutMs: number;
-  readonly firstByteTimeoutMs: number;
   readonly maxBodyBytes: number;
-  /** Time for a request body to arrive in full. */
-  readonly bodyTimeoutMs: number;
   /** The router's one body budget (`maxBufferedBytes`), shared by all its requests. */
   readonly bodyBudget: BodyBudget;
   readonly exposeDecision: boolean;
-  /** `'replace'` for `xfwd: true`; `false` when off. */
+  /** `'replace'` for `xfwd: true`; `false` when off (always, for `dpRank()`). */
   readonly xfwd: false | 'replace' | 'append';
-  /** Passive ejection settings; `undefined` when off. */
+  /** Passive ejection settings; `undefined` when off (always, for `dpRank()`). */
   readonly outlierDetection: OutlierDetectionConfig | undefined;
-  /** Active health check settings; `undefined` when off. */
+  /** Active health check settings; `undefined` when off (always, for `dpRank()`). */
   readonly healthCheck: HealthCheckConfig | undefined;
-  /** Tries per request, the first included (1: no retries). */
-  readonly retryAttempts: number;
-  /** Largest declared body buffered so that it can be replayed on a retry. */
-  readonly retryMaxBodyBytes: number;
   /** Engine load polling; `undefined` when off. */
   readonly loadFeedback: LoadFeedbackConfig | undefined;
   readonly logger: RouterLogger;
   /** OpenTelemetry reports, live when `@opentelemetry/api` is installed. */
   readonly tracing: Tracing;
-  /** The model's tokenizer for exact prefix routing (`prefixAware.tokenizer`), for the built-in prefix-aware policy only. */
-  readonly tokenizer: PromptTokenizer | undefined;
+  /** The model's tokenizer for exact prefix routing (`prefixAware.tokenizer`), with the built-in prefix-aware policy only; loaded with the router. */
+  readonly tokenizer: TokenizerSource | undefined;
 }
 
-/** `loadFeedback`, resolved. */
-export interface LoadFeedbackConfig {
-  readonly intervalMs: number;
-  readonly timeoutMs: number;
-  readonly weight: number;
-}
+const HEADER = 'X-data-parallel-rank';
+const EXPOSE_DECISION = false;
 
-/** `outlierDetection`, resolved. */
-export interface OutlierDetectionConfig {
-  readonly consecutiveFailures: number;
-  readonly baseEjectionMs: number;
-  readonly maxEjectionMs: number;
-  readonly maxEjectionPercent: number;
-  readonly minimumClients: number;
-}
+const RANK_KEYS: KeysEnum<DpRankOptions> = {
+  upstreams: true,
+  policy: true,
+  hints: true,
+  header: true,
+  metrics: true,
+  affinity: true,
+  prefixAware: true,
+  timeouts: true,
+  maxBodyBytes: true,
+  maxBufferedBytes: true,
+  exposeDecision: true,
+  loadFeedback: true,
+  logger: true,
+};
+const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true };
+const ROUTER_KEYS: KeysEnum<DpRouterOptions> = { ...RANK_KEYS, ...PROXY_KEYS };
 
-/** `healthCheck`, resolved. */
-export interface HealthCheckConfig {
-  readonly path: string;
-  readonly intervalMs: number;
-  readonly timeoutMs: number;
-  readonly unhealthyThreshold: number;
-  readonly healthyThreshold: number;
-}
-
-const TOP_LEVEL_KEYS = [
-  'upstreams',
-  'policy',
-  'hints',
-  'header',
-  'metrics',
-  'affinity',
-  'timeouts',
-  'maxBodyBytes',
-  'maxBufferedBytes',
-  'exposeDecision',
-  'xfwd',
-  'outlierDetection',
-  'healthCheck',
-  'retries',
-  'prefixAware',
-  'loadFeedback',
-  'logger',
-] as const;
-const UPSTREAM_KEYS = ['url', 'name', 'dataParallelSize', 'startRank', 'ranks', 'rankHeader', 'discover', 'kvEvents'] as const;
-const RANK_HEADER_MODES: readonly RankHeaderMode[] = ['global', 'local', 'none'];
-/** Node's setTimeout ceiling; larger delays fire at once. */
-const MAX_TIMER_MS = 2 ** 31 - 1;
-const MAX_RANK = 9_999_999_999;
-const METRIC_PREFIX = /^(?:[a-zA-Z_:][a-zA-Z0-9_:]*)?$/;
-
-/** Validates `options` and resolves every default. Throws `TypeError` on the first wrong option. */
-export function parseOptions(options: Options): Configuration {
+/**
+ * Validates `options` and resolves every default, each part by its own parser. Throws
+ * {@link OptionError} (a `TypeError`) on the first wrong option; for `dpRank()`, an option of
+ * the proxy is one.
+ */
+export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mode = 'dpRouter'): Configuration {
   if (!isPlainObject(options)) {
-    fail('options', `must be an object, got ${shown(options)}`, "Pass e.g. `dpRouter({ upstreams: [{ url: 'http://127.0.0.1:8000' }] })`.");
+    fail('options', `must be an object, got ${shown(options)}`, `Pass e.g. \`${mode}({ upstreams: [{ url: 'http://127.0.0.1:8000' }] })\`.`);
   }
-  rejectUnknownKeys('', options, TOP_LEVEL_KEYS);
-  const hints = optionalObject('hints', options.hints);
-  rejectUnknownKeys('hints', hints, ['trust', 'onInvalid', 'header', 'bodyField']);
-  const affinity = optionalObject('affinity', options.affinity);
-  rejectUnknownKeys('affinity', affinity, ['header', 'bodyField', 'loadFactor', 'loadSlack', 'keyLoadFactor', 'maxSessions']);
-  const timeouts = optionalObject('timeouts', options.timeouts);
-  rejectUnknownKeys('timeouts', timeouts, ['connectMs', 'firstByteMs', 'bodyMs']);
-
-  const sessionAffinity = {
-    loadFactor: numberOption('affinity.loadFactor', affinity.loadFactor, 1.25, 1, 1000),
-    loadSlack: numberOption('affinity.loadSlack', affinity.loadSlack, 4, 0, 1_000_000),
-    keyLoadFactor: numberOption('affinity.keyLoadFactor', affinity.keyLoadFactor, 1, 1, 1000),
-    maxSessions: integerOption('affinity.maxSessions', affinity.maxSessions, 65_536, 1, 2 ** 24),
-  };
+  const proxying = mode === 'dpRouter';
+  if (!proxying) rejectProxyOnly('', options, PROXY_KEYS);
+  rejectUnknownKeys('', options, proxying ? ROUTER_KEYS : RANK_KEYS);
+  const proxy: ProxyOptions = proxying ? (options as DpRouterOptions) : {};
   // In this order, so that the first wrong option is reported first.
-  const upstreams = parseUpstreams(options.upstreams);
-  const { tokenizer, ...prefixAware } = parsePrefixAware(options.prefixAware);
-  const policy = parsePolicy(options.policy, { sessionAffinity, prefixAware });
+  const upstreams = parseUpstreams('upstreams', options.upstreams);
+  const hints = parseHints('hints', options.hints);
+  const { sessionAffinity, ...affinity } = parseAffinity('affinity', options.affinity);
+  const { tokenizer, ...prefixAware } = parsePrefixAware('prefixAware', options.prefixAware);
+  const tokenizerFiles = parseTokenizer('prefixAware.tokenizer', tokenizer);
+  const policy = parsePolicy('policy', options.policy, { sessionAffinity, prefixAware });
   return {
     upstreams,
     policy,
-    trust: parseTrust(hints.trust),
-    onInvalid: oneOf('hints.onInvalid', hints.onInvalid, ['reassign', 'reject'], 'reassign'),
-    hintHeader: headerNameOption('hints.header', hints.header, 'x-data-parallel-rank')!,
-    hintBodyField: fieldNameOption('hints.bodyField', hints.bodyField, false),
-    header: headerNameOption('header', options.header, 'X-data-parallel-rank')!,
-    metrics: parseMetrics(options.metrics),
-    affinityHeader: headerNameOption('affinity.header', affinity.header, 'x-session-id'),
-    affinityBodyField: fieldNameOption('affinity.bodyField', affinity.bodyField, 'user'),
-    connectTimeoutMs: integerOption('timeouts.connectMs', timeouts.connectMs, 10_000, 1, MAX_TIMER_MS),
-    firstByteTimeoutMs: integerOption('timeouts.firstByteMs', timeouts.firstByteMs, 600_000, 1, MAX_TIMER_MS),
-    maxBodyBytes: integerOption('maxBodyBytes', options.maxBodyBytes, 16 * 1024 * 1024, 1, 2 ** 31),
-    bodyTimeoutMs: integerOption('timeouts.bodyMs', timeouts.bodyMs, 60_000, 1, MAX_TIMER_MS),
-    bodyBudget: new BodyBudget(integerOption('maxBufferedBytes', options.maxBufferedBytes, defaultBufferedBytes(), 1, Number.MAX_SAFE_INTEGER)),
-    exposeDecision: booleanOption('exposeDecision', options.exposeDecision, false),
-    xfwd: parseXfwd(options.xfwd),
-    outlierDetection: parseOutlierDetection(options.outlierDetection),
-    healthCheck: parseHealthCheck(options.healthCheck),
-    ...parseRetries(options.retries),
-    loadFeedback: parseLoadFeedback(options.loadFeedback),
-    logger: parseLogger(options.logger),
+    ...hints,
+    header: headerNameOption('header', options.header, HEADER),
+    metrics: parseMetrics('metrics', options.metrics),
+    ...affinity,
+    ...parseTimeouts('timeouts', options.timeouts, proxying),
+    maxBodyBytes: parseMaxBodyBytes('maxBodyBytes', options.maxBodyBytes),
+    bodyBudget: parseMaxBufferedBytes('maxBufferedBytes', options.maxBufferedBytes),
+    exposeDecision: booleanOption('exposeDecision', options.exposeDecision, EXPOSE_DECISION),
+    xfwd: parseXfwd('xfwd', proxy.xfwd),
+    outlierDetection: proxying ? parseOutlierDetection('outlierDetection', proxy.outlierDetection) : undefined,
+    healthCheck: parseHealthCheck('healthCheck', proxy.healthCheck),
+    ...parseRetries('retries', proxying ? proxy.retries : false),
+    loadFeedback: parseLoadFeedback('loadFeedback', options.loadFeedback),
+    logger: parseLogger('logger', options.logger),
     tracing: createTracing(policy.name),
-    tokenizer: options.policy === 'prefix-aware' ? parseTokenizer('prefixAware.tokenizer', tokenizer) : undefined,
+    tokenizer: options.policy === 'prefix-aware' ? tokenizerFiles : undefined,
   };
 }
 
-/** 512 MiB, or a quarter of V8's heap limit where that is less (small containers). */
-function defaultBufferedBytes(): number {
-  return Math.min(512 * 1024 * 1024, Math.floor(getHeapStatistics().heap_size_limit / 4));
-}
-
-function parseXfwd(value: unknown): Configuration['xfwd'] {
+function parseXfwd(path: string, value: unknown): Configuration['xfwd'] {
   if (value === undefined || value === false) return false;
   if (value === true) return 'replace';
   if (value === 'append') return 'append';
-  fail('xfwd', `must be true or false, or 'append', got ${shown(value)}`, "Use `xfwd: true` to set the gateway's own view, or `xfwd: 'append'` behind a trusted proxy.");
-}
-
-function parseLoadFeedback(value: unknown): LoadFeedbackConfig | undefined {
-  if (value === undefined || value === false) return undefined;
-  const feedback = value === true ? {} : optionalObject('loadFeedback', value);
-  rejectUnknownKeys('loadFeedback', feedback, ['intervalMs', 'timeoutMs', 'weight']);
-  return {
-    intervalMs: integerOption('loadFeedback.intervalMs', feedback.intervalMs, 1_000, 10, MAX_TIMER_MS),
-    timeoutMs: integerOption('loadFeedback.timeoutMs', feedback.timeoutMs, 1_000, 1, MAX_TIMER_MS),
-    weight: numberOption('loadFeedback.weight', feedback.weight, 0.5, 0, 1),
-  };
-}
-
-function parseDiscover(path: string, value: unknown): number | undefined {
-  if (value === undefined || value === false) return undefined;
-  const discover = value === true ? {} : optionalObject(path, value);
-  rejectUnknownKeys(path, discover, ['intervalMs']);
-  return integerOption(`${path}.intervalMs`, discover.intervalMs, 10_000, 10, MAX_TIMER_MS);
-}
-
-function parseOutlierDetection(value: unknown): OutlierDetectionConfig | undefined {
-  if (value === false) return undefined;
-  const outlier = value === true ? {} : optionalObject('outlierDetection', value);
-  rejectUnknownKeys('outlierDetection', outlier, ['consecutiveFailures', 'baseEjectionMs', 'maxEjectionMs', 'maxEjectionPercent', 'minimumClients']);
-  const baseEjectionMs = integerOption('outlierDetection.baseEjectionMs', outlier.baseEjectionMs, 10_000, 1, MAX_TIMER_MS);
-  const maxEjectionMs = integerOption('outlierDetection.maxEjectionMs', outlier.maxEjectionMs, Math.max(300_000, baseEjectionMs), 1, MAX_TIMER_MS);
-  if (maxEjectionMs < baseEjectionMs) {
-    fail('outlierDetection.maxEjectionMs', `is ${maxEjectionMs}, below baseEjectionMs (${baseEjectionMs})`, 'Make it at least `baseEjectionMs`, or leave it out.');
-  }
-  return {
-    consecutiveFailures: integerOption('outlierDetection.consecutiveFailures', outlier.consecutiveFailures, 5, 1, 1_000_000),
-    baseEjectionMs,
-    maxEjectionMs,
-    maxEjectionPercent: numberOption('outlierDetection.maxEjectionPercent', outlier.maxEjectionPercent, 50, 0, 100),
-    minimumClients: integerOption('outlierDetection.minimumClients', outlier.minimumClients, 3, 1, 1000),
-  };
-}
-
-function parseHealthCheck(value: unknown): HealthCheckConfig | undefined {
-  if (value === undefined || value === false) return undefined;
-  const check = value === true ? {} : optionalObject('healthCheck', value);
-  rejectUnknownKeys('healthCheck', check, ['path', 'intervalMs', 'timeoutMs', 'unhealthyThreshold', 'healthyThreshold']);
-  const path = check.path ?? '/health';
-  // The path is joined to every upstream URL: no scheme, host, whitespace or control characters.
-  if (typeof path !== 'string' || !/^\/[\x21-\x7e]*$/.test(path)) {
-    fail('healthCheck.path', `must be a path starting with '/', got ${shown(check.path)}`, "Use e.g. `path: '/health'`.");
-  }
-  return {
-    path,
-    intervalMs: integerOption('healthCheck.intervalMs', check.intervalMs, 5_000, 1, MAX_TIMER_MS),
-    timeoutMs: integerOption('healthCheck.timeoutMs', check.timeoutMs, 2_000, 1, MAX_TIMER_MS),
-    unhealthyThreshold: integerOption('healthCheck.unhealthyThreshold', check.unhealthyThreshold, 2, 1, 1000),
-    healthyThreshold: integerOption('healthCheck.healthyThreshold', check.healthyThreshold, 1, 1, 1000),
-  };
-}
-
-function parseRetries(value: unknown): Pick<Configuration, 'retryAttempts' | 'retryMaxBodyBytes'> {
-  if (value === false) return { retryAttempts: 1, retryMaxBodyBytes: 0 };
-  const retries = value === true ? {} : optionalObject('retries', value);
-  rejectUnknownKeys('retries', retries, ['attempts', 'maxBodyBytes']);
-  return {
-    retryAttempts: integerOption('retries.attempts', retries.attempts, 2, 1, 10),
-    retryMaxBodyBytes: integerOption('retries.maxBodyBytes', retries.maxBodyBytes, 1024 * 1024, 0, 2 ** 31),
-  };
-}
-
-/** Validates an upstream list (creation and `setUpstreams()`). Throws `TypeError`. */
-export function parseUpstreams(value: unknown): UpstreamConfig[] {
-  if (!Array.isArray(value) || value.length === 0) {
-    fail('upstreams', `must be a non-empty array, got ${shown(value)}`, "Pass e.g. `upstreams: [{ url: 'http://127.0.0.1:8000', dataParallelSize: 8 }]`.");
-  }
-  const names = new Set<string>();
-  return value.map((upstream, index) => {
-    const config = parseUpstream(`upstreams[${index}]`, upstream);
-    if (names.has(config.name)) {
-      fail(`upstreams[${index}].name`, `repeats the name '${config.name}'`, 'Give each upstream its own `name`: it labels the metrics.');
-    }
-    names.add(config.name);
-    return config;
-  });
-}
-
-function parseUpstream(path: string, value: unknown): UpstreamConfig {
-  if (!isPlainObject(value)) fail(path, `must be an object, got ${shown(value)}`, "Use e.g. `{ url: 'http://127.0.0.1:8000' }`.");
-  rejectUnknownKeys(path, value, UPSTREAM_KEYS);
-  const url = parseUrl(`${path}.url`, value.url);
-  const name = value.name === undefined ? url.origin : value.name;
-  // The name travels in metric labels and the decision header: printable ASCII only.
-  if (typeof name !== 'string' || !/^[\x20-\x7e]{1,128}$/.test(name)) {
-    fail(`${path}.name`, `must be 1 to 128 printable ASCII characters, got ${shown(value.name)}`, "Use e.g. `name: 'node-a'`.");
-  }
-  const dataParallelSize = integerOption(`${path}.dataParallelSize`, value.dataParallelSize, 1, 1, 65_536);
-  const startRank = integerOption(`${path}.startRank`, value.startRank, 0, 0, MAX_RANK - dataParallelSize + 1);
-  const ranks = parseRanks(`${path}.ranks`, value.ranks, startRank, dataParallelSize);
-  return {
-    name,
-    url: url.href.replace(/\/$/, ''),
-    startRank,
-    dataParallelSize,
-    ranks,
-    rankHeader: oneOf(`${path}.rankHeader`, value.rankHeader, RANK_HEADER_MODES, 'global'),
-    discoverIntervalMs: parseDiscover(`${path}.discover`, value.discover),
-    kvEvents: parseKvEvents(`${path}.kvEvents`, value.kvEvents, ranks),
-  };
-}
-
-function parseUrl(path: string, value: unknown): URL {
-  let url: URL | undefined;
-  if (typeof value === 'string') {
-    try {
-      url = new URL(value);
-    } catch {
-      url = undefined;
-    }
-  }
-  if (!url || (url.protocol !== 'http:' && url.protocol !== 'https:')) {
-    fail(path, `must be an http: or https: URL, got ${shown(value)}`, "Use e.g. `url: 'http://127.0.0.1:8000'`.");
-  }
-  return url;
-}
-
-function parseRanks(path: string, value: unknown, startRank: number, size: number): number[] {
-  const last = startRank + size - 1;
-  if (value === undefined) return Array.from({ length: size }, (_, offset) => startRank + offset);
-  if (!Array.isArray(value) || value.length === 0) {
-    fail(path, `must be a non-empty array of global ranks, got ${shown(value)}`, `Use ranks from ${startRank} to ${last}, e.g. \`ranks: [${startRank}]\`, or leave it out.`);
-  }
-  const ranks = new Set<number>();
-  for (const rank of value) {
-    if (typeof rank !== 'number' || !Number.isInteger(rank) || rank < startRank || rank > last) {
-      fail(path, `holds ${shown(rank)}, which this upstream does not serve`, `It serves global ranks ${startRank} to ${last} (startRank … startRank + dataParallelSize − 1).`);
-    }
-    if (ranks.has(rank)) fail(path, `lists rank ${rank} twice`, 'List each rank once.');
-    ranks.add(rank);
-  }
-  return [...ranks].sort((a, b) => a - b);
-}
-
-function parsePolicy(value: unknown, settings: PolicySettings): Policy {
-  if (value === undefined) return policyByName('least-outstanding', settings);
-  if (typeof value === 'string') {
-    if (!POLICY_NAMES.includes(value as PolicyName)) {
-      fail('policy', `is ${shown(value)}, not a known policy`, `Use one of ${POLICY_NAMES.map((name) => `'${name}'`).join(', ')}, or a Policy object.`);
-    }
-    return policyByName(value as PolicyName, settings);
-  }
-  if (isPlainObject(value) && typeof value.name === 'string' && typeof value.pick === 'function') return value as unknown as Policy;
-  return fail('policy', `must be a policy name or an object with \`name\` and \`pick(candidates, ctx)\`, got ${shown(value)}`, "Use e.g. `policy: 'least-outstanding'`.");
-}
-
-function parseTrust(value: unknown): boolean | ((req: IncomingMessage) => boolean) {
-  if (value === undefined) return false;
-  if (typeof value === 'boolean' || typeof value === 'function') return value as boolean | ((req: IncomingMessage) => boolean);
-  return fail('hints.trust', `must be a boolean or a function (req) => boolean, got ${shown(value)}`, 'Use e.g. `trust: (req) => req.socket.remoteAddress === "127.0.0.1"`.');
-}
-
-function parseMetrics(value: unknown): Configuration['metrics'] {
-  if (value === false) return undefined;
-  const metrics = optionalObject('metrics', value);
-  rejectUnknownKeys('metrics', metrics, ['registry', 'prefix']);
-  const registry = metrics.registry ?? register;
-  if (!isPlainObject(registry) || typeof (registry as { getSingleMetric?: unknown }).getSingleMetric !== 'function') {
-    fail('metrics.registry', `must be a prom-client Registry, got ${shown(metrics.registry)}`, 'Pass `new Registry()` from prom-client, or leave it out for the global registry.');
-  }
-  const prefix = metrics.prefix ?? 'dp_router_';
-  if (typeof prefix !== 'string' || !METRIC_PREFIX.test(prefix)) {
-    fail('metrics.prefix', `must be a valid Prometheus metric name prefix, got ${shown(metrics.prefix)}`, "Use e.g. `prefix: 'dp_router_'`.");
-  }
-  return { registry: registry as unknown as Registry, prefix };
-}
-
-/** The policy validates the values; unknown names are caught here, with the option path. */
-function parsePrefixAware(value: unknown): Record<string, unknown> {
-  const settings = optionalObject('prefixAware', value);
-  rejectUnknownKeys('prefixAware', settings, ['blockChars', 'maxBlocksPerEndpoint', 'maxBlocksPerRequest', 'contentBalance', 'tokenizer']);
-  return settings;
+  return fail(path, `must be true or false, or 'append', got ${shown(value)}`, `Use \`${path}: true\` to set the gateway's own view, or \`${path}: 'append'\` behind a trusted proxy.`);
 }

@@ -3,7 +3,7 @@ import { isIPv4 } from 'node:net';
 import type { Circuit, EndpointTable, RouteEndpoint, UpstreamServer } from './endpoints';
 import { hashString } from './hash';
 import { NO_METRICS, type RouterMetrics } from './metrics';
-import type { OutlierDetectionConfig } from './options';
+import type { OutlierDetectionConfig } from './outlier-detector-options';
 
 /**
  * What a failure is evidence of, in Envoy's split of local-origin and external-origin errors:

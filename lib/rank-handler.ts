@@ -5,7 +5,7 @@ import { sendError } from './errors';
 import { atHeaderLimit, countHeaderLines, parseBodyRankHint, parseRankHint, type RankHintResult } from './hint';
 import { decodeField, fieldToken, scanFields, type JsonField } from './json-fields';
 import type { HintOutcome, RouterMetrics } from './metrics';
-import type { ExactRouting, IndexSource } from './kv-events/exact-routing';
+import type { ExactLookup, IndexSource } from './kv-events/exact-pick';
 import type { Configuration } from './options';
 import type { PrefixPickContext } from './policies/prefix-aware';
 import { extractPrompt } from './prompt';
@@ -36,7 +36,7 @@ const MAX_RANK_TOKEN = 10;
  * rank header, judges any hint, assigns a rank, and holds the in-flight slot until the
  * response closes. Client mistakes are answered here; only the code's own faults reach `next(error)`.
  */
-export function createRankHandler(config: Configuration, table: EndpointTable, metrics: RouterMetrics, proceed: Proceed, exact?: ExactRouting) {
+export function createRankHandler(config: Configuration, table: EndpointTable, metrics: RouterMetrics, proceed: Proceed, exact?: ExactLookup) {
   const { hintHeader, header, hintBodyField, policy, trust, onInvalid, bodyBudget, bodyTimeoutMs } = config;
   const readsAffinityBody = policy.usesAffinityKey === true && config.affinityBodyField !== undefined;
   // The members routing reads, scanned for once per body; the same name asked twice shares a slot.

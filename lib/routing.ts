@@ -3,10 +3,12 @@ import { Registry } from 'prom-client';
 import { watchEngines, watchedUpstreams } from './engine-watch';
 import { EndpointTable, type RouteEndpoint } from './endpoints';
 import { createExactRouting } from './kv-events/exact-routing';
+import { loadTokenizer } from './kv-events/options';
 import { createMetrics, NO_METRICS, type RouterMetrics } from './metrics';
-import { parseOptions, parseUpstreams, type Configuration, type UpstreamConfig } from './options';
+import { parseOptions, type Configuration, type DpRankOptions, type DpRouterOptions, type Mode, type UpstreamConfig } from './options';
 import { createRankHandler, type Proceed } from './rank-handler';
-import type { EndpointSnapshot, Options, UpstreamOptions } from './types';
+import type { EndpointSnapshot } from './types';
+import { parseUpstreams, type UpstreamOptions } from './upstream-options';
 
 /** A Connect/Express-style handler, typed on `node:http` so it fits Express 4 and 5 alike. */
 export type Middleware = (req: IncomingMessage, res: ServerResponse, next: (error?: unknown) => void) => void;
@@ -53,8 +55,8 @@ export interface EndpointChange {
  * Resolves options once and builds the endpoint table, metrics and the per-request handler,
  * which calls `proceed` once a request has its endpoint.
  */
-export function createRouting(options: Options, proceed: Proceed): Routing {
-  const config = parseOptions(options);
+export function createRouting(options: DpRankOptions | DpRouterOptions, proceed: Proceed, mode: Mode = 'dpRouter'): Routing {
+  const config = parseOptions(options, mode);
   const table = new EndpointTable(config.upstreams);
   const registry = config.metrics?.registry ?? new Registry();
   const scraped = () => watchedUpstreams(table.upstreams, config.loadFeedback);
@@ -81,7 +83,12 @@ export function createRouting(options: Options, proceed: Proceed): Routing {
   const exact =
     config.tokenizer === undefined
       ? undefined
-      : createExactRouting({ upstreams: config.upstreams, tokenizer: config.tokenizer, metrics: config.metrics, warn: (message) => config.logger.warn(message) });
+      : createExactRouting({
+          upstreams: config.upstreams,
+          tokenizer: loadTokenizer('prefixAware.tokenizer', config.tokenizer),
+          metrics: config.metrics,
+          warn: (message) => config.logger.warn(message),
+        });
   if (exact !== undefined) {
     onReconfigure.push(() => exact.reconfigure(table.upstreams));
     onClose.push(() => exact.close());
@@ -105,7 +112,7 @@ export function createRouting(options: Options, proceed: Proceed): Routing {
     metrics: serveMetrics,
     registry,
     endpoints: () => table.snapshot(),
-    setUpstreams: (upstreams) => reconfigure(parseUpstreams(upstreams)),
+    setUpstreams: (upstreams) => reconfigure(parseUpstreams('upstreams', upstreams)),
     close: () => {
       closed ??= Promise.resolve()
         .then(() => Promise.all(onClose.map((stop) => stop())))

@@ -177,12 +177,12 @@ import { createServer, request, type IncomingMessage, type Server } from 'node:h
 import type { AddressInfo } from 'node:net';
 import express from 'express';
 import express4 from 'express4';
-import dpRouter, { dpRank, parseRankHint, type DpRankDecision, type DpRouter, type Options, type Policy } from 'express-dp-router';
+import dpRouter, { dpRank, parseRankHint, type DpRankDecision, type DpRankOptions, type DpRouter, type Options, type Policy } from 'express-dp-router';
 import { Registry } from 'prom-client';
 
 const firstCandidate: Policy = { name: 'first', pick: (candidates) => candidates[0] };
 
-function optionsFor(url: string): Options {
+function rankOptionsFor(url: string): DpRankOptions {
   return {
     upstreams: [{ url, name: 'node-a', dataParallelSize: 8, startRank: 0, ranks: [0, 2, 4, 6], rankHeader: 'global' }],
     policy: 'round-robin',
@@ -195,10 +195,14 @@ function optionsFor(url: string): Options {
     header: 'X-data-parallel-rank',
     metrics: { registry: new Registry(), prefix: 'gw_' },
     affinity: { header: 'x-session-id', bodyField: 'user' },
-    timeouts: { connectMs: 5_000, firstByteMs: 60_000 },
+    timeouts: { bodyMs: 30_000 },
     maxBodyBytes: 1 << 20,
     exposeDecision: true,
   };
+}
+// The upstream timeouts belong to the proxy: dpRank() refuses them.
+function optionsFor(url: string): Options {
+  return { ...rankOptionsFor(url), timeouts: { connectMs: 5_000, firstByteMs: 60_000, bodyMs: 30_000 } };
 }
 const alsoValid: Options = { upstreams: [{ url: 'http://127.0.0.1:8000' }], policy: firstCandidate, metrics: false };
 void alsoValid;
@@ -233,7 +237,7 @@ const routerServer = createServer(app);
 const routed = await send((await listen(routerServer)) + '/v1/completions', '4');
 
 const decisions: DpRankDecision[] = [];
-const rank = dpRank(optionsFor(upstreamUrl));
+const rank = dpRank(rankOptionsFor(upstreamUrl));
 const app4 = express4();
 app4.use(rank);
 app4.use((req: express4.Request, res: express4.Response) => {

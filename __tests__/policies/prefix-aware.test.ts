@@ -1,6 +1,7 @@
 import { describe, expect, it } from '@jest/globals';
+import { OptionError, type PrefixAwareOptions } from '../../lib';
 import { BlockIndex, prefixAware } from '../../lib/policies/prefix-aware';
-import type { Endpoint, PickContext } from '../../lib/types';
+import type { Endpoint, PickContext, Policy } from '../../lib/types';
 
 type MutableEndpoint = { -readonly [K in keyof Endpoint]: Endpoint[K] };
 
@@ -205,6 +206,13 @@ describe('prefixAware', () => {
     expect(() => prefixAware({ blockChars: 0 })).toThrow(/blockChars/);
     expect(() => prefixAware({ maxBlocksPerEndpoint: 1.5 })).toThrow(TypeError);
     expect(() => prefixAware({ contentBalance: -1 })).toThrow(/contentBalance/);
+  });
+
+  it("checks its options by the router's `prefixAware` rules, with the one OptionError", () => {
+    expect(() => prefixAware({ blockChars: 0 })).toThrow(OptionError);
+    expect(() => prefixAware({ blockChars: 0 })).toThrow('express-dp-router: `prefixAware.blockChars` must be an integer from 1 to 1048576, got 0. Use e.g. `prefixAware.blockChars: 64`.');
+    expect(() => prefixAware({ blockChar: 64 } as PrefixAwareOptions)).toThrow(/`prefixAware\.blockChar` is not an option\. Did you mean `blockChars`\?/);
+    expect(() => prefixAware({ fallback: {} as Policy })).toThrow(/`prefixAware\.fallback` must be a policy object/);
   });
 });
 

@@ -1,4 +1,6 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
+import { OptionError, type SessionAffinityOptions } from '../../lib';
+import { parseOptions } from '../../lib/options';
 import { sessionAffinity } from '../../lib/policies/session-affinity';
 import type { Endpoint, PickContext, Policy } from '../../lib/types';
 import { echoUpstreams, exchange, startGateway, type TestGateway } from '../helpers';
@@ -167,6 +169,15 @@ describe('sessionAffinity', () => {
   it('rejects a load factor below 1', () => {
     expect(() => sessionAffinity({ loadFactor: 0.5 })).toThrow(TypeError);
     expect(() => sessionAffinity({ loadFactor: Number.NaN })).toThrow(/loadFactor/);
+  });
+
+  it("checks its options by the router's `affinity` rules, with the one OptionError", () => {
+    expect(() => sessionAffinity({ loadFactor: 0.5 })).toThrow(OptionError);
+    expect(() => sessionAffinity({ loadFactor: 0.5 })).toThrow('express-dp-router: `sessionAffinity.loadFactor` must be a number from 1 to 1000, got 0.5. Use e.g. `sessionAffinity.loadFactor: 1.25`.');
+    // The same rule, the same problem text, as the router's option.
+    expect(() => parseOptions({ upstreams: [{ url: 'http://127.0.0.1:8000' }], affinity: { loadFactor: 0.5 } })).toThrow('`affinity.loadFactor` must be a number from 1 to 1000, got 0.5.');
+    expect(() => sessionAffinity({ loadfactor: 2 } as SessionAffinityOptions)).toThrow(/`sessionAffinity\.loadfactor` is not an option\. Did you mean `loadFactor`\?/);
+    expect(() => sessionAffinity({ fallback: 'random' as unknown as Policy })).toThrow(/`sessionAffinity\.fallback` must be a policy object/);
   });
 });
 

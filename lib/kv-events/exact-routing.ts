@@ -21,23 +21,14 @@
  */
 import { Counter, Gauge, type Registry } from 'prom-client';
 import type { Endpoint } from '../types';
+import { ExactPick, type ExactLookup } from './exact-pick';
+import type { KvEventsOptions } from './source';
+
+export { ExactPick, type ExactLookup, type IndexSource } from './exact-pick';
 import { KvExactIndex } from './exact-index';
 import { createKvEventSubscriber, type KvEventSubscriber, type KvEventType, type KvGapOutcome } from './subscriber';
 import { PromptTokenizer, type PromptKind } from './tokenizer';
 import { TokenizerAgreement } from './tokenizer-agreement';
-
-/** Which index scored the chosen endpoint. */
-export type IndexSource = 'exact' | 'approximate';
-
-/** Where one upstream publishes KV events (the `kvEvents` option of an upstream). */
-export interface KvEventsSource {
-  /** Rank 0's publisher (vLLM offsets it by the global rank), or one endpoint per served rank. */
-  endpoint: string | readonly string[];
-  /** Rank 0's replay ROUTER, offset like `endpoint`, or one per served rank. Default: none (gaps are lost). */
-  replayEndpoint?: string | readonly string[];
-  /** vLLM's `KVEventsConfig.topic`. Default: `''`. */
-  topic?: string;
-}
 
 /** An upstream as exact routing needs it. */
 export interface ExactUpstream {
@@ -46,7 +37,7 @@ export interface ExactUpstream {
   /** The global ranks routed to. */
   readonly ranks: readonly number[];
   /** Absent: the upstream is routed on the approximate index only. */
-  readonly kvEvents?: KvEventsSource;
+  readonly kvEvents?: KvEventsOptions;
 }
 
 /** Options of {@link createExactRouting}. */
@@ -70,43 +61,14 @@ export interface ExactRoutingOptions {
   now?: () => number;
 }
 
-/**
- * One pick's exact view of the candidates, put into the pick context: per candidate the
- * prompt's leading blocks its rank holds, or −1 where the exact index does not serve it.
- */
-export class ExactPick {
-  /** Set by {@link chose}: which index scored the chosen endpoint. */
-  source: IndexSource = 'approximate';
-
-  constructor(
-    /** The prompt's full blocks (of the engine's block size). */
-    readonly promptBlocks: number,
-    /** Per candidate, in the candidates' order: leading blocks held, or −1 (approximate). */
-    readonly matched: Int32Array,
-    private readonly onChosen: (at: number) => void = () => undefined,
-  ) {}
-
-  /** The policy chose candidate `at`: records speculative entries; returns the index that scored it. */
-  chose(at: number): IndexSource {
-    this.source = this.matched[at] >= 0 ? 'exact' : 'approximate';
-    if (this.source === 'exact') this.onChosen(at);
-    return this.source;
-  }
-}
-
 /** A router's exact routing. */
-export interface ExactRouting {
+export interface ExactRouting extends ExactLookup {
   /**
    * Tokenizes the request (`chat` or `completions`, by its path) and looks its first prompt
    * up for every candidate; `undefined` when no candidate is served by a fresh, agreeing
    * exact index or the prompt cannot be tokenized (then the pick is approximate throughout).
    */
   lookup(kind: PromptKind, body: Record<string, unknown>, candidates: readonly Endpoint[]): ExactPick | undefined;
-  /**
-   * {@link lookup} for a request as the router holds it: the path the client sent (the kind
-   * is read from it; other endpoints are not looked up) and the JSON body's bytes.
-   */
-  lookupRequest(path: string, body: Buffer, candidates: readonly Endpoint[]): ExactPick | undefined;
   /** Whether `upstream`'s `rank` is scored on the exact index now. */
   serves(upstream: string, rank: number): boolean;
   /** Follows a change of upstreams: streams of removed or changed upstreams stop, new ones start. */

@@ -2,44 +2,25 @@
  * The options of exact prefix routing: `upstreams[].kvEvents` and `prefixAware.tokenizer`,
  * validated once at creation.
  */
-import { fail, isPlainObject, rejectUnknownKeys, shown } from '../option-checks';
+import { fail, section, shown, type KeysEnum } from '../option-checks';
 import { resolveKvEndpoints } from './endpoints';
-import type { KvEventsSource } from './exact-routing';
+import type { KvEventsOptions, TokenizerSource } from './source';
 import { PromptTokenizer } from './tokenizer';
 
-/** Where an upstream publishes KV events, as given in `upstreams[].kvEvents`. */
-export interface KvEventsOptions {
-  /**
-   * Rank 0's publisher, as vLLM's `--kv-events-config` `endpoint` with the host it publishes
-   * on, e.g. `'tcp://10.0.0.5:5557'`: rank r's is this port + r (vLLM offsets each engine's
-   * publisher by its global data-parallel rank, even for an upstream whose `startRank` is
-   * higher). An array names each served rank's endpoint instead, in rank order (external
-   * load balancing). Required.
-   */
-  endpoint: string | readonly string[];
-  /**
-   * Rank 0's replay socket (`replay_endpoint`), offset like `endpoint`, or one per served rank.
-   * With it, a gap in a rank's event sequence is filled from the engine's buffer and a router
-   * that starts late learns what was cached before; without it, a gap clears that rank's index.
-   * Default: none.
-   */
-  replayEndpoint?: string | readonly string[];
-  /** The topic vLLM publishes under (`topic`). Default: `''`. */
-  topic?: string;
-}
+export type { KvEventsOptions, TokenizerSource } from './source';
 
-const KV_EVENTS_KEYS = ['endpoint', 'replayEndpoint', 'topic'] as const;
+const KV_EVENTS_KEYS: KeysEnum<KvEventsOptions> = { endpoint: true, replayEndpoint: true, topic: true };
+const TOPIC = '';
 
 /** `upstreams[i].kvEvents`, checked against the ranks it serves; `undefined` when not given. */
-export function parseKvEvents(path: string, value: unknown, ranks: readonly number[]): KvEventsSource | undefined {
+export function parseKvEvents(path: string, value: unknown, ranks: readonly number[]): KvEventsOptions | undefined {
   if (value === undefined) return undefined;
-  if (!isPlainObject(value)) fail(path, `must be an object, got ${shown(value)}`, "Use e.g. `kvEvents: { endpoint: 'tcp://10.0.0.5:5557', replayEndpoint: 'tcp://10.0.0.5:5558' }`.");
-  rejectUnknownKeys(path, value, KV_EVENTS_KEYS);
-  if (value.endpoint === undefined) fail(`${path}.endpoint`, 'is required', "Give rank 0's publisher, e.g. `endpoint: 'tcp://10.0.0.5:5557'`.");
-  const endpoint = endpointOption(`${path}.endpoint`, value.endpoint, ranks);
-  const replayEndpoint = value.replayEndpoint === undefined ? undefined : endpointOption(`${path}.replayEndpoint`, value.replayEndpoint, ranks);
-  const topic = value.topic ?? '';
-  if (typeof topic !== 'string') fail(`${path}.topic`, `must be a string, got ${shown(value.topic)}`, "Use vLLM's `topic`, or leave it out for ''.");
+  const options = section(path, value, KV_EVENTS_KEYS);
+  const replayEndpoint = options.replayEndpoint === undefined ? undefined : endpointOption(`${path}.replayEndpoint`, options.replayEndpoint, ranks);
+  const topic = options.topic ?? TOPIC;
+  if (typeof topic !== 'string') fail(`${path}.topic`, `must be a string, got ${shown(options.topic)}`, "Use vLLM's `topic`, or leave it out for ''.");
+  if (options.endpoint === undefined) fail(`${path}.endpoint`, 'is required', "Give rank 0's publisher, e.g. `endpoint: 'tcp://10.0.0.5:5557'`.");
+  const endpoint = endpointOption(`${path}.endpoint`, options.endpoint, ranks);
   return { endpoint, ...(replayEndpoint !== undefined && { replayEndpoint }), topic };
 }
 
@@ -58,15 +39,20 @@ function endpointOption(path: string, value: unknown, ranks: readonly number[]):
   return Array.isArray(value) ? [...value] : (value as string);
 }
 
-/** `prefixAware.tokenizer`, loaded now so that a wrong path fails at creation; `undefined` when not given. */
-export function parseTokenizer(path: string, value: unknown): PromptTokenizer | undefined {
+/** `prefixAware.tokenizer`'s form, checked whatever the policy; `undefined` when not given. */
+export function parseTokenizer(path: string, value: unknown): TokenizerSource | undefined {
   if (value === undefined) return undefined;
   const files = typeof value === 'string' || (Array.isArray(value) && value.length === 2 && value.every((one) => typeof one === 'string'));
   if (!files) {
     fail(path, `must be a path or two paths, got ${shown(value)}`, "Use the model's directory holding tokenizer.json and tokenizer_config.json, e.g. `tokenizer: '/models/llama-3.1-8b'`.");
   }
+  return typeof value === 'string' ? value : [value[0], value[1]];
+}
+
+/** Loads `prefixAware.tokenizer` at the router's creation, so that a wrong path fails then. */
+export function loadTokenizer(path: string, source: TokenizerSource): PromptTokenizer {
   try {
-    return PromptTokenizer.load(value as string | [string, string]);
+    return PromptTokenizer.load(source);
   } catch (error) {
     return fail(path, `could not be loaded: ${(error as Error).message}`, "Point it at the model's tokenizer.json and tokenizer_config.json (the files the engine serves).");
   }

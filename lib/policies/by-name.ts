@@ -1,15 +1,18 @@
+import { fail, isPolicy, shown } from '../option-checks';
 import type { Policy, PolicyName } from '../types';
 import { leastOutstanding } from './least-outstanding';
 import { powerOfTwo } from './power-of-two';
-import { prefixAware, type PrefixAwareOptions } from './prefix-aware';
+import { prefixAware } from './prefix-aware';
+import type { PrefixAwareConfig } from './prefix-aware-options';
 import { random } from './random';
 import { roundRobin } from './round-robin';
-import { sessionAffinity, type SessionAffinityOptions } from './session-affinity';
+import { sessionAffinity } from './session-affinity';
+import type { SessionAffinityConfig } from './session-affinity-options';
 
-/** What a built-in policy may be configured with from the router's options. */
+/** What a built-in policy is configured with from the router's options (resolved). */
 export interface PolicySettings {
-  sessionAffinity: Omit<SessionAffinityOptions, 'fallback'>;
-  prefixAware: Omit<PrefixAwareOptions, 'fallback'>;
+  sessionAffinity: SessionAffinityConfig;
+  prefixAware: PrefixAwareConfig;
 }
 
 /** Every built-in policy name, in the order the docs list them. */
@@ -21,6 +24,21 @@ export const POLICY_NAMES: readonly PolicyName[] = [
   'session-affinity',
   'prefix-aware',
 ];
+
+const POLICY: PolicyName = 'least-outstanding';
+
+/** The router's `policy` option: a built-in name (a fresh policy each time) or a Policy object as it is. */
+export function parsePolicy(path: string, value: unknown, settings: PolicySettings): Policy {
+  if (value === undefined) return policyByName(POLICY, settings);
+  if (typeof value === 'string') {
+    if (!POLICY_NAMES.includes(value as PolicyName)) {
+      fail(path, `is ${shown(value)}, not a known policy`, `Use one of ${POLICY_NAMES.map((name) => `'${name}'`).join(', ')}, or a Policy object.`);
+    }
+    return policyByName(value as PolicyName, settings);
+  }
+  if (isPolicy(value)) return value;
+  return fail(path, `must be a policy name or an object with \`name\` and \`pick(candidates, ctx)\`, got ${shown(value)}`, `Use e.g. \`${path}: '${POLICY}'\`.`);
+}
 
 /** Builds a fresh built-in policy: each router gets its own cursors and indexes. */
 export function policyByName(name: PolicyName, settings: PolicySettings): Policy {

@@ -1,46 +1,10 @@
 import { endpointHash, hashString, keyedMix32, randomKey32, rendezvousWeight } from '../hash';
-import type { ExactPick } from '../kv-events/exact-routing';
+import type { ExactPick } from '../kv-events/exact-pick';
 import type { Endpoint, PickContext, Policy } from '../types';
-import { leastOutstanding } from './least-outstanding';
-import { DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK } from './session-affinity';
+import { parsePrefixAwarePolicy, type PrefixAwareOptions } from './prefix-aware-options';
+import { DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK, type SessionAffinitySettings } from './session-affinity-options';
 
-/** Options of {@link prefixAware}. */
-export interface PrefixAwareOptions {
-  /**
-   * Characters per hashed block. Only whole blocks count, as vLLM caches only full blocks.
-   * Default: `64` (about vLLM's 16-token block at ~4 characters per token).
-   */
-  blockChars?: number;
-  /**
-   * The memory bound, per endpoint: the index remembers at least the `maxBlocksPerEndpoint`
-   * block hashes most recently sent to it and never more than twice that, in fixed tables of
-   * `16 × nextPowerOfTwo(maxBlocksPerEndpoint)` bytes: 512 KiB per endpoint for the default
-   * `32768` (2 M characters, about 500 K tokens of prompt). Match it to the rank's KV cache,
-   * `tokens × 4 / blockChars`, so that the index does not forget before the rank does.
-   * Default: `32768`.
-   */
-  maxBlocksPerEndpoint?: number;
-  /**
-   * The work bound per request: only a prompt's first `maxBlocksPerRequest` blocks are hashed,
-   * looked up and recorded; the rest of a longer prompt is routed as if it were not there
-   * (its head decides where its cache is anyway). With the index's bounded probing, one
-   * request costs at most this many blocks × a fixed number of slot probes, whatever its text.
-   * Default: `16384` blocks (1 MiB of prompt at 64 characters, about 256 K tokens: past the
-   * 128 K-token context of most served models), or `maxBlocksPerEndpoint` when that is smaller,
-   * so that one request cannot flush an endpoint's index.
-   */
-  maxBlocksPerRequest?: number;
-  /**
-   * Weight of the content-balance term: an endpoint that received a share `s` of the new
-   * blocks recently sent to the candidates (about the last one to two caches' worth) costs
-   * `contentBalance × prompt blocks × min(0.5, max(0, s × candidates − 1))` more, so that a
-   * prefix held by one endpoint (a shared system prompt) does not draw every new conversation
-   * onto it. `0` turns it off. Default: `1`.
-   */
-  contentBalance?: number;
-  /** Chooses for requests without a prompt of at least one block. Default: `leastOutstanding()`. */
-  fallback?: Policy;
-}
+export type { PrefixAwareOptions } from './prefix-aware-options';
 
 /**
  * What the router adds to the pick context when exact routing from KV events applies: per
@@ -88,7 +52,8 @@ const WORK_SMOOTHING = 1 / 32;
  *
  * and the cheapest wins. A prompt whose lead (its first 4 blocks) no candidate holds is a new
  * prefix: it goes to the first endpoint of the lead's rendezvous (highest-random-weight) order
- * whose load is within `max(⌈1.25 × mean⌉, least + 4)`, session-affinity's default bound. That
+ * whose load is within session-affinity's bound at its defaults (`max(⌈loadFactor × mean⌉,
+ * least + loadSlack)`, see {@link SessionAffinitySettings}). That
  * order depends only on the prompt's text and the endpoint keys, so gateway replicas that share
  * the traffic, each learning only from its own share, place a new prefix on the same endpoint
  * and find it there later; a private rule (the emptiest endpoint in this gateway's view) would
@@ -100,14 +65,10 @@ const WORK_SMOOTHING = 1 / 32;
  * longest prompt and the endpoint keys are known.
  */
 export function prefixAware(options: PrefixAwareOptions = {}): Policy {
-  const blockChars = positiveInteger(options.blockChars ?? 64, 'blockChars');
-  const maxBlocks = positiveInteger(options.maxBlocksPerEndpoint ?? 32768, 'maxBlocksPerEndpoint');
-  const maxRequestBlocks = positiveInteger(options.maxBlocksPerRequest ?? Math.min(16384, maxBlocks), 'maxBlocksPerRequest');
+  const { blockChars, maxBlocksPerEndpoint: maxBlocks, maxBlocksPerRequest: maxRequestBlocks, contentBalance, fallback } = parsePrefixAwarePolicy('prefixAware', options);
   // One key for every index of this policy: slots are unpredictable to clients, and the
   // content hashes themselves stay deterministic (replicas may place prefixes by them).
   const slotKey = randomKey32();
-  const contentBalance = nonNegative(options.contentBalance ?? 1, 'contentBalance');
-  const fallback = options.fallback ?? leastOutstanding();
   const indexes = new Map<string, BlockIndex>();
   let blockHashes = new Int32Array(256);
   /** Each candidate's index during one pick (looked up once), reused across picks. */
@@ -246,7 +207,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
 
   /**
    * A new prefix: the first candidate of its lead's rendezvous order whose load is within
-   * `max(⌈1.25 × mean⌉, least + 4)`, session-affinity's default bound. The order depends on
+   * session-affinity's bound at its default `loadFactor` and `loadSlack`. The order depends on
    * the prompt and the endpoint keys only, so every replica places the prefix alike.
    */
   function place(candidates: readonly Endpoint[], lead: number, minLoad: number, totalLoad: number): number {
@@ -330,7 +291,7 @@ export function hashPromptBlocks(prompt: string, blockChars: number, count: numb
  * cache, sized alike, forgets nothing the index still needs), and at most `2 × maxBlocks`.
  * Each generation is an open-addressing hash set in an `Int32Array` at most half full, so a
  * touch is a probe or two with no allocation, and the memory is fixed:
- * `16 × nextPowerOfTwo(maxBlocks)` bytes (512 KiB for 32768 blocks).
+ * `16 × nextPowerOfTwo(maxBlocks)` bytes (512 KiB for the default `maxBlocksPerEndpoint`).
  */
 export class BlockIndex {
   lastCandidatePick = 0;
@@ -484,18 +445,4 @@ class HashSet32 {
     this.slots.fill(0);
     this.size = 0;
   }
-}
-
-function positiveInteger(value: number, name: string): number {
-  if (!Number.isInteger(value) || value < 1) {
-    throw new TypeError(`prefixAware: ${name} must be a positive integer (got ${String(value)}).`);
-  }
-  return value;
-}
-
-function nonNegative(value: number, name: string): number {
-  if (!Number.isFinite(value) || value < 0) {
-    throw new TypeError(`prefixAware: ${name} must be a finite number >= 0 (got ${String(value)}).`);
-  }
-  return value;
 }

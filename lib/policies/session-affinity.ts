@@ -1,51 +1,8 @@
 import { combine32, hashString, keyedMix32, randomKey32 } from '../hash';
 import type { Endpoint, PickContext, Policy } from '../types';
-import { leastOutstanding } from './least-outstanding';
+import { parseSessionAffinity, type SessionAffinityOptions } from './session-affinity-options';
 
-/** Options of {@link sessionAffinity}. */
-export interface SessionAffinityOptions {
-  /**
-   * In-flight guard `c`: a request whose session's endpoint has a load above
-   * `max(⌈c × mean load⌉, least load + loadSlack)` goes, this once, to the next endpoint of the
-   * session's hash order that is within that bound; the session keeps its endpoint. At least 1.
-   * Default: `1.25`.
-   */
-  loadFactor?: number;
-  /**
-   * The in-flight guard's absolute slack: the session's endpoint keeps its requests while its
-   * load is at most this much above the least loaded candidate's, whatever the ratio says (as
-   * SGLang's `balance_abs_threshold`). At low load a ratio alone is noise: with 8 requests in
-   * flight on 8 endpoints the mean is 1, so two other sessions' requests would push a session
-   * away from its cache although nothing queues. A hot session still spills once its endpoint
-   * is this far ahead. `0` leaves only the ratio. Default: `4` (with 8 sessions in flight on
-   * 8 endpoints, about 1 follow-up turn in 2000 spills).
-   */
-  loadSlack?: number;
-  /**
-   * Key balance `c_k`: a new session is assigned to the first endpoint of its hash order that
-   * holds fewer than `⌈c_k × (sessions + 1) / endpoints⌉` of the remembered sessions
-   * (consistent hashing with bounded loads, Mirrokni, Thorup and Zadimoghaddam 2018). `1`
-   * keeps the session counts within one of each other, which is what balances a few long
-   * conversations; larger values let more sessions land on their first-choice endpoint, so
-   * router replicas and forgotten sessions agree more often. At least 1. Default: `1`.
-   */
-  keyLoadFactor?: number;
-  /**
-   * The memory bound: how many sessions are remembered, least recently used first out. Each
-   * is a 32-bit hash of the key and an endpoint number in a `Map` (about 50 bytes; ~3 MiB for
-   * the default), whatever the key's length. A forgotten session that returns is assigned
-   * anew (most often to the same endpoint). Two keys whose hashes collide share an
-   * assignment, which costs nothing but a little balance. Default: `65536`.
-   */
-  maxSessions?: number;
-  /** The policy for requests without a session key. Default: `leastOutstanding()`. */
-  fallback?: Policy;
-}
-
-/** Default `loadFactor`: also the load bound of prefix-aware's placement of new prefixes. */
-export const DEFAULT_LOAD_FACTOR = 1.25;
-/** Default `loadSlack`: also the load bound of prefix-aware's placement of new prefixes. */
-export const DEFAULT_LOAD_SLACK = 4;
+export type { SessionAffinityOptions } from './session-affinity-options';
 
 /** Distinct endpoint keys remembered before every assignment is dropped (endpoint sets are small). */
 const MAX_ENDPOINT_KEYS = 4096;
@@ -73,17 +30,7 @@ const MAX_ENDPOINT_KEYS = 4096;
  * large `keyLoadFactor`); put one router in front of a session, or route by prefix.
  */
 export function sessionAffinity(options: SessionAffinityOptions = {}): Policy {
-  const loadFactor = atLeastOne(options.loadFactor ?? DEFAULT_LOAD_FACTOR, 'loadFactor', `use ${DEFAULT_LOAD_FACTOR} for the default bound.`);
-  const loadSlack = options.loadSlack ?? DEFAULT_LOAD_SLACK;
-  if (!Number.isFinite(loadSlack) || loadSlack < 0) {
-    throw new TypeError(`sessionAffinity: loadSlack must be a finite number >= 0 (got ${String(loadSlack)}); use ${DEFAULT_LOAD_SLACK} for the default slack.`);
-  }
-  const keyLoadFactor = atLeastOne(options.keyLoadFactor ?? 1, 'keyLoadFactor', 'use 1 for the default bound.');
-  const maxSessions = options.maxSessions ?? 65536;
-  if (!Number.isInteger(maxSessions) || maxSessions < 1) {
-    throw new TypeError(`sessionAffinity: maxSessions must be a positive integer (got ${String(maxSessions)}).`);
-  }
-  const fallback = options.fallback ?? leastOutstanding();
+  const { loadFactor, loadSlack, keyLoadFactor, maxSessions, fallback } = parseSessionAffinity('sessionAffinity', options);
   const endpoints = new EndpointTable();
   /**
    * Session slot → endpoint id, in least-recently-used order. The slot is the key's hash mixed
@@ -236,11 +183,4 @@ class EndpointTable {
     }
     return id;
   }
-}
-
-function atLeastOne(value: number, name: string, hint: string): number {
-  if (!Number.isFinite(value) || value < 1) {
-    throw new TypeError(`sessionAffinity: ${name} must be a finite number >= 1 (got ${String(value)}); ${hint}`);
-  }
-  return value;
 }

@@ -219,7 +219,7 @@ export class KvExactIndex implements KvEventSink {
     while (state.speculative.size > this.maxSpeculative) this.dropOldestSpeculative(state);
   }
 
-  /** Speculative entries held over all ranks (expired ones included until looked at). */
+  /** Speculative entries held over all ranks (expired ones included until a match meets one on their rank). */
   get speculativeBlocks(): number {
     return this.speculativeCount;
   }
@@ -229,12 +229,11 @@ export class KvExactIndex implements KvEventSink {
     const expiresAt = state.speculative.get(key);
     if (expiresAt === undefined) return false;
     if (expiresAt > now) return true;
-    // Entries expire in insertion order: drop this one and every older one.
+    // Entries are held in expiry order: drop every expired one, this one among them.
     for (const [old, when] of state.speculative) {
       if (when > now) break;
       state.speculative.delete(old);
       this.speculativeCount--;
-      if (old === key) break;
     }
     return false;
   }

@@ -211,6 +211,8 @@ function measureHandler(policy: 'least-outstanding' | 'round-robin', metrics: bo
       originalUrl: '/v1/completions',
       headers: { host: '127.0.0.1:30000', 'content-type': 'application/json', 'content-length': '256' },
       rawHeaders: ['Host', '127.0.0.1:30000', 'Content-Type', 'application/json', 'Content-Length', '256'],
+      // Its body has arrived (no `timeouts.bodyMs` deadline to arm: this fake has no events).
+      complete: true,
     } as unknown as RoutedRequest & IncomingMessage;
     routing.handle(req, res, next);
     res.emit('close');

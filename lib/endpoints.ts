@@ -62,13 +62,21 @@ export class RouteEndpoint implements Endpoint {
   readonly headerValue: string | undefined;
   /** The `X-DP-Router-Decision` value per source. */
   readonly receipts: Readonly<Record<DecisionSource, string>>;
+  /** Moved only by the request's `RouteState` (assign, moveTo, and its response's close). */
   inflight = 0;
-  /** Engine-reported load, added to `inflight` where load feedback is on. */
+  /**
+   * Engine-reported load, added to `inflight` where load feedback is on; written by engine-watch
+   * alone. Kept here rather than in engine-watch because every pick reads `load` per candidate.
+   */
   externalLoad = 0;
+  /** In rotation: derived by the table from the probe verdict and both circuits ({@link EndpointTable.updateHealth}). */
   healthy = true;
-  /** Outlier detection of this rank's own answers (5xx, timeouts). */
+  /**
+   * Outlier detection of this rank's own answers (5xx, timeouts); its state moves only in the
+   * outlier detector, which reads it on every send and answer.
+   */
   readonly circuit = new Circuit();
-  /** Whether the upstream passes its active health check (always, when checks are off). */
+  /** Whether the upstream passes its active health check (always, when checks are off); written by the health checker alone. */
   probeUp = true;
 
   /** `server` is shared by every endpoint reached through the same URL (see {@link EndpointTable}). */
@@ -190,6 +198,19 @@ export class EndpointTable {
   /** Healthy endpoints serving one global rank (replicas on several upstreams). */
   healthyOfRank(rank: number): readonly RouteEndpoint[] {
     return this.healthyByRank.get(rank) ?? [];
+  }
+
+  /**
+   * The least loaded healthy replica of one global rank (the first on ties), leaving out those
+   * `skip` names; `undefined` when none is left. A hint is served by it, and retried on it.
+   */
+  leastLoadedOfRank(rank: number, skip?: (endpoint: RouteEndpoint) => boolean): RouteEndpoint | undefined {
+    let best: RouteEndpoint | undefined;
+    for (const replica of this.healthyOfRank(rank)) {
+      if (skip !== undefined && skip(replica)) continue;
+      if (best === undefined || replica.load < best.load) best = replica;
+    }
+    return best;
   }
 
   /** Takes an endpoint in or out of rotation. Returns whether anything changed. */

@@ -1,7 +1,6 @@
-import type { RouteEndpoint } from './endpoints';
 import type { HintOutcome } from './metrics';
 import { fail, pathOf, shown } from './option-checks';
-import type { DecisionSource } from './types';
+import type { DecisionSource, Endpoint } from './types';
 
 /**
  * Receives the router's logs, in pino's calling convention: `(fields, message)` for structured
@@ -21,11 +20,11 @@ export interface RouterLogger {
   /** A run-time notice (a body parser mounted first, ranks discovered), as a plain message. */
   warn(message: string): void;
   /** The request's routing decision, at debug level; free when debug is off. */
-  decided(endpoint: RouteEndpoint, source: DecisionSource, policy: string, hintOutcome: HintOutcome | undefined): void;
+  decided(endpoint: Endpoint, source: DecisionSource, policy: string, hintOutcome: HintOutcome | undefined): void;
   /** A request sent again to another endpoint, at debug level. */
-  retried(failed: RouteEndpoint, next: RouteEndpoint): void;
+  retried(failed: Endpoint, next: Endpoint): void;
   /** An endpoint left rotation, at info level: an event the router handles, not a fault of its own. */
-  ejected(endpoint: RouteEndpoint): void;
+  ejected(endpoint: Endpoint): void;
 }
 
 const LEVELS = ['debug', 'info', 'error'] as const;

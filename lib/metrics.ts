@@ -1,6 +1,5 @@
 import type { IncomingMessage } from 'node:http';
 import { Counter, Gauge, Histogram, register, type Registry } from 'prom-client';
-import type { RouteEndpoint } from './endpoints';
 import { fail, isPlainObject, pathOf, section, shown, type KeysEnum } from './option-checks';
 import type { DecisionSource } from './types';
 
@@ -49,25 +48,34 @@ const DURATION_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 1
 /** From a warm prefix-cache hit (tens of ms) to a long prompt queued behind others (a minute). */
 const FIRST_TOKEN_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60];
 
+/** What the instruments read of an endpoint (the router's `RouteEndpoint`); typed here so that metrics depend on no other part. */
+export interface MeteredEndpoint {
+  readonly upstream: string;
+  /** The rank as a label value, made once. */
+  readonly rankLabel: string;
+  readonly inflight: number;
+  readonly healthy: boolean;
+}
+
 /** The router's instruments; a no-op stands in when metrics are off. */
 export interface RouterMetrics {
   hint(outcome: HintOutcome): void;
-  dispatched(endpoint: RouteEndpoint, source: DecisionSource): void;
-  finished(endpoint: RouteEndpoint, seconds: number): void;
-  upstreamError(endpoint: RouteEndpoint, kind: UpstreamErrorKind): void;
+  dispatched(endpoint: MeteredEndpoint, source: DecisionSource): void;
+  finished(endpoint: MeteredEndpoint, seconds: number): void;
+  upstreamError(endpoint: MeteredEndpoint, kind: UpstreamErrorKind): void;
   /**
    * The upstream began a 2xx answer to a request dispatched at `started` (`performance.now()`):
    * time to first token is taken now, or for an event stream at its first body chunk.
    */
-  responded(endpoint: RouteEndpoint, response: IncomingMessage, started: number): void;
+  responded(endpoint: MeteredEndpoint, response: IncomingMessage, started: number): void;
   /** A request is sent again elsewhere after `endpoint` failed it. */
-  retried(endpoint: RouteEndpoint): void;
+  retried(endpoint: MeteredEndpoint): void;
   /** The outlier detector took `endpoint` out of rotation. */
-  ejected(endpoint: RouteEndpoint): void;
+  ejected(endpoint: MeteredEndpoint): void;
   /** A failed read of an upstream's `/metrics` (discovery, load feedback). */
   scrapeFailed(upstream: string): void;
   /** Follows a reconfiguration: zero-filled series for new endpoints, none left for removed ones. */
-  track(change: { added: readonly RouteEndpoint[]; removed: readonly RouteEndpoint[] }, scrapedUpstreams: readonly string[]): void;
+  track(change: { added: readonly MeteredEndpoint[]; removed: readonly MeteredEndpoint[] }, scrapedUpstreams: readonly string[]): void;
   /** Stops reporting this router's gauges (the families stay for other routers). */
   close(): void;
 }
@@ -93,7 +101,7 @@ const gaugeSources = new WeakMap<object, Set<GaugeSource>>();
 export function createMetrics(
   registry: Registry,
   prefix: string,
-  table: { readonly all: readonly RouteEndpoint[] },
+  table: { readonly all: readonly MeteredEndpoint[] },
   scrapedUpstreams: readonly string[],
 ): RouterMetrics {
   const requests = counter(registry, `${prefix}requests_total`, 'Requests dispatched, by endpoint and where the rank came from.', ['upstream', 'rank', 'source']);
@@ -111,8 +119,8 @@ export function createMetrics(
   const ejections = counter(registry, `${prefix}ejections_total`, 'Times the outlier detector took the endpoint out of rotation.', ['upstream', 'rank']);
   const scrapes = counter(registry, `${prefix}upstream_scrape_failures_total`, "Failed reads of an upstream's /metrics for discovery or load feedback.", ['upstream']);
 
-  const instruments = new Map<RouteEndpoint, EndpointInstruments>();
-  const instrument = (endpoint: RouteEndpoint) => {
+  const instruments = new Map<MeteredEndpoint, EndpointInstruments>();
+  const instrument = (endpoint: MeteredEndpoint) => {
     const labels = { upstream: endpoint.upstream, rank: endpoint.rankLabel };
     const bind = (metric: Counter, extra: Record<string, string>) => {
       const child = metric.labels({ ...labels, ...extra });
@@ -131,7 +139,7 @@ export function createMetrics(
     duration.zero(labels);
     firstToken.zero(labels);
   };
-  const forget = (endpoint: RouteEndpoint) => {
+  const forget = (endpoint: MeteredEndpoint) => {
     const known = instruments.get(endpoint);
     if (!known) return;
     instruments.delete(endpoint);

@@ -6,7 +6,7 @@ import { createExactRouting } from './kv-events/exact-routing';
 import { loadTokenizer } from './kv-events/options';
 import { createMetrics, NO_METRICS, type RouterMetrics } from './metrics';
 import { parseOptions, type Configuration, type DpRankOptions, type DpRouterOptions, type Mode, type UpstreamConfig } from './options';
-import { createRankHandler, type Proceed } from './rank-handler';
+import { createPipeline, type Pipeline, type Proceed } from './pipeline';
 import type { EndpointSnapshot } from './types';
 import { parseUpstreams, type UpstreamOptions } from './upstream-options';
 
@@ -38,6 +38,8 @@ export interface Routing {
   readonly metrics: RouterMetrics;
   /** The middleware: decides, then hands the request to the layer's `proceed`. */
   readonly handle: Middleware;
+  /** The request path's front, for the layer built on top (dpRouter reads retry bodies with it). */
+  readonly pipeline: Pipeline;
   readonly helpers: RoutingHelpers;
   /** Work to run on `close()`, added by the layers built on top. */
   readonly onClose: Array<() => void | Promise<void>>;
@@ -120,5 +122,6 @@ export function createRouting(options: DpRankOptions | DpRouterOptions, proceed:
       return closed;
     },
   };
-  return { config, table, metrics, handle: createRankHandler(config, table, metrics, proceed, exact) as Middleware, helpers, onClose, onReconfigure };
+  const pipeline = createPipeline(config, table, metrics, proceed, exact);
+  return { config, table, metrics, handle: pipeline.handle as Middleware, pipeline, helpers, onClose, onReconfigure };
 }

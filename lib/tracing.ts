@@ -1,7 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { RouteEndpoint } from './endpoints';
 import type { HintOutcome } from './metrics';
-import type { DecisionSource } from './types';
+import type { DecisionSource, Endpoint } from './types';
 
 /**
  * The part of `@opentelemetry/api` the router uses, typed here so that the package compiles
@@ -28,11 +27,11 @@ export interface Tracing {
    * The request has its endpoint: the decision goes on the active span, and that span's
    * context onto the proxied request's headers (`traceparent`, `tracestate`).
    */
-  decided(req: IncomingMessage, endpoint: RouteEndpoint, source: DecisionSource, hintOutcome: HintOutcome | undefined): void;
+  decided(req: IncomingMessage, endpoint: Endpoint, source: DecisionSource, hintOutcome: HintOutcome | undefined): void;
   /** The request is sent again, to `next`, after `failed` failed it. */
-  retried(req: IncomingMessage, failed: RouteEndpoint, next: RouteEndpoint): void;
+  retried(req: IncomingMessage, failed: Endpoint, next: Endpoint): void;
   /** `endpoint` left rotation (on the span active when the failure that ejected it was seen). */
-  ejected(endpoint: RouteEndpoint): void;
+  ejected(endpoint: Endpoint): void;
   /** The gateway answered with its own error. */
   answeredError(res: ServerResponse, status: number, message: string): void;
 }

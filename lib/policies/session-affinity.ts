@@ -31,7 +31,7 @@ const MAX_ENDPOINT_KEYS = 4096;
  */
 export function sessionAffinity(options: SessionAffinityOptions = {}): Policy {
   const { loadFactor, loadSlack, keyLoadFactor, maxSessions, fallback } = parseSessionAffinity('sessionAffinity', options);
-  const endpoints = new EndpointTable();
+  const endpoints = new SessionEndpoints();
   /**
    * Session slot → endpoint id, in least-recently-used order. The slot is the key's hash mixed
    * with a random key: V8 hashes integer `Map` keys without a seed, so keys a client could
@@ -126,7 +126,7 @@ export function sessionAffinity(options: SessionAffinityOptions = {}): Policy {
  * result is reused when every position still holds the same endpoint object (a pointer
  * comparison each).
  */
-class EndpointTable {
+class SessionEndpoints {
   /** Sessions assigned, by endpoint id. */
   sessions = new Int32Array(16);
   private readonly idOf = new Map<string, number>();

@@ -107,6 +107,21 @@ describe('exact prefix routing through the router (real ZMQ, the mock vLLM)', ()
     expect(decision).toMatch(/; source=assigned; index=approximate$/);
   });
 
+  it('routes a prompt the tokenizer cannot take on the approximate index, and a body past the budget without tokenizing it', async () => {
+    const mock = await startMock();
+    const gw = await startGateway({ ...options(mock), maxBufferedBytes: 4096 });
+    started.push(gw);
+    await join(mock, gw);
+    const image = { model: 'mock-model', messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'data:,' } }, { type: 'text', text: SYSTEM }] }], max_tokens: 1 };
+    const refused = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(image) });
+    await refused.arrayBuffer();
+    expect(refused.headers.get('x-dp-router-decision')).toMatch(/; index=approximate$/);
+    // 4 × 1,100 bytes cannot be leased for decoding: routed on the prompt text alone.
+    const body = chat('x'.repeat(900), 'Budget?');
+    expect((await send(gw.url, body)).decision).toMatch(/; index=approximate$/);
+    expect((await send(gw.url, chat(SYSTEM, 'Within budget?'))).decision).toMatch(/; index=/);
+  });
+
   it('three routers fed the same events agree on every pick', async () => {
     const mock = await startMock();
     const gateways = [await gateway(mock), await gateway(mock), await gateway(mock)];

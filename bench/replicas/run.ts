@@ -3,7 +3,7 @@ import { roundRobin } from '../../lib/policies/round-robin';
 import type { Policy } from '../../lib/types';
 import { oracle } from '../routing/baselines';
 import { SimRank } from '../routing/rank';
-import { RANK_MODEL, RANKS } from '../routing/run';
+import { fleetBound, RANK_MODEL, RANKS } from '../routing/run';
 import { type SimGateway, SimEndpoint, type SimView, simulate } from '../routing/simulator';
 import { TOKENS_PER_BLOCK, tokensText } from '../routing/tokens';
 import { seededRng, shuffle } from '../routing/rng';
@@ -111,7 +111,7 @@ export interface ReplicasReport {
   requests: number;
   results: ReplicasResult[];
   targets: ReplicasTarget[];
-  /** The best hit rate any routing could reach on the workload ({@link ceilingHitRate}). */
+  /** The best hit rate any routing could reach on the workload (`bench:routing`'s fleet bound). */
   ceilingHitRate: number;
   elapsedSeconds: number;
 }
@@ -186,6 +186,7 @@ export function runReplicasBenchmark(options: ReplicasOptions = {}): ReplicasRep
   const seed = options.seed ?? 42;
   const shape = size === 'small' ? SMALL_SHAPE : FULL_SHAPE;
   const workload = closedLoopWorkload(seed, shape);
+  const ceiling = fleetBound(workload);
   const results: ReplicasResult[] = [];
   for (const cache of CACHE_SIZES) {
     const rankCacheBlocks = Math.ceil(workload.rankCacheBlocks * cache.fraction);
@@ -204,28 +205,10 @@ export function runReplicasBenchmark(options: ReplicasOptions = {}): ReplicasRep
     shape,
     requests: workload.requests.length,
     results,
-    targets: evaluateTargets(results, ceilingHitRate(workload)),
-    ceilingHitRate: ceilingHitRate(workload),
+    targets: evaluateTargets(results, ceiling),
+    ceilingHitRate: ceiling,
     elapsedSeconds: Number(process.hrtime.bigint() - started) / 1e9,
   };
-}
-
-/**
- * The best hit rate any routing could reach on the workload: every prompt finds every block
- * an earlier request sent (in arrival order), as with one rank of unbounded cache.
- */
-export function ceilingHitRate(workload: Workload): number {
-  const seen = new Set<number>();
-  let hit = 0;
-  let total = 0;
-  for (const request of workload.requests) {
-    let run = 0;
-    while (run < request.inputBlocks.length && seen.has(request.inputBlocks[run])) run++;
-    hit += run * TOKENS_PER_BLOCK;
-    total += request.inputTokens;
-    for (const block of request.sequenceBlocks) seen.add(block);
-  }
-  return hit / total;
 }
 
 /**

@@ -21,14 +21,14 @@
  */
 import { Counter, Gauge, type Registry } from 'prom-client';
 import type { Endpoint } from '../types';
+import { KvExactIndex } from './exact-index';
 import { ExactPick, type ExactLookup } from './exact-pick';
 import type { KvEventsOptions } from './source';
-
-export { ExactPick, type ExactLookup, type IndexSource } from './exact-pick';
-import { KvExactIndex } from './exact-index';
 import { createKvEventSubscriber, type KvEventSubscriber, type KvEventType, type KvGapOutcome } from './subscriber';
 import { PromptTokenizer, type PromptKind } from './tokenizer';
 import { TokenizerAgreement } from './tokenizer-agreement';
+
+export { ExactPick, type ExactLookup, type IndexSource } from './exact-pick';
 
 /** An upstream as exact routing needs it. */
 export interface ExactUpstream {

@@ -114,6 +114,11 @@ export class KvExactIndex implements KvEventSink {
     this.baseRoot = chainHash(this.key, DOMAIN_ROOT, 0, [], 0, 0);
   }
 
+  /** Where `rank`'s count is in a match's `matchedBlocks`, or −1 for a rank not tracked. */
+  positionOf(rank: number): number {
+    return this.position.get(rank) ?? -1;
+  }
+
   /** Blocks held for `rank` (0 for a rank not tracked). */
   blockCount(rank: number): number {
     const at = this.position.get(rank);

@@ -234,7 +234,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
         else if (match.promptBlocks !== promptBlocks) blocks = blocks.map((held) => Math.floor((held * promptBlocks) / match.promptBlocks));
         found.set(stream, blocks);
       }
-      matched[at] = blocks[stream.index.ranks.indexOf(candidate.rank)];
+      matched[at] = blocks[stream.index.positionOf(candidate.rank)];
     }
     if (promptBlocks === 0) return undefined;
     return new ExactPick(promptBlocks, matched, (at) => {

@@ -15,7 +15,8 @@ import {
   type MetricsOptions,
   type Options,
   type OutlierDetectionOptions,
-  type PrefixAwareSettings,
+  type KvEventsOptions,
+  type PrefixAwareRouterSettings,
   type RetryOptions,
   type TimeoutOptions,
   type UpstreamOptions,
@@ -185,7 +186,9 @@ const wrongValues: Array<[path: string, value: unknown]> = [
     ranks: [1],
     rankHeader: 'relative',
     discover: 'yes',
+    kvEvents: 'tcp://10.0.0.5:5557',
   } satisfies WrongValues<UpstreamOptions>),
+  ...rows('upstreams[0].kvEvents', { endpoint: 'tcp://*:5557', replayEndpoint: ['tcp://h:1', 'tcp://h:2'], topic: 7 } satisfies WrongValues<KvEventsOptions>),
   ...rows('upstreams[0].discover', { intervalMs: 5 } satisfies WrongValues<DiscoverOptions>),
   ...rows('hints', { trust: 'yes', onInvalid: 'drop', header: 'a b', bodyField: '' } satisfies WrongValues<HintOptions>),
   ...rows('affinity', {
@@ -196,7 +199,7 @@ const wrongValues: Array<[path: string, value: unknown]> = [
     keyLoadFactor: 0.9,
     maxSessions: 1.5,
   } satisfies WrongValues<AffinityOptions>),
-  ...rows('prefixAware', { blockChars: 0, maxBlocksPerEndpoint: 1.5, maxBlocksPerRequest: 0, contentBalance: -1 } satisfies WrongValues<PrefixAwareSettings>),
+  ...rows('prefixAware', { blockChars: 0, maxBlocksPerEndpoint: 1.5, maxBlocksPerRequest: 0, contentBalance: -1, tokenizer: 42 } satisfies WrongValues<PrefixAwareRouterSettings>),
   ...rows('timeouts', { connectMs: 0, firstByteMs: 2 ** 31, bodyMs: '60s' } satisfies WrongValues<TimeoutOptions>),
   ...rows('metrics', { registry: {}, prefix: 'dp-router' } satisfies WrongValues<MetricsOptions>),
   ...rows('outlierDetection', {
@@ -216,7 +219,7 @@ const wrongValues: Array<[path: string, value: unknown]> = [
 ];
 
 /** Every option object, for the unknown-key check. */
-const sections = ['', 'upstreams[0]', 'upstreams[0].discover', 'hints', 'affinity', 'prefixAware', 'timeouts', 'metrics', 'outlierDetection', 'healthCheck', 'retries', 'loadFeedback'];
+const sections = ['', 'upstreams[0]', 'upstreams[0].discover', 'upstreams[0].kvEvents', 'hints', 'affinity', 'prefixAware', 'timeouts', 'metrics', 'outlierDetection', 'healthCheck', 'retries', 'loadFeedback'];
 
 function rows(section: string, values: Record<string, unknown>): Array<[string, unknown]> {
   return Object.entries(values).map(([key, value]) => [section ? `${section}.${key}` : key, value]);

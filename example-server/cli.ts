@@ -1,11 +1,18 @@
 import type { PolicyName, RankHeaderMode, UpstreamOptions } from '../lib';
+import { resolveKvEndpoints } from '../lib/kv-events/endpoints';
+import type { KvEventsOptions } from '../lib/kv-events/source';
+
+/** An upstream as the gateway passes it to the router, with where its KV events are published. */
+export type GatewayUpstream = UpstreamOptions & { kvEvents?: KvEventsOptions };
 
 /** The gateway's settings, as read from the command line and environment. */
 export interface GatewaySettings {
   port: number;
   host: string;
-  /** Empty: start the embedded mock vLLM. */
-  upstreams: UpstreamOptions[];
+  /** Empty: start the embedded mock vLLM (which publishes KV events the router subscribes to). */
+  upstreams: GatewayUpstream[];
+  /** The model's tokenizer for exact prefix routing (`prefixAware.tokenizer`); the embedded mock's by default. */
+  tokenizer: string | undefined;
   dpSize: number;
   policy: PolicyName;
   trustHints: boolean;
@@ -50,6 +57,13 @@ Options:
   --start-rank N        first global rank of upstreams given without @RANKS          [0]
   --rank-header MODE    global | local (hybrid LB: rank − start) | none (external LB,
                         one server per rank)                             [global]
+  --kv-events ENDPOINT[,REPLAY_ENDPOINT]
+                        the --upstream before it publishes KV events (vLLM's
+                        --kv-events-config), e.g. tcp://10.0.0.5:5557,tcp://10.0.0.5:5558:
+                        rank 0's ports, offset by the global rank as vLLM does
+  --tokenizer PATH      the model's tokenizer (a directory with tokenizer.json and
+                        tokenizer_config.json): with --kv-events, prefix-aware routes
+                        on the engines' own KV-cache events. The embedded mock needs neither.
   --policy NAME         least-outstanding | round-robin | random | power-of-two |
                         session-affinity | prefix-aware                  [least-outstanding]
   --trust-hints         honour valid client X-data-parallel-rank hints   [off]
@@ -95,7 +109,9 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     loadFeedbackWeight: 0.5,
     logLevel: env.LOG_LEVEL === undefined ? 'info' : choice('LOG_LEVEL', env.LOG_LEVEL, LOG_LEVELS),
     otlpEndpoint: undefined,
+    tokenizer: undefined,
   };
+  const kvEvents = new Map<string, KvEventsOptions>();
   let discover = false;
   const upstreamSpecs: string[] = [];
   let startRank: number | undefined;
@@ -121,6 +137,15 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
         break;
       case '--upstream':
         upstreamSpecs.push(value());
+        break;
+      case '--kv-events': {
+        const previous = upstreamSpecs[upstreamSpecs.length - 1];
+        if (previous === undefined) throw new UsageError(`${flag} names the KV events of the --upstream before it; the embedded mock's are wired without it`);
+        kvEvents.set(parseUpstreamSpec(previous, settings.dpSize).url, kvEventsSpec(flag, value()));
+        break;
+      }
+      case '--tokenizer':
+        settings.tokenizer = value();
         break;
       case '--dp-size':
         settings.dpSize = integer(flag, value(), 1, 65536);
@@ -171,9 +196,13 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
         throw new UsageError(`unknown option ${JSON.stringify(argv[index])} (see --help)`);
     }
   }
-  settings.upstreams = mergeUpstreams(upstreamSpecs, settings.dpSize, startRank, rankHeader).map((upstream) =>
-    discover ? { ...upstream, discover: true } : upstream,
-  );
+  settings.upstreams = mergeUpstreams(upstreamSpecs, settings.dpSize, startRank, rankHeader).map((upstream) => {
+    const events = kvEvents.get(upstream.url);
+    return { ...upstream, ...(discover && { discover: true }), ...(events && { kvEvents: events }) };
+  });
+  if (kvEvents.size > 0 && settings.tokenizer === undefined) {
+    throw new UsageError('--kv-events needs --tokenizer PATH: the router tokenizes prompts with the model\'s own tokenizer to look them up');
+  }
   return settings;
 }
 
@@ -225,6 +254,19 @@ function parseRankList(spec: string, list: string): number[] {
     for (let rank = first; rank <= last; rank++) ranks.push(rank);
   }
   return ranks;
+}
+
+/** `ENDPOINT[,REPLAY_ENDPOINT]`, each a ZeroMQ endpoint the router connects to. */
+function kvEventsSpec(flag: string, raw: string): KvEventsOptions {
+  const [endpoint, replayEndpoint, extra] = raw.split(',');
+  try {
+    if (extra !== undefined) throw new TypeError('give at most two endpoints');
+    resolveKvEndpoints(endpoint, [0], flag);
+    if (replayEndpoint !== undefined) resolveKvEndpoints(replayEndpoint, [0], flag);
+  } catch (error) {
+    throw new UsageError(`${flag} ${JSON.stringify(raw)}: ${(error as Error).message.replace(`${flag}: `, '').replace(`${flag} `, '')}`);
+  }
+  return replayEndpoint === undefined ? { endpoint } : { endpoint, replayEndpoint };
 }
 
 function httpUrl(flag: string, raw: string): string {

@@ -27,10 +27,20 @@ export interface RunningGateway {
  * its routing decision.
  */
 export async function startExampleGateway(settings: GatewaySettings, logger?: PinoLogger): Promise<RunningGateway> {
-  const mock = settings.upstreams.length === 0 ? await startMockVllm({ dataParallelSize: settings.dpSize, decodeMsPerToken: settings.mockDecodeMs }) : undefined;
+  const mockStart = settings.upstreams.length === 0 ? await startMock(settings) : undefined;
+  const mock = mockStart?.mock;
+  const mockEvents = mock?.kvEvents;
   const upstreams: UpstreamOptions[] = mock
-    ? [{ url: mock.url, name: 'mock-vllm', dataParallelSize: settings.dpSize }]
+    ? [
+        {
+          url: mock.url,
+          name: 'mock-vllm',
+          dataParallelSize: settings.dpSize,
+          ...(mockEvents && { kvEvents: { endpoint: mockEvents.endpoints, replayEndpoint: mockEvents.replayEndpoints, topic: mockEvents.topic } }),
+        },
+      ]
     : settings.upstreams;
+  const tokenizer = settings.tokenizer ?? mockEvents?.tokenizer;
   const registry = new Registry();
   const router = dpRouter({
     upstreams,
@@ -40,6 +50,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
     healthCheck: settings.healthCheckMs > 0 ? { intervalMs: settings.healthCheckMs } : false,
     loadFeedback: settings.loadFeedbackMs > 0 ? { intervalMs: settings.loadFeedbackMs, weight: settings.loadFeedbackWeight } : false,
     metrics: { registry },
+    ...(tokenizer !== undefined && { prefixAware: { tokenizer } }),
     ...(logger ? { logger } : {}),
   });
 
@@ -88,7 +99,22 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
       await mock?.close();
     })());
 
-  return { server, router, url, mock, summary: describe(url, upstreams, settings, mock), close };
+  const summary = describe(url, upstreams, settings, mock) + (mockStart?.eventsOff === undefined ? '' : `; the mock publishes no KV events (${mockStart.eventsOff})`);
+  return { server, router, url, mock, summary, close };
+}
+
+/**
+ * The embedded mock publishes KV events, so that prefix-aware routes on them with no flag; an
+ * install without the optional packages (zeromq, msgpackr, the tokenizers) or the mock's
+ * tokenizer files gets a mock without them. Nothing is bound before that fails.
+ */
+async function startMock(settings: GatewaySettings): Promise<{ mock: MockVllm; eventsOff?: string }> {
+  const options = { dataParallelSize: settings.dpSize, decodeMsPerToken: settings.mockDecodeMs };
+  try {
+    return { mock: await startMockVllm({ ...options, kvEvents: {} }) };
+  } catch (error) {
+    return { mock: await startMockVllm(options), eventsOff: (error as Error).message };
+  }
 }
 
 function describe(url: string, upstreams: readonly UpstreamOptions[], settings: GatewaySettings, mock: MockVllm | undefined): string {
@@ -96,7 +122,8 @@ function describe(url: string, upstreams: readonly UpstreamOptions[], settings: 
     .map((upstream) => `${mock ? `embedded mock vLLM ${upstream.url}` : upstream.url} ranks ${rankList(upstream)} (${upstream.rankHeader ?? 'global'} header)`)
     .join(', ');
   const hints = settings.trustHints ? `hints trusted, invalid → ${settings.onInvalid}` : 'hints untrusted';
-  return `express-dp-router listening on ${url} → ${targets}; policy ${settings.policy}; ${hints}; metrics at ${url}/metrics`;
+  const exact = settings.policy === 'prefix-aware' && upstreams.some((upstream) => upstream.kvEvents !== undefined) ? ' (exact, on KV events)' : '';
+  return `express-dp-router listening on ${url} → ${targets}; policy ${settings.policy}${exact}; ${hints}; metrics at ${url}/metrics`;
 }
 
 function rankList(upstream: UpstreamOptions): string {

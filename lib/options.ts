@@ -7,7 +7,9 @@ import { parseMetrics, type MetricsConfig, type MetricsOptions } from './metrics
 import { booleanOption, fail, headerNameOption, isPlainObject, rejectProxyOnly, rejectUnknownKeys, shown, type KeysEnum } from './option-checks';
 import { parseOutlierDetection, type OutlierDetectionConfig, type OutlierDetectionOptions } from './outlier-detector-options';
 import { parsePolicy } from './policies/by-name';
-import { parsePrefixAware, type PrefixAwareSettings } from './policies/prefix-aware-options';
+import { parsePrefixAware, type PrefixAwareRouterSettings } from './policies/prefix-aware-options';
+import { parseTokenizer } from './kv-events/options';
+import type { TokenizerSource } from './kv-events/source';
 import { parseAffinity, type AffinityOptions } from './policies/session-affinity-options';
 import { parseRetries, type RetryConfig, type RetryOptions } from './retry-options';
 import { parseTimeouts, type BodyTimeoutOptions, type TimeoutConfig, type TimeoutOptions } from './timeout-options';
@@ -31,8 +33,8 @@ export interface DpRankOptions extends BodyLimitOptions {
   metrics?: MetricsOptions | false;
   /** Session keys and bounds of the `session-affinity` policy (checked whatever the policy). */
   affinity?: AffinityOptions;
-  /** Settings of the `'prefix-aware'` policy (checked whatever the policy). */
-  prefixAware?: PrefixAwareSettings;
+  /** Settings of the `'prefix-aware'` policy and its tokenizer for exact prefix routing (checked whatever the policy). */
+  prefixAware?: PrefixAwareRouterSettings;
   /** The request body timeout. */
   timeouts?: BodyTimeoutOptions;
   /** Answer with `X-DP-Router-Decision` (reveals server layout). Default: `false`. */
@@ -108,6 +110,8 @@ export interface Configuration extends HintConfig, TimeoutConfig, RetryConfig {
   readonly logger: RouterLogger;
   /** OpenTelemetry reports, live when `@opentelemetry/api` is installed. */
   readonly tracing: Tracing;
+  /** The model's tokenizer for exact prefix routing (`prefixAware.tokenizer`), with the built-in prefix-aware policy only; loaded with the router. */
+  readonly tokenizer: TokenizerSource | undefined;
 }
 
 const HEADER = 'X-data-parallel-rank';
@@ -148,7 +152,9 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
   const upstreams = parseUpstreams('upstreams', options.upstreams);
   const hints = parseHints('hints', options.hints);
   const { sessionAffinity, ...affinity } = parseAffinity('affinity', options.affinity);
-  const policy = parsePolicy('policy', options.policy, { sessionAffinity, prefixAware: parsePrefixAware('prefixAware', options.prefixAware) });
+  const { tokenizer, ...prefixAware } = parsePrefixAware('prefixAware', options.prefixAware);
+  const tokenizerFiles = parseTokenizer('prefixAware.tokenizer', tokenizer);
+  const policy = parsePolicy('policy', options.policy, { sessionAffinity, prefixAware });
   return {
     upstreams,
     policy,
@@ -167,6 +173,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
     loadFeedback: parseLoadFeedback('loadFeedback', options.loadFeedback),
     logger: parseLogger('logger', options.logger),
     tracing: createTracing(policy.name),
+    tokenizer: options.policy === 'prefix-aware' ? tokenizerFiles : undefined,
   };
 }
 

@@ -4,7 +4,9 @@ import type { EndpointTable, RouteEndpoint } from './endpoints';
 import { sendError } from './errors';
 import { hopByHopStripper, withoutNomination } from './hop-by-hop';
 import type { RouterMetrics, UpstreamErrorKind } from './metrics';
+import type { ExactLookup } from './kv-events/exact-pick';
 import type { Configuration } from './options';
+import type { PrefixPickContext } from './policies/prefix-aware';
 import type { OutlierDetector } from './outlier-detector';
 import { createRequestInputs, NO_HINT, type BodyView, type HintVerdict, type JudgedHint } from './request-inputs';
 import { clientGone, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
@@ -38,8 +40,10 @@ type BodyPurpose = 'routing' | 'replay';
  * response closes; then `proceed`. Client mistakes are answered here; only the code's own
  * faults reach `next(error)`.
  */
-export function createPipeline(config: Configuration, table: EndpointTable, metrics: RouterMetrics, proceed: Proceed) {
+export function createPipeline(config: Configuration, table: EndpointTable, metrics: RouterMetrics, proceed: Proceed, exact?: ExactLookup) {
   const { hintHeader, header, policy, trust, onInvalid, bodyBudget, bodyTimeoutMs } = config;
+  // The decision header names the index that scored the rank (docs/exact-prefix-routing.md).
+  const namesIndex = config.exposeDecision && policy.name === 'prefix-aware';
   const reports: RouteReports = { config, metrics };
   const inputs = createRequestInputs(config, table);
   let warnedParsedBody = false;
@@ -178,10 +182,12 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
     const affinityKey = policy.usesAffinityKey ? inputs.affinityKey(req, body, route.lease) : undefined;
     const prompt = policy.usesPrompt && body !== undefined ? inputs.prompt(body, route.lease) : undefined;
     const context: PickContext = { path: req.originalUrl ?? req.url ?? '/', affinityKey, prompt };
+    // A retry picks again among other candidates: without this pick's exact view of these.
     route.context = context;
+    const picking: PrefixPickContext = exact !== undefined && prompt !== undefined ? withExact(context, body!, route, candidates) : context;
     let chosen: RouteEndpoint;
     try {
-      chosen = policy.pick(candidates, context) as RouteEndpoint;
+      chosen = policy.pick(candidates, picking) as RouteEndpoint;
     } catch (error) {
       next(error);
       return;
@@ -191,7 +197,24 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
       return;
     }
     route.assign(req, res, chosen, 'assigned', verdict.outcome === 'none' ? undefined : verdict.outcome);
+    if (namesIndex) res.setHeader(DECISION_HEADER, `${chosen.receipts.assigned}; index=${picking.exact?.source ?? 'approximate'}`);
     proceed(req, res, next, route);
+  }
+
+  /**
+   * The pick context with the exact index's view of the candidates, from the whole body (a
+   * chat's template fields count), decoded within the body budget and dropped after.
+   */
+  function withExact(context: PickContext, body: BodyView, route: RouteState, candidates: readonly RouteEndpoint[]): PrefixPickContext {
+    const cost = BODY_DECODE_FACTOR * body.bytes.length;
+    const lease = route.lease;
+    if (lease !== undefined && !lease.grow(cost)) return context;
+    try {
+      const found = exact!.lookupRequest(context.path, body.bytes, candidates);
+      return found === undefined ? context : { ...context, exact: found };
+    } finally {
+      lease?.shrink(cost);
+    }
   }
 
   function reject(res: ServerResponse, verdict: JudgedHint): void {
@@ -519,6 +542,9 @@ function answerFailure(req: IncomingMessage, res: ServerResponse, failure: TryFa
 
 /** Kept on a replaced error answer: it says where the request went. */
 const DECISION_HEADER = 'x-dp-router-decision';
+
+/** What decoding a whole body for the tokenizer may cost, per body byte: its text twice (UTF-16) and the values, with margin. */
+const BODY_DECODE_FACTOR = 4;
 
 function rankOf(req: IncomingMessage): string {
   return req.dpRank ? ` for data-parallel rank ${req.dpRank.rank}` : '';

@@ -2,6 +2,8 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { Registry } from 'prom-client';
 import { watchEngines, watchedUpstreams } from './engine-watch';
 import { EndpointTable, type RouteEndpoint } from './endpoints';
+import { createExactRouting } from './kv-events/exact-routing';
+import { loadTokenizer } from './kv-events/options';
 import { createMetrics, NO_METRICS, type RouterMetrics } from './metrics';
 import { parseOptions, type Configuration, type DpRankOptions, type DpRouterOptions, type Mode, type UpstreamConfig } from './options';
 import { createPipeline, type Pipeline, type Proceed } from './pipeline';
@@ -40,7 +42,7 @@ export interface Routing {
   readonly pipeline: Pipeline;
   readonly helpers: RoutingHelpers;
   /** Work to run on `close()`, added by the layers built on top. */
-  readonly onClose: Array<() => void>;
+  readonly onClose: Array<() => void | Promise<void>>;
   /** Work to run after the upstreams changed, added by the layers built on top. */
   readonly onReconfigure: Array<(change: EndpointChange) => void>;
 }
@@ -78,7 +80,21 @@ export function createRouting(options: DpRankOptions | DpRouterOptions, proceed:
     );
     reconfigure(table.upstreams.map((current) => (current.name === upstream.name ? discovered : current)));
   });
-  const onClose: Array<() => void> = [() => watch.stop(), () => metrics.close()];
+  const onClose: Array<() => void | Promise<void>> = [() => watch.stop(), () => metrics.close()];
+  // Exact prefix routing: with a tokenizer, every upstream with `kvEvents` is subscribed to.
+  const exact =
+    config.tokenizer === undefined
+      ? undefined
+      : createExactRouting({
+          upstreams: config.upstreams,
+          tokenizer: loadTokenizer('prefixAware.tokenizer', config.tokenizer),
+          metrics: config.metrics,
+          warn: (message) => config.logger.warn(message),
+        });
+  if (exact !== undefined) {
+    onReconfigure.push(() => exact.reconfigure(table.upstreams));
+    onClose.push(() => exact.close());
+  }
 
   const serveMetrics = (_req: IncomingMessage, res: ServerResponse): void => {
     registry.metrics().then(
@@ -100,10 +116,12 @@ export function createRouting(options: DpRankOptions | DpRouterOptions, proceed:
     endpoints: () => table.snapshot(),
     setUpstreams: (upstreams) => reconfigure(parseUpstreams('upstreams', upstreams)),
     close: () => {
-      closed ??= Promise.resolve().then(() => onClose.forEach((stop) => stop()));
+      closed ??= Promise.resolve()
+        .then(() => Promise.all(onClose.map((stop) => stop())))
+        .then(() => undefined);
       return closed;
     },
   };
-  const pipeline = createPipeline(config, table, metrics, proceed);
+  const pipeline = createPipeline(config, table, metrics, proceed, exact);
   return { config, table, metrics, handle: pipeline.handle as Middleware, pipeline, helpers, onClose, onReconfigure };
 }

@@ -1,4 +1,6 @@
 import { parseDiscover, type DiscoverOptions } from './engine-watch-options';
+import { parseKvEvents } from './kv-events/options';
+import type { KvEventsOptions } from './kv-events/source';
 import { fail, integerOption, isPlainObject, oneOf, rejectUnknownKeys, shown, type KeysEnum } from './option-checks';
 
 /** What the proxied request's rank header carries for an upstream. */
@@ -29,6 +31,12 @@ export interface UpstreamOptions {
    * the defaults of {@link DiscoverOptions}. Default: `false`.
    */
   discover?: boolean | DiscoverOptions;
+  /**
+   * Where this server's engines publish KV-cache events (vLLM's `--kv-events-config`): with
+   * `prefixAware.tokenizer`, the `prefix-aware` policy routes its ranks on the blocks the
+   * engines report holding (docs/exact-prefix-routing.md). Default: none.
+   */
+  kvEvents?: KvEventsOptions;
 }
 
 /** One upstream, resolved. */
@@ -42,6 +50,8 @@ export interface UpstreamConfig {
   readonly rankHeader: RankHeaderMode;
   /** How often the ranks are learned from the upstream's `/metrics`; `undefined` when not. */
   readonly discoverIntervalMs: number | undefined;
+  /** Where its engines publish KV events; absent when not given. */
+  readonly kvEvents?: KvEventsOptions;
 }
 
 const DATA_PARALLEL_SIZE = 1;
@@ -61,6 +71,7 @@ const UPSTREAM_KEYS: KeysEnum<UpstreamOptions> = {
   ranks: true,
   rankHeader: true,
   discover: true,
+  kvEvents: true,
 };
 
 /** Validates an upstream list (creation and `setUpstreams()`). Throws {@link OptionError}. */
@@ -90,14 +101,17 @@ function parseUpstream(path: string, value: unknown): UpstreamConfig {
   }
   const dataParallelSize = integerOption(`${path}.dataParallelSize`, value.dataParallelSize, DATA_PARALLEL_SIZE, 1, MAX_DATA_PARALLEL_SIZE);
   const startRank = integerOption(`${path}.startRank`, value.startRank, START_RANK, 0, MAX_RANK - dataParallelSize + 1);
+  const ranks = parseRanks(`${path}.ranks`, value.ranks, startRank, dataParallelSize);
+  const kvEvents = parseKvEvents(`${path}.kvEvents`, value.kvEvents, ranks);
   return {
     name,
     url: url.href.replace(/\/$/, ''),
     startRank,
     dataParallelSize,
-    ranks: parseRanks(`${path}.ranks`, value.ranks, startRank, dataParallelSize),
+    ranks,
     rankHeader: oneOf(`${path}.rankHeader`, value.rankHeader, RANK_HEADER_MODES, RANK_HEADER),
     discoverIntervalMs: parseDiscover(`${path}.discover`, value.discover),
+    ...(kvEvents !== undefined && { kvEvents }),
   };
 }
 function parseUrl(path: string, value: unknown): URL {

@@ -21,7 +21,25 @@ describe('parseCommandLine', () => {
       loadFeedbackWeight: 0.5,
       logLevel: 'info',
       otlpEndpoint: undefined,
+      tokenizer: undefined,
     });
+  });
+
+  it('gives --kv-events to the --upstream before it, with --tokenizer', () => {
+    const { upstreams, tokenizer } = parse(
+      '--upstream', 'http://a:8000@0-3',
+      '--kv-events', 'tcp://a:5557,tcp://a:5558',
+      '--upstream', 'http://b:8000@4-7',
+      '--upstream', 'http://c:8000@8',
+      '--kv-events', 'tcp://c:6000',
+      '--tokenizer', '/models/llama',
+    );
+    expect(upstreams.map((upstream) => upstream.kvEvents)).toEqual([
+      { endpoint: 'tcp://a:5557', replayEndpoint: 'tcp://a:5558' },
+      undefined,
+      { endpoint: 'tcp://c:6000' },
+    ]);
+    expect(tokenizer).toBe('/models/llama');
   });
 
   it('reads the log level from LOG_LEVEL, and --log-level over it, and the OTLP endpoint', () => {
@@ -104,6 +122,10 @@ describe('parseCommandLine', () => {
     [['--log-level', 'verbose'], /--log-level must be one of fatal, error, warn, info, debug, trace, silent/],
     [['--otlp-endpoint', 'grpc://collector:4317'], /--otlp-endpoint must be an http\(s\) URL/],
     [['--otlp-endpoint', 'collector'], /--otlp-endpoint must be an http\(s\) URL/],
+    [['--kv-events', 'tcp://a:5557', '--tokenizer', '/t'], /--kv-events names the KV events of the --upstream before it/],
+    [['--upstream', 'http://a:8000', '--kv-events', 'tcp://a:5557'], /--kv-events needs --tokenizer PATH/],
+    [['--upstream', 'http://a:8000', '--kv-events', 'tcp://*:5557', '--tokenizer', '/t'], /--kv-events "tcp:\/\/\*:5557": .*connect to its address/],
+    [['--upstream', 'http://a:8000', '--kv-events', 'tcp://a:1,tcp://a:2,tcp://a:3', '--tokenizer', '/t'], /at most two endpoints/],
   ])('rejects %j with a one-line reason', (argv, message) => {
     expect(() => parseCommandLine(argv)).toThrow(UsageError);
     expect(() => parseCommandLine(argv)).toThrow(message);

@@ -6,6 +6,7 @@ import request from 'supertest';
 import { parseCommandLine, type GatewaySettings } from '../../example-server/cli';
 import { startExampleGateway, type RunningGateway } from '../../example-server/gateway';
 import { serve } from '../helpers/app';
+import { waitFor } from '../helpers/wait';
 
 const ROOT = join(__dirname, '..', '..');
 const TSX = join(ROOT, 'node_modules', '.bin', 'tsx');
@@ -159,6 +160,40 @@ describe('npm start (the process)', () => {
       expect(traces).toContain('"dp_router.rank"');
     } finally {
       await collector.close();
+    }
+  });
+  it('routes on the embedded mock\'s KV events with --policy prefix-aware and no other flag', async () => {
+    const child = run(['--port', '0', '--policy', 'prefix-aware', '--expose-decision']);
+    const done = exited(child);
+    try {
+      const url = await new Promise<string>((resolve) => {
+        child.stdout.on('data', (chunk: Buffer) => {
+          const match = /listening on (http:\/\/127\.0\.0\.1:\d+) → embedded mock vLLM .*policy prefix-aware \(exact, on KV events\)/.exec(chunk.toString());
+          if (match) resolve(match[1]);
+        });
+      });
+      const ask = async (question: string) => {
+        const res = await fetch(`${url}/v1/chat/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ model: 'mock-model', messages: [{ role: 'system', content: 'You are a helpful assistant. '.repeat(20) }, { role: 'user', content: question }], max_tokens: 1 }),
+        });
+        expect(res.status).toBe(200);
+        await res.arrayBuffer();
+        return res.headers.get('x-dp-router-decision') ?? '';
+      };
+      // The rank's first batch of events makes its stream fresh; until then it is routed approximately.
+      const decisions: string[] = [];
+      await waitFor(async () => {
+        decisions.push(await ask(`question ${decisions.length}`));
+        return decisions[decisions.length - 1].endsWith('; index=exact');
+      }, 10_000, () => `no exact decision in ${JSON.stringify(decisions)}`, 50);
+      expect(decisions[decisions.length - 1]).toMatch(/^upstream=mock-vllm; rank=\d; source=assigned; index=exact$/);
+      const metrics = await (await fetch(`${url}/metrics`)).text();
+      expect(metrics).toMatch(/dp_router_kv_stream_fresh\{upstream="mock-vllm",rank="\d"\} 1/);
+    } finally {
+      child.kill('SIGTERM');
+      expect((await done).code).toBe(0);
     }
   });
 });

@@ -112,4 +112,44 @@ describe('KvExactIndex', () => {
     index.applyEvent(0, stored([10], null, [1, 2]));
     expect(index.match([1]).promptBlocks).toBe(0);
   });
+  describe('speculative entries', () => {
+    it("count a routed prompt's blocks on its rank until they expire", () => {
+      const index = new KvExactIndex({ ranks: [0, 1] });
+      index.applyEvent(0, stored([10], null, [1, 2]));
+      index.speculate(1, prompt, 1000);
+      expect(Array.from(index.match(prompt, { now: 999 }).matchedBlocks)).toEqual([1, 3]);
+      expect(index.speculativeBlocks).toBe(3);
+      expect(Array.from(index.match(prompt, { now: 1000 }).matchedBlocks)).toEqual([1, 0]);
+      expect(index.speculativeBlocks).toBe(0);
+      expect(index.totalBlocks).toBe(1);
+    });
+
+    it('are confirmed (and so dropped) by the stored event of the same block, and cleared with the rank', () => {
+      const index = new KvExactIndex({ ranks: [0] });
+      index.applyEvent(0, stored([10], null, [9, 9]));
+      index.speculate(0, prompt, Infinity);
+      expect(index.speculativeBlocks).toBe(3);
+      index.applyEvent(0, stored([20, 21], null, [1, 2, 3, 4]));
+      expect(index.speculativeBlocks).toBe(1);
+      expect(index.match(prompt).matchedBlocks[0]).toBe(3);
+      index.clearRank(0);
+      expect(index.speculativeBlocks).toBe(0);
+      expect(index.match(prompt).matchedBlocks[0]).toBe(0);
+    });
+
+    it('are bounded per rank, the oldest dropped first', () => {
+      const index = new KvExactIndex({ ranks: [0], maxSpeculativeBlocks: 2 });
+      index.applyEvent(0, stored([10], null, [9, 9]));
+      index.speculate(0, prompt, Infinity);
+      expect(index.speculativeBlocks).toBe(2);
+      // The first block went first: the chain no longer matches from the start.
+      expect(index.match(prompt).matchedBlocks[0]).toBe(0);
+    });
+
+    it('need the block size: nothing is speculated before the first stored event', () => {
+      const index = new KvExactIndex({ ranks: [0] });
+      index.speculate(0, prompt, Infinity);
+      expect(index.speculativeBlocks).toBe(0);
+    });
+  });
 });

@@ -95,7 +95,8 @@ export function runOnce(workload: Workload, secondsPerUnit: number, make: Policy
   });
 }
 
-function fleetBound(workload: Workload): number {
+/** The best hit rate any routing could reach: every prompt finds every block an earlier request sent. */
+export function fleetBound(workload: Workload): number {
   const seen = new Set<number>();
   let hits = 0;
   let total = 0;

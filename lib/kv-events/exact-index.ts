@@ -39,6 +39,11 @@ export interface KvExactIndexOptions {
   maxBlocks?: number;
   /** The hash key; default the process's random key. */
   hashKey?: HashKey;
+  /**
+   * The most speculative entries held per rank (see {@link KvExactIndex.speculate}); past it
+   * the oldest go first. Default 65,536.
+   */
+  maxSpeculativeBlocks?: number;
 }
 
 /** The result of one lookup. */
@@ -61,6 +66,16 @@ interface Entry {
 interface RankState {
   blocks: Map<number, Entry>;
   byEngine: Map<EngineBlockHash, number>;
+  /** Router keys of blocks a routed request will store, until its events confirm them or they expire. */
+  speculative: Map<number, number>;
+}
+
+/** Options of {@link KvExactIndex.match}. */
+export interface KvMatchOptions {
+  /** The request's LoRA adapter name, when it names one. */
+  loraName?: string;
+  /** The clock speculative entries are judged by (ms). Default `Date.now()`. */
+  now?: number;
 }
 
 /**
@@ -82,18 +97,26 @@ export class KvExactIndex implements KvEventSink {
   private readonly perRankMax: number;
   private readonly key: HashKey;
   private size = 0;
+  private speculativeCount = 0;
   private readonly loraRoots = new Map<string, number>();
   private readonly baseRoot: number;
+  private readonly maxSpeculative: number;
   /** The engine's block size, learned from the first stored block (0 before). */
   blockSize = 0;
 
   constructor(options: KvExactIndexOptions) {
     this.ranks = [...options.ranks];
-    this.states = this.ranks.map(() => ({ blocks: new Map(), byEngine: new Map() }));
+    this.states = this.ranks.map(() => ({ blocks: new Map(), byEngine: new Map(), speculative: new Map() }));
+    this.maxSpeculative = Math.max(1, options.maxSpeculativeBlocks ?? 65_536);
     this.ranks.forEach((rank, at) => this.position.set(rank, at));
     this.perRankMax = Math.max(1, Math.floor((options.maxBlocks ?? 1_048_576) / Math.max(1, this.ranks.length)));
     this.key = options.hashKey ?? processHashKey();
     this.baseRoot = chainHash(this.key, DOMAIN_ROOT, 0, [], 0, 0);
+  }
+
+  /** Where `rank`'s count is in a match's `matchedBlocks`, or −1 for a rank not tracked. */
+  positionOf(rank: number): number {
+    return this.position.get(rank) ?? -1;
   }
 
   /** Blocks held for `rank` (0 for a rank not tracked). */
@@ -148,14 +171,15 @@ export class KvExactIndex implements KvEventSink {
   }
 
   /**
-   * How many leading full blocks of `tokens` each rank holds. Keys are computed only as far
-   * as some rank still matches, so a miss costs one hash.
+   * How many leading full blocks of `tokens` each rank holds, counting unexpired speculative
+   * entries. Keys are computed only as far as some rank still matches, so a miss costs one hash.
    */
-  match(tokens: ArrayLike<number>, options?: { loraName?: string }): KvPrefixMatch {
+  match(tokens: ArrayLike<number>, options?: KvMatchOptions): KvPrefixMatch {
     const matchedBlocks = new Int32Array(this.ranks.length);
     const size = this.blockSize;
     const promptBlocks = size === 0 ? 0 : Math.floor(tokens.length / size);
-    if (promptBlocks === 0 || this.size === 0) return { blockSize: size, promptBlocks, matchedBlocks };
+    if (promptBlocks === 0 || (this.size === 0 && this.speculativeCount === 0)) return { blockSize: size, promptBlocks, matchedBlocks };
+    const now = options?.now ?? Date.now();
     let chain = options?.loraName === undefined ? this.baseRoot : this.loraRoot(options.loraName);
     const states = this.states;
     for (let b = 0; b < promptBlocks; b++) {
@@ -163,15 +187,67 @@ export class KvExactIndex implements KvEventSink {
       let any = false;
       for (let r = 0; r < states.length; r++) {
         if (matchedBlocks[r] !== b) continue;
-        const entry = states[r].blocks.get(chain);
-        if (entry === undefined) continue;
-        entry.used = true;
+        const state = states[r];
+        const entry = state.blocks.get(chain);
+        if (entry !== undefined) entry.used = true;
+        else if (!this.speculativeHeld(state, chain, now)) continue;
         matchedBlocks[r] = b + 1;
         any = true;
       }
       if (!any) break;
     }
     return { blockSize: size, promptBlocks, matchedBlocks };
+  }
+
+  /**
+   * Counts `tokens`' full blocks as held by `rank` until `expiresAt` (ms, the clock `match`
+   * is given) or until a stored event confirms them: a request routed there will have them
+   * cached before its events arrive, and requests sharing its prefix that come meanwhile
+   * should follow it rather than scatter. Needs the block size, so does nothing before the
+   * first stored event.
+   */
+  speculate(rank: number, tokens: ArrayLike<number>, expiresAt: number, options?: { loraName?: string }): void {
+    const at = this.position.get(rank);
+    const size = this.blockSize;
+    if (at === undefined || size === 0) return;
+    const state = this.states[at];
+    const promptBlocks = Math.floor(tokens.length / size);
+    let chain = options?.loraName === undefined ? this.baseRoot : this.loraRoot(options.loraName);
+    for (let b = 0; b < promptBlocks; b++) {
+      chain = chainHash(this.key, DOMAIN_BLOCK, chain, tokens, b * size, size);
+      if (state.blocks.has(chain)) continue;
+      if (!state.speculative.has(chain)) this.speculativeCount++;
+      // Re-inserted so the map stays in expiry order (every entry gets the same lifetime).
+      state.speculative.delete(chain);
+      state.speculative.set(chain, expiresAt);
+    }
+    while (state.speculative.size > this.maxSpeculative) this.dropOldestSpeculative(state);
+  }
+
+  /** Speculative entries held over all ranks (expired ones included until a match meets one on their rank). */
+  get speculativeBlocks(): number {
+    return this.speculativeCount;
+  }
+
+
+  private speculativeHeld(state: RankState, key: number, now: number): boolean {
+    const expiresAt = state.speculative.get(key);
+    if (expiresAt === undefined) return false;
+    if (expiresAt > now) return true;
+    // Entries are held in expiry order: drop every expired one, this one among them.
+    for (const [old, when] of state.speculative) {
+      if (when > now) break;
+      state.speculative.delete(old);
+      this.speculativeCount--;
+    }
+    return false;
+  }
+
+  private dropOldestSpeculative(state: RankState): void {
+    const oldest = state.speculative.keys().next();
+    if (oldest.done === true) return;
+    state.speculative.delete(oldest.value);
+    this.speculativeCount--;
   }
 
   private counts(medium: string | null, groupIdx: number | null): boolean {
@@ -207,6 +283,8 @@ export class KvExactIndex implements KvEventSink {
     }
     state.blocks.set(key, { engineHash, used: false });
     state.byEngine.set(engineHash, key);
+    // The event confirms what was speculated.
+    if (state.speculative.delete(key)) this.speculativeCount--;
     this.size++;
     if (state.blocks.size > this.perRankMax) this.evict(state);
   }
@@ -241,7 +319,9 @@ export class KvExactIndex implements KvEventSink {
 
   private clearState(state: RankState): void {
     this.size -= state.blocks.size;
+    this.speculativeCount -= state.speculative.size;
     state.blocks.clear();
     state.byEngine.clear();
+    state.speculative.clear();
   }
 }

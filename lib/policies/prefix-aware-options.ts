@@ -38,6 +38,17 @@ export interface PrefixAwareSettings {
   contentBalance?: number;
 }
 
+/** The router's `prefixAware` option: the policy's settings, and the tokenizer of exact prefix routing. */
+export interface PrefixAwareRouterSettings extends PrefixAwareSettings {
+  /**
+   * The model's tokenizer, for exact prefix routing on upstreams with `kvEvents`: a directory
+   * holding `tokenizer.json` and `tokenizer_config.json` (with the chat template the engine
+   * uses), or the two files' paths. Loaded at creation, with the `prefix-aware` policy only.
+   * Default: none (the approximate index only).
+   */
+  tokenizer?: string | readonly [string, string];
+}
+
 /** Options of {@link prefixAware}. */
 export interface PrefixAwareOptions extends PrefixAwareSettings {
   /** Chooses for requests without a prompt of at least one block. Default: `leastOutstanding()`. */
@@ -63,6 +74,7 @@ const MAX_BLOCKS = 1 << 24;
 
 const SETTINGS_KEYS: KeysEnum<PrefixAwareSettings> = { blockChars: true, maxBlocksPerEndpoint: true, maxBlocksPerRequest: true, contentBalance: true };
 const POLICY_KEYS: KeysEnum<PrefixAwareOptions> = { ...SETTINGS_KEYS, fallback: true };
+const ROUTER_KEYS: KeysEnum<PrefixAwareRouterSettings> = { ...SETTINGS_KEYS, tokenizer: true };
 
 function parseSettings(path: string, settings: Record<string, unknown>): PrefixAwareConfig {
   const maxBlocksPerEndpoint = integerOption(pathOf(path, 'maxBlocksPerEndpoint'), settings.maxBlocksPerEndpoint, MAX_BLOCKS_PER_ENDPOINT, 1, MAX_BLOCKS);
@@ -74,9 +86,10 @@ function parseSettings(path: string, settings: Record<string, unknown>): PrefixA
   };
 }
 
-/** The router's `prefixAware` option: checked whatever the policy. */
-export function parsePrefixAware(path: string, value: unknown): PrefixAwareConfig {
-  return parseSettings(path, section(path, value, SETTINGS_KEYS));
+/** The router's `prefixAware` option: checked whatever the policy; the tokenizer as given (exact routing loads it). */
+export function parsePrefixAware(path: string, value: unknown): PrefixAwareConfig & { readonly tokenizer: unknown } {
+  const settings = section(path, value, ROUTER_KEYS);
+  return { ...parseSettings(path, settings), tokenizer: settings.tokenizer };
 }
 
 /** {@link prefixAware}'s own options, by the same rules as the router's `prefixAware`. */

@@ -1,9 +1,19 @@
 import { endpointHash, hashString, keyedMix32, randomKey32, rendezvousWeight } from '../hash';
+import type { ExactPick } from '../kv-events/exact-pick';
 import type { Endpoint, PickContext, Policy } from '../types';
 import { parsePrefixAwarePolicy, type PrefixAwareOptions } from './prefix-aware-options';
 import { DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK, type SessionAffinitySettings } from './session-affinity-options';
 
 export type { PrefixAwareOptions } from './prefix-aware-options';
+
+/**
+ * What the router adds to the pick context when exact routing from KV events applies: per
+ * candidate, the blocks its rank holds by the engines' own events, or −1 for a candidate
+ * scored on the approximate index.
+ */
+export interface PrefixPickContext extends PickContext {
+  readonly exact?: ExactPick;
+}
 
 /** Picks after this many requests drop the index of an endpoint absent from all of them. */
 const FORGET_AFTER_PICKS = 4096;
@@ -113,7 +123,13 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
     return true;
   }
 
-  function choose(candidates: readonly Endpoint[], blockCount: number): Endpoint {
+  /**
+   * The cheapest candidate's position. A candidate `exact` scores costs its share of the
+   * prompt its rank lacks by the engine's events instead of the approximate index's guess, and
+   * no content-balance term: that term counts this replica's own traffic, which other replicas
+   * do not see, while the events are the same for all of them.
+   */
+  function choose(candidates: readonly Endpoint[], blockCount: number, exact: ExactPick | undefined): number {
     let minLoad = Infinity;
     let totalLoad = 0;
     let candidateRecent = 0;
@@ -138,22 +154,29 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
     let bestCost = Infinity;
     let ties = 0;
     let anyMatch = false;
+    const exactLead = exact === undefined ? 0 : Math.min(LEAD_BLOCKS, exact.promptBlocks);
     for (let at = 0; at < candidates.length; at++) {
       const candidate = candidates[at];
       const index = candidateIndexes[at];
-      const recent = index === undefined ? 0 : index.recentBlocks;
       let cost = work * (candidate.load - minLoad);
-      if (recent > fairRecent) cost += contentBalance * blockCount * Math.min(MAX_EXCESS, recent / fairRecent - 1);
-      const holds = index !== undefined && index.has(lead);
-      if (holds) anyMatch = true;
-      // Uncached blocks are the whole prompt without the lead, at least none with it: skip the
-      // search when even none cannot win (or tie).
-      if (cost + blockCount - (holds ? blockCount : 0) > bestCost) {
-        candidateCosts[at] = Infinity;
-        continue;
+      const held = exact === undefined ? -1 : exact.matched[at];
+      if (held >= 0) {
+        if (held >= exactLead) anyMatch = true;
+        cost += exactUncached(blockCount, held, exact!.promptBlocks);
+      } else {
+        const recent = index === undefined ? 0 : index.recentBlocks;
+        if (recent > fairRecent) cost += contentBalance * blockCount * Math.min(MAX_EXCESS, recent / fairRecent - 1);
+        const holds = index !== undefined && index.has(lead);
+        if (holds) anyMatch = true;
+        // Uncached blocks are the whole prompt without the lead, at least none with it: skip the
+        // search when even none cannot win (or tie).
+        if (cost + blockCount - (holds ? blockCount : 0) > bestCost) {
+          candidateCosts[at] = Infinity;
+          continue;
+        }
+        if (holds) cost += blockCount - (index as BlockIndex).leadingRun(blockHashes, blockCount, 0);
+        else cost += blockCount;
       }
-      if (holds) cost += blockCount - (index as BlockIndex).leadingRun(blockHashes, blockCount, 0);
-      else cost += blockCount;
       candidateCosts[at] = cost;
       if (cost < bestCost) {
         bestAt = at;
@@ -179,7 +202,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
     }
     // Let go of the indexes until the next pick.
     candidateIndexes.fill(undefined);
-    return candidates[bestAt];
+    return bestAt;
   }
 
   /**
@@ -211,7 +234,9 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
       const blockCount = prompt === undefined ? 0 : hashBlocks(prompt);
       if (blockCount === 0) return fallback.pick(candidates, ctx);
       if (++picks % FORGET_AFTER_PICKS === 0) forgetAbsentEndpoints();
-      const chosen = choose(candidates, blockCount);
+      const exact = (ctx as PrefixPickContext).exact;
+      const chosenAt = choose(candidates, blockCount, exact);
+      const chosen = candidates[chosenAt];
 
       let index = indexes.get(chosen.key);
       if (index === undefined) {
@@ -219,7 +244,10 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
         index.lastCandidatePick = picks;
         indexes.set(chosen.key, index);
       }
-      const uncached = blockCount - index.leadingRun(blockHashes, blockCount, 0);
+      // The approximate index learns from every pick, so that it is warm when a rank falls back to it.
+      const uncached = exact?.chose(chosenAt) === 'exact'
+        ? exactUncached(blockCount, exact.matched[chosenAt], exact.promptBlocks)
+        : blockCount - index.leadingRun(blockHashes, blockCount, 0);
       typicalWork = typicalWork < 0 ? uncached : typicalWork + (uncached - typicalWork) * WORK_SMOOTHING;
       const added = index.record(blockHashes, blockCount);
       index.recentBlocks += added;
@@ -235,6 +263,11 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
       return chosen;
     },
   };
+}
+
+/** The prompt's blocks (of `blockChars`) a rank holding `held` of the engine's `promptBlocks` lacks. */
+function exactUncached(blockCount: number, held: number, promptBlocks: number): number {
+  return (blockCount * (promptBlocks - held)) / promptBlocks;
 }
 
 /**

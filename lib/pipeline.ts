@@ -206,6 +206,10 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
    * chat's template fields count), decoded within the body budget and dropped after.
    */
   function withExact(context: PickContext, body: BodyView, route: RouteState, candidates: readonly RouteEndpoint[]): PrefixPickContext {
+    if (body.members !== undefined) {
+      const found = exact!.lookupRequest(context.path, body.bytes, candidates, body.members);
+      return found === undefined ? context : { ...context, exact: found };
+    }
     const cost = BODY_DECODE_FACTOR * body.bytes.length;
     const lease = route.lease;
     if (lease !== undefined && !lease.grow(cost)) return context;

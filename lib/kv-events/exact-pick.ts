@@ -39,5 +39,5 @@ export interface ExactLookup {
    * sent (which says whether it is a chat or a completion) and the JSON body's bytes;
    * `undefined` when the pick is approximate throughout.
    */
-  lookupRequest(path: string, body: Buffer, candidates: readonly Endpoint[]): ExactPick | undefined;
+  lookupRequest(path: string, body: Buffer, candidates: readonly Endpoint[], decoded?: Readonly<Record<string, unknown>>): ExactPick | undefined;
 }

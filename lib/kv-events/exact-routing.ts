@@ -249,9 +249,11 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
 
   return {
     lookup,
-    lookupRequest(path, bytes, candidates) {
+    lookupRequest(path, bytes, candidates, decoded) {
       const kind = promptKindOf(path);
       if (kind === undefined) return undefined;
+      // The router decoded small bodies whole already; only a scanned one is decoded here.
+      if (decoded !== undefined) return lookup(kind, decoded as Record<string, unknown>, candidates);
       let body: unknown;
       try {
         body = JSON.parse(bytes.toString('utf8'));

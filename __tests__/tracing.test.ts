@@ -53,6 +53,16 @@ describe('OpenTelemetry with the real SDK and the HTTP and Express instrumentati
     expect(run.spans.find((candidate) => candidate.spanId === parent)?.traceId).toBe(span.traceId);
   });
 
+  it('records which index scored a prefix-aware pick and the share of the prompt it matched', () => {
+    expect(run.answers['prefix-seen']).toBe(200);
+    expect(gatewaySpan('prefix-new').attributes).toMatchObject({ 'dp_router.policy': 'prefix-aware', 'dp_router.index': 'approximate', 'dp_router.prefix_matched_share': 0 });
+    const seen = gatewaySpan('prefix-seen').attributes;
+    expect(seen).toMatchObject({ 'dp_router.index': 'approximate', 'dp_router.prefix_matched_share': 1 });
+    expect(seen['dp_router.rank']).toBe(gatewaySpan('prefix-new').attributes['dp_router.rank']);
+    // Only prefix-aware scores a prefix.
+    expect(gatewaySpan('assigned').attributes['dp_router.index']).toBeUndefined();
+  });
+
   it('continues a caller’s trace and records the hint outcome', () => {
     const span = gatewaySpan('hinted');
     expect(span.traceId).toBe('0af7651916cd43dd8448eb211c80319c');

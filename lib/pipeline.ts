@@ -6,7 +6,7 @@ import { hopByHopStripper, withoutNomination } from './hop-by-hop';
 import type { RouterMetrics, UpstreamErrorKind } from './metrics';
 import type { ExactLookup } from './kv-events/exact-pick';
 import type { Configuration } from './options';
-import type { PrefixPickContext } from './policies/prefix-aware';
+import type { PrefixAwarePolicy, PrefixPickContext } from './policies/prefix-aware';
 import type { OutlierDetector } from './outlier-detector';
 import { createRequestInputs, NO_HINT, type BodyView, type HintVerdict, type JudgedHint } from './request-inputs';
 import { clientGone, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
@@ -44,6 +44,8 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
   const { hintHeader, header, policy, trust, onInvalid, bodyBudget, bodyTimeoutMs } = config;
   // The decision header names the index that scored the rank (docs/exact-prefix-routing.md).
   const namesIndex = config.exposeDecision && policy.name === 'prefix-aware';
+  /** Where the span gets the prefix score: a traced router with the built-in prefix-aware policy. */
+  const scoredPolicy = config.tracing.enabled && 'matchedShare' in policy ? (policy as PrefixAwarePolicy) : undefined;
   const reports: RouteReports = { config, metrics };
   const inputs = createRequestInputs(config, table);
   let warnedParsedBody = false;
@@ -198,6 +200,7 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
     }
     route.assign(req, res, chosen, 'assigned', verdict.outcome === 'none' ? undefined : verdict.outcome);
     if (namesIndex) res.setHeader(DECISION_HEADER, `${chosen.receipts.assigned}; index=${picking.exact?.source ?? 'approximate'}`);
+    if (scoredPolicy !== undefined && prompt !== undefined) config.tracing.prefixScored(req, picking.exact?.source ?? 'approximate', scoredPolicy.matchedShare);
     proceed(req, res, next, route);
   }
 

@@ -28,6 +28,11 @@ export interface Tracing {
    * context onto the proxied request's headers (`traceparent`, `tracestate`).
    */
   decided(req: IncomingMessage, endpoint: Endpoint, source: DecisionSource, hintOutcome: HintOutcome | undefined): void;
+  /**
+   * `prefix-aware` scored the chosen endpoint on `index`, estimating that it holds `matchedShare`
+   * of the prompt's blocks; recorded on the span the decision went on.
+   */
+  prefixScored(req: IncomingMessage, index: 'exact' | 'approximate', matchedShare: number): void;
   /** The request is sent again, to `next`, after `failed` failed it. */
   retried(req: IncomingMessage, failed: Endpoint, next: Endpoint): void;
   /** `endpoint` left rotation (on the span active when the failure that ejected it was seen). */
@@ -39,6 +44,7 @@ export interface Tracing {
 export const NO_TRACING: Tracing = {
   enabled: false,
   decided: () => undefined,
+  prefixScored: () => undefined,
   retried: () => undefined,
   ejected: () => undefined,
   answeredError: () => undefined,
@@ -88,6 +94,12 @@ export function createTracing(policy: string, load: () => unknown = requireApi):
       if (headers.traceparent !== undefined) delete headers.traceparent;
       if (headers.tracestate !== undefined) delete headers.tracestate;
       propagation.inject(context.active(), headers);
+    },
+    prefixScored(req, index, matchedShare) {
+      const span = spans.get(req);
+      if (span === undefined) return;
+      span.setAttribute('dp_router.index', index);
+      span.setAttribute('dp_router.prefix_matched_share', matchedShare);
     },
     retried(req, failed, next) {
       const span = spans.get(req);

@@ -78,17 +78,19 @@ async function main(): Promise<void> {
     outlierDetection: { consecutiveFailures: 1 },
   });
   const failing = dpRouter({ upstreams: [{ url: refusedUrl, name: 'refused' }], metrics: false, logger: false });
+  const prefixed = dpRouter({ upstreams: [{ url: upstreamUrl, name: 'echo', dataParallelSize: 4 }], policy: 'prefix-aware', metrics: false, logger: false });
   const app = express();
   app.use('/retried', retried);
   app.use('/failing', failing);
+  app.use('/prefixed', prefixed);
   app.use(routed);
   const server = createServer(app);
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   const base = `http://127.0.0.1:${(server.address() as { port: number }).port}`;
 
   const answers: Record<string, number> = {};
-  const send = async (name: string, path: string, headers: Record<string, string> = {}) => {
-    const response = await fetch(`${base}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: '{"prompt":"hi"}' });
+  const send = async (name: string, path: string, headers: Record<string, string> = {}, body = '{"prompt":"hi"}') => {
+    const response = await fetch(`${base}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body });
     await response.arrayBuffer();
     answers[name] = response.status;
   };
@@ -96,6 +98,10 @@ async function main(): Promise<void> {
   await send('hinted', '/v1/completions?case=hinted', { 'x-data-parallel-rank': '1', traceparent: '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01' });
   await send('retried', '/retried/v1/completions?case=retried');
   await send('failing', '/failing/v1/completions?case=failing');
+  // Eight 64-character blocks: new on the first request, all held by its rank on the second.
+  const prompt = JSON.stringify({ prompt: 'You are a careful assistant who answers in short sentences. '.repeat(9) });
+  await send('prefix-new', '/prefixed/v1/completions?case=prefix-new', {}, prompt);
+  await send('prefix-seen', '/prefixed/v1/completions?case=prefix-seen', {}, prompt);
 
   await provider.forceFlush();
   const spans: ExportedSpan[] = exporter.getFinishedSpans().map((span) => ({
@@ -114,7 +120,7 @@ async function main(): Promise<void> {
   server.close();
   upstream.closeAllConnections();
   upstream.close();
-  await Promise.all([routed.close(), retried.close(), failing.close()]);
+  await Promise.all([routed.close(), retried.close(), failing.close(), prefixed.close()]);
   await provider.shutdown();
 }
 

@@ -15,6 +15,12 @@ export interface PrefixPickContext extends PickContext {
   readonly exact?: ExactPick;
 }
 
+/** The `prefix-aware` policy, with what its last pick estimated (read right after `pick`, e.g. for tracing). */
+export interface PrefixAwarePolicy extends Policy {
+  /** The share of the last picked prompt's blocks the chosen endpoint was estimated to hold; 0 without a prompt. */
+  readonly matchedShare: number;
+}
+
 /** Picks after this many requests drop the index of an endpoint absent from all of them. */
 const FORGET_AFTER_PICKS = 4096;
 
@@ -64,7 +70,7 @@ const WORK_SMOOTHING = 1 / 32;
  * `Map` lookup and hash per candidate; no allocation once the hash buffer has grown to the
  * longest prompt and the endpoint keys are known.
  */
-export function prefixAware(options: PrefixAwareOptions = {}): Policy {
+export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy {
   const { blockChars, maxBlocksPerEndpoint: maxBlocks, maxBlocksPerRequest: maxRequestBlocks, contentBalance, fallback } = parsePrefixAwarePolicy('prefixAware', options);
   // One key for every index of this policy: slots are unpredictable to clients, and the
   // content hashes themselves stay deterministic (replicas may place prefixes by them).
@@ -88,6 +94,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
   let typicalWork = -1;
   /** Sum of every index's `recentBlocks`. */
   let recentTotal = 0;
+  let matchedShare = 0;
 
   function hashBlocks(prompt: string): number {
     const count = Math.min(Math.floor(prompt.length / blockChars), maxRequestBlocks);
@@ -229,9 +236,13 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
   return {
     name: 'prefix-aware',
     usesPrompt: true,
+    get matchedShare() {
+      return matchedShare;
+    },
     pick(candidates: readonly Endpoint[], ctx: PickContext): Endpoint {
       const prompt = ctx.prompt;
       const blockCount = prompt === undefined ? 0 : hashBlocks(prompt);
+      matchedShare = 0;
       if (blockCount === 0) return fallback.pick(candidates, ctx);
       if (++picks % FORGET_AFTER_PICKS === 0) forgetAbsentEndpoints();
       const exact = (ctx as PrefixPickContext).exact;
@@ -249,6 +260,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): Policy {
         ? exactUncached(blockCount, exact.matched[chosenAt], exact.promptBlocks)
         : blockCount - index.leadingRun(blockHashes, blockCount, 0);
       typicalWork = typicalWork < 0 ? uncached : typicalWork + (uncached - typicalWork) * WORK_SMOOTHING;
+      matchedShare = 1 - uncached / blockCount;
       const added = index.record(blockHashes, blockCount);
       index.recentBlocks += added;
       recentTotal += added;

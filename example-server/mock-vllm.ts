@@ -8,7 +8,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo, Socket } from 'node:net';
 import { MockEngine, type RankState } from './mock-vllm/engine';
 import { resolveKvEventsOptions, startEngineEvents, type EngineEvents, type KvEventsConfig } from './mock-vllm/engine-events';
-import { dieAfterFlush, pathOf, readBody, sendError, sendJson, sendStreamError, SSE_HEADERS } from './mock-vllm/http';
+import { dieAfterFlush, pathOf, readJsonBody, sendError, sendJson, sendStreamError, SSE_HEADERS } from './mock-vllm/http';
 import { renderMetrics } from './mock-vllm/metrics';
 import {
   completionBody,
@@ -38,8 +38,6 @@ export { parsePythonInt } from './mock-vllm/python-int';
 export { MOCK_TOKENIZER_DIR } from './mock-vllm/tokenize';
 
 const REQUEST_LOG_SIZE = 10_000;
-/** Far above any real prompt; only there so a hostile body cannot exhaust memory. */
-const MAX_BODY_BYTES = 64 * 1024 * 1024;
 
 type MockConfig = Required<Omit<MockVllmOptions, 'kvEvents'>> & { kvEvents: KvEventsConfig | null };
 
@@ -232,16 +230,9 @@ async function serveGeneration(
   res: ServerResponse,
   record: MockRequestRecord,
 ): Promise<void> {
-  const raw = await readBody(req, MAX_BODY_BYTES);
-  if (raw === 'aborted') return;
-  if (raw === 'too_large') return sendError(res, 413, 'Request body too large.', null, { connection: 'close' });
-  let body: unknown;
-  try {
-    body = JSON.parse(raw.toString('utf8'));
-  } catch (error) {
-    return sendError(res, 400, `Invalid JSON body: ${(error as Error).message}`);
-  }
-  const request = parseGenerationRequest(kind, body, ctx.config.maxModelLen, ctx.tokenizer);
+  const read = await readJsonBody(req, res);
+  if (read === undefined) return;
+  const request = parseGenerationRequest(kind, read.body, ctx.config.maxModelLen, ctx.tokenizer);
   if (isProblem(request)) return sendError(res, 400, request.message, request.param);
 
   const asked = ctx.engine.resolveRankHeader(record.rankHeaders[0]);

@@ -8,12 +8,11 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { join } from 'node:path';
 import { PromptTokenizer } from '../../lib/kv-events/tokenizer';
-import { readBody, sendError, sendJson } from './http';
+import { readJsonBody, sendError, sendJson } from './http';
 
 /** The directory of the mock's tokenizer (`tokenizer.json`, `tokenizer_config.json`). */
 export const MOCK_TOKENIZER_DIR = join(__dirname, 'tokenizer');
 
-const MAX_BODY_BYTES = 64 * 1024 * 1024;
 
 let shared: PromptTokenizer | undefined;
 
@@ -26,15 +25,9 @@ export function mockTokenizer(): PromptTokenizer {
 
 /** Serves one `/tokenize` request for a server of `model` with context length `maxModelLen`. */
 export async function serveTokenize(model: string, maxModelLen: number, req: IncomingMessage, res: ServerResponse): Promise<void> {
-  const raw = await readBody(req, MAX_BODY_BYTES);
-  if (raw === 'aborted') return;
-  if (raw === 'too_large') return sendError(res, 413, 'Request body too large.', null, { connection: 'close' });
-  let body: unknown;
-  try {
-    body = JSON.parse(raw.toString('utf8'));
-  } catch (error) {
-    return sendError(res, 400, `Invalid JSON body: ${(error as Error).message}`);
-  }
+  const read = await readJsonBody(req, res);
+  if (read === undefined) return;
+  const { body } = read;
   if (typeof body !== 'object' || body === null || Array.isArray(body)) return sendError(res, 400, 'The request body must be a JSON object.');
   const request = body as Record<string, unknown>;
   if (request.model !== undefined && request.model !== null && request.model !== model) {

@@ -19,7 +19,9 @@ export function runBench(script: string, args: readonly string[], timeoutMs: num
   return new Promise((done, fail) => {
     execFile(
       process.execPath,
-      ['--import', 'tsx', resolve(ROOT, script), ...args],
+      // http-proxy (under http-proxy-middleware 3) calls util._extend, which Node 22 and later
+      // deprecate with one DEP0060 line on stderr; anything else a bench writes there still shows.
+      ['--disable-warning=DEP0060', '--import', 'tsx', resolve(ROOT, script), ...args],
       { cwd: ROOT, maxBuffer: 16 * 1024 * 1024, timeout: timeoutMs },
       (error, stdout, stderr) => {
         const code = error ? error.code : 0;

@@ -290,7 +290,8 @@ export function createForwarding(parts: ForwardingParts): { forward: Proceed; ou
   const { config, table, metrics, pipeline, detector } = parts;
   const { policy, retryAttempts } = config;
   // The router's own rank header, set already, survives a client's `Connection` nomination.
-  const stripHopByHop = hopByHopStripper([config.header]);
+  // The upstream agent keeps connections alive: a client's `keep-alive` is what it would send.
+  const stripHopByHop = hopByHopStripper([config.header], 'keep-alive');
   const replaceForwarded = config.xfwd === 'replace';
 
   function forward(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {

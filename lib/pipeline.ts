@@ -77,10 +77,7 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
       decide(req, res, next, route, trusted, headerHint, wantsBody ? inputs.parsedBodyView(req, route.body) : undefined);
       return;
     }
-    if (hasBody(req) && !req.complete) {
-      route.bodyDeadline = setTimeout(bodyTimedOut, bodyTimeoutMs, req, res, route);
-      req.once('close', () => clearTimeout(route.bodyDeadline));
-    }
+    if (hasBody(req) && !req.complete) route.armBodyDeadline(req, res, bodyTimeoutMs, bodyTimedOut);
     if (!wantsBody || !hasBody(req) || !isJson(req)) {
       decide(req, res, next, route, trusted, headerHint, undefined);
       return;

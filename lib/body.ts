@@ -21,31 +21,39 @@ export function readBody(req: IncomingMessage, limit: number, lease?: BodyLease)
   return new Promise((resolve) => {
     const chunks: Buffer[] = [];
     let size = 0;
-    const finish = (result: BodyResult) => {
-      req.off('data', onData);
-      req.off('end', onEnd);
-      req.off('close', onClose);
-      req.off('error', onClose);
-      resolve(result);
+    // Methods, not arrow functions bound to names: a build that keeps function names (tsx,
+    // esbuild's keepNames) would call Object.defineProperty for each, on every body read.
+    const on = {
+      finish(result: BodyResult): void {
+        req.off('data', on.data);
+        req.off('end', on.end);
+        req.off('close', on.close);
+        req.off('error', on.close);
+        resolve(result);
+      },
+      data(chunk: Buffer): void {
+        size += chunk.length;
+        let failure: BodyFailure | undefined;
+        if (size > limit) failure = 'too_large';
+        else if (lease !== undefined && !reserved && !lease.grow(chunk.length)) failure = 'over_budget';
+        if (failure !== undefined) {
+          req.pause();
+          on.finish({ ok: false, failure });
+          return;
+        }
+        chunks.push(chunk);
+      },
+      end(): void {
+        on.finish({ ok: true, bytes: chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size) });
+      },
+      close(): void {
+        on.finish({ ok: false, failure: 'aborted' });
+      },
     };
-    const onData = (chunk: Buffer) => {
-      size += chunk.length;
-      let failure: BodyFailure | undefined;
-      if (size > limit) failure = 'too_large';
-      else if (lease !== undefined && !reserved && !lease.grow(chunk.length)) failure = 'over_budget';
-      if (failure !== undefined) {
-        req.pause();
-        finish({ ok: false, failure });
-        return;
-      }
-      chunks.push(chunk);
-    };
-    const onEnd = () => finish({ ok: true, bytes: chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size) });
-    const onClose = () => finish({ ok: false, failure: 'aborted' });
-    req.on('data', onData);
-    req.on('end', onEnd);
-    req.on('close', onClose);
-    req.on('error', onClose);
+    req.on('data', on.data);
+    req.on('end', on.end);
+    req.on('close', on.close);
+    req.on('error', on.close);
   });
 }
 

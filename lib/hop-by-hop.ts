@@ -1,31 +1,50 @@
 import type { IncomingHttpHeaders } from 'node:http';
 
 /**
- * Headers that describe one connection, not the message (RFC 9110 §7.6.1, and RFC 2616's
- * `trailer`, `proxy-authorization`, `proxy-authenticate`): a proxy must not forward them.
- * `transfer-encoding` is not among them: Node's client and server frame bodies from it, and
- * removing it from a request would send a chunked body unframed (see `protectedNames`).
+ * Removes hop-by-hop headers, and those the `Connection` header nominates, in place. Hop-by-hop
+ * headers describe one connection, not the message (RFC 9110 §7.6.1, and RFC 2616's `trailer`,
+ * `proxy-authorization`, `proxy-authenticate`): a proxy must not forward them:
+ * `connection`, `keep-alive`, `proxy-connection`, `te`, `trailer`, `upgrade`,
+ * `proxy-authorization`, `proxy-authenticate`. `transfer-encoding` is not among them: Node's
+ * client and server frame bodies from it, and removing it from a request would send a chunked
+ * body unframed (see `kept`).
  */
-const HOP_BY_HOP = ['connection', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'upgrade', 'proxy-authorization', 'proxy-authenticate'] as const;
-
-/** Removes hop-by-hop headers, and those the `Connection` header nominates, in place. */
 export type HopByHopStripper = (headers: IncomingHttpHeaders) => void;
+
+/**
+ * Which `Connection` header a stripper leaves in place instead of deleting it: `delete` leaves
+ * the headers object in V8's dictionary mode, which every later access pays for (http-proxy
+ * copies each header). `'keep-alive'`: exactly the value Node's keep-alive agent sends when
+ * the header is absent, so leaving it changes nothing upstream. `'any'`: the caller sets the
+ * header itself right after. What it nominates is removed either way.
+ */
+export type ConnectionLeft = 'none' | 'keep-alive' | 'any';
 
 /**
  * Builds the stripper once. Names in `keep` survive a `Connection` nomination: the framing
  * headers (a client naming `transfer-encoding` would otherwise make the upstream read its
  * chunked body as the next request: smuggling), `host`, and whatever the caller sets itself.
  */
-export function hopByHopStripper(keep: readonly string[] = []): HopByHopStripper {
+export function hopByHopStripper(keep: readonly string[] = [], left: ConnectionLeft = 'none'): HopByHopStripper {
   const kept = new Set(['content-length', 'transfer-encoding', 'host', ...keep.map((name) => name.toLowerCase())]);
   return function stripHopByHop(headers) {
     const connection = headers.connection;
-    // `keep-alive` and `close` alone are the usual values: nothing else is nominated.
-    if (connection !== undefined && connection !== 'keep-alive' && connection !== 'close') {
-      for (const name of nominated(connection)) if (!kept.has(name) && headers[name] !== undefined) delete headers[name];
+    if (connection !== undefined) {
+      // `keep-alive` and `close` alone are the usual values: nothing else is nominated.
+      if (connection !== 'keep-alive' && connection !== 'close') {
+        for (const name of nominated(connection)) if (!kept.has(name) && headers[name] !== undefined) delete headers[name];
+      }
+      if (left === 'none' || (left === 'keep-alive' && connection !== 'keep-alive')) delete headers.connection;
     }
-    // `delete` always takes V8's slow path, so only where there is something to remove.
-    for (const name of HOP_BY_HOP) if (headers[name] !== undefined) delete headers[name];
+    // `delete` always takes V8's slow path, so only where there is something to remove. Named
+    // reads (not a loop over the names) stay monomorphic on the usual header shapes.
+    if (headers['keep-alive'] !== undefined) delete headers['keep-alive'];
+    if (headers['proxy-connection'] !== undefined) delete headers['proxy-connection'];
+    if (headers.te !== undefined) delete headers.te;
+    if (headers.trailer !== undefined) delete headers.trailer;
+    if (headers.upgrade !== undefined) delete headers.upgrade;
+    if (headers['proxy-authorization'] !== undefined) delete headers['proxy-authorization'];
+    if (headers['proxy-authenticate'] !== undefined) delete headers['proxy-authenticate'];
   };
 }
 

@@ -69,7 +69,12 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
     if (headers.expect !== undefined) delete headers.expect;
 
     const wantsBody = inputs.wantsBody(req);
-    if (req.readableEnded && hasBody(req)) {
+    const bodied = hasBody(req);
+    // Each property of `req` read costs a lookup V8 cannot cache (see RankDecision): a stream
+    // that has ended is complete, so `readableEnded` is read only for a complete body.
+    if (bodied && !req.complete) {
+      route.armBodyDeadline(req, res, bodyTimeoutMs, bodyTimedOut);
+    } else if (bodied && req.readableEnded) {
       // A body parser ran first: the stream is spent, so its result is all there is to read
       // and to forward.
       if (replayParsedBody(req, route) && !warnedParsedBody) {
@@ -79,11 +84,7 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
       decide(req, res, next, route, trusted, headerHint, wantsBody ? inputs.parsedBodyView(req, route.body) : undefined);
       return;
     }
-    if (hasBody(req) && !req.complete) {
-      route.bodyDeadline = setTimeout(bodyTimedOut, bodyTimeoutMs, req, res, route);
-      req.once('close', () => clearTimeout(route.bodyDeadline));
-    }
-    if (!wantsBody || !hasBody(req) || !isJson(req)) {
+    if (!wantsBody || !bodied || !isJson(req)) {
       decide(req, res, next, route, trusted, headerHint, undefined);
       return;
     }
@@ -293,12 +294,15 @@ export function createForwarding(parts: ForwardingParts): { forward: Proceed; ou
   const { config, table, metrics, pipeline, detector } = parts;
   const { policy, retryAttempts } = config;
   // The router's own rank header, set already, survives a client's `Connection` nomination.
-  const stripHopByHop = hopByHopStripper([config.header]);
+  // The upstream agent keeps connections alive: a client's `keep-alive` is what it would send.
+  const stripHopByHop = hopByHopStripper([config.header], 'keep-alive');
   const replaceForwarded = config.xfwd === 'replace';
 
   function forward(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
     // Express strips the mount path from req.url; upstream must see the path the client sent.
-    if (req.originalUrl !== undefined) req.url = req.originalUrl;
+    // Stored only when it differs: a store to `req` costs far more than a read.
+    const originalUrl = req.originalUrl;
+    if (originalUrl !== undefined && req.url !== originalUrl) req.url = originalUrl;
     const { headers } = req;
     if (headers.upgrade !== undefined && WEBSOCKET.test(headers.upgrade)) {
       // Stripped like any hop-by-hop header, the upgrade would reach the engine as a plain

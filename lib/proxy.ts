@@ -39,8 +39,8 @@ const CONNECT_FAILURES = new Set(['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH',
  * so a request is never sent down a socket the server is closing.
  */
 const IDLE_SOCKET_MS = 4_000;
-/** An upstream answer's hop-by-hop headers describe the upstream connection, not the client's. */
-const stripHopByHop = hopByHopStripper();
+/** An upstream answer's hop-by-hop headers describe the upstream connection, not the client's; `Connection` is set anew. */
+const stripHopByHop = hopByHopStripper([], 'any');
 
 /** Creates the http-proxy-middleware instance for one upstream, with a keep-alive agent; each try's outcome goes to `outcomes`. */
 export function createUpstreamProxy(upstream: UpstreamConfig, config: Configuration, outcomes: TryOutcomes): UpstreamProxy {

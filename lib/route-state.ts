@@ -57,6 +57,8 @@ export class RouteState {
   upstreamRequest: ClientRequest | undefined = undefined;
   connectDeadline: NodeJS.Timeout | undefined = undefined;
   firstByteDeadline: NodeJS.Timeout | undefined = undefined;
+  /** Whether the response's close is watched (one listener per request, see {@link watch}). */
+  private watching = false;
 
   constructor(private readonly reports: RouteReports) {}
 
@@ -69,9 +71,7 @@ export class RouteState {
     this.source = source;
     this.hold(req, res, endpoint);
     this.started = performance.now();
-    // One listener per request does all the work its end needs. It holds the state itself:
-    // what a later middleware does to `req.dpRank` cannot make a slot leak.
-    res.on('close', () => this.closed(res));
+    this.watch(res);
     config.tracing.decided(req, endpoint, source, hintOutcome);
     config.logger.decided(endpoint, source, config.policy.name, hintOutcome);
   }
@@ -135,8 +135,28 @@ export class RouteState {
     if (this.lease !== undefined) return this.lease;
     if (res.destroyed) return undefined;
     const lease = (this.lease = budget.lease());
-    res.once('close', () => lease.release());
+    this.watch(res);
     return lease;
+  }
+
+  /**
+   * Arms the body deadline (`timeouts.bodyMs`) while the body is still arriving. The response's
+   * close clears it; until then `onTimeout` finds a complete body and does nothing.
+   */
+  armBodyDeadline(req: IncomingMessage, res: ServerResponse, ms: number, onTimeout: (req: IncomingMessage, res: ServerResponse, route: RouteState) => void): void {
+    this.bodyDeadline = setTimeout(onTimeout, ms, req, res, this);
+    this.watch(res);
+  }
+
+  /**
+   * One listener per request does all the work its end needs (the body deadline, the lease,
+   * the slot): one closure, not one per concern. It holds the state itself: what a later
+   * middleware does to `req.dpRank` cannot make a slot leak.
+   */
+  private watch(res: ServerResponse): void {
+    if (this.watching) return;
+    this.watching = true;
+    res.on('close', () => this.closed(res));
   }
 
   /** Takes `endpoint`'s slot and makes everything the request carries name it. */
@@ -172,10 +192,13 @@ export class RouteState {
    * Then the slot held now (a retry may have moved it) is released.
    */
   private closed(res: ServerResponse): void {
-    this.clearDeadlines();
     clearTimeout(this.bodyDeadline);
+    this.lease?.release();
+    const held = this.endpoint;
+    // Answered (or left) before it had an endpoint.
+    if (held === undefined) return;
+    this.clearDeadlines();
     if (!res.writableFinished) this.upstreamRequest?.destroy();
-    const held = this.endpoint!;
     held.inflight--;
     this.reports.metrics.finished(held, (performance.now() - this.started) / 1000);
   }

@@ -312,12 +312,17 @@ export class BlockIndex {
   private current: HashSet32;
   private previous: HashSet32;
   private readonly generationSize: number;
+  private readonly slotKey: number;
+  /** Both tables have the same size and key, so a hash's home slot is computed once for both. */
+  private readonly mask: number;
 
   /** `slotKey` keys the tables' slot hash; a random one (the default) keeps clients from forging collisions. */
   constructor(maxBlocks: number, slotKey = randomKey32()) {
     this.generationSize = maxBlocks;
-    this.current = new HashSet32(this.generationSize, slotKey);
-    this.previous = new HashSet32(this.generationSize, slotKey);
+    this.slotKey = slotKey;
+    this.current = new HashSet32(this.generationSize);
+    this.previous = new HashSet32(this.generationSize);
+    this.mask = this.current.mask;
   }
 
   /** Slot probes past the first, over the index's life: the work hash collisions cost. */
@@ -336,7 +341,9 @@ export class BlockIndex {
   }
 
   has(hash: number): boolean {
-    return this.current.has(hash) || this.previous.has(hash);
+    const key = hash === 0 ? 1 : hash;
+    const home = keyedMix32(key, this.slotKey) & this.mask;
+    return this.current.has(key, home) || this.previous.has(key, home);
   }
 
   /**
@@ -368,9 +375,11 @@ export class BlockIndex {
     let added = 0;
     for (let i = count - 1; i >= 0; i--) {
       const hash = hashes[i];
-      const held = this.previous.has(hash);
-      if (!this.current.add(hash)) continue;
-      if (!held) added++;
+      const key = hash === 0 ? 1 : hash;
+      const home = keyedMix32(key, this.slotKey) & this.mask;
+      if (!this.current.add(key, home)) continue;
+      // Only for a hash new to the current generation (adding to one leaves the other as it was).
+      if (!this.previous.has(key, home)) added++;
       if (this.current.size >= this.generationSize) {
         const dropped = this.previous;
         this.previous = this.current;
@@ -391,8 +400,8 @@ export class BlockIndex {
 export const MAX_PROBES = 64;
 
 /**
- * A fixed-capacity set of 32-bit hashes with linear probing from a keyed slot hash; 0 marks
- * an empty slot. A hash is never stored more than `MAX_PROBES − 1` slots past its home slot
+ * A fixed-capacity set of 32-bit keys (a hash, 0 written as 1) with linear probing from a home
+ * slot its owner computes with a keyed slot hash; 0 marks an empty slot. A hash is never stored more than `MAX_PROBES − 1` slots past its home slot
  * (an insertion that would go further is dropped: the index forgets that block), so a lookup
  * that has probed `MAX_PROBES` slots knows the hash is absent.
  */
@@ -401,12 +410,9 @@ class HashSet32 {
   /** Probes past the first slot, ever (not reset by `clear`). */
   extraProbes = 0;
   private readonly slots: Int32Array;
-  private readonly mask: number;
+  readonly mask: number;
 
-  constructor(
-    maxEntries: number,
-    private readonly slotKey: number,
-  ) {
+  constructor(maxEntries: number) {
     let capacity = 2;
     while (capacity < maxEntries * 2) capacity *= 2;
     this.slots = new Int32Array(capacity);
@@ -417,9 +423,8 @@ class HashSet32 {
     return this.slots.byteLength;
   }
 
-  has(hash: number): boolean {
-    const key = hash === 0 ? 1 : hash;
-    const slot = this.slotOf(key);
+  has(key: number, home: number): boolean {
+    const slot = this.slotOf(key, home);
     return slot >= 0 && this.slots[slot] === key;
   }
 
@@ -427,9 +432,8 @@ class HashSet32 {
    * Adds the hash; returns whether it was added (false when held, or when its probe run is
    * full). The owner keeps `size` at most half the slots.
    */
-  add(hash: number): boolean {
-    const key = hash === 0 ? 1 : hash;
-    const slot = this.slotOf(key);
+  add(key: number, home: number): boolean {
+    const slot = this.slotOf(key, home);
     if (slot < 0 || this.slots[slot] === key) return false;
     this.slots[slot] = key;
     this.size++;
@@ -440,9 +444,9 @@ class HashSet32 {
    * Linear probing: the slot holding `key`, or the empty slot where it would go; -1 when
    * `MAX_PROBES` slots hold neither.
    */
-  private slotOf(key: number): number {
+  private slotOf(key: number, home: number): number {
     const slots = this.slots;
-    let slot = keyedMix32(key, this.slotKey) & this.mask;
+    let slot = home;
     let probed = 1;
     while (slots[slot] !== key && slots[slot] !== 0) {
       if (probed === MAX_PROBES) return -1;

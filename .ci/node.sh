@@ -7,10 +7,10 @@
 # npm registry and a second run installs nothing.
 
 # The Node lines CI tests, oldest first. Keep in step with `engines` in package.json.
-CI_NODE_MAJORS=(20 22 24)
+CI_NODE_MAJORS=(20 22 24 26)
 
 # The exact version of each line when it is not the machine's Node. Bump these by hand.
-declare -A CI_NODE_PINNED=([20]=20.20.2 [22]=22.23.5 [24]=24.22.3)
+declare -A CI_NODE_PINNED=([20]=20.20.2 [22]=22.23.5 [24]=24.22.3 [26]=26.12.1)
 
 CI_NODE_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/express-dp-router"
 

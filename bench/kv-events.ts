@@ -13,8 +13,8 @@
  */
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
-import { decodeKvEventBatch, type KvEvent } from '../lib/kv-events/decode';
-import { KvExactIndex } from '../lib/kv-events/exact-index';
+import { decodeKvEventBatch, type KvEvent } from '../lib/exact-prefix/events/decode';
+import { KvExactIndex } from '../lib/exact-prefix/index/exact-index';
 import { encodeKvBatch, type KvLayout, type MockKvEvent, type PyBlockHash } from '../example-server/mock-vllm/kv-events';
 import { fixed, markdownTable, median, parseArgs } from './lib/stats';
 

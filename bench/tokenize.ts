@@ -19,10 +19,10 @@
 import { performance } from 'node:perf_hooks';
 import { startMockVllm } from '../example-server/mock-vllm';
 import { MOCK_TOKENIZER_DIR } from '../example-server/mock-vllm/tokenize';
-import { KvExactIndex } from '../lib/kv-events/exact-index';
-import { loadTokenizersPackage, readTokenizerFiles } from '../lib/kv-events/tokenizer-files';
-import { PromptTokenizer } from '../lib/kv-events/tokenizer';
-import { TokenizerAgreement } from '../lib/kv-events/tokenizer-agreement';
+import { KvExactIndex } from '../lib/exact-prefix/index/exact-index';
+import { loadTokenizersPackage, readTokenizerFiles } from '../lib/exact-prefix/tokenizer/tokenizer-files';
+import { PromptTokenizer } from '../lib/exact-prefix/tokenizer/tokenizer';
+import { TokenizerAgreement } from '../lib/exact-prefix/tokenizer/tokenizer-agreement';
 import { fixed, markdownTable, median, parseArgs } from './lib/stats';
 
 const args = parseArgs(process.argv.slice(2));

@@ -1,6 +1,6 @@
 import type { PolicyName, RankHeaderMode, UpstreamOptions } from '../lib';
-import { resolveKvEndpoints } from '../lib/kv-events/endpoints';
-import type { KvEventsOptions } from '../lib/kv-events/source';
+import { resolveKvEndpoints } from '../lib/exact-prefix/events/endpoints';
+import type { KvEventsOptions } from '../lib/exact-prefix/events/source';
 
 /** An upstream as the gateway passes it to the router, with where its KV events are published. */
 export type GatewayUpstream = UpstreamOptions & { kvEvents?: KvEventsOptions };

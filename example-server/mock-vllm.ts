@@ -21,7 +21,7 @@ import {
 import { RequestLog, rankHeaderCopies } from './mock-vllm/request-log';
 import { RequestTimer, SseWriter } from './mock-vllm/stream-writer';
 import { mockTokenizer, serveTokenize } from './mock-vllm/tokenize';
-import type { PromptTokenizer } from '../lib/kv-events/tokenizer';
+import type { PromptTokenizer } from '../lib/exact-prefix/tokenizer/tokenizer';
 import type { MockFault, MockRequestRecord, MockVllm, MockVllmOptions } from './mock-vllm/types';
 
 export type {

@@ -1,8 +1,8 @@
-import { startHealthChecks } from './health-checker';
-import { OutlierDetector } from './outlier-detector';
-import type { RouteEndpoint } from './endpoints';
+import { startHealthChecks } from './upstreams/health-checker';
+import { OutlierDetector } from './upstreams/outlier-detector';
+import type { RouteEndpoint } from './upstreams/endpoints';
 import { createForwarding } from './pipeline';
-import { createUpstreamProxy, type UpstreamProxy } from './proxy';
+import { createUpstreamProxy, type UpstreamProxy } from './forward/proxy';
 import { createRouting, type Middleware, type RoutingHelpers } from './routing';
 import type { DpRouterOptions, UpstreamConfig } from './options';
 

@@ -1,5 +1,5 @@
 import type { ServerResponse } from 'node:http';
-import { markError } from './tracing';
+import { markError } from './observe/tracing';
 
 /** The error types the gateway answers with, named as vLLM and OpenAI name them. */
 export type GatewayErrorType =

@@ -1,21 +1,21 @@
-import { BodyBudget, parseMaxBodyBytes, parseMaxBufferedBytes, type BodyLimitOptions } from './body-budget';
-import { parseLoadFeedback, type LoadFeedbackConfig, type LoadFeedbackOptions } from './engine-watch-options';
-import { parseHealthCheck, type HealthCheckConfig, type HealthCheckOptions } from './health-checker-options';
-import { parseHints, type HintConfig, type HintOptions } from './hint-options';
-import { parseLogger, type Logger, type RouterLogger } from './logger';
-import { parseMetrics, type MetricsConfig, type MetricsOptions } from './metrics';
+import { BodyBudget, parseMaxBodyBytes, parseMaxBufferedBytes, type BodyLimitOptions } from './request/body-budget';
+import { parseLoadFeedback, type LoadFeedbackConfig, type LoadFeedbackOptions } from './upstreams/engine-watch-options';
+import { parseHealthCheck, type HealthCheckConfig, type HealthCheckOptions } from './upstreams/health-checker-options';
+import { parseHints, type HintConfig, type HintOptions } from './request/hint-options';
+import { parseLogger, type Logger, type RouterLogger } from './observe/logger';
+import { parseMetrics, type MetricsConfig, type MetricsOptions } from './observe/metrics';
 import { booleanOption, fail, headerNameOption, isPlainObject, rejectProxyOnly, rejectUnknownKeys, shown, type KeysEnum } from './option-checks';
-import { parseOutlierDetection, type OutlierDetectionConfig, type OutlierDetectionOptions } from './outlier-detector-options';
+import { parseOutlierDetection, type OutlierDetectionConfig, type OutlierDetectionOptions } from './upstreams/outlier-detector-options';
 import { parsePolicy } from './policies/by-name';
 import { parsePrefixAware, type PrefixAwareRouterSettings } from './policies/prefix-aware-options';
-import { parseTokenizer } from './kv-events/options';
-import type { TokenizerSource } from './kv-events/source';
+import { parseTokenizer } from './exact-prefix/options';
+import type { TokenizerSource } from './exact-prefix/events/source';
 import { parseAffinity, type AffinityOptions } from './policies/session-affinity-options';
-import { parseRetries, type RetryConfig, type RetryOptions } from './retry-options';
-import { parseTimeouts, type BodyTimeoutOptions, type TimeoutConfig, type TimeoutOptions } from './timeout-options';
-import { createTracing, type Tracing } from './tracing';
+import { parseRetries, type RetryConfig, type RetryOptions } from './forward/retry-options';
+import { parseTimeouts, type BodyTimeoutOptions, type TimeoutConfig, type TimeoutOptions } from './forward/timeout-options';
+import { createTracing, type Tracing } from './observe/tracing';
 import type { Policy, PolicyName } from './types';
-import { parseUpstreams, type UpstreamConfig, type UpstreamOptions } from './upstream-options';
+import { parseUpstreams, type UpstreamConfig, type UpstreamOptions } from './upstreams/upstream-options';
 
 export type { HealthCheckConfig, LoadFeedbackConfig, OutlierDetectionConfig, UpstreamConfig };
 

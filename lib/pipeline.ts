@@ -1,16 +1,16 @@
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
-import { hasBody, isJson, readBody as readBodyBytes } from './body';
-import type { EndpointTable, RouteEndpoint } from './endpoints';
+import { hasBody, isJson, readBody as readBodyBytes } from './request/body';
+import type { EndpointTable, RouteEndpoint } from './upstreams/endpoints';
 import { sendError } from './errors';
-import { hopByHopStripper, withoutNomination } from './hop-by-hop';
-import type { RouterMetrics, UpstreamErrorKind } from './metrics';
-import type { ExactLookup } from './kv-events/exact-pick';
+import { hopByHopStripper, withoutNomination } from './request/hop-by-hop';
+import type { RouterMetrics, UpstreamErrorKind } from './observe/metrics';
+import type { ExactLookup } from './exact-prefix/index/exact-pick';
 import type { Configuration } from './options';
 import type { PrefixAwarePolicy, PrefixPickContext } from './policies/prefix-aware';
-import type { OutlierDetector } from './outlier-detector';
-import { createRequestInputs, NO_HINT, type BodyView, type HintVerdict, type JudgedHint } from './request-inputs';
-import { clientGone, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
-import { RankDecision, RouteState, type RouteReports, type RoutedRequest } from './route-state';
+import type { OutlierDetector } from './upstreams/outlier-detector';
+import { createRequestInputs, NO_HINT, type BodyView, type HintVerdict, type JudgedHint } from './request/request-inputs';
+import { clientGone, type TryFailure, type TryOutcomes, type UpstreamProxy } from './forward/proxy';
+import { RankDecision, RouteState, type RouteReports, type RoutedRequest } from './request/route-state';
 import type { PickContext } from './types';
 
 /*

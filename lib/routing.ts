@@ -1,14 +1,14 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { Registry } from 'prom-client';
-import { watchEngines, watchedUpstreams } from './engine-watch';
-import { EndpointTable, type RouteEndpoint } from './endpoints';
-import { createExactRouting } from './kv-events/exact-routing';
-import { loadTokenizer } from './kv-events/options';
-import { createMetrics, NO_METRICS, type RouterMetrics } from './metrics';
+import { watchEngines, watchedUpstreams } from './upstreams/engine-watch';
+import { EndpointTable, type RouteEndpoint } from './upstreams/endpoints';
+import { createExactRouting } from './exact-prefix/exact-routing';
+import { loadTokenizer } from './exact-prefix/options';
+import { createMetrics, NO_METRICS, type RouterMetrics } from './observe/metrics';
 import { parseOptions, type Configuration, type DpRankOptions, type DpRouterOptions, type Mode, type UpstreamConfig } from './options';
 import { createPipeline, type Pipeline, type Proceed } from './pipeline';
 import type { EndpointSnapshot } from './types';
-import { parseUpstreams, type UpstreamOptions } from './upstream-options';
+import { parseUpstreams, type UpstreamOptions } from './upstreams/upstream-options';
 
 /** A Connect/Express-style handler, typed on `node:http` so it fits Express 4 and 5 alike. */
 export type Middleware = (req: IncomingMessage, res: ServerResponse, next: (error?: unknown) => void) => void;

@@ -1,12 +1,12 @@
 import { describe, expect, it } from '@jest/globals';
 import { MOCK_TOKENIZER_DIR, startMockVllm, type MockVllm, type MockVllmOptions } from '../../example-server/mock-vllm';
 import type { KvLayout } from '../../example-server/mock-vllm/kv-events';
-import type { KvEvent, KvBlockStored } from '../../lib/kv-events/decode';
-import { KvExactIndex, type KvEventSink } from '../../lib/kv-events/exact-index';
-import { createKvEventSubscriber, type KvEventSubscriber } from '../../lib/kv-events/subscriber';
-import { PromptTokenizer } from '../../lib/kv-events/tokenizer';
+import type { KvEvent, KvBlockStored } from '../../lib/exact-prefix/events/decode';
+import { KvExactIndex, type KvEventSink } from '../../lib/exact-prefix/index/exact-index';
+import { createKvEventSubscriber, type KvEventSubscriber } from '../../lib/exact-prefix/events/subscriber';
+import { PromptTokenizer } from '../../lib/exact-prefix/tokenizer/tokenizer';
 import { closedAfterEach } from '../helpers';
-import { Recorder, freePortRun, untilJoined } from '../kv-events/helpers';
+import { Recorder, freePortRun, untilJoined } from '../exact-prefix/helpers';
 
 const BLOCK = 16;
 const started = closedAfterEach();

@@ -1,7 +1,7 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
 import type { Options } from '../../lib';
 import { allIdle, type EchoUpstream, echoUpstreams, exchange, metricValue, type RestartableVllm, sleep, startGateway, startRestartableVllm, type TestGateway, waitFor } from '../helpers';
-import { clientOf } from '../../lib/outlier-detector';
+import { clientOf } from '../../lib/upstreams/outlier-detector';
 
 let gateway: TestGateway | undefined;
 

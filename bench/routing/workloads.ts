@@ -1,5 +1,5 @@
 import { readFileSync } from 'node:fs';
-import { extractPrompt } from '../../lib/prompt';
+import { extractPrompt } from '../../lib/request/prompt';
 import { exponential, integerBetween, type Rng, shuffle } from './rng';
 import { blockHashes, tokensText } from './tokens';
 

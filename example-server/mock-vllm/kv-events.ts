@@ -9,7 +9,7 @@
  * has shipped; the tests keep hand-checked fixtures of that encoding.
  */
 import type * as Zeromq from 'zeromq';
-import { loadZeromq } from '../../lib/kv-events/optional-deps';
+import { loadZeromq } from '../../lib/exact-prefix/optional-deps';
 
 /** An engine block hash as Python holds it: an int, or bytes (SHA-256 based hashes). */
 export type PyBlockHash = number | bigint | Uint8Array;

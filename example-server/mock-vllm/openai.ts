@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import type { PromptTokenizer } from '../../lib/kv-events/tokenizer';
+import type { PromptTokenizer } from '../../lib/exact-prefix/tokenizer/tokenizer';
 import { countTokens } from './prefix-cache';
 
 /** The two generation endpoints. */

@@ -7,7 +7,7 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { join } from 'node:path';
-import { PromptTokenizer } from '../../lib/kv-events/tokenizer';
+import { PromptTokenizer } from '../../lib/exact-prefix/tokenizer/tokenizer';
 import { readJsonBody, sendError, sendJson } from './http';
 
 /** The directory of the mock's tokenizer (`tokenizer.json`, `tokenizer_config.json`). */

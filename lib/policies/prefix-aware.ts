@@ -1,5 +1,5 @@
 import { endpointHash, hashString, keyedMix32, randomKey32, rendezvousWeight } from '../hash';
-import type { ExactPick } from '../kv-events/exact-pick';
+import type { ExactPick } from '../exact-prefix/index/exact-pick';
 import type { Endpoint, PickContext, Policy } from '../types';
 import { parsePrefixAwarePolicy, type PrefixAwareOptions } from './prefix-aware-options';
 import { DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK, type SessionAffinitySettings } from './session-affinity-options';

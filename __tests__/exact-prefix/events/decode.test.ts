@@ -1,0 +1,178 @@
+import { describe, expect, it } from '@jest/globals';
+import fc from 'fast-check';
+import { DEFAULT_KV_LIMITS, decodeKvEventBatch } from '../../../lib/exact-prefix/events/decode';
+import { encodeKvBatch, type KvLayout, type MockKvBatch } from '../../../example-server/mock-vllm/kv-events';
+import { fixture } from '../helpers';
+
+const bytes0to31 = Buffer.from(Array.from({ length: 32 }, (_, i) => i));
+const bytes32to63 = Buffer.from(Array.from({ length: 32 }, (_, i) => i + 32));
+
+// Each fixture, the batch it encodes (as the mock's encoder takes it) and what the decoder gives.
+const cases: Array<{ file: string; layout: KvLayout; batch: MockKvBatch; decoded: unknown }> = [
+  {
+    file: 'v0.9-array-int.hex',
+    layout: 'v0.9',
+    batch: {
+      ts: 1.5,
+      events: [
+        { type: 'BlockStored', blockHashes: [-2, 0xfedcba9876543210n], parentBlockHash: null, tokenIds: [1, 300, 70000, 5], blockSize: 2 },
+        { type: 'BlockRemoved', blockHashes: [-2] },
+        { type: 'AllBlocksCleared' },
+      ],
+    },
+    decoded: {
+      ts: 1.5,
+      dataParallelRank: null,
+      invalidEvents: 0,
+      events: [
+        { type: 'stored', blockHashes: [-2, 0xfedcba9876543210n], parentBlockHash: null, tokenIds: [1, 300, 70000, 5], blockSize: 2, loraId: null, loraName: null, medium: null, extraKeyed: null, groupIdx: null },
+        { type: 'removed', blockHashes: [-2], medium: null, groupIdx: null },
+        { type: 'cleared' },
+      ],
+    },
+  },
+  {
+    file: 'v0.10-array-medium.hex',
+    layout: 'v0.10',
+    batch: {
+      ts: 1.5,
+      dataParallelRank: 5,
+      events: [
+        { type: 'BlockStored', blockHashes: [2n ** 63n], parentBlockHash: -(2n ** 63n), tokenIds: [7, 8], blockSize: 2, medium: 'GPU' },
+        { type: 'BlockRemoved', blockHashes: [2n ** 63n], medium: 'CPU' },
+      ],
+    },
+    decoded: {
+      ts: 1.5,
+      dataParallelRank: 5,
+      invalidEvents: 0,
+      events: [
+        { type: 'stored', blockHashes: [2n ** 63n], parentBlockHash: -(2n ** 63n), tokenIds: [7, 8], blockSize: 2, loraId: null, loraName: null, medium: 'GPU', extraKeyed: null, groupIdx: null },
+        { type: 'removed', blockHashes: [2n ** 63n], medium: 'CPU', groupIdx: null },
+      ],
+    },
+  },
+  {
+    file: 'map-bytes.hex',
+    layout: 'map',
+    batch: {
+      ts: 1.5,
+      dataParallelRank: 3,
+      events: [
+        { type: 'BlockStored', blockHashes: [bytes0to31], parentBlockHash: bytes32to63, tokenIds: [1, 2], blockSize: 2, medium: 'GPU' },
+        { type: 'BlockRemoved', blockHashes: [bytes0to31], medium: 'GPU' },
+        { type: 'AllBlocksCleared' },
+      ],
+    },
+    decoded: {
+      ts: 1.5,
+      dataParallelRank: 3,
+      invalidEvents: 0,
+      events: [
+        { type: 'stored', blockHashes: [bytes0to31.toString('latin1')], parentBlockHash: bytes32to63.toString('latin1'), tokenIds: [1, 2], blockSize: 2, loraId: null, loraName: null, medium: 'GPU', extraKeyed: null, groupIdx: null },
+        { type: 'removed', blockHashes: [bytes0to31.toString('latin1')], medium: 'GPU', groupIdx: null },
+        { type: 'cleared' },
+      ],
+    },
+  },
+  {
+    file: 'array-batch-map-events.hex',
+    layout: 'array-batch',
+    batch: {
+      ts: 1.5,
+      dataParallelRank: 0,
+      events: [
+        { type: 'BlockStored', blockHashes: [10, 11], parentBlockHash: null, tokenIds: [1, 2], blockSize: 1, loraId: 7, loraName: 'sql-lora', extraKeys: [null, ['salt']], groupIdx: 0 },
+      ],
+    },
+    decoded: {
+      ts: 1.5,
+      dataParallelRank: 0,
+      invalidEvents: 0,
+      events: [
+        { type: 'stored', blockHashes: [10, 11], parentBlockHash: null, tokenIds: [1, 2], blockSize: 1, loraId: 7, loraName: 'sql-lora', medium: null, extraKeyed: [false, true], groupIdx: 0 },
+      ],
+    },
+  },
+];
+
+describe('decodeKvEventBatch', () => {
+  it.each(cases)('decodes the $layout layout from its byte-exact fixture ($file)', ({ file, decoded }) => {
+    expect(decodeKvEventBatch(fixture(file))).toEqual({ ok: true, batch: decoded });
+  });
+
+  it.each(cases)("the mock's $layout encoder writes the fixture's bytes exactly", ({ file, layout, batch }) => {
+    expect(encodeKvBatch(batch, layout).toString('hex')).toBe(fixture(file).toString('hex'));
+  });
+
+  it('skips an event with an unknown tag or a wrong field and keeps the rest', () => {
+    const payload = encodeKvBatch(
+      {
+        ts: 1,
+        events: [
+          { type: 'BlockStored', blockHashes: [1], parentBlockHash: null, tokenIds: [1, 2, 3], blockSize: 2 }, // 3 tokens for 1 block of 2
+          { type: 'BlockStored', blockHashes: [1], parentBlockHash: null, tokenIds: [1, -1], blockSize: 2 }, // negative token
+          { type: 'BlockRemoved', blockHashes: [] },
+          { type: 'Unknown' } as never,
+        ],
+      },
+      'map',
+    );
+    const result = decodeKvEventBatch(payload);
+    expect(result).toEqual({ ok: true, batch: { ts: 1, dataParallelRank: null, invalidEvents: 3, events: [{ type: 'removed', blockHashes: [], medium: null, groupIdx: null }] } });
+  });
+
+  it.each([
+    ['an empty payload', '', 'truncated'],
+    ['a bare integer', '01', 'not_a_batch'],
+    ['array32 of 2^32-1 elements in ten bytes', 'ddffffffff0000000000', 'too_long'],
+    ['map32 of 2^32-1 entries in ten bytes', 'dfffffffff0000000000', 'too_long'],
+    ['bin32 of 4 GiB in ten bytes', 'c6ffffffff0000000000', 'truncated'],
+    ['str32 of 4 GiB in ten bytes', 'dbffffffff0000000000', 'truncated'],
+    ['an array of 15 elements in three bytes', '9f0102', 'truncated'],
+    ['a timestamp extension', 'd6ff00000000', 'unsupported_type'],
+    ['the reserved byte 0xc1', 'c1', 'unsupported_type'],
+    ['trailing bytes', '92cb3ff800000000000090c0', 'trailing_bytes'],
+    ['a batch with ts as a string', '92a13190', 'not_a_batch'],
+    ['a batch with a negative rank', '93cb3ff800000000000090ff', 'not_a_batch'],
+    ['nesting deeper than the bound', '91'.repeat(40) + 'c0', 'too_deep'],
+  ])('refuses %s', (_name, hex, reason) => {
+    expect(decodeKvEventBatch(Buffer.from(hex, 'hex'))).toEqual({ ok: false, reason });
+  });
+
+  it('refuses a payload past maxBytes before reading it', () => {
+    expect(decodeKvEventBatch(Buffer.alloc(101), { ...DEFAULT_KV_LIMITS, maxBytes: 100 })).toEqual({ ok: false, reason: 'too_large' });
+  });
+
+  it('refuses more values than maxValues', () => {
+    const payload = Buffer.concat([Buffer.from('92cb3ff8000000000000dc0400', 'hex'), Buffer.alloc(1024, 0xc0)]);
+    expect(decodeKvEventBatch(payload, { ...DEFAULT_KV_LIMITS, maxValues: 1000 })).toEqual({ ok: false, reason: 'too_many_values' });
+  });
+
+  it('never throws and stays within bounded memory on hostile bytes', () => {
+    const before = process.memoryUsage().heapUsed;
+    const valid = fixture('map-bytes.hex');
+    fc.assert(
+      fc.property(
+        fc.oneof(
+          fc.uint8Array({ maxLength: 256 }),
+          // Valid payloads with bytes flipped, cut or spliced: close to what a decoder trusts.
+          fc.tuple(fc.nat(valid.length - 1), fc.integer({ min: 0, max: 255 })).map(([at, b]) => {
+            const copy = Buffer.from(valid);
+            copy[at] = b;
+            return copy;
+          }),
+          fc.nat(valid.length).map((cut) => valid.subarray(0, cut)),
+          fc.tuple(fc.uint8Array({ maxLength: 16 }), fc.nat(valid.length)).map(([junk, at]) => Buffer.concat([valid.subarray(0, at), junk, valid.subarray(at)])),
+        ),
+        (payload) => {
+          const result = decodeKvEventBatch(payload);
+          expect(typeof result.ok).toBe('boolean');
+        },
+      ),
+      { numRuns: 3000 },
+    );
+    // A loose bound: one unbounded allocation (a 2^32-element array) would be gigabytes.
+    expect(process.memoryUsage().heapUsed - before).toBeLessThan(256 * 1024 * 1024);
+  });
+});

@@ -1,0 +1,155 @@
+import { describe, expect, it } from '@jest/globals';
+import type { EngineBlockHash, KvBlockStored, KvEvent } from '../../../lib/exact-prefix/events/decode';
+import { KvExactIndex } from '../../../lib/exact-prefix/index/exact-index';
+import { randomHashKey } from '../../../lib/exact-prefix/index/keyed-hash';
+
+function stored(hashes: EngineBlockHash[], parent: EngineBlockHash | null, tokens: number[], more: Partial<KvBlockStored> = {}): KvEvent {
+  return { type: 'stored', blockHashes: hashes, parentBlockHash: parent, tokenIds: tokens, blockSize: 2, loraId: null, loraName: null, medium: null, extraKeyed: null, groupIdx: null, ...more };
+}
+
+const prompt = [1, 2, 3, 4, 5, 6, 7];
+
+describe('KvExactIndex', () => {
+  it('counts the leading blocks each rank holds, chained over parents across events', () => {
+    const index = new KvExactIndex({ ranks: [0, 1, 2] });
+    expect(index.applyEvent(0, stored([10, 11], null, [1, 2, 3, 4]))).toBe(true);
+    expect(index.applyEvent(0, stored([12], 11, [5, 6]))).toBe(true);
+    index.applyEvent(1, stored([10], null, [1, 2]));
+    // Rank 2 holds the second block's tokens under another first block: not a prefix match.
+    index.applyEvent(2, stored([20, 21], null, [9, 9, 3, 4]));
+    expect(Array.from(index.match(prompt).matchedBlocks)).toEqual([3, 1, 0]);
+    expect(index.match(prompt)).toMatchObject({ blockSize: 2, promptBlocks: 3 });
+    expect(index.blockCount(0)).toBe(3);
+    expect(index.totalBlocks).toBe(6);
+  });
+
+  it('keys do not depend on the engine hashes: another engine seed gives the same answer', () => {
+    const a = new KvExactIndex({ ranks: [0] });
+    const b = new KvExactIndex({ ranks: [0] });
+    a.applyEvent(0, stored([1, 2], null, [1, 2, 3, 4]));
+    b.applyEvent(0, stored([Buffer.alloc(32, 7).toString('latin1'), 99n], null, [1, 2, 3, 4]));
+    expect(Array.from(a.match(prompt).matchedBlocks)).toEqual(Array.from(b.match(prompt).matchedBlocks));
+  });
+
+  it('removes by engine hash, and a removed middle block ends the match there', () => {
+    const index = new KvExactIndex({ ranks: [0] });
+    index.applyEvent(0, stored([10, 11, 12], null, [1, 2, 3, 4, 5, 6]));
+    index.applyEvent(0, { type: 'removed', blockHashes: [11, 999], medium: null, groupIdx: null });
+    expect(index.match(prompt).matchedBlocks[0]).toBe(1);
+    expect(index.blockCount(0)).toBe(2);
+  });
+
+  it('AllBlocksCleared and clearRank forget one rank only', () => {
+    const index = new KvExactIndex({ ranks: [0, 1] });
+    index.applyEvent(0, stored([10], null, [1, 2]));
+    index.applyEvent(1, stored([10], null, [1, 2]));
+    index.applyEvent(0, { type: 'cleared' });
+    expect(Array.from(index.match(prompt).matchedBlocks)).toEqual([0, 1]);
+    index.clearRank(1);
+    expect(index.totalBlocks).toBe(0);
+  });
+
+  it('routes on GPU blocks of group 0 only: other media, groups and unknown parents are skipped', () => {
+    const index = new KvExactIndex({ ranks: [0] });
+    index.applyEvent(0, stored([10], null, [1, 2], { medium: 'CPU' }));
+    index.applyEvent(0, stored([11], null, [1, 2], { groupIdx: 1 }));
+    index.applyEvent(0, stored([12], 777, [3, 4]));
+    expect(index.totalBlocks).toBe(0);
+    index.applyEvent(0, stored([10], null, [1, 2], { medium: 'GPU' }));
+    // A CPU eviction of the same hash leaves the GPU block alone.
+    index.applyEvent(0, { type: 'removed', blockHashes: [10], medium: 'CPU', groupIdx: null });
+    expect(index.match(prompt).matchedBlocks[0]).toBe(1);
+  });
+
+  it('does not index blocks hashed with extra keys, nor their descendants', () => {
+    const index = new KvExactIndex({ ranks: [0] });
+    index.applyEvent(0, stored([10, 11, 12], null, [1, 2, 3, 4, 5, 6], { extraKeyed: [false, true, false] }));
+    expect(index.match(prompt).matchedBlocks[0]).toBe(1);
+    expect(index.totalBlocks).toBe(1);
+  });
+
+  it('indexes LoRA blocks under the adapter name, apart from the base model', () => {
+    const index = new KvExactIndex({ ranks: [0] });
+    index.applyEvent(0, stored([10], null, [1, 2], { loraId: 1, loraName: 'sql' }));
+    index.applyEvent(0, stored([11], null, [1, 2], { loraId: 2 })); // id without a name: unmatchable
+    expect(index.match(prompt).matchedBlocks[0]).toBe(0);
+    expect(index.match(prompt, { loraName: 'sql' }).matchedBlocks[0]).toBe(1);
+    expect(index.match(prompt, { loraName: 'other' }).matchedBlocks[0]).toBe(0);
+  });
+
+  it('refuses a block size that differs from the first one, and an untracked rank', () => {
+    const index = new KvExactIndex({ ranks: [0] });
+    expect(index.applyEvent(0, stored([10], null, [1, 2]))).toBe(true);
+    expect(index.applyEvent(0, stored([11], null, [1, 2, 3], { blockSize: 3 }))).toBe(false);
+    expect(index.applyEvent(5, stored([10], null, [1, 2]))).toBe(false);
+  });
+
+  it('stays within maxBlocks, keeping blocks a lookup used over ones it did not', () => {
+    const index = new KvExactIndex({ ranks: [0], maxBlocks: 4 });
+    for (let i = 0; i < 4; i++) index.applyEvent(0, stored([i], null, [100 + i, 0]));
+    expect(index.match([100, 0]).matchedBlocks[0]).toBe(1); // block 0 is used
+    index.applyEvent(0, stored([4], null, [104, 0]));
+    expect(index.totalBlocks).toBe(4);
+    expect(index.match([100, 0]).matchedBlocks[0]).toBe(1);
+    expect(index.match([101, 0]).matchedBlocks[0]).toBe(0); // the oldest unused went
+    for (let i = 5; i < 100; i++) index.applyEvent(0, stored([i], null, [100 + i, 0]));
+    expect(index.totalBlocks).toBe(4);
+    expect(index.blockCount(0)).toBe(4);
+  });
+
+  it('a store of a known engine hash with other content replaces the old key', () => {
+    const index = new KvExactIndex({ ranks: [0], hashKey: randomHashKey() });
+    index.applyEvent(0, stored([10], null, [1, 2]));
+    index.applyEvent(0, stored([10], null, [3, 4]));
+    expect(index.totalBlocks).toBe(1);
+    expect(index.match([1, 2]).matchedBlocks[0]).toBe(0);
+    expect(index.match([3, 4]).matchedBlocks[0]).toBe(1);
+  });
+
+  it('answers zeros before any block size is known, and for prompts shorter than a block', () => {
+    const index = new KvExactIndex({ ranks: [0] });
+    expect(index.match(prompt)).toEqual({ blockSize: 0, promptBlocks: 0, matchedBlocks: new Int32Array(1) });
+    index.applyEvent(0, stored([10], null, [1, 2]));
+    expect(index.match([1]).promptBlocks).toBe(0);
+  });
+  describe('speculative entries', () => {
+    it("count a routed prompt's blocks on its rank until they expire", () => {
+      const index = new KvExactIndex({ ranks: [0, 1] });
+      index.applyEvent(0, stored([10], null, [1, 2]));
+      index.speculate(1, prompt, 1000);
+      expect(Array.from(index.match(prompt, { now: 999 }).matchedBlocks)).toEqual([1, 3]);
+      expect(index.speculativeBlocks).toBe(3);
+      expect(Array.from(index.match(prompt, { now: 1000 }).matchedBlocks)).toEqual([1, 0]);
+      expect(index.speculativeBlocks).toBe(0);
+      expect(index.totalBlocks).toBe(1);
+    });
+
+    it('are confirmed (and so dropped) by the stored event of the same block, and cleared with the rank', () => {
+      const index = new KvExactIndex({ ranks: [0] });
+      index.applyEvent(0, stored([10], null, [9, 9]));
+      index.speculate(0, prompt, Infinity);
+      expect(index.speculativeBlocks).toBe(3);
+      index.applyEvent(0, stored([20, 21], null, [1, 2, 3, 4]));
+      expect(index.speculativeBlocks).toBe(1);
+      expect(index.match(prompt).matchedBlocks[0]).toBe(3);
+      index.clearRank(0);
+      expect(index.speculativeBlocks).toBe(0);
+      expect(index.match(prompt).matchedBlocks[0]).toBe(0);
+    });
+
+    it('are bounded per rank, the oldest dropped first', () => {
+      const index = new KvExactIndex({ ranks: [0], maxSpeculativeBlocks: 2 });
+      index.applyEvent(0, stored([10], null, [9, 9]));
+      index.speculate(0, prompt, Infinity);
+      expect(index.speculativeBlocks).toBe(2);
+      // The first block went first: the chain no longer matches from the start.
+      expect(index.match(prompt).matchedBlocks[0]).toBe(0);
+    });
+
+    it('need the block size: nothing is speculated before the first stored event', () => {
+      const index = new KvExactIndex({ ranks: [0] });
+      index.speculate(0, prompt, Infinity);
+      expect(index.speculativeBlocks).toBe(0);
+    });
+  });
+});

@@ -1,0 +1,123 @@
+import { describe, expect, it, beforeAll, afterAll } from '@jest/globals';
+import { execFile } from 'node:child_process';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { createTracing, NO_TRACING } from '../../lib/observe/tracing';
+import { startGateway, type TestGateway } from '../helpers/app';
+import { startEchoUpstream, type EchoUpstream } from '../helpers/echo-upstream';
+import type { ExportedSpan, SeenByUpstream } from '../helpers/traced-gateway';
+
+const ROOT = join(__dirname, '..', '..');
+const TSX = join(ROOT, 'node_modules', '.bin', 'tsx');
+const SERVER = 1;
+const CLIENT = 2;
+const ERROR = 2;
+
+interface TracedRun {
+  spans: ExportedSpan[];
+  seen: SeenByUpstream[];
+  answers: Record<string, number>;
+}
+
+describe('OpenTelemetry with the real SDK and the HTTP and Express instrumentations', () => {
+  let run: TracedRun;
+  beforeAll(async () => {
+    const { stdout } = await promisify(execFile)(TSX, [join(__dirname, '..', 'helpers', 'traced-gateway.ts')], { cwd: ROOT, timeout: 60_000 });
+    run = JSON.parse(stdout) as TracedRun;
+  }, 90_000);
+
+  /** The gateway's server span of the request tagged `case=name`: the one holding the decision. */
+  const gatewaySpan = (name: string): ExportedSpan => {
+    const client = run.spans.find((span) => span.kind === CLIENT && String(span.attributes['url.full']).endsWith(`case=${name}`))!;
+    return run.spans.find((span) => span.kind === SERVER && span.traceId === client.traceId && span.attributes['dp_router.upstream'] !== undefined)!;
+  };
+  const traceIdSeenFor = (name: string) => run.seen.find((request) => request.url.endsWith(`case=${name}`))?.traceparents[0]?.split('-')[1];
+
+  it('records the decision on the server span and the upstream joins its trace, with one traceparent', () => {
+    expect(run.answers.assigned).toBe(200);
+    const seen = run.seen.find((request) => request.url.endsWith('case=assigned'))!;
+    expect(seen.traceparents).toHaveLength(1);
+    expect(seen.traceparents[0]).toMatch(/^00-[0-9a-f]{32}-[0-9a-f]{16}-01$/);
+    const span = gatewaySpan('assigned');
+    expect(span).toBeDefined();
+    expect(span.traceId).toBe(traceIdSeenFor('assigned'));
+    expect(span.attributes).toMatchObject({
+      'dp_router.upstream': 'echo',
+      'dp_router.source': 'assigned',
+      'dp_router.policy': 'least-outstanding',
+    });
+    expect(typeof span.attributes['dp_router.rank']).toBe('number');
+    expect(span.attributes['dp_router.hint_outcome']).toBeUndefined();
+    // The upstream's parent is a span of the gateway's own trace (its outgoing client span).
+    const parent = seen.traceparents[0].split('-')[2];
+    expect(run.spans.find((candidate) => candidate.spanId === parent)?.traceId).toBe(span.traceId);
+  });
+
+  it('records which index scored a prefix-aware pick and the share of the prompt it matched', () => {
+    expect(run.answers['prefix-seen']).toBe(200);
+    expect(gatewaySpan('prefix-new').attributes).toMatchObject({ 'dp_router.policy': 'prefix-aware', 'dp_router.index': 'approximate', 'dp_router.prefix_matched_share': 0 });
+    const seen = gatewaySpan('prefix-seen').attributes;
+    expect(seen).toMatchObject({ 'dp_router.index': 'approximate', 'dp_router.prefix_matched_share': 1 });
+    expect(seen['dp_router.rank']).toBe(gatewaySpan('prefix-new').attributes['dp_router.rank']);
+    // Only prefix-aware scores a prefix.
+    expect(gatewaySpan('assigned').attributes['dp_router.index']).toBeUndefined();
+  });
+
+  it('continues a caller’s trace and records the hint outcome', () => {
+    const span = gatewaySpan('hinted');
+    expect(span.traceId).toBe('0af7651916cd43dd8448eb211c80319c');
+    expect(span.parentSpanId).toBe('b7ad6b7169203331');
+    expect(span.attributes).toMatchObject({ 'dp_router.rank': 1, 'dp_router.source': 'hint', 'dp_router.hint_outcome': 'accepted' });
+    const seen = run.seen.find((request) => request.url.endsWith('case=hinted'))!;
+    expect(seen.traceparents).toHaveLength(1);
+    // Not the caller's header forwarded as it came: the parent is the gateway's span.
+    expect(seen.traceparents[0]).not.toBe('00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01');
+    expect(seen.traceparents[0].split('-')[1]).toBe(span.traceId);
+  });
+
+  it('records an ejection and a retry as events, and the endpoint that answered as the decision', () => {
+    expect(run.answers.retried).toBe(200);
+    const span = gatewaySpan('retried');
+    expect(span.attributes).toMatchObject({ 'dp_router.upstream': 'echo', 'dp_router.policy': 'round-robin' });
+    expect(span.events.map((event) => event.name)).toEqual(['dp_router.ejection', 'dp_router.retry']);
+    expect(span.events[0].attributes).toEqual({ 'dp_router.upstream': 'refused', 'dp_router.rank': 0 });
+    expect(span.events[1].attributes).toMatchObject({ 'dp_router.failed_upstream': 'refused', 'dp_router.upstream': 'echo' });
+  });
+
+  it('sets the span status on the gateway’s own error and keeps its reason', () => {
+    expect(run.answers.failing).toBe(502);
+    const span = gatewaySpan('failing');
+    expect(span.status.code).toBe(ERROR);
+    const event = span.events.find((candidate) => candidate.name === 'dp_router.error')!;
+    expect(event.attributes).toEqual({ 'http.response.status_code': 502, 'dp_router.message': 'The upstream for data-parallel rank 0 refused the connection.' });
+  });
+});
+
+describe('without tracing', () => {
+  let upstream: EchoUpstream;
+  let gateway: TestGateway;
+  beforeAll(async () => {
+    upstream = await startEchoUpstream();
+    gateway = await startGateway({ upstreams: [{ url: upstream.url }] });
+  });
+  afterAll(async () => {
+    await gateway.close();
+    await upstream.close();
+  });
+
+  it('is a no-op when @opentelemetry/api cannot be loaded', () => {
+    const missing = () => {
+      throw Object.assign(new Error("Cannot find module '@opentelemetry/api'"), { code: 'MODULE_NOT_FOUND' });
+    };
+    expect(createTracing('round-robin', missing)).toBe(NO_TRACING);
+    expect(createTracing('round-robin', () => ({}))).toBe(NO_TRACING);
+  });
+
+  it('changes nothing on the proxied request when no span is recording (API installed, no SDK)', async () => {
+    const callers = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01';
+    await fetch(`${gateway.url}/v1/models`, { headers: { traceparent: callers } });
+    await fetch(`${gateway.url}/v1/models`);
+    expect(upstream.seen[0].headers.traceparent).toBe(callers);
+    expect(upstream.seen[1].headers.traceparent).toBeUndefined();
+  });
+});

@@ -1,0 +1,135 @@
+import { describe, expect, it } from '@jest/globals';
+import request from 'supertest';
+import { startMockVllm, type MockVllm } from '../../example-server/mock-vllm';
+import { metricValue, parseExposition, startGateway, sumSamples, type TestGateway } from '../helpers/app';
+import { closedAfterEach } from '../helpers/lifecycle';
+import { waitFor } from '../helpers/wait';
+
+const started = closedAfterEach();
+
+/** The polls of `/metrics` that reached the mock, by its own log. */
+const polls = (mock: MockVllm) => mock.stats().requests.filter((seen) => seen.path === '/metrics').length;
+
+/**
+ * Resolves once a poll sent after this call has been applied: polls are serial, so the second
+ * one to arrive from now on was sent after the first ended.
+ */
+async function pollApplied(mock: MockVllm, timeoutMs = 5000): Promise<void> {
+  const before = polls(mock);
+  await waitFor(() => polls(mock) >= before + 2, timeoutMs);
+}
+
+const completion = (gateway: TestGateway) =>
+  request(gateway.url).post('/v1/completions').send({ model: 'mock-model', prompt: 'hi', max_tokens: 1 });
+
+describe('rank discovery', () => {
+  it("learns the ranks from the engine labels of the upstream's /metrics and routes to them", async () => {
+    const mock = await startMockVllm({ dataParallelSize: 4, startRank: 4 });
+    started.push(mock);
+    const warnings: string[] = [];
+    {
+      const gateway = await startGateway({
+        upstreams: [{ url: mock.url, name: 'node-b', discover: { intervalMs: 50 } }],
+        policy: 'round-robin',
+        logger: { warn: (message) => warnings.push(message) },
+      });
+      started.push(gateway);
+      await waitFor(() => gateway.router.endpoints().length === 4);
+      expect(gateway.router.endpoints().map((endpoint) => endpoint.rank)).toEqual([4, 5, 6, 7]);
+      const served = new Set<string>();
+      for (let index = 0; index < 8; index++) {
+        const answer = await completion(gateway);
+        expect(answer.status).toBe(200);
+        served.add(answer.body.choices[0].text.slice(5, 6));
+      }
+      expect([...served].sort()).toEqual(['4', '5', '6', '7']);
+      const samples = parseExposition((await request(gateway.url).get('/metrics')).text);
+      expect(sumSamples(samples, 'dp_router_requests_total', { rank: '0' })).toBe(0);
+      expect(samples.some((sample) => sample.name === 'dp_router_requests_total' && sample.labels.rank === '0')).toBe(false);
+      expect(sumSamples(samples, 'dp_router_requests_total', { upstream: 'node-b' })).toBe(8);
+      // Three more polls of the same report: none warns again.
+      const before = polls(mock);
+      await waitFor(() => polls(mock) >= before + 3);
+      expect(warnings).toEqual(["express-dp-router: upstream 'node-b' serves ranks 4, 5, 6, 7 by its /metrics (was: 0); routing to those now."]);
+    }
+  });
+
+  it('keeps the configured ranks while the upstream cannot be read, counting the failures', async () => {
+    const mock = await startMockVllm({ dataParallelSize: 2 });
+    started.push(mock);
+    mock.fault = { kind: 'status', status: 500 };
+    const gateway = await startGateway({ upstreams: [{ url: mock.url, name: 'node-a', dataParallelSize: 2, discover: { intervalMs: 20 } }] });
+    started.push(gateway);
+    await waitFor(async () => (await metricValue(gateway.registry, 'dp_router_upstream_scrape_failures_total', { upstream: 'node-a' })) >= 2);
+    expect(gateway.router.endpoints().map((endpoint) => endpoint.rank)).toEqual([0, 1]);
+  });
+
+  it('takes a rank that disappears out of rotation', async () => {
+    const wide = await startMockVllm({ dataParallelSize: 4 });
+    started.push(wide);
+    const gateway = await startGateway({ upstreams: [{ url: wide.url, name: 'node', dataParallelSize: 4, discover: { intervalMs: 30 } }] });
+    started.push(gateway);
+    await waitFor(() => gateway.router.endpoints().length === 4);
+    // The same server now reports two engines only, as after a restart with a smaller size.
+    await wide.close();
+    const narrow = await startMockVllm({ dataParallelSize: 2, port: Number(new URL(wide.url).port) });
+    started.push(narrow);
+    await waitFor(() => gateway.router.endpoints().length === 2);
+    for (let index = 0; index < 6; index++) expect(['0', '1']).toContain((await completion(gateway)).body.choices[0].text.slice(5, 6));
+  });
+});
+
+describe('load feedback', () => {
+  /** Keeps `count` slow requests running on `rank` directly at the mock, bypassing the gateway. */
+  function occupy(mock: MockVllm, rank: number, count: number): Array<Promise<Response>> {
+    return Array.from({ length: count }, () =>
+      fetch(`${mock.url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-data-parallel-rank': String(rank) },
+        body: JSON.stringify({ model: 'mock-model', prompt: 'batch job', max_tokens: 40 }),
+      }),
+    );
+  }
+
+  async function ranksChosen(gateway: TestGateway, count: number): Promise<string[]> {
+    const ranks: string[] = [];
+    for (let index = 0; index < count; index++) {
+      const answer = await request(gateway.url).post('/v1/completions').send({ model: 'mock-model', prompt: 'hi', max_tokens: 1 });
+      ranks.push(answer.body.choices[0].text.slice(5, 6));
+    }
+    return ranks;
+  }
+
+  it('steers away from a rank that other clients keep busy, which local counts cannot see', async () => {
+    const mock = await startMockVllm({ dataParallelSize: 4, decodeMsPerToken: 25 });
+    started.push(mock);
+    const blind = await startGateway({ upstreams: [{ url: mock.url, dataParallelSize: 4 }] });
+    const informed = await startGateway({ upstreams: [{ url: mock.url, dataParallelSize: 4 }], loadFeedback: { intervalMs: 20, weight: 1 } });
+    started.push(blind, informed);
+    const batch = occupy(mock, 0, 6);
+    await waitFor(() => mock.stats().perRank[0].running === 6);
+    await pollApplied(mock);
+    expect((await ranksChosen(blind, 8)).filter((rank) => rank === '0')).toHaveLength(2);
+    expect((await ranksChosen(informed, 8)).filter((rank) => rank === '0')).toHaveLength(0);
+    await Promise.all(batch);
+  });
+
+  it('falls back to local counts when a poll fails, and counts it', async () => {
+    const mock = await startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 25 });
+    started.push(mock);
+    const gateway = await startGateway({ upstreams: [{ url: mock.url, name: 'm', dataParallelSize: 2 }], loadFeedback: { intervalMs: 400, timeoutMs: 50, weight: 1 } });
+    started.push(gateway);
+    const failures = () => metricValue(gateway.registry, 'dp_router_upstream_scrape_failures_total', { upstream: 'm' });
+    const batch = occupy(mock, 0, 4);
+    await waitFor(() => mock.stats().perRank[0].running === 4);
+    await pollApplied(mock);
+    expect(await ranksChosen(gateway, 4)).toEqual(['1', '1', '1', '1']);
+
+    mock.fault = { kind: 'stall' };
+    await waitFor(async () => (await failures()) === 1, 2000);
+    mock.fault = undefined;
+    // Until the next poll, 400 ms on, only this gateway's own (idle) counts steer.
+    expect((await ranksChosen(gateway, 4)).sort()).toEqual(['0', '0', '1', '1']);
+    await Promise.all(batch);
+  });
+});

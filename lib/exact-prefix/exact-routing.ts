@@ -1,0 +1,384 @@
+/**
+ * The exact prefix machinery of one router: per upstream with `kvEvents`, a subscription to
+ * its ranks' KV-event streams feeding an exact index; one tokenizer for the router; one
+ * tokenizer-agreement sampler per upstream; the metrics of all of it.
+ *
+ * Per pick, a rank is scored on the exact index only while it can be trusted:
+ *
+ * - **its stream is fresh**: a batch has arrived from it (a rank is stale until its first), and
+ *   no request routed to it with blocks to store has gone `confirmAfterMs` without any batch
+ *   from it since. An idle engine publishes nothing and stays fresh; an engine whose publisher
+ *   died, or a subscription that lost its connection, goes stale at the first request routed
+ *   there, and fresh again with its next batch;
+ * - **the tokenizer agrees**: no sampled request's tokens differed from the upstream's
+ *   `/tokenize` (one disagreement turns the upstream's ranks to the approximate index until
+ *   the router restarts: the files or the template differ, and more samples will not fix that).
+ *
+ * Other ranks are scored on the approximate index, in the same pick. A routed request's blocks
+ * count on its rank at once, as speculative entries, until its events confirm them or
+ * `speculativeMs` passes: a burst of requests sharing a new prefix would otherwise scatter
+ * before the first event arrives.
+ */
+import { Counter, Gauge, type Registry } from 'prom-client';
+import type { Endpoint } from '../types';
+import { KvExactIndex } from './index/exact-index';
+import { ExactPick, type ExactLookup } from './index/exact-pick';
+import type { KvEventsOptions } from './events/source';
+import { createKvEventSubscriber, type KvEventSubscriber, type KvEventType, type KvGapOutcome } from './events/subscriber';
+import { PromptTokenizer, type PromptKind } from './tokenizer/tokenizer';
+import { TokenizerAgreement } from './tokenizer/tokenizer-agreement';
+
+export { ExactPick, type ExactLookup, type IndexSource } from './index/exact-pick';
+
+/** An upstream as exact routing needs it. */
+export interface ExactUpstream {
+  readonly name: string;
+  readonly url: string;
+  /** The global ranks routed to. */
+  readonly ranks: readonly number[];
+  /** Absent: the upstream is routed on the approximate index only. */
+  readonly kvEvents?: KvEventsOptions;
+}
+
+/** Options of {@link createExactRouting}. */
+export interface ExactRoutingOptions {
+  upstreams: readonly ExactUpstream[];
+  /** The model's tokenizer: a directory (or file) path, both files' paths, or a loaded one. */
+  tokenizer: string | readonly [string, string] | PromptTokenizer;
+  /** Where the metrics go; none without. */
+  metrics?: { registry: Registry; prefix: string };
+  /** How long a request routed to a rank may wait for any batch from it before the rank is stale. Default: 10,000 ms. */
+  confirmAfterMs?: number;
+  /** How long a routed request's blocks count on its rank without an event confirming them. Default: 5,000 ms. */
+  speculativeMs?: number;
+  /** Share of requests whose tokens are checked against the upstream's `/tokenize`, after the first. Default: 0.01. */
+  agreementSampleRate?: number;
+  /** Least time between two agreement checks of an upstream. Default: 1,000 ms. */
+  agreementIntervalMs?: number;
+  /** Told once per kind of trouble (a disagreeing tokenizer, a failing stream). */
+  warn?: (message: string) => void;
+  /** The clock. Default: `Date.now`. */
+  now?: () => number;
+}
+
+/** A router's exact routing. */
+export interface ExactRouting extends ExactLookup {
+  /**
+   * Tokenizes the request (`chat` or `completions`, by its path) and looks its first prompt
+   * up for every candidate; `undefined` when no candidate is served by a fresh, agreeing
+   * exact index or the prompt cannot be tokenized (then the pick is approximate throughout).
+   */
+  lookup(kind: PromptKind, body: Record<string, unknown>, candidates: readonly Endpoint[]): ExactPick | undefined;
+  /** Whether `upstream`'s `rank` is scored on the exact index now. */
+  serves(upstream: string, rank: number): boolean;
+  /** Follows a change of upstreams: streams of removed or changed upstreams stop, new ones start. */
+  reconfigure(upstreams: readonly ExactUpstream[]): void;
+  /** Stops every socket and timer. */
+  close(): Promise<void>;
+}
+
+const KV_EVENT_TYPES: readonly KvEventType[] = ['stored', 'removed', 'cleared', 'invalid'];
+const GAP_OUTCOMES: readonly KvGapOutcome[] = ['replayed', 'lost'];
+
+/** One upstream's stream, index and agreement. */
+interface UpstreamStream {
+  readonly upstream: ExactUpstream;
+  readonly signature: string;
+  readonly index: KvExactIndex;
+  readonly subscriber: KvEventSubscriber;
+  readonly agreement: TokenizerAgreement;
+  /** Per rank: whether a batch ever arrived. */
+  readonly seen: Set<number>;
+  /** Per rank: when the oldest request still waiting for a batch was routed (absent: none). */
+  readonly awaiting: Map<number, number>;
+  readonly labels: Map<number, { upstream: string; rank: string }>;
+}
+
+/** Starts the subscriptions of every upstream with `kvEvents`; throws on a wrong endpoint or a missing package. */
+export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
+  const tokenizer = options.tokenizer instanceof PromptTokenizer ? options.tokenizer : PromptTokenizer.load(options.tokenizer);
+  const now = options.now ?? Date.now;
+  const confirmAfterMs = options.confirmAfterMs ?? 10_000;
+  const speculativeMs = options.speculativeMs ?? 5_000;
+  const warned = new Set<string>();
+  const warnOnce = (kind: string, message: string) => {
+    if (warned.has(kind)) return;
+    warned.add(kind);
+    options.warn?.(message);
+  };
+  const metrics = options.metrics ? createKvMetrics(options.metrics.registry, options.metrics.prefix) : undefined;
+  const streams = new Map<string, UpstreamStream>();
+  let closed = false;
+
+  function start(upstream: ExactUpstream): UpstreamStream {
+    const events = upstream.kvEvents!;
+    const index = new KvExactIndex({ ranks: upstream.ranks });
+    const seen = new Set<number>();
+    const awaiting = new Map<number, number>();
+    const labels = new Map(upstream.ranks.map((rank) => [rank, { upstream: upstream.name, rank: String(rank) }]));
+    const agreement = new TokenizerAgreement({
+      url: upstream.url,
+      sampleRate: options.agreementSampleRate,
+      minIntervalMs: options.agreementIntervalMs,
+      onResult: (result) => {
+        if (result.agreed) return;
+        const { at, routerCount, upstreamCount } = result.difference!;
+        warnOnce(
+          `agreement:${upstream.name}`,
+          `express-dp-router: the tokenizer disagrees with upstream '${upstream.name}'s /tokenize (first difference at token ${at}; ${routerCount} tokens here, ${upstreamCount} there): its ranks are routed on the approximate prefix index. Point prefixAware.tokenizer at the files the engine serves (tokenizer.json and tokenizer_config.json with its chat template).`,
+        );
+      },
+    });
+    const subscriber = createKvEventSubscriber({
+      upstream: upstream.name,
+      ranks: upstream.ranks,
+      endpoint: events.endpoint,
+      replayEndpoint: events.replayEndpoint,
+      topic: events.topic,
+      sink: index,
+      listener: {
+        event(rank, type, count) {
+          // Any batch from the rank answers every request routed there before it.
+          awaiting.delete(rank);
+          metrics?.events.inc({ ...labels.get(rank)!, type }, count);
+        },
+        gap(rank, outcome) {
+          metrics?.gaps.inc({ ...labels.get(rank)!, outcome });
+        },
+        fresh(rank, fresh) {
+          if (fresh) seen.add(rank);
+        },
+        error(rank, error) {
+          warnOnce(`error:${upstream.name}`, `express-dp-router: handling KV events of upstream '${upstream.name}' rank ${rank} failed: ${String(error)}`);
+        },
+      },
+    });
+    const stream: UpstreamStream = { upstream, signature: signatureOf(upstream), index, subscriber, agreement, seen, awaiting, labels };
+    metrics?.track(stream);
+    return stream;
+  }
+
+  function stop(stream: UpstreamStream): Promise<void> {
+    stream.agreement.close();
+    metrics?.forget(stream);
+    return stream.subscriber.close();
+  }
+
+  function serving(stream: UpstreamStream, rank: number): boolean {
+    if (!stream.seen.has(rank) || !stream.agreement.agreeing) return false;
+    const since = stream.awaiting.get(rank);
+    return since === undefined || now() - since <= confirmAfterMs;
+  }
+
+  function reconfigure(upstreams: readonly ExactUpstream[]): void {
+    const wanted = new Map(upstreams.filter((upstream) => upstream.kvEvents !== undefined).map((upstream) => [upstream.name, upstream]));
+    for (const [name, stream] of streams) {
+      const next = wanted.get(name);
+      if (next !== undefined && signatureOf(next) === stream.signature) continue;
+      streams.delete(name);
+      void stop(stream);
+    }
+    for (const [name, upstream] of wanted) {
+      if (streams.has(name)) continue;
+      try {
+        streams.set(name, start(upstream));
+      } catch (error) {
+        // At creation the router fails; later (discovered ranks that no longer fit an endpoint
+        // list) the upstream is routed approximately.
+        if (!running) throw error;
+        warnOnce(`start:${name}`, `express-dp-router: KV events of upstream '${name}' cannot be subscribed to (${(error as Error).message}); its ranks are routed on the approximate prefix index.`);
+      }
+    }
+  }
+
+  let running = false;
+  reconfigure(options.upstreams);
+  running = true;
+  if (metrics !== undefined) metrics.sources.add(collect);
+
+  function collect(report: KvGaugeReport): void {
+    for (const stream of streams.values()) {
+      for (const [rank, labels] of stream.labels) report.rank(labels, stream.index.blockCount(rank), serving(stream, rank));
+      report.agreement(stream.agreement.compared, stream.agreement.ratio);
+    }
+  }
+
+  function lookup(kind: PromptKind, body: Record<string, unknown>, candidates: readonly Endpoint[]): ExactPick | undefined {
+    let any = false;
+    for (const candidate of candidates) {
+      const stream = streams.get(candidate.upstream);
+      if (stream !== undefined && serving(stream, candidate.rank)) {
+        any = true;
+        break;
+      }
+    }
+    if (!any) return undefined;
+    const outcome = tokenizer.tokenize(kind, body);
+    if (!('prompts' in outcome)) return undefined;
+    const tokens = outcome.prompts[0];
+    const matched = new Int32Array(candidates.length).fill(-1);
+    let promptBlocks = 0;
+    // One lookup per upstream, shared by its candidates.
+    const found = new Map<UpstreamStream, Int32Array>();
+    for (let at = 0; at < candidates.length; at++) {
+      const candidate = candidates[at];
+      const stream = streams.get(candidate.upstream);
+      if (stream === undefined || !serving(stream, candidate.rank)) continue;
+      let blocks = found.get(stream);
+      if (blocks === undefined) {
+        const match = stream.index.match(tokens, { now: now() });
+        if (match.promptBlocks === 0) continue;
+        blocks = match.matchedBlocks;
+        // Upstreams with another block size are counted in the first one's blocks.
+        if (promptBlocks === 0) promptBlocks = match.promptBlocks;
+        else if (match.promptBlocks !== promptBlocks) blocks = blocks.map((held) => Math.floor((held * promptBlocks) / match.promptBlocks));
+        found.set(stream, blocks);
+      }
+      matched[at] = blocks[stream.index.positionOf(candidate.rank)];
+    }
+    if (promptBlocks === 0) return undefined;
+    return new ExactPick(promptBlocks, matched, (at) => {
+      const chosen = candidates[at];
+      const stream = streams.get(chosen.upstream)!;
+      const time = now();
+      stream.index.speculate(chosen.rank, tokens, time + speculativeMs);
+      if (matched[at] < promptBlocks && !stream.awaiting.has(chosen.rank)) stream.awaiting.set(chosen.rank, time);
+      stream.agreement.offer(kind, body, tokens);
+    });
+  }
+
+  return {
+    lookup,
+    lookupRequest(path, bytes, candidates, decoded) {
+      const kind = promptKindOf(path);
+      if (kind === undefined) return undefined;
+      // The router decoded small bodies whole already; only a scanned one is decoded here.
+      if (decoded !== undefined) return lookup(kind, decoded as Record<string, unknown>, candidates);
+      let body: unknown;
+      try {
+        body = JSON.parse(bytes.toString('utf8'));
+      } catch {
+        return undefined;
+      }
+      if (typeof body !== 'object' || body === null || Array.isArray(body)) return undefined;
+      return lookup(kind, body as Record<string, unknown>, candidates);
+    },
+    serves(upstream, rank) {
+      const stream = streams.get(upstream);
+      return stream !== undefined && serving(stream, rank);
+    },
+    reconfigure,
+    async close() {
+      if (closed) return;
+      closed = true;
+      metrics?.sources.delete(collect);
+      const stopping = [...streams.values()].map(stop);
+      streams.clear();
+      await Promise.all(stopping);
+    },
+  };
+}
+
+/** The prompt kind of an OpenAI endpoint's path (mount path and query allowed), or `undefined` for one whose prompt is not tokenized. */
+export function promptKindOf(path: string): PromptKind | undefined {
+  const query = path.indexOf('?');
+  const bare = query === -1 ? path : path.slice(0, query);
+  if (bare.endsWith('/v1/chat/completions')) return 'chat';
+  if (bare.endsWith('/v1/completions')) return 'completions';
+  return undefined;
+}
+
+/** What identifies an upstream's subscription: a change restarts it. */
+function signatureOf(upstream: ExactUpstream): string {
+  return JSON.stringify([upstream.url, upstream.ranks, upstream.kvEvents]);
+}
+
+/** What a router reports at scrape time. */
+interface KvGaugeReport {
+  rank(labels: { upstream: string; rank: string }, blocks: number, fresh: boolean): void;
+  agreement(compared: number, ratio: number | undefined): void;
+}
+
+interface KvMetrics {
+  readonly events: Counter;
+  readonly gaps: Counter;
+  readonly sources: Set<(report: KvGaugeReport) => void>;
+  track(stream: UpstreamStream): void;
+  forget(stream: UpstreamStream): void;
+}
+
+/**
+ * Gauges are read at scrape time; routers sharing a registry and prefix share the families,
+ * each adding its own source.
+ */
+const kvSources = new WeakMap<object, Set<(report: KvGaugeReport) => void>>();
+
+/** Creates (or joins) the KV-event metric families on `registry`. */
+function createKvMetrics(registry: Registry, prefix: string): KvMetrics {
+  const events = counter(registry, `${prefix}kv_events_total`, 'KV-cache events received from the engines, by endpoint and type.', ['upstream', 'rank', 'type']);
+  const gaps = counter(registry, `${prefix}kv_event_gaps_total`, 'Gaps in an engine\'s KV-event sequence, by whether a replay closed them.', ['upstream', 'rank', 'outcome']);
+  const blocksName = `${prefix}kv_index_blocks`;
+  let sources: Set<(report: KvGaugeReport) => void> | undefined;
+  const existing = registry.getSingleMetric(blocksName);
+  if (existing !== undefined) sources = kvSources.get(existing);
+  if (sources === undefined) {
+    const shared = new Set<(report: KvGaugeReport) => void>();
+    sources = shared;
+    // Each family's collect gathers all three, so that a scrape of any one is current.
+    const gather = (): void => {
+      blocks.reset();
+      fresh.reset();
+      let compared = 0;
+      let agreed = 0;
+      const report: KvGaugeReport = {
+        rank(labels, held, isFresh) {
+          blocks.set(labels, held);
+          fresh.set(labels, isFresh ? 1 : 0);
+        },
+        agreement(count, share) {
+          compared += count;
+          agreed += count * (share ?? 1);
+        },
+      };
+      for (const source of shared) source(report);
+      ratio.set(compared === 0 ? 1 : agreed / compared);
+    };
+    const blocks = new Gauge({ name: blocksName, help: 'Blocks the exact prefix index holds, by endpoint.', labelNames: ['upstream', 'rank'], registers: [registry], collect: gather });
+    const fresh = new Gauge({
+      name: `${prefix}kv_stream_fresh`,
+      help: "Whether the endpoint is routed on the exact prefix index (1): its KV-event stream is fresh and the tokenizer agrees with the upstream's.",
+      labelNames: ['upstream', 'rank'],
+      registers: [registry],
+      collect: gather,
+    });
+    const ratio = new Gauge({
+      name: `${prefix}tokenizer_agreement_ratio`,
+      help: "Share of sampled requests whose tokens matched the upstream's /tokenize (1 before any sample).",
+      registers: [registry],
+      collect: gather,
+    });
+    kvSources.set(blocks, shared);
+  }
+  const per = (stream: UpstreamStream, work: (labels: { upstream: string; rank: string }) => void) => stream.labels.forEach(work);
+  return {
+    events,
+    gaps,
+    sources,
+    track: (stream) =>
+      per(stream, (labels) => {
+        for (const type of KV_EVENT_TYPES) events.inc({ ...labels, type }, 0);
+        for (const outcome of GAP_OUTCOMES) gaps.inc({ ...labels, outcome }, 0);
+      }),
+    forget: (stream) =>
+      per(stream, (labels) => {
+        for (const type of KV_EVENT_TYPES) events.remove({ ...labels, type });
+        for (const outcome of GAP_OUTCOMES) gaps.remove({ ...labels, outcome });
+      }),
+  };
+}
+
+function counter(registry: Registry, name: string, help: string, labelNames: string[]): Counter {
+  const existing = registry.getSingleMetric(name);
+  if (existing instanceof Counter) return existing;
+  return new Counter({ name, help, labelNames, registers: [registry] });
+}

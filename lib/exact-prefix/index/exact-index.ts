@@ -1,0 +1,327 @@
+/**
+ * The exact prefix index of one upstream: which blocks each of its ranks holds in its GPU
+ * prefix cache, as the engine reported them in KV events.
+ *
+ * Keys are the router's own: each block's key is a keyed hash of its parent's key and its
+ * token ids (as llm-d computes them), so the engine's hash algorithm and seed
+ * (`--prefix-caching-hash-algo`, PYTHONHASHSEED) need not be known or matched; a map from the
+ * engine's hash to the router's key per rank resolves parents and removals.
+ *
+ * What counts: a block in the GPU cache (`medium` GPU or unset) of KV-cache group 0 (or
+ * unset). Blocks in another medium (CPU offload, disk) are not routed on: a hit there still
+ * costs a transfer back and their removals name that medium only, so mixing them in would
+ * let a CPU eviction hide a GPU block or the reverse. Blocks whose engine hash took extra
+ * keys (multimodal inputs, `cache_salt`) cannot be matched from token ids alone, so neither
+ * they nor their descendants are indexed. LoRA blocks are indexed under their adapter's name.
+ */
+import type { KvEvent } from '../events/decode';
+import type { EngineBlockHash } from '../events/decode';
+import { chainHash, processHashKey, type HashKey } from './keyed-hash';
+
+/** What receives decoded events: the subscriber's view of an index. */
+export interface KvEventSink {
+  /** Applies one event to `rank`; false when the event cannot be applied (counted invalid). */
+  applyEvent(rank: number, event: KvEvent): boolean;
+  /** Forgets everything `rank` held (its engine restarted or events were lost). */
+  clearRank(rank: number): void;
+}
+
+export interface KvExactIndexOptions {
+  /** The global ranks this index tracks. */
+  ranks: readonly number[];
+  /**
+   * The most blocks held over all ranks (each rank gets an equal share); past it the least
+   * recently stored or matched blocks are forgotten. The engines' own removals keep the
+   * index at their cache size, so this bound matters only when an engine caches more blocks
+   * than its share, or removals were missed. Default 1,048,576 (about 170 MiB at most; see
+   * `KV_INDEX_BYTES_PER_BLOCK`).
+   */
+  maxBlocks?: number;
+  /** The hash key; default the process's random key. */
+  hashKey?: HashKey;
+  /**
+   * The most speculative entries held per rank (see {@link KvExactIndex.speculate}); past it
+   * the oldest go first. Default 65,536.
+   */
+  maxSpeculativeBlocks?: number;
+}
+
+/** The result of one lookup. */
+export interface KvPrefixMatch {
+  /** The engine's block size, or 0 before any block was stored. */
+  blockSize: number;
+  /** Full blocks in the prompt. */
+  promptBlocks: number;
+  /** Per rank (in the order of `ranks`): leading blocks of the prompt that rank holds. */
+  matchedBlocks: Int32Array;
+}
+
+interface Entry {
+  engineHash: EngineBlockHash;
+  // Set by a match; eviction gives a used entry a second chance (the CLOCK approximation of
+  // LRU), so a match costs one field write rather than a Map re-insertion.
+  used: boolean;
+}
+
+interface RankState {
+  blocks: Map<number, Entry>;
+  byEngine: Map<EngineBlockHash, number>;
+  /** Router keys of blocks a routed request will store, until its events confirm them or they expire. */
+  speculative: Map<number, number>;
+}
+
+/** Options of {@link KvExactIndex.match}. */
+export interface KvMatchOptions {
+  /** The request's LoRA adapter name, when it names one. */
+  loraName?: string;
+  /** The clock speculative entries are judged by (ms). Default `Date.now()`. */
+  now?: number;
+}
+
+/**
+ * Heap bytes per indexed block (router-key entry, engine-hash entry, entry object and the
+ * engine hash itself), rounded up from `npx tsx bench/kv-events.ts`: 163 with 32-byte engine
+ * hashes, 139 with 64-bit integer hashes. A million blocks take about 160 MiB.
+ */
+export const KV_INDEX_BYTES_PER_BLOCK = 170;
+
+const DOMAIN_ROOT = 1;
+const DOMAIN_LORA = 2;
+const DOMAIN_BLOCK = 3;
+
+/** The exact index; pure and synchronous. */
+export class KvExactIndex implements KvEventSink {
+  readonly ranks: readonly number[];
+  private readonly states: RankState[];
+  private readonly position = new Map<number, number>();
+  private readonly perRankMax: number;
+  private readonly key: HashKey;
+  private size = 0;
+  private speculativeCount = 0;
+  private readonly loraRoots = new Map<string, number>();
+  private readonly baseRoot: number;
+  private readonly maxSpeculative: number;
+  /** The engine's block size, learned from the first stored block (0 before). */
+  blockSize = 0;
+
+  constructor(options: KvExactIndexOptions) {
+    this.ranks = [...options.ranks];
+    this.states = this.ranks.map(() => ({ blocks: new Map(), byEngine: new Map(), speculative: new Map() }));
+    this.maxSpeculative = Math.max(1, options.maxSpeculativeBlocks ?? 65_536);
+    this.ranks.forEach((rank, at) => this.position.set(rank, at));
+    this.perRankMax = Math.max(1, Math.floor((options.maxBlocks ?? 1_048_576) / Math.max(1, this.ranks.length)));
+    this.key = options.hashKey ?? processHashKey();
+    this.baseRoot = chainHash(this.key, DOMAIN_ROOT, 0, [], 0, 0);
+  }
+
+  /** Where `rank`'s count is in a match's `matchedBlocks`, or −1 for a rank not tracked. */
+  positionOf(rank: number): number {
+    return this.position.get(rank) ?? -1;
+  }
+
+  /** Blocks held for `rank` (0 for a rank not tracked). */
+  blockCount(rank: number): number {
+    const at = this.position.get(rank);
+    return at === undefined ? 0 : this.states[at].blocks.size;
+  }
+
+  /** Blocks held over all ranks. */
+  get totalBlocks(): number {
+    return this.size;
+  }
+
+  applyEvent(rank: number, event: KvEvent): boolean {
+    const at = this.position.get(rank);
+    if (at === undefined) return false;
+    const state = this.states[at];
+    switch (event.type) {
+      case 'cleared':
+        this.clearState(state);
+        return true;
+      case 'removed':
+        if (!this.counts(event.medium, event.groupIdx)) return true;
+        for (const hash of event.blockHashes) this.remove(state, hash);
+        return true;
+      case 'stored': {
+        if (this.blockSize === 0) this.blockSize = event.blockSize;
+        else if (event.blockSize !== this.blockSize) return false;
+        if (!this.counts(event.medium, event.groupIdx)) return true;
+        // A LoRA id without a name (older vLLM) cannot be matched to a request's adapter.
+        if (event.loraId !== null && event.loraName === null) return true;
+        let chain: number | undefined;
+        if (event.parentBlockHash === null) chain = event.loraName === null ? this.baseRoot : this.loraRoot(event.loraName);
+        else chain = state.byEngine.get(event.parentBlockHash);
+        // An unknown parent (stored before this index listened, or evicted here): the chain
+        // cannot be keyed, and a request could not reach these blocks through it anyway.
+        if (chain === undefined) return true;
+        const size = event.blockSize;
+        for (let i = 0; i < event.blockHashes.length; i++) {
+          if (event.extraKeyed !== null && event.extraKeyed[i]) break;
+          chain = chainHash(this.key, DOMAIN_BLOCK, chain, event.tokenIds, i * size, size);
+          this.insert(state, chain, event.blockHashes[i]);
+        }
+        return true;
+      }
+    }
+  }
+
+  clearRank(rank: number): void {
+    const at = this.position.get(rank);
+    if (at !== undefined) this.clearState(this.states[at]);
+  }
+
+  /**
+   * How many leading full blocks of `tokens` each rank holds, counting unexpired speculative
+   * entries. Keys are computed only as far as some rank still matches, so a miss costs one hash.
+   */
+  match(tokens: ArrayLike<number>, options?: KvMatchOptions): KvPrefixMatch {
+    const matchedBlocks = new Int32Array(this.ranks.length);
+    const size = this.blockSize;
+    const promptBlocks = size === 0 ? 0 : Math.floor(tokens.length / size);
+    if (promptBlocks === 0 || (this.size === 0 && this.speculativeCount === 0)) return { blockSize: size, promptBlocks, matchedBlocks };
+    const now = options?.now ?? Date.now();
+    let chain = options?.loraName === undefined ? this.baseRoot : this.loraRoot(options.loraName);
+    const states = this.states;
+    for (let b = 0; b < promptBlocks; b++) {
+      chain = chainHash(this.key, DOMAIN_BLOCK, chain, tokens, b * size, size);
+      let any = false;
+      for (let r = 0; r < states.length; r++) {
+        if (matchedBlocks[r] !== b) continue;
+        const state = states[r];
+        const entry = state.blocks.get(chain);
+        if (entry !== undefined) entry.used = true;
+        else if (!this.speculativeHeld(state, chain, now)) continue;
+        matchedBlocks[r] = b + 1;
+        any = true;
+      }
+      if (!any) break;
+    }
+    return { blockSize: size, promptBlocks, matchedBlocks };
+  }
+
+  /**
+   * Counts `tokens`' full blocks as held by `rank` until `expiresAt` (ms, the clock `match`
+   * is given) or until a stored event confirms them: a request routed there will have them
+   * cached before its events arrive, and requests sharing its prefix that come meanwhile
+   * should follow it rather than scatter. Needs the block size, so does nothing before the
+   * first stored event.
+   */
+  speculate(rank: number, tokens: ArrayLike<number>, expiresAt: number, options?: { loraName?: string }): void {
+    const at = this.position.get(rank);
+    const size = this.blockSize;
+    if (at === undefined || size === 0) return;
+    const state = this.states[at];
+    const promptBlocks = Math.floor(tokens.length / size);
+    let chain = options?.loraName === undefined ? this.baseRoot : this.loraRoot(options.loraName);
+    for (let b = 0; b < promptBlocks; b++) {
+      chain = chainHash(this.key, DOMAIN_BLOCK, chain, tokens, b * size, size);
+      if (state.blocks.has(chain)) continue;
+      if (!state.speculative.has(chain)) this.speculativeCount++;
+      // Re-inserted so the map stays in expiry order (every entry gets the same lifetime).
+      state.speculative.delete(chain);
+      state.speculative.set(chain, expiresAt);
+    }
+    while (state.speculative.size > this.maxSpeculative) this.dropOldestSpeculative(state);
+  }
+
+  /** Speculative entries held over all ranks (expired ones included until a match meets one on their rank). */
+  get speculativeBlocks(): number {
+    return this.speculativeCount;
+  }
+
+
+  private speculativeHeld(state: RankState, key: number, now: number): boolean {
+    const expiresAt = state.speculative.get(key);
+    if (expiresAt === undefined) return false;
+    if (expiresAt > now) return true;
+    // Entries are held in expiry order: drop every expired one, this one among them.
+    for (const [old, when] of state.speculative) {
+      if (when > now) break;
+      state.speculative.delete(old);
+      this.speculativeCount--;
+    }
+    return false;
+  }
+
+  private dropOldestSpeculative(state: RankState): void {
+    const oldest = state.speculative.keys().next();
+    if (oldest.done === true) return;
+    state.speculative.delete(oldest.value);
+    this.speculativeCount--;
+  }
+
+  private counts(medium: string | null, groupIdx: number | null): boolean {
+    return (medium === null || medium === 'GPU') && (groupIdx === null || groupIdx === 0);
+  }
+
+  private loraRoot(name: string): number {
+    let root = this.loraRoots.get(name);
+    if (root === undefined) {
+      const units = Array.from(name, (char) => char.codePointAt(0) as number);
+      root = chainHash(this.key, DOMAIN_LORA, 0, units, 0, units.length);
+      // Adapter names come from the engine's configuration: few, but bounded all the same.
+      if (this.loraRoots.size >= 1024) this.loraRoots.clear();
+      this.loraRoots.set(name, root);
+    }
+    return root;
+  }
+
+  private insert(state: RankState, key: number, engineHash: EngineBlockHash): void {
+    const known = state.byEngine.get(engineHash);
+    if (known !== undefined && known !== key) this.remove(state, engineHash);
+    const entry = state.blocks.get(key);
+    if (entry !== undefined) {
+      if (entry.engineHash !== engineHash) {
+        state.byEngine.delete(entry.engineHash);
+        entry.engineHash = engineHash;
+        state.byEngine.set(engineHash, key);
+      }
+      // A store again is a use: move it to the young end.
+      state.blocks.delete(key);
+      state.blocks.set(key, entry);
+      return;
+    }
+    state.blocks.set(key, { engineHash, used: false });
+    state.byEngine.set(engineHash, key);
+    // The event confirms what was speculated.
+    if (state.speculative.delete(key)) this.speculativeCount--;
+    this.size++;
+    if (state.blocks.size > this.perRankMax) this.evict(state);
+  }
+
+  private evict(state: RankState): void {
+    while (state.blocks.size > this.perRankMax) {
+      for (const [key, entry] of state.blocks) {
+        if (entry.used) {
+          entry.used = false;
+          state.blocks.delete(key);
+          state.blocks.set(key, entry);
+          continue;
+        }
+        state.blocks.delete(key);
+        state.byEngine.delete(entry.engineHash);
+        this.size--;
+        break;
+      }
+    }
+  }
+
+  private remove(state: RankState, engineHash: EngineBlockHash): void {
+    const key = state.byEngine.get(engineHash);
+    if (key === undefined) return;
+    state.byEngine.delete(engineHash);
+    const entry = state.blocks.get(key);
+    if (entry !== undefined && entry.engineHash === engineHash) {
+      state.blocks.delete(key);
+      this.size--;
+    }
+  }
+
+  private clearState(state: RankState): void {
+    this.size -= state.blocks.size;
+    this.speculativeCount -= state.speculative.size;
+    state.blocks.clear();
+    state.byEngine.clear();
+    state.speculative.clear();
+  }
+}

@@ -1,0 +1,59 @@
+/**
+ * The options of exact prefix routing: `upstreams[].kvEvents` and `prefixAware.tokenizer`,
+ * validated once at creation.
+ */
+import { fail, section, shown, type KeysEnum } from '../option-checks';
+import { resolveKvEndpoints } from './events/endpoints';
+import type { KvEventsOptions, TokenizerSource } from './events/source';
+import { PromptTokenizer } from './tokenizer/tokenizer';
+
+export type { KvEventsOptions, TokenizerSource } from './events/source';
+
+const KV_EVENTS_KEYS: KeysEnum<KvEventsOptions> = { endpoint: true, replayEndpoint: true, topic: true };
+const TOPIC = '';
+
+/** `upstreams[i].kvEvents`, checked against the ranks it serves; `undefined` when not given. */
+export function parseKvEvents(path: string, value: unknown, ranks: readonly number[]): KvEventsOptions | undefined {
+  if (value === undefined) return undefined;
+  const options = section(path, value, KV_EVENTS_KEYS);
+  const replayEndpoint = options.replayEndpoint === undefined ? undefined : endpointOption(`${path}.replayEndpoint`, options.replayEndpoint, ranks);
+  const topic = options.topic ?? TOPIC;
+  if (typeof topic !== 'string') fail(`${path}.topic`, `must be a string, got ${shown(options.topic)}`, "Use vLLM's `topic`, or leave it out for ''.");
+  if (options.endpoint === undefined) fail(`${path}.endpoint`, 'is required', "Give rank 0's publisher, e.g. `endpoint: 'tcp://10.0.0.5:5557'`.");
+  const endpoint = endpointOption(`${path}.endpoint`, options.endpoint, ranks);
+  return { endpoint, ...(replayEndpoint !== undefined && { replayEndpoint }), topic };
+}
+
+function endpointOption(path: string, value: unknown, ranks: readonly number[]): string | readonly string[] {
+  if (typeof value !== 'string' && !(Array.isArray(value) && value.every((one) => typeof one === 'string'))) {
+    fail(path, `must be a ZeroMQ endpoint or an array of them, got ${shown(value)}`, "Use e.g. `'tcp://10.0.0.5:5557'`.");
+  }
+  try {
+    resolveKvEndpoints(value as string | string[], ranks, path);
+  } catch (error) {
+    // resolveKvEndpoints names the path and the fix; only the form of the message changes.
+    const message = (error as Error).message;
+    const problem = message.startsWith(path) ? message.slice(path.length).replace(/^:? /, '') : message;
+    fail(path, problem.replace(/\.$/, ''), "vLLM's `--kv-events-config` binds `tcp://*:PORT`; connect to its host.");
+  }
+  return Array.isArray(value) ? [...value] : (value as string);
+}
+
+/** `prefixAware.tokenizer`'s form, checked whatever the policy; `undefined` when not given. */
+export function parseTokenizer(path: string, value: unknown): TokenizerSource | undefined {
+  if (value === undefined) return undefined;
+  const files = typeof value === 'string' || (Array.isArray(value) && value.length === 2 && value.every((one) => typeof one === 'string'));
+  if (!files) {
+    fail(path, `must be a path or two paths, got ${shown(value)}`, "Use the model's directory holding tokenizer.json and tokenizer_config.json, e.g. `tokenizer: '/models/llama-3.1-8b'`.");
+  }
+  return typeof value === 'string' ? value : [value[0], value[1]];
+}
+
+/** Loads `prefixAware.tokenizer` at the router's creation, so that a wrong path fails then. */
+export function loadTokenizer(path: string, source: TokenizerSource): PromptTokenizer {
+  try {
+    return PromptTokenizer.load(source);
+  } catch (error) {
+    return fail(path, `could not be loaded: ${(error as Error).message}`, "Point it at the model's tokenizer.json and tokenizer_config.json (the files the engine serves).");
+  }
+}

@@ -1,0 +1,136 @@
+import { Agent as HttpAgent, type ClientRequest, type IncomingMessage, type ServerResponse } from 'node:http';
+import { Agent as HttpsAgent } from 'node:https';
+import type { Socket } from 'node:net';
+import { createProxyMiddleware, type RequestHandler } from 'http-proxy-middleware';
+import { hopByHopStripper } from '../request/hop-by-hop';
+import { closeIdleSockets } from './idle-sockets';
+import type { Configuration, UpstreamConfig } from '../options';
+import { CONNECT_TIMEOUT, FIRST_BYTE_TIMEOUT, RankDecision, type RoutedRequest } from '../request/route-state';
+import { lenientParser, unrelayable } from './upstream-response';
+
+/** One upstream's proxy and the connections it keeps. */
+export interface UpstreamProxy {
+  readonly handle: RequestHandler<IncomingMessage, ServerResponse>;
+  close(): void;
+}
+
+/** How a try failed before any answer, as the connection showed it. */
+export type TryFailure = 'refused' | 'connect_timeout' | 'timeout' | 'first_byte_timeout' | 'reset';
+
+/**
+ * What the proxy reports of each try. It only relays; what follows (counting, outlier
+ * detection, a retry, the error answer) is the pipeline's to decide.
+ */
+export interface TryOutcomes {
+  /** The upstream began an answer the gateway can relay; it is relayed once this returns. */
+  answered(req: RoutedRequest, res: ServerResponse, answer: IncomingMessage): void;
+  /** The try failed (before any answer, or while answering: the phase tells). */
+  failed(req: RoutedRequest, res: ServerResponse, failure: TryFailure): void;
+  /** The upstream's answer broke off. */
+  cutShort(req: RoutedRequest, res: ServerResponse): void;
+  /** The upstream answered with something the gateway cannot relay (the connection is dropped). */
+  refused(req: RoutedRequest, res: ServerResponse, why: string): void;
+}
+
+const CONNECT_FAILURES = new Set(['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN', 'EADDRNOTAVAIL']);
+
+/**
+ * Idle upstream connections are dropped before uvicorn's 5 s keep-alive would close them,
+ * so a request is never sent down a socket the server is closing.
+ */
+const IDLE_SOCKET_MS = 4_000;
+/** An upstream answer's hop-by-hop headers describe the upstream connection, not the client's; `Connection` is set anew. */
+const stripHopByHop = hopByHopStripper([], 'any');
+
+/** Creates the http-proxy-middleware instance for one upstream, with a keep-alive agent; each try's outcome goes to `outcomes`. */
+export function createUpstreamProxy(upstream: UpstreamConfig, config: Configuration, outcomes: TryOutcomes): UpstreamProxy {
+  const agentOptions = { keepAlive: true, scheduling: 'lifo' as const };
+  // Without an agent http-proxy sends `Connection: close` and opens a socket per request.
+  const agent = upstream.url.startsWith('https:') ? new HttpsAgent(agentOptions) : new HttpAgent(agentOptions);
+  const stopIdleSweep = closeIdleSockets(agent, IDLE_SOCKET_MS);
+  const { connectTimeoutMs, firstByteTimeoutMs } = config;
+  const checkHeaders = lenientParser();
+
+  const refuse = (req: RoutedRequest, res: ServerResponse, upstreamSide: { destroy(): void }, why: string) => {
+    // The upstream connection cannot be trusted for another request.
+    upstreamSide.destroy();
+    outcomes.refused(req, res, why);
+  };
+
+  const handlers = {
+    proxyReq(proxyReq: ClientRequest, req: RoutedRequest, res: ServerResponse) {
+      if (clientGone(res)) {
+        // The client left while the proxy was being prepared: the engine must not start.
+        proxyReq.destroy();
+        return;
+      }
+      const route = RankDecision.routeOf(req)!;
+      if (route.body !== undefined) proxyReq.write(route.body);
+      route.armDeadlines(proxyReq, connectTimeoutMs, firstByteTimeoutMs);
+      // Node's client hands a 101 with `Upgrade` only to an 'upgrade' listener and otherwise
+      // drops the socket without an event, which would leave the client without an answer.
+      proxyReq.on('upgrade', (_answer: IncomingMessage, socket: Socket) => refuse(req, res, socket, 'switched protocols unasked (101)'));
+    },
+    proxyRes(proxyRes: IncomingMessage, req: RoutedRequest, res: ServerResponse) {
+      // Checked before http-proxy copies status and headers, which Node's server would throw
+      // on, outside any handler, taking every other request down with the process.
+      const refusal = unrelayable(proxyRes, checkHeaders);
+      if (refusal !== undefined) {
+        refuse(req, res, proxyRes, refusal);
+        return;
+      }
+      stripHopByHop(proxyRes.headers);
+      // http-proxy would otherwise echo the client's `Connection` (stripped on the way up) or
+      // default to keep-alive: the client connection's fate is what Node's server decided.
+      proxyRes.headers.connection = res.shouldKeepAlive ? 'keep-alive' : 'close';
+      outcomes.answered(req, res, proxyRes);
+      proxyRes.on('error', () => outcomes.cutShort(req, res));
+    },
+    error(error: NodeJS.ErrnoException, req: RoutedRequest, res: ServerResponse | Socket) {
+      if (!('writeHead' in res)) {
+        res.destroy();
+        return;
+      }
+      outcomes.failed(req, res, classify(error));
+    },
+  };
+
+  const handle = createProxyMiddleware<IncomingMessage, ServerResponse>({
+    target: upstream.url,
+    agent,
+    changeOrigin: true,
+    xfwd: config.xfwd !== false,
+    // http-proxy-middleware's default plugins cost every request a URL parse (for its logger,
+    // silent unless configured) and two listeners with closures (for `debug` output); what
+    // they guard, the handlers here do: errors are answered, and a client that leaves stops
+    // the upstream (RouteState.responseClosed).
+    ejectPlugins: true,
+    plugins: [
+      (proxyServer) => {
+        proxyServer.on('proxyReq', handlers.proxyReq);
+        proxyServer.on('proxyRes', handlers.proxyRes);
+        proxyServer.on('error', handlers.error);
+      },
+    ],
+  });
+  return {
+    handle,
+    close: () => {
+      stopIdleSweep();
+      agent.destroy();
+    },
+  };
+}
+
+/** The client closed its connection before the answer was complete. */
+export function clientGone(res: ServerResponse): boolean {
+  return res.destroyed && !res.writableFinished;
+}
+
+function classify(error: NodeJS.ErrnoException): TryFailure {
+  if (error.code === CONNECT_TIMEOUT) return 'connect_timeout';
+  if (error.code === FIRST_BYTE_TIMEOUT) return 'first_byte_timeout';
+  if (error.code === 'ETIMEDOUT') return 'timeout';
+  if (error.code !== undefined && CONNECT_FAILURES.has(error.code)) return 'refused';
+  return 'reset';
+}

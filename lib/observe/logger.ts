@@ -1,0 +1,78 @@
+import type { HintOutcome } from './metrics';
+import { fail, pathOf, shown } from '../option-checks';
+import type { DecisionSource, Endpoint } from '../types';
+
+/**
+ * Receives the router's logs, in pino's calling convention: `(fields, message)` for structured
+ * lines, `(message)` for notices. pino's logger (a child logger too) and `console` fit as they are.
+ */
+export interface Logger {
+  warn(message: string): void;
+  info?(fields: object, message: string): void;
+  debug?(fields: object, message: string): void;
+  error?(fields: object, message: string): void;
+  /** pino's level check; without it no per-request line is written. */
+  isLevelEnabled?(level: string): boolean;
+}
+
+/** The logger as the router uses it: pino's calling convention, every level present. */
+export interface RouterLogger {
+  /** A run-time notice (a body parser mounted first, ranks discovered), as a plain message. */
+  warn(message: string): void;
+  /** The request's routing decision, at debug level; free when debug is off. */
+  decided(endpoint: Endpoint, source: DecisionSource, policy: string, hintOutcome: HintOutcome | undefined): void;
+  /** A request sent again to another endpoint, at debug level. */
+  retried(failed: Endpoint, next: Endpoint): void;
+  /** An endpoint left rotation, at info level: an event the router handles, not a fault of its own. */
+  ejected(endpoint: Endpoint): void;
+}
+
+const LEVELS = ['debug', 'info', 'error'] as const;
+
+const SILENT: RouterLogger = { warn: () => undefined, decided: () => undefined, retried: () => undefined, ejected: () => undefined };
+const PROCESS_WARNINGS: RouterLogger = { ...SILENT, warn: (message) => process.emitWarning(message, { code: 'DP_ROUTER' }) };
+
+/**
+ * Resolves the `logger` option. pino's logger (and anything shaped like it) is used as it is;
+ * per-request lines go only to a logger that says, through `isLevelEnabled('debug')`, that it
+ * wants them, so `console` keeps receiving notices alone.
+ */
+export function parseLogger(path: string, value: unknown): RouterLogger {
+  if (value === undefined) return PROCESS_WARNINGS;
+  if (value === false) return SILENT;
+  if (typeof (value as { warn?: unknown } | null)?.warn !== 'function') {
+    fail(path, `must have a warn(message) method, got ${shown(value)}`, 'Pass e.g. `logger: pino()`, `logger: console`, or `false`.');
+  }
+  const logger = value as Logger & Record<string, unknown>;
+  for (const level of LEVELS) {
+    if (logger[level] !== undefined && typeof logger[level] !== 'function') {
+      fail(pathOf(path, level), `must be a method when present, got ${shown(logger[level])}`, 'Pass a pino logger, `console`, or an object with `warn(message)`.');
+    }
+  }
+  if (logger.isLevelEnabled !== undefined && typeof logger.isLevelEnabled !== 'function') {
+    fail(pathOf(path, 'isLevelEnabled'), `must be a method when present, got ${shown(logger.isLevelEnabled)}`, "Pass a pino logger, or leave `isLevelEnabled` out.");
+  }
+  // Called through the logger each time: pino swaps a level's method for a no-op and back
+  // when its level changes (`logger.level = 'debug'`), and asked per line, the check costs a
+  // property lookup when debug is off.
+  const hasDebug = typeof logger.debug === 'function' && typeof logger.isLevelEnabled === 'function';
+  const debugOn = () => hasDebug && logger.isLevelEnabled!('debug');
+
+  return {
+    warn: (message) => logger.warn(message),
+    decided(endpoint, source, policy, hintOutcome) {
+      if (!debugOn()) return;
+      logger.debug!({ dpRank: { upstream: endpoint.upstream, rank: endpoint.rank, source }, policy, hintOutcome }, 'express-dp-router: routed');
+    },
+    retried(failed, next) {
+      if (!debugOn()) return;
+      logger.debug!(
+        { dpRank: { upstream: next.upstream, rank: next.rank }, failed: { upstream: failed.upstream, rank: failed.rank } },
+        'express-dp-router: retrying on another endpoint',
+      );
+    },
+    ejected(endpoint) {
+      logger.info?.({ dpRank: { upstream: endpoint.upstream, rank: endpoint.rank } }, 'express-dp-router: endpoint ejected after consecutive failures');
+    },
+  };
+}

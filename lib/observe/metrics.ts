@@ -1,0 +1,259 @@
+import type { IncomingMessage } from 'node:http';
+import { Counter, Gauge, Histogram, register, type Registry } from 'prom-client';
+import { fail, isPlainObject, pathOf, section, shown, type KeysEnum } from '../option-checks';
+import type { DecisionSource } from '../types';
+
+/** Metrics settings. */
+export interface MetricsOptions {
+  /** The prom-client registry to register on. Default: prom-client's global `register`. */
+  registry?: Registry;
+  /** Metric name prefix. Default: `'dp_router_'`. */
+  prefix?: string;
+}
+
+/** `metrics`, resolved. */
+export interface MetricsConfig {
+  readonly registry: Registry;
+  readonly prefix: string;
+}
+
+const PREFIX = 'dp_router_';
+const METRIC_PREFIX = /^(?:[a-zA-Z_:][a-zA-Z0-9_:]*)?$/;
+const METRICS_KEYS: KeysEnum<MetricsOptions> = { registry: true, prefix: true };
+
+/** `metrics`: on by default, on prom-client's global registry; `undefined` when off. */
+export function parseMetrics(path: string, value: unknown): MetricsConfig | undefined {
+  if (value === false) return undefined;
+  const metrics = section(path, value, METRICS_KEYS);
+  const registry = metrics.registry ?? register;
+  if (!isPlainObject(registry) || typeof (registry as { getSingleMetric?: unknown }).getSingleMetric !== 'function') {
+    fail(pathOf(path, 'registry'), `must be a prom-client Registry, got ${shown(metrics.registry)}`, 'Pass `new Registry()` from prom-client, or leave it out for the global registry.');
+  }
+  const prefix = metrics.prefix ?? PREFIX;
+  if (typeof prefix !== 'string' || !METRIC_PREFIX.test(prefix)) {
+    fail(pathOf(path, 'prefix'), `must be a valid Prometheus metric name prefix, got ${shown(metrics.prefix)}`, `Use e.g. \`prefix: '${PREFIX}'\`.`);
+  }
+  return { registry: registry as unknown as Registry, prefix };
+}
+
+/** What became of a client's rank hint. */
+export type HintOutcome = 'accepted' | 'untrusted' | 'malformed' | 'out_of_range' | 'unavailable';
+/** Why an upstream exchange failed. */
+export type UpstreamErrorKind = 'connect' | 'timeout' | 'reset' | 'status_5xx';
+
+export const HINT_OUTCOMES: readonly HintOutcome[] = ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable'];
+export const UPSTREAM_ERROR_KINDS: readonly UpstreamErrorKind[] = ['connect', 'timeout', 'reset', 'status_5xx'];
+/** From a cached short completion to a long generation. */
+const DURATION_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
+/** From a warm prefix-cache hit (tens of ms) to a long prompt queued behind others (a minute). */
+const FIRST_TOKEN_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60];
+
+/** What the instruments read of an endpoint (the router's `RouteEndpoint`); typed here so that metrics depend on no other part. */
+export interface MeteredEndpoint {
+  readonly upstream: string;
+  /** The rank as a label value, made once. */
+  readonly rankLabel: string;
+  readonly inflight: number;
+  readonly healthy: boolean;
+}
+
+/** The router's instruments; a no-op stands in when metrics are off. */
+export interface RouterMetrics {
+  hint(outcome: HintOutcome): void;
+  dispatched(endpoint: MeteredEndpoint, source: DecisionSource): void;
+  finished(endpoint: MeteredEndpoint, seconds: number): void;
+  upstreamError(endpoint: MeteredEndpoint, kind: UpstreamErrorKind): void;
+  /**
+   * The upstream began a 2xx answer to a request dispatched at `started` (`performance.now()`):
+   * time to first token is taken now, or for an event stream at its first body chunk.
+   */
+  responded(endpoint: MeteredEndpoint, response: IncomingMessage, started: number): void;
+  /** A request is sent again elsewhere after `endpoint` failed it. */
+  retried(endpoint: MeteredEndpoint): void;
+  /** The outlier detector took `endpoint` out of rotation. */
+  ejected(endpoint: MeteredEndpoint): void;
+  /** A failed read of an upstream's `/metrics` (discovery, load feedback). */
+  scrapeFailed(upstream: string): void;
+  /** Follows a reconfiguration: zero-filled series for new endpoints, none left for removed ones. */
+  track(change: { added: readonly MeteredEndpoint[]; removed: readonly MeteredEndpoint[] }, scrapedUpstreams: readonly string[]): void;
+  /** Stops reporting this router's gauges (the families stay for other routers). */
+  close(): void;
+}
+
+interface EndpointInstruments {
+  readonly labels: { upstream: string; rank: string };
+  readonly requests: Record<DecisionSource, { inc(): void }>;
+  readonly errors: Record<UpstreamErrorKind, { inc(): void }>;
+  readonly duration: { observe(seconds: number): void };
+  readonly firstToken: { observe(seconds: number): void };
+  readonly retries: { inc(): void };
+  readonly ejections: { inc(): void };
+}
+
+type GaugeSource = (gauge: Gauge) => void;
+/**
+ * Gauges are read from the endpoint table at scrape time rather than moved per request.
+ * Routers sharing a registry and prefix share one gauge, so each adds its own source.
+ */
+const gaugeSources = new WeakMap<object, Set<GaugeSource>>();
+
+/** Creates (or joins) the metric families on the registry and zero-fills every configured series. */
+export function createMetrics(
+  registry: Registry,
+  prefix: string,
+  table: { readonly all: readonly MeteredEndpoint[] },
+  scrapedUpstreams: readonly string[],
+): RouterMetrics {
+  const requests = counter(registry, `${prefix}requests_total`, 'Requests dispatched, by endpoint and where the rank came from.', ['upstream', 'rank', 'source']);
+  const hints = counter(registry, `${prefix}rank_hints_total`, 'Client rank hints, by outcome.', ['outcome']);
+  const errors = counter(registry, `${prefix}upstream_errors_total`, 'Failed upstream exchanges, by endpoint and kind.', ['upstream', 'rank', 'kind']);
+  const duration = histogram(registry, `${prefix}request_duration_seconds`, 'Time from dispatch until the response ended, by endpoint.', ['upstream', 'rank']);
+  const firstToken = histogram(
+    registry,
+    `${prefix}time_to_first_token_seconds`,
+    'Time from dispatch until the first byte of a 2xx answer (of an event stream: its first event), by endpoint that answered.',
+    ['upstream', 'rank'],
+    FIRST_TOKEN_BUCKETS,
+  );
+  const retries = counter(registry, `${prefix}retries_total`, 'Requests sent again to another endpoint, by the endpoint that failed them.', ['upstream', 'rank']);
+  const ejections = counter(registry, `${prefix}ejections_total`, 'Times the outlier detector took the endpoint out of rotation.', ['upstream', 'rank']);
+  const scrapes = counter(registry, `${prefix}upstream_scrape_failures_total`, "Failed reads of an upstream's /metrics for discovery or load feedback.", ['upstream']);
+
+  const instruments = new Map<MeteredEndpoint, EndpointInstruments>();
+  const instrument = (endpoint: MeteredEndpoint) => {
+    const labels = { upstream: endpoint.upstream, rank: endpoint.rankLabel };
+    const bind = (metric: Counter, extra: Record<string, string>) => {
+      const child = metric.labels({ ...labels, ...extra });
+      child.inc(0);
+      return child;
+    };
+    instruments.set(endpoint, {
+      labels,
+      requests: { hint: bind(requests, { source: 'hint' }), assigned: bind(requests, { source: 'assigned' }) },
+      errors: Object.fromEntries(UPSTREAM_ERROR_KINDS.map((kind) => [kind, bind(errors, { kind })])) as EndpointInstruments['errors'],
+      duration: duration.labels(labels),
+      firstToken: firstToken.labels(labels),
+      retries: bind(retries, {}),
+      ejections: bind(ejections, {}),
+    });
+    duration.zero(labels);
+    firstToken.zero(labels);
+  };
+  const forget = (endpoint: MeteredEndpoint) => {
+    const known = instruments.get(endpoint);
+    if (!known) return;
+    instruments.delete(endpoint);
+    for (const source of ['hint', 'assigned']) requests.remove({ ...known.labels, source });
+    for (const kind of UPSTREAM_ERROR_KINDS) errors.remove({ ...known.labels, kind });
+    duration.remove(known.labels);
+    firstToken.remove(known.labels);
+    retries.remove(known.labels);
+    ejections.remove(known.labels);
+  };
+  const scraped = new Set<string>();
+  const watchScrapes = (upstreams: readonly string[]) => {
+    for (const upstream of scraped) if (!upstreams.includes(upstream)) scrapes.remove({ upstream });
+    scraped.clear();
+    for (const upstream of upstreams) {
+      scraped.add(upstream);
+      scrapes.inc({ upstream }, 0);
+    }
+  };
+  table.all.forEach(instrument);
+  watchScrapes(scrapedUpstreams);
+  const outcomes = Object.fromEntries(HINT_OUTCOMES.map((outcome) => [outcome, hints.labels({ outcome })])) as Record<HintOutcome, { inc(): void }>;
+  for (const outcome of HINT_OUTCOMES) hints.inc({ outcome }, 0);
+
+  const reportInflight: GaugeSource = (gauge) => {
+    for (const endpoint of table.all) gauge.inc(instruments.get(endpoint)!.labels, endpoint.inflight);
+  };
+  const reportHealth: GaugeSource = (gauge) => {
+    for (const endpoint of table.all) gauge.set(instruments.get(endpoint)!.labels, endpoint.healthy ? 1 : 0);
+  };
+  const unsubscribe = [
+    sharedGauge(registry, `${prefix}inflight_requests`, 'Requests dispatched and not yet finished, by endpoint.', reportInflight),
+    sharedGauge(registry, `${prefix}endpoint_healthy`, 'Whether the endpoint is in rotation (1) or ejected (0).', reportHealth),
+  ];
+
+  // A request still in flight on an endpoint that a reconfiguration removed finds no
+  // instruments: its series are gone, and it is not counted.
+  return {
+    hint: (outcome) => outcomes[outcome].inc(),
+    dispatched: (endpoint, source) => instruments.get(endpoint)?.requests[source].inc(),
+    finished: (endpoint, seconds) => instruments.get(endpoint)?.duration.observe(seconds),
+    upstreamError: (endpoint, kind) => instruments.get(endpoint)?.errors[kind].inc(),
+    responded: (endpoint, response, started) => {
+      const status = response.statusCode ?? 0;
+      if (status < 200 || status >= 300) return;
+      const known = instruments.get(endpoint);
+      if (known === undefined) return;
+      const contentType = response.headers['content-type'];
+      if (contentType !== undefined && contentType.startsWith('text/event-stream')) {
+        // The headers of a stream come before its first token: wait for the first event.
+        response.once('data', () => known.firstToken.observe((performance.now() - started) / 1000));
+      } else {
+        known.firstToken.observe((performance.now() - started) / 1000);
+      }
+    },
+    retried: (endpoint) => instruments.get(endpoint)?.retries.inc(),
+    ejected: (endpoint) => instruments.get(endpoint)?.ejections.inc(),
+    scrapeFailed: (upstream) => {
+      if (scraped.has(upstream)) scrapes.inc({ upstream });
+    },
+    track: ({ added, removed }, upstreams) => {
+      removed.forEach(forget);
+      added.forEach(instrument);
+      watchScrapes(upstreams);
+    },
+    close: () => unsubscribe.forEach((stop) => stop()),
+  };
+}
+
+/** Metrics switched off: every call is a no-op. */
+export const NO_METRICS: RouterMetrics = {
+  hint: () => undefined,
+  dispatched: () => undefined,
+  finished: () => undefined,
+  upstreamError: () => undefined,
+  responded: () => undefined,
+  retried: () => undefined,
+  ejected: () => undefined,
+  scrapeFailed: () => undefined,
+  track: () => undefined,
+  close: () => undefined,
+};
+
+function counter(registry: Registry, name: string, help: string, labelNames: string[]): Counter {
+  const existing = registry.getSingleMetric(name);
+  if (existing instanceof Counter) return existing;
+  return new Counter({ name, help, labelNames, registers: [registry] });
+}
+
+function histogram(registry: Registry, name: string, help: string, labelNames: string[], buckets = DURATION_BUCKETS): Histogram {
+  const existing = registry.getSingleMetric(name);
+  if (existing instanceof Histogram) return existing;
+  return new Histogram({ name, help, labelNames, buckets, registers: [registry] });
+}
+
+function sharedGauge(registry: Registry, name: string, help: string, source: GaugeSource): () => void {
+  const existing = registry.getSingleMetric(name);
+  let sources = existing ? gaugeSources.get(existing) : undefined;
+  if (!sources) {
+    const ownSources = new Set<GaugeSource>();
+    sources = ownSources;
+    const gauge = new Gauge({
+      name,
+      help,
+      labelNames: ['upstream', 'rank'],
+      registers: [registry],
+      collect() {
+        this.reset();
+        for (const report of ownSources) report(this);
+      },
+    });
+    gaugeSources.set(gauge, ownSources);
+  }
+  const joined = sources;
+  joined.add(source);
+  return () => joined.delete(source);
+}

@@ -1,0 +1,247 @@
+import type { ClientRequest, IncomingMessage, ServerResponse } from 'node:http';
+import type { BodyBudget, BodyLease } from './body-budget';
+import type { RouteEndpoint } from '../upstreams/endpoints';
+import { replaceValues, type JsonField } from './json-fields';
+import type { HintOutcome, RouterMetrics } from '../observe/metrics';
+import type { Configuration } from '../options';
+import type { DecisionSource, DpRankDecision, PickContext } from '../types';
+
+/**
+ * Where a request stands: `deciding` until it has an endpoint (and while its retry body is
+ * read); `waiting` once a try is sent and nothing came back (a failure may be retried);
+ * `responding` once the upstream began to answer (never retried); `settled` once the try failed
+ * and was counted, or the body timed out (later events of that try are echoes).
+ */
+export type Phase = 'deciding' | 'waiting' | 'responding' | 'settled';
+
+/** The error codes a try's deadlines destroy its upstream request with. */
+export const CONNECT_TIMEOUT = 'DP_ROUTER_CONNECT_TIMEOUT';
+export const FIRST_BYTE_TIMEOUT = 'DP_ROUTER_FIRST_BYTE_TIMEOUT';
+
+/** What every request reports to as it moves: the router's parts, resolved once. */
+export interface RouteReports {
+  readonly config: Pick<Configuration, 'header' | 'exposeDecision' | 'policy' | 'tracing' | 'logger'>;
+  readonly metrics: RouterMetrics;
+}
+
+/**
+ * What the router keeps about one request, in one fixed-shape object, and the steps that move
+ * it: {@link assign} its first endpoint, {@link moveTo} another on a retry, {@link settle} a
+ * failed try. Each step does everything holding an endpoint implies (the in-flight slot,
+ * metrics, the rank header and the body's hint field, `req.dpRank`, the decision header,
+ * tracing and logging) in one place.
+ */
+export class RouteState {
+  /** The endpoint the request is held on (a retry moves it). */
+  endpoint: RouteEndpoint | undefined = undefined;
+  /** Where the rank came from; a retry keeps it. */
+  source: DecisionSource = 'assigned';
+  /** The body bytes to send upstream, when the router holds them. */
+  body: Buffer | undefined = undefined;
+  /** The request's share of the router's body budget, once it holds body bytes. */
+  lease: BodyLease | undefined = undefined;
+  /** Where `body` carries the hint field (`hints.bodyField`), rewritten to the rank it is sent to. */
+  hintFields: JsonField[] | undefined = undefined;
+  /** Armed while the request body is still arriving (`timeouts.bodyMs`). */
+  bodyDeadline: NodeJS.Timeout | undefined = undefined;
+  /** The context the policy picked with, so that a retry can pick again with it. */
+  context: PickContext | undefined = undefined;
+  /** When the request was dispatched, by `performance.now()`. */
+  started = 0;
+  /** Tries so far, the first included. */
+  attempt = 1;
+  phase: Phase = 'deciding';
+  /** Endpoints tried and failed. */
+  tried: RouteEndpoint[] | undefined = undefined;
+  /** dpRouter's proxy: the current try's upstream request and its deadlines. */
+  upstreamRequest: ClientRequest | undefined = undefined;
+  connectDeadline: NodeJS.Timeout | undefined = undefined;
+  firstByteDeadline: NodeJS.Timeout | undefined = undefined;
+  /** Whether the response's close is watched (one listener per request, see {@link watch}). */
+  private watching = false;
+
+  constructor(private readonly reports: RouteReports) {}
+
+  /**
+   * The request takes its first endpoint; the slot is held until the response closes.
+   * The trace context goes onto the request's headers here, before any proxy copies them.
+   */
+  assign(req: RoutedRequest, res: ServerResponse, endpoint: RouteEndpoint, source: DecisionSource, hintOutcome: HintOutcome | undefined): void {
+    const { config } = this.reports;
+    this.source = source;
+    this.hold(req, res, endpoint);
+    this.started = performance.now();
+    this.watch(res);
+    config.tracing.decided(req, endpoint, source, hintOutcome);
+    config.logger.decided(endpoint, source, config.policy.name, hintOutcome);
+  }
+
+  /** A retry: the slot, the rank header, the body's hint field and `req.dpRank` move from the failed endpoint to `next`. */
+  moveTo(req: RoutedRequest, res: ServerResponse, next: RouteEndpoint): void {
+    const { config, metrics } = this.reports;
+    const failed = this.endpoint!;
+    metrics.retried(failed);
+    config.tracing.retried(req, failed, next);
+    config.logger.retried(failed, next);
+    failed.inflight--;
+    this.hold(req, res, next);
+    this.attempt++;
+  }
+
+  /** A try is sent and waits for its answer. */
+  sending(): void {
+    this.phase = 'waiting';
+  }
+
+  /** The upstream began to answer: no retry can replay the body from here on, so a long stream does not pin it. */
+  responding(): void {
+    this.clearDeadlines();
+    this.phase = 'responding';
+    this.body = undefined;
+  }
+
+  /** The try failed and is counted once: false when it was settled already. */
+  settle(): boolean {
+    if (this.phase === 'settled') return false;
+    this.phase = 'settled';
+    return true;
+  }
+
+  /**
+   * Connect and first-byte deadlines for one try. The answer, a failure or the response's
+   * closing clears them; one that expires destroys the upstream request with its code.
+   */
+  armDeadlines(proxyReq: ClientRequest, connectMs: number, firstByteMs: number): void {
+    this.upstreamRequest = proxyReq;
+    const socket = proxyReq.socket;
+    if (socket?.connecting) {
+      this.connectDeadline = setTimeout(expire, connectMs, proxyReq, CONNECT_TIMEOUT);
+      socket.once('connect', () => clearTimeout(this.connectDeadline));
+    }
+    this.firstByteDeadline = setTimeout(expire, firstByteMs, proxyReq, FIRST_BYTE_TIMEOUT);
+  }
+
+  /** Clears the current try's deadlines. */
+  clearDeadlines(): void {
+    clearTimeout(this.connectDeadline);
+    clearTimeout(this.firstByteDeadline);
+  }
+
+  /**
+   * The request's lease on `budget`, started on first use and released when the response
+   * closes, however it ends; `undefined` when the client has already left (no close to come).
+   */
+  leaseFrom(budget: BodyBudget, res: ServerResponse): BodyLease | undefined {
+    if (this.lease !== undefined) return this.lease;
+    if (res.destroyed) return undefined;
+    const lease = (this.lease = budget.lease());
+    this.watch(res);
+    return lease;
+  }
+
+  /**
+   * Arms the body deadline (`timeouts.bodyMs`) while the body is still arriving. The response's
+   * close clears it; until then `onTimeout` finds a complete body and does nothing.
+   */
+  armBodyDeadline(req: IncomingMessage, res: ServerResponse, ms: number, onTimeout: (req: IncomingMessage, res: ServerResponse, route: RouteState) => void): void {
+    this.bodyDeadline = setTimeout(onTimeout, ms, req, res, this);
+    this.watch(res);
+  }
+
+  /**
+   * One listener per request does all the work its end needs (the body deadline, the lease,
+   * the slot): one closure, not one per concern. It holds the state itself: what a later
+   * middleware does to `req.dpRank` cannot make a slot leak.
+   */
+  private watch(res: ServerResponse): void {
+    if (this.watching) return;
+    this.watching = true;
+    res.on('close', () => this.closed(res));
+  }
+
+  /** Takes `endpoint`'s slot and makes everything the request carries name it. */
+  private hold(req: RoutedRequest, res: ServerResponse, endpoint: RouteEndpoint): void {
+    const { config, metrics } = this.reports;
+    const source = this.source;
+    endpoint.inflight++;
+    metrics.dispatched(endpoint, source);
+    const { header } = config;
+    if (endpoint.headerValue !== undefined) req.headers[header] = endpoint.headerValue;
+    else if (req.headers[header] !== undefined) delete req.headers[header];
+    this.endpoint = endpoint;
+    this.carryRank(req, endpoint);
+    req.dpRank = new RankDecision(endpoint, source, this);
+    if (config.exposeDecision) res.setHeader('x-dp-router-decision', endpoint.receipts[source]);
+  }
+
+  /**
+   * Makes the held body's hint field carry the rank header's value for `endpoint` (`null` for
+   * `rankHeader: 'none'`), so that an upstream reading the field sees the router's rank and never
+   * the client's. `Content-Length` follows the new size.
+   */
+  private carryRank(req: IncomingMessage, endpoint: RouteEndpoint): void {
+    if (this.hintFields === undefined || this.body === undefined) return;
+    this.body = replaceValues(this.body, this.hintFields, endpoint.headerValue ?? 'null');
+    if (req.headers['transfer-encoding'] === undefined) req.headers['content-length'] = String(this.body.length);
+  }
+
+  /**
+   * The response closed: stop the deadlines and, when the client left before the answer was
+   * complete, the upstream request (http-proxy aborts it only while the request body is still
+   * arriving; a client that leaves during a long prefill would otherwise keep the engine busy).
+   * Then the slot held now (a retry may have moved it) is released.
+   */
+  private closed(res: ServerResponse): void {
+    clearTimeout(this.bodyDeadline);
+    this.lease?.release();
+    const held = this.endpoint;
+    // Answered (or left) before it had an endpoint.
+    if (held === undefined) return;
+    this.clearDeadlines();
+    if (!res.writableFinished) this.upstreamRequest?.destroy();
+    held.inflight--;
+    this.reports.metrics.finished(held, (performance.now() - this.started) / 1000);
+  }
+}
+
+function expire(proxyReq: ClientRequest, code: string): void {
+  const what = code === CONNECT_TIMEOUT ? 'connect' : 'first byte';
+  proxyReq.destroy(Object.assign(new Error(`upstream ${what} timeout`), { code }));
+}
+
+/**
+ * `req.dpRank`: the decision as users see it, and the router's way back to the request's
+ * state. One property on the request rather than two, because Express gives every `req` its
+ * app's prototype (`Object.setPrototypeOf`), after which V8 builds a new hidden class for each
+ * property added to that request, request after request.
+ */
+export class RankDecision implements DpRankDecision {
+  readonly upstream: string;
+  readonly url: string;
+  readonly rank: number;
+  readonly source: DecisionSource;
+  readonly headerValue: string | undefined;
+  readonly #route: RouteState;
+
+  constructor(endpoint: RouteEndpoint, source: DecisionSource, route: RouteState) {
+    this.upstream = endpoint.upstream;
+    this.url = endpoint.config.url;
+    this.rank = endpoint.rank;
+    this.source = source;
+    this.headerValue = endpoint.headerValue;
+    this.#route = route;
+    Object.freeze(this);
+  }
+
+  /** The state behind `req.dpRank`, when the router set it. */
+  static routeOf(req: IncomingMessage): RouteState | undefined {
+    const decision = req.dpRank;
+    return decision !== undefined && #route in decision ? decision.#route : undefined;
+  }
+}
+
+export interface RoutedRequest extends IncomingMessage {
+  /** Set by body parsers such as `express.json()`. */
+  body?: unknown;
+  originalUrl?: string;
+}

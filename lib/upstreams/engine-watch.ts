@@ -1,0 +1,129 @@
+import type { EndpointTable } from './endpoints';
+import type { RouterMetrics } from '../observe/metrics';
+import { DISCOVER_TIMEOUT_MS, type LoadFeedbackConfig } from './engine-watch-options';
+import { fetchText } from './scrape';
+import type { UpstreamConfig } from './upstream-options';
+import { parseEngineReport, type EngineReport } from './vllm-metrics';
+
+/** Reads each watched upstream's `/metrics`; `sync()` follows a reconfiguration. */
+export interface EngineWatch {
+  /** Starts polling new upstreams that need it and stops polling removed ones. */
+  sync(): void;
+  stop(): void;
+}
+
+/** Called when an upstream's `engine` labels name other ranks than it is configured with. */
+export type RanksDiscovered = (upstream: UpstreamConfig, ranks: readonly number[]) => void;
+
+interface Target {
+  name: string;
+  url: string;
+  intervalMs: number;
+  timer: NodeJS.Timeout | undefined;
+  abort: AbortController;
+}
+
+/** What a watched upstream is polled for: both needs share one poll. */
+function needs(upstream: UpstreamConfig, feedback: LoadFeedbackConfig | undefined): number | undefined {
+  const intervals = [upstream.discoverIntervalMs, feedback?.intervalMs].filter((ms): ms is number => ms !== undefined);
+  return intervals.length === 0 ? undefined : Math.min(...intervals);
+}
+
+/** The upstreams that `watchEngines` polls (for the scrape-failure metric's series). */
+export function watchedUpstreams(upstreams: readonly UpstreamConfig[], feedback: LoadFeedbackConfig | undefined): string[] {
+  return upstreams.filter((upstream) => needs(upstream, feedback) !== undefined).map((upstream) => upstream.name);
+}
+
+/**
+ * Polls each upstream that discovers its ranks or feeds back engine load, once at start and
+ * then every interval (the next poll is scheduled when one ends, so a slow server is never
+ * polled twice at once). Timers are unref'd. A failed poll counts in
+ * `upstream_scrape_failures_total` and drops that upstream's engine load back to local counts.
+ */
+export function watchEngines(
+  table: EndpointTable,
+  feedback: LoadFeedbackConfig | undefined,
+  metrics: RouterMetrics,
+  discovered: RanksDiscovered,
+): EngineWatch {
+  const targets = new Map<string, Target>();
+  const timeoutMs = feedback?.timeoutMs ?? DISCOVER_TIMEOUT_MS;
+  let stopped = false;
+
+  const current = (name: string) => table.upstreams.find((upstream) => upstream.name === name);
+
+  const poll = (target: Target) => {
+    target.timer = undefined;
+    fetchText(`${target.url}/metrics`, timeoutMs, target.abort.signal).then(
+      (text) => apply(target, parseEngineReport(text)),
+      () => fail(target),
+    ).finally(() => {
+      if (stopped || targets.get(target.name) !== target) return;
+      target.timer = setTimeout(() => poll(target), target.intervalMs).unref();
+    });
+  };
+
+  const apply = (target: Target, report: EngineReport) => {
+    const upstream = current(target.name);
+    if (stopped || upstream === undefined) return;
+    if (feedback) {
+      for (const endpoint of table.all) {
+        if (endpoint.config.name !== target.name) continue;
+        const engine = report.load.get(endpoint.rank);
+        // The engine's count includes this router's own requests; the rest is other
+        // gateways' (or direct clients'), which only the engine can tell.
+        const others = engine === undefined ? 0 : Math.max(0, engine.running + engine.waiting - endpoint.inflight);
+        endpoint.externalLoad = others * feedback.weight;
+      }
+    }
+    if (upstream.discoverIntervalMs !== undefined && report.engines.length > 0 && !sameRanks(upstream.ranks, report.engines)) {
+      discovered(upstream, report.engines);
+    }
+  };
+
+  const fail = (target: Target) => {
+    if (stopped) return;
+    metrics.scrapeFailed(target.name);
+    for (const endpoint of table.all) if (endpoint.config.name === target.name) endpoint.externalLoad = 0;
+  };
+
+  const sync = () => {
+    if (stopped) return;
+    const wanted = new Map<string, { url: string; intervalMs: number }>();
+    for (const upstream of table.upstreams) {
+      const intervalMs = needs(upstream, feedback);
+      if (intervalMs !== undefined) wanted.set(upstream.name, { url: upstream.url, intervalMs });
+    }
+    for (const [name, target] of targets) {
+      const want = wanted.get(name);
+      if (want && want.url === target.url && want.intervalMs === target.intervalMs) continue;
+      end(target);
+      targets.delete(name);
+    }
+    for (const [name, want] of wanted) {
+      if (targets.has(name)) continue;
+      const target: Target = { name, ...want, timer: undefined, abort: new AbortController() };
+      targets.set(name, target);
+      poll(target);
+    }
+  };
+
+  const end = (target: Target) => {
+    clearTimeout(target.timer);
+    target.abort.abort();
+  };
+
+  sync();
+  return {
+    sync,
+    stop: () => {
+      stopped = true;
+      for (const target of targets.values()) end(target);
+      targets.clear();
+    },
+  };
+}
+
+function sameRanks(a: readonly number[], b: readonly number[]): boolean {
+  return a.length === b.length && a.every((rank, index) => rank === b[index]);
+}

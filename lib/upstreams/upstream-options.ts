@@ -1,0 +1,148 @@
+import { parseDiscover, type DiscoverOptions } from './engine-watch-options';
+import { parseKvEvents } from '../exact-prefix/options';
+import type { KvEventsOptions } from '../exact-prefix/events/source';
+import { fail, integerOption, isPlainObject, oneOf, rejectUnknownKeys, shown, type KeysEnum } from '../option-checks';
+
+/** What the proxied request's rank header carries for an upstream. */
+export type RankHeaderMode = 'global' | 'local' | 'none';
+
+/** One vLLM OpenAI-compatible server (one API server of a data-parallel deployment). */
+export interface UpstreamOptions {
+  /** Base URL, `http:` or `https:`. Required. */
+  url: string;
+  /** Metric label and decision name. Default: the URL's origin. */
+  name?: string;
+  /** How many data-parallel ranks this server serves (`--data-parallel-size`). Default: `1`. */
+  dataParallelSize?: number;
+  /** The first global rank it serves (`--data-parallel-start-rank`). Default: `0`. */
+  startRank?: number;
+  /** Route only to these global ranks. Default: every rank it serves. */
+  ranks?: readonly number[];
+  /**
+   * The rank header value sent to this upstream: `'global'` (internal load balancing),
+   * `'local'` (rank − startRank: hybrid load balancing on vLLM's Python server) or `'none'`
+   * (external load balancing: one server per rank, no header). Default: `'global'`.
+   */
+  rankHeader?: RankHeaderMode;
+  /**
+   * Learn the global ranks this server serves from the distinct `engine` labels of its
+   * `/metrics` (start rank = the smallest), at start and every `intervalMs`; the configured
+   * ranks stand until the first answer and whenever the server cannot be read. `true` takes
+   * the defaults of {@link DiscoverOptions}. Default: `false`.
+   */
+  discover?: boolean | DiscoverOptions;
+  /**
+   * Where this server's engines publish KV-cache events (vLLM's `--kv-events-config`): with
+   * `prefixAware.tokenizer`, the `prefix-aware` policy routes its ranks on the blocks the
+   * engines report holding (docs/exact-prefix-routing.md). Default: none.
+   */
+  kvEvents?: KvEventsOptions;
+}
+
+/** One upstream, resolved. */
+export interface UpstreamConfig {
+  readonly name: string;
+  readonly url: string;
+  readonly startRank: number;
+  readonly dataParallelSize: number;
+  /** The global ranks routed to, ascending. */
+  readonly ranks: readonly number[];
+  readonly rankHeader: RankHeaderMode;
+  /** How often the ranks are learned from the upstream's `/metrics`; `undefined` when not. */
+  readonly discoverIntervalMs: number | undefined;
+  /** Where its engines publish KV events; absent when not given. */
+  readonly kvEvents?: KvEventsOptions;
+}
+
+const DATA_PARALLEL_SIZE = 1;
+const START_RANK = 0;
+const RANK_HEADER: RankHeaderMode = 'global';
+const RANK_HEADER_MODES: readonly RankHeaderMode[] = ['global', 'local', 'none'];
+/** vLLM's engine count bound: the largest data-parallel size an upstream may declare. */
+const MAX_DATA_PARALLEL_SIZE = 65_536;
+/** Ten decimal digits: the rank header grammar's bound. */
+const MAX_RANK = 9_999_999_999;
+
+const UPSTREAM_KEYS: KeysEnum<UpstreamOptions> = {
+  url: true,
+  name: true,
+  dataParallelSize: true,
+  startRank: true,
+  ranks: true,
+  rankHeader: true,
+  discover: true,
+  kvEvents: true,
+};
+
+/** Validates an upstream list (creation and `setUpstreams()`). Throws {@link OptionError}. */
+export function parseUpstreams(path: string, value: unknown): UpstreamConfig[] {
+  if (!Array.isArray(value) || value.length === 0) {
+    fail(path, `must be a non-empty array, got ${shown(value)}`, "Pass e.g. `upstreams: [{ url: 'http://127.0.0.1:8000', dataParallelSize: 8 }]`.");
+  }
+  const names = new Set<string>();
+  return value.map((upstream, index) => {
+    const config = parseUpstream(`${path}[${index}]`, upstream);
+    if (names.has(config.name)) {
+      fail(`${path}[${index}].name`, `repeats the name '${config.name}'`, 'Give each upstream its own `name`: it labels the metrics.');
+    }
+    names.add(config.name);
+    return config;
+  });
+}
+
+function parseUpstream(path: string, value: unknown): UpstreamConfig {
+  if (!isPlainObject(value)) fail(path, `must be an object, got ${shown(value)}`, "Use e.g. `{ url: 'http://127.0.0.1:8000' }`.");
+  rejectUnknownKeys(path, value, UPSTREAM_KEYS);
+  const url = parseUrl(`${path}.url`, value.url);
+  const name = value.name === undefined ? url.origin : value.name;
+  // The name travels in metric labels and the decision header: printable ASCII only.
+  if (typeof name !== 'string' || !/^[\x20-\x7e]{1,128}$/.test(name)) {
+    fail(`${path}.name`, `must be 1 to 128 printable ASCII characters, got ${shown(value.name)}`, "Use e.g. `name: 'node-a'`.");
+  }
+  const dataParallelSize = integerOption(`${path}.dataParallelSize`, value.dataParallelSize, DATA_PARALLEL_SIZE, 1, MAX_DATA_PARALLEL_SIZE);
+  const startRank = integerOption(`${path}.startRank`, value.startRank, START_RANK, 0, MAX_RANK - dataParallelSize + 1);
+  const ranks = parseRanks(`${path}.ranks`, value.ranks, startRank, dataParallelSize);
+  const kvEvents = parseKvEvents(`${path}.kvEvents`, value.kvEvents, ranks);
+  return {
+    name,
+    url: url.href.replace(/\/$/, ''),
+    startRank,
+    dataParallelSize,
+    ranks,
+    rankHeader: oneOf(`${path}.rankHeader`, value.rankHeader, RANK_HEADER_MODES, RANK_HEADER),
+    discoverIntervalMs: parseDiscover(`${path}.discover`, value.discover),
+    ...(kvEvents !== undefined && { kvEvents }),
+  };
+}
+function parseUrl(path: string, value: unknown): URL {
+  let url: URL | undefined;
+  if (typeof value === 'string') {
+    try {
+      url = new URL(value);
+    } catch {
+      url = undefined;
+    }
+  }
+  if (!url || (url.protocol !== 'http:' && url.protocol !== 'https:')) {
+    fail(path, `must be an http: or https: URL, got ${shown(value)}`, "Use e.g. `url: 'http://127.0.0.1:8000'`.");
+  }
+  return url;
+}
+
+function parseRanks(path: string, value: unknown, startRank: number, size: number): number[] {
+  const last = startRank + size - 1;
+  if (value === undefined) return Array.from({ length: size }, (_, offset) => startRank + offset);
+  if (!Array.isArray(value) || value.length === 0) {
+    fail(path, `must be a non-empty array of global ranks, got ${shown(value)}`, `Use ranks from ${startRank} to ${last}, e.g. \`ranks: [${startRank}]\`, or leave it out.`);
+  }
+  const ranks = new Set<number>();
+  for (const rank of value) {
+    if (typeof rank !== 'number' || !Number.isInteger(rank) || rank < startRank || rank > last) {
+      fail(path, `holds ${shown(rank)}, which this upstream does not serve`, `It serves global ranks ${startRank} to ${last} (startRank … startRank + dataParallelSize − 1).`);
+    }
+    if (ranks.has(rank)) fail(path, `lists rank ${rank} twice`, 'List each rank once.');
+    ranks.add(rank);
+  }
+  return [...ranks].sort((a, b) => a - b);
+}
+

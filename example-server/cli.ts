@@ -148,8 +148,9 @@ const FLAGS: Readonly<Record<string, Flag>> = {
 export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv = {}): GatewaySettings | 'help' {
   const state: ParseState = {
     settings: {
-      port: env.PORT === undefined ? 30000 : integer('PORT', env.PORT, 0, 65535),
-      host: env.HOST ?? '127.0.0.1',
+      port: env.PORT === undefined || env.PORT === '' ? 30000 : integer('PORT', env.PORT, 0, 65535),
+      // An empty HOST is unset: listen('') would bind every interface.
+      host: env.HOST || '127.0.0.1',
       upstreams: [],
       dpSize: 4,
       policy: 'least-outstanding',
@@ -161,7 +162,7 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
       healthCheckMs: 0,
       loadFeedbackMs: 0,
       loadFeedbackWeight: 0.5,
-      logLevel: env.LOG_LEVEL === undefined ? 'info' : choice('LOG_LEVEL', env.LOG_LEVEL, LOG_LEVELS),
+      logLevel: env.LOG_LEVEL === undefined || env.LOG_LEVEL === '' ? 'info' : choice('LOG_LEVEL', env.LOG_LEVEL, LOG_LEVELS),
       otlpEndpoint: undefined,
       tokenizer: undefined,
     },

@@ -51,6 +51,8 @@ describe('parseCommandLine', () => {
   it('reads HOST from the environment, and --host over it', () => {
     expect((parseCommandLine([], { HOST: '0.0.0.0' }) as GatewaySettings).host).toBe('0.0.0.0');
     expect((parseCommandLine(['--host', '::1'], { HOST: '0.0.0.0' }) as GatewaySettings).host).toBe('::1');
+    // listen(port, '') would bind every interface.
+    expect((parseCommandLine([], { HOST: '', PORT: '', LOG_LEVEL: '' }) as GatewaySettings)).toMatchObject({ host: '127.0.0.1', port: 30000, logLevel: 'info' });
   });
 
   it('reads PORT from the environment, and --port over it', () => {

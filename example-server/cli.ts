@@ -1,6 +1,7 @@
 import type { PolicyName, RankHeaderMode, UpstreamOptions } from '../lib';
 import { resolveKvEndpoints } from '../lib/exact-prefix/events/endpoints';
 import type { KvEventsOptions } from '../lib/exact-prefix/events/source';
+import { redactUrl, upstreamUrlProblem } from '../lib/upstreams/upstream-url';
 
 /** An upstream as the gateway passes it to the router, with where its KV events are published. */
 export type GatewayUpstream = UpstreamOptions & { kvEvents?: KvEventsOptions };
@@ -232,25 +233,30 @@ function parseUpstreamSpec(spec: string, dpSize: number, startRank = 0): { url: 
   const at = spec.lastIndexOf('@');
   const hasRanks = at > spec.indexOf('//') + 1 && /^[0-9,\- ]+$/.test(spec.slice(at + 1));
   const url = hasRanks ? spec.slice(0, at) : spec;
+  // Never print a password: every message below names the spec without user information.
+  const shownSpec = JSON.stringify(redactUrl(url) + (hasRanks ? spec.slice(at) : ''));
+  let parsed: URL;
   try {
-    const parsed = new URL(url);
+    parsed = new URL(url);
     if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') throw new Error();
   } catch {
-    throw new UsageError(`--upstream ${JSON.stringify(spec)} is not an http(s) URL[@RANKS]`);
+    throw new UsageError(`--upstream ${shownSpec} is not an http(s) URL[@RANKS]`);
   }
+  const problem = upstreamUrlProblem(parsed);
+  if (problem) throw new UsageError(`--upstream ${shownSpec} ${problem.problem}. ${problem.fix}`);
   if (!hasRanks) return { url, ranks: Array.from({ length: dpSize }, (_, offset) => startRank + offset) };
-  return { url, ranks: parseRankList(spec, spec.slice(at + 1)) };
+  return { url, ranks: parseRankList(shownSpec, spec.slice(at + 1)) };
 }
 
 /** `0,2,4,6`, `4-7` or a mix such as `0-1,6`. */
-function parseRankList(spec: string, list: string): number[] {
+function parseRankList(shownSpec: string, list: string): number[] {
   const ranks: number[] = [];
   for (const part of list.split(',')) {
     const range = /^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$/.exec(part);
-    if (!range) throw new UsageError(`--upstream ${JSON.stringify(spec)}: ranks must look like 0,2,4,6 or 4-7`);
+    if (!range) throw new UsageError(`--upstream ${shownSpec}: ranks must look like 0,2,4,6 or 4-7`);
     const first = Number(range[1]);
     const last = range[2] === undefined ? first : Number(range[2]);
-    if (last < first || last - first > 65536) throw new UsageError(`--upstream ${JSON.stringify(spec)}: range ${part.trim()} runs backwards or is too long`);
+    if (last < first || last - first > 65536) throw new UsageError(`--upstream ${shownSpec}: range ${part.trim()} runs backwards or is too long`);
     for (let rank = first; rank <= last; rank++) ranks.push(rank);
   }
   return ranks;

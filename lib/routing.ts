@@ -3,7 +3,7 @@ import { Registry } from 'prom-client';
 import { watchEngines, watchedUpstreams } from './upstreams/engine-watch';
 import { EndpointTable, type RouteEndpoint } from './upstreams/endpoints';
 import { createExactRouting } from './exact-prefix/exact-routing';
-import { loadTokenizer } from './exact-prefix/options';
+import { loadTokenizer, requireTokenizerForKvEvents, unusedKvEventsNotice } from './exact-prefix/options';
 import { createMetrics, NO_METRICS, type RouterMetrics } from './observe/metrics';
 import { parseOptions, type Configuration, type DpRankOptions, type DpRouterOptions, type Mode, type UpstreamConfig } from './options';
 import { createPipeline, type Pipeline, type Proceed } from './pipeline';
@@ -91,6 +91,8 @@ export function createRouting(options: DpRankOptions | DpRouterOptions, proceed:
           metrics: config.metrics,
           warn: (message) => config.logger.warn(message),
         });
+  const unusedKvEvents = unusedKvEventsNotice(config.upstreams, exact !== undefined, config.policy.name);
+  if (unusedKvEvents !== undefined) config.logger.warn(unusedKvEvents);
   if (exact !== undefined) {
     onReconfigure.push(() => exact.reconfigure(table.upstreams));
     onClose.push(() => exact.close());
@@ -114,7 +116,11 @@ export function createRouting(options: DpRankOptions | DpRouterOptions, proceed:
     metrics: serveMetrics,
     registry,
     endpoints: () => table.snapshot(),
-    setUpstreams: (upstreams) => reconfigure(parseUpstreams('upstreams', upstreams)),
+    setUpstreams: (upstreams) => {
+      const parsed = parseUpstreams('upstreams', upstreams);
+      requireTokenizerForKvEvents(parsed, options.policy === 'prefix-aware', config.tokenizer);
+      reconfigure(parsed);
+    },
     close: () => {
       closed ??= Promise.resolve()
         .then(() => Promise.all(onClose.map((stop) => stop())))

@@ -1,3 +1,4 @@
+import { healthLog } from './upstreams/health-log';
 import { startHealthChecks } from './upstreams/health-checker';
 import { OutlierDetector } from './upstreams/outlier-detector';
 import type { RouteEndpoint } from './upstreams/endpoints';
@@ -52,12 +53,13 @@ export function dpRouter(options: DpRouterOptions): DpRouter {
     for (const endpoint of table.all) proxyOf.set(endpoint.config, proxies.get(proxyKey(endpoint.config))!);
   };
   syncProxies();
-  let health = config.healthCheck ? startHealthChecks(table, config.healthCheck) : undefined;
+  const healthChanged = healthLog(config);
+  let health = config.healthCheck ? startHealthChecks(table, config.healthCheck, healthChanged) : undefined;
   routing.onReconfigure.push(() => {
     syncProxies();
     if (config.healthCheck) {
       health?.stop();
-      health = startHealthChecks(table, config.healthCheck);
+      health = startHealthChecks(table, config.healthCheck, healthChanged);
     }
   });
   routing.onClose.push(() => {

@@ -36,7 +36,8 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
           url: mock.url,
           name: 'mock-vllm',
           dataParallelSize: settings.dpSize,
-          ...(mockEvents && { kvEvents: { endpoint: mockEvents.endpoints, replayEndpoint: mockEvents.replayEndpoints, topic: mockEvents.topic } }),
+          // Only prefix-aware reads them; the router warns about KV events nothing reads.
+          ...(mockEvents && settings.policy === 'prefix-aware' && { kvEvents: { endpoint: mockEvents.endpoints, replayEndpoint: mockEvents.replayEndpoints, topic: mockEvents.topic } }),
         },
       ]
     : settings.upstreams;

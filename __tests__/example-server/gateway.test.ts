@@ -208,8 +208,17 @@ describeProcess('npm start (the process)', () => {
       expect(lines.find((line) => line.msg === 'request completed')).toMatchObject({ dpRank: { upstream: 'mock-vllm', source: 'assigned' }, res: { statusCode: 200 } });
       // Shutdown flushes the batch.
       await someExported;
-      const traces = exported.join('\n');
-      expect(traces).toContain('"dp_router.rank"');
+      // OTLP/JSON: the decision on the HTTP server span (kind 2), none on Express's spans.
+      type OtlpSpan = { kind: number; name: string; attributes: Array<{ key: string }> };
+      type OtlpExport = { resourceSpans: Array<{ resource: { attributes: Array<{ key: string; value: { stringValue?: string } }> }; scopeSpans: Array<{ spans: OtlpSpan[] }> }> };
+      const batches = exported.map((text) => JSON.parse(text) as OtlpExport).flatMap((batch) => batch.resourceSpans);
+      const spans = batches.flatMap((batch) => batch.scopeSpans.flatMap((scope) => scope.spans));
+      const decided = spans.filter((span) => span.attributes.some((attribute) => attribute.key === 'dp_router.rank'));
+      expect(decided.map((span) => span.kind)).toEqual([2]);
+      expect(spans.some((span) => span.name === 'request handler')).toBe(true);
+      expect(new Set(batches.map((batch) => batch.resource.attributes.find((attribute) => attribute.key === 'service.name')?.value.stringValue))).toEqual(
+        new Set(['express-dp-router-gateway']),
+      );
     } finally {
       await collector.close();
     }

@@ -21,6 +21,11 @@ export interface GatewaySettings {
   exposeDecision: boolean;
   /** Delay per generated token of the embedded mock, so streaming is visible. */
   mockDecodeMs: number;
+  /**
+   * The embedded mock's port (prometheus.yml scrapes it); `undefined`: {@link DEFAULT_MOCK_PORT},
+   * or a free port when that one is taken.
+   */
+  mockPort: number | undefined;
   /** How long SIGTERM waits for in-flight requests before exiting anyway. */
   drainTimeoutMs: number;
   /** Active health-check interval of each upstream's `/health`; 0 turns checks off. */
@@ -34,6 +39,9 @@ export interface GatewaySettings {
   /** OTLP/HTTP traces endpoint; `undefined`: no tracing. */
   otlpEndpoint: string | undefined;
 }
+
+/** Where the embedded mock listens unless `--mock-port` says otherwise: beside the gateway's 30000. */
+export const DEFAULT_MOCK_PORT = 30001;
 
 /** pino's levels. */
 export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
@@ -77,6 +85,8 @@ Options:
   --load-feedback-weight W
                         weight of other gateways' engine load, 0 to 1    [0.5]
   --mock-decode-ms N    embedded mock: delay per generated token         [0]
+  --mock-port N         embedded mock's port (prometheus.yml scrapes it); 0 = any
+                        [30001, or any free port when it is taken]
   --drain-timeout-ms N  on SIGTERM, wait this long for in-flight requests [30000]
   --log-level LEVEL     fatal | error | warn | info | debug (one line per routing
                         decision) | trace | silent (env LOG_LEVEL)        [info]
@@ -138,6 +148,7 @@ const FLAGS: Readonly<Record<string, Flag>> = {
   '--load-feedback-ms': { value: (s, raw, flag) => (s.settings.loadFeedbackMs = integer(flag, raw, 0, 3_600_000)) },
   '--load-feedback-weight': { value: (s, raw, flag) => (s.settings.loadFeedbackWeight = fraction(flag, raw)) },
   '--mock-decode-ms': { value: (s, raw, flag) => (s.settings.mockDecodeMs = integer(flag, raw, 0, 10_000)) },
+  '--mock-port': { value: (s, raw, flag) => (s.settings.mockPort = integer(flag, raw, 0, 65535)) },
   '--drain-timeout-ms': { value: (s, raw, flag) => (s.settings.drainTimeoutMs = integer(flag, raw, 0, 3_600_000)) },
   '--log-level': { value: (s, raw, flag) => (s.settings.logLevel = choice(flag, raw, LOG_LEVELS)) },
   '--otlp-endpoint': { value: (s, raw, flag) => (s.settings.otlpEndpoint = httpUrl(flag, raw)) },
@@ -159,6 +170,7 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
       onInvalid: 'reassign',
       exposeDecision: false,
       mockDecodeMs: 0,
+      mockPort: undefined,
       drainTimeoutMs: 30_000,
       healthCheckMs: 0,
       loadFeedbackMs: 0,

@@ -5,8 +5,8 @@ import type { Logger as PinoLogger } from 'pino';
 import { pinoHttp } from 'pino-http';
 import { Registry } from 'prom-client';
 import { dpRouter, type DpRouter, type UpstreamOptions } from '../lib';
-import type { GatewaySettings } from './cli';
-import { startMockVllm, type MockVllm } from './mock-vllm';
+import { DEFAULT_MOCK_PORT, type GatewaySettings } from './cli';
+import { startMockVllm, type MockVllm, type MockVllmOptions } from './mock-vllm';
 
 /** A running example gateway. */
 export interface RunningGateway {
@@ -111,10 +111,26 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
  */
 async function startMock(settings: GatewaySettings): Promise<{ mock: MockVllm; eventsOff?: string }> {
   const options = { dataParallelSize: settings.dpSize, decodeMsPerToken: settings.mockDecodeMs };
+  const start = (withEvents: boolean) => startMockOnPort(settings.mockPort, { ...options, ...(withEvents && { kvEvents: {} }) });
   try {
-    return { mock: await startMockVllm({ ...options, kvEvents: {} }) };
+    return { mock: await start(true) };
   } catch (error) {
-    return { mock: await startMockVllm(options), eventsOff: (error as Error).message };
+    if ((error as NodeJS.ErrnoException).code === 'EADDRINUSE') throw error;
+    return { mock: await start(false), eventsOff: (error as Error).message };
+  }
+}
+
+/**
+ * The mock on `--mock-port`; without one, on {@link DEFAULT_MOCK_PORT} where prometheus.yml
+ * looks for it, or on any free port when that one is taken (a second `npm start`).
+ */
+export async function startMockOnPort(port: number | undefined, options: MockVllmOptions, defaultPort = DEFAULT_MOCK_PORT): Promise<MockVllm> {
+  if (port !== undefined) return startMockVllm({ ...options, port });
+  try {
+    return await startMockVllm({ ...options, port: defaultPort });
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== 'EADDRINUSE') throw error;
+    return startMockVllm({ ...options, port: 0 });
   }
 }
 

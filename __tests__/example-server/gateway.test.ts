@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import OpenAI from 'openai';
 import request from 'supertest';
 import { parseCommandLine, type GatewaySettings } from '../../example-server/cli';
-import { startExampleGateway, type RunningGateway } from '../../example-server/gateway';
+import { startExampleGateway, startMockOnPort, type RunningGateway } from '../../example-server/gateway';
 import { expressMajor, serve } from '../helpers/app';
 import { waitFor } from '../helpers/wait';
 
@@ -255,6 +255,42 @@ describeProcess('npm start (the process)', () => {
     } finally {
       child.kill('SIGTERM');
       expect((await done).code).toBe(0);
+    }
+  });
+});
+
+describe("the embedded mock's port", () => {
+  /** A port nothing listens on now (the OS's choice, released). */
+  const freePort = async () => {
+    const probe = await serve(() => undefined);
+    const port = Number(new URL(probe.url).port);
+    await probe.close();
+    return port;
+  };
+
+  it('is --mock-port when given', async () => {
+    const port = await freePort();
+    const gateway = await startExampleGateway(parseCommandLine(['--port', '0', '--mock-port', String(port)]) as GatewaySettings);
+    try {
+      expect(gateway.mock!.port).toBe(port);
+      expect(gateway.summary).toContain(`embedded mock vLLM http://127.0.0.1:${port} `);
+    } finally {
+      await gateway.close();
+    }
+  });
+
+  it('is the default port when free, and any free port when it is taken', async () => {
+    const port = await freePort();
+    const first = await startMockOnPort(undefined, {}, port);
+    const second = await startMockOnPort(undefined, {}, port);
+    try {
+      expect(first.port).toBe(port);
+      expect(second.port).not.toBe(port);
+      expect((await fetch(`${second.url}/health`)).status).toBe(200);
+      // Asked for by name, a taken port is an error.
+      await expect(startMockOnPort(port, {})).rejects.toThrow(/EADDRINUSE/);
+    } finally {
+      await Promise.all([first.close(), second.close()]);
     }
   });
 });

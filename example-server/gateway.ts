@@ -5,6 +5,7 @@ import type { Logger as PinoLogger } from 'pino';
 import { pinoHttp } from 'pino-http';
 import { Registry } from 'prom-client';
 import { dpRouter, type DpRouter, type UpstreamOptions } from '../lib';
+import { gatewayErrorOf } from '../lib/errors';
 import { DEFAULT_MOCK_PORT, type GatewaySettings } from './cli';
 import { startMockVllm, type MockVllm, type MockVllmOptions } from './mock-vllm';
 
@@ -72,6 +73,19 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
       pinoHttp({
         logger,
         customProps: (req) => (req.dpRank ? { dpRank: { upstream: req.dpRank.upstream, rank: req.dpRank.rank, source: req.dpRank.source } } : {}),
+        // A 5xx is the gateway's answer (or an upstream's passed through), not a fault of this
+        // code: its line carries the vLLM error it answered, not a stack pino-http made up.
+        customErrorMessage: (_req, res, error) => {
+          const answered = gatewayErrorOf(res);
+          if (answered) return `${answered.type}: ${answered.message}`;
+          return madeUp(error, res.statusCode) ? `upstream answered ${res.statusCode}` : 'request errored';
+        },
+        customErrorObject: (_req, res, error, fields: Record<string, unknown>) => {
+          if (!madeUp(error, res.statusCode)) return fields;
+          const { err: _madeUp, ...rest } = fields;
+          const answered = gatewayErrorOf(res);
+          return answered ? { ...rest, error: { type: answered.type, message: answered.message } } : rest;
+        },
       }),
     );
   }
@@ -102,6 +116,11 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
 
   const summary = describe(url, upstreams, settings, mock) + (mockStart?.eventsOff === undefined ? '' : `; the mock publishes no KV events (${mockStart.eventsOff})`);
   return { server, router, url, mock, summary, close };
+}
+
+/** pino-http's stand-in for a 5xx without an error: `new Error('failed with status code 502')`. */
+function madeUp(error: Error, status: number): boolean {
+  return error.message === `failed with status code ${status}`;
 }
 
 /**

@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { join } from 'node:path';
 import OpenAI from 'openai';
+import pino from 'pino';
 import request from 'supertest';
 import { parseCommandLine, type GatewaySettings } from '../../example-server/cli';
 import { startExampleGateway, startMockOnPort, type RunningGateway } from '../../example-server/gateway';
@@ -291,6 +292,35 @@ describe("the embedded mock's port", () => {
       await expect(startMockOnPort(port, {})).rejects.toThrow(/EADDRINUSE/);
     } finally {
       await Promise.all([first.close(), second.close()]);
+    }
+  });
+});
+
+describe("the example gateway's access log", () => {
+  it('logs a gateway 502 with the vLLM error it answered, not a stack', async () => {
+    const lines: Array<Record<string, unknown>> = [];
+    const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) });
+    // A port nothing listens on: the connection is refused.
+    const probe = await serve(() => undefined);
+    const refused = probe.url;
+    await probe.close();
+    const settings = parseCommandLine(['--port', '0', '--upstream', refused, '--dp-size', '1']) as GatewaySettings;
+    const gateway = await startExampleGateway(settings, logger);
+    try {
+      const response = await fetch(`${gateway.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"prompt":"hi"}' });
+      expect(response.status).toBe(502);
+      await response.arrayBuffer();
+      await waitFor(() => lines.some((line) => line.res !== undefined));
+      const access = lines.find((line) => line.res !== undefined)!;
+      expect(access).toMatchObject({
+        msg: 'BadGatewayError: The upstream for data-parallel rank 0 refused the connection.',
+        error: { type: 'BadGatewayError', message: 'The upstream for data-parallel rank 0 refused the connection.' },
+        res: { statusCode: 502 },
+      });
+      expect(access).not.toHaveProperty('err');
+      expect(JSON.stringify(access)).not.toMatch(/stack|failed with status code/);
+    } finally {
+      await gateway.close();
     }
   });
 });

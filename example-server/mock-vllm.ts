@@ -274,3 +274,8 @@ function releaseOnClose(ctx: ServerContext, rank: RankState, res: ServerResponse
   });
   return timer;
 }
+
+// Run as a command (`npx tsx example-server/mock-vllm.ts --port 8000`): a mock upstream for library users.
+if (require.main === module) {
+  void import('./mock-vllm/command').then(({ runMockCommand }) => runMockCommand(process.argv.slice(2)));
+}

@@ -66,6 +66,8 @@ function createLogger(settings: GatewaySettings): Logger {
 }
 
 main().catch((error: unknown) => {
-  process.stderr.write(`express-dp-router: ${error instanceof Error ? error.message : String(error)}\n`);
+  // An OptionError's message already names the package.
+  const message = (error instanceof Error ? error.message : String(error)).replace(/^express-dp-router: /, '');
+  process.stderr.write(`express-dp-router: ${message}\n`);
   process.exit(1);
 });

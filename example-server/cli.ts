@@ -1,6 +1,7 @@
 import type { PolicyName, RankHeaderMode, UpstreamOptions } from '../lib';
 import { resolveKvEndpoints } from '../lib/exact-prefix/events/endpoints';
 import type { KvEventsOptions } from '../lib/exact-prefix/events/source';
+import { redactUrl, upstreamUrlProblem } from '../lib/upstreams/upstream-url';
 
 /** An upstream as the gateway passes it to the router, with where its KV events are published. */
 export type GatewayUpstream = UpstreamOptions & { kvEvents?: KvEventsOptions };
@@ -20,6 +21,11 @@ export interface GatewaySettings {
   exposeDecision: boolean;
   /** Delay per generated token of the embedded mock, so streaming is visible. */
   mockDecodeMs: number;
+  /**
+   * The embedded mock's port (prometheus.yml scrapes it); `undefined`: {@link DEFAULT_MOCK_PORT},
+   * or a free port when that one is taken.
+   */
+  mockPort: number | undefined;
   /** How long SIGTERM waits for in-flight requests before exiting anyway. */
   drainTimeoutMs: number;
   /** Active health-check interval of each upstream's `/health`; 0 turns checks off. */
@@ -33,6 +39,9 @@ export interface GatewaySettings {
   /** OTLP/HTTP traces endpoint; `undefined`: no tracing. */
   otlpEndpoint: string | undefined;
 }
+
+/** Where the embedded mock listens unless `--mock-port` says otherwise: beside the gateway's 30000. */
+export const DEFAULT_MOCK_PORT = 30001;
 
 /** pino's levels. */
 export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
@@ -76,6 +85,8 @@ Options:
   --load-feedback-weight W
                         weight of other gateways' engine load, 0 to 1    [0.5]
   --mock-decode-ms N    embedded mock: delay per generated token         [0]
+  --mock-port N         embedded mock's port (prometheus.yml scrapes it); 0 = any
+                        [30001, or any free port when it is taken]
   --drain-timeout-ms N  on SIGTERM, wait this long for in-flight requests [30000]
   --log-level LEVEL     fatal | error | warn | info | debug (one line per routing
                         decision) | trace | silent (env LOG_LEVEL)        [info]
@@ -137,6 +148,7 @@ const FLAGS: Readonly<Record<string, Flag>> = {
   '--load-feedback-ms': { value: (s, raw, flag) => (s.settings.loadFeedbackMs = integer(flag, raw, 0, 3_600_000)) },
   '--load-feedback-weight': { value: (s, raw, flag) => (s.settings.loadFeedbackWeight = fraction(flag, raw)) },
   '--mock-decode-ms': { value: (s, raw, flag) => (s.settings.mockDecodeMs = integer(flag, raw, 0, 10_000)) },
+  '--mock-port': { value: (s, raw, flag) => (s.settings.mockPort = integer(flag, raw, 0, 65535)) },
   '--drain-timeout-ms': { value: (s, raw, flag) => (s.settings.drainTimeoutMs = integer(flag, raw, 0, 3_600_000)) },
   '--log-level': { value: (s, raw, flag) => (s.settings.logLevel = choice(flag, raw, LOG_LEVELS)) },
   '--otlp-endpoint': { value: (s, raw, flag) => (s.settings.otlpEndpoint = httpUrl(flag, raw)) },
@@ -158,6 +170,7 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
       onInvalid: 'reassign',
       exposeDecision: false,
       mockDecodeMs: 0,
+      mockPort: undefined,
       drainTimeoutMs: 30_000,
       healthCheckMs: 0,
       loadFeedbackMs: 0,
@@ -232,25 +245,30 @@ function parseUpstreamSpec(spec: string, dpSize: number, startRank = 0): { url: 
   const at = spec.lastIndexOf('@');
   const hasRanks = at > spec.indexOf('//') + 1 && /^[0-9,\- ]+$/.test(spec.slice(at + 1));
   const url = hasRanks ? spec.slice(0, at) : spec;
+  // Never print a password: every message below names the spec without user information.
+  const shownSpec = JSON.stringify(redactUrl(url) + (hasRanks ? spec.slice(at) : ''));
+  let parsed: URL;
   try {
-    const parsed = new URL(url);
+    parsed = new URL(url);
     if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') throw new Error();
   } catch {
-    throw new UsageError(`--upstream ${JSON.stringify(spec)} is not an http(s) URL[@RANKS]`);
+    throw new UsageError(`--upstream ${shownSpec} is not an http(s) URL[@RANKS]`);
   }
+  const problem = upstreamUrlProblem(parsed);
+  if (problem) throw new UsageError(`--upstream ${shownSpec} ${problem.problem}. ${problem.fix}`);
   if (!hasRanks) return { url, ranks: Array.from({ length: dpSize }, (_, offset) => startRank + offset) };
-  return { url, ranks: parseRankList(spec, spec.slice(at + 1)) };
+  return { url, ranks: parseRankList(shownSpec, spec.slice(at + 1)) };
 }
 
 /** `0,2,4,6`, `4-7` or a mix such as `0-1,6`. */
-function parseRankList(spec: string, list: string): number[] {
+function parseRankList(shownSpec: string, list: string): number[] {
   const ranks: number[] = [];
   for (const part of list.split(',')) {
     const range = /^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$/.exec(part);
-    if (!range) throw new UsageError(`--upstream ${JSON.stringify(spec)}: ranks must look like 0,2,4,6 or 4-7`);
+    if (!range) throw new UsageError(`--upstream ${shownSpec}: ranks must look like 0,2,4,6 or 4-7`);
     const first = Number(range[1]);
     const last = range[2] === undefined ? first : Number(range[2]);
-    if (last < first || last - first > 65536) throw new UsageError(`--upstream ${JSON.stringify(spec)}: range ${part.trim()} runs backwards or is too long`);
+    if (last < first || last - first > 65536) throw new UsageError(`--upstream ${shownSpec}: range ${part.trim()} runs backwards or is too long`);
     for (let rank = first; rank <= last; rank++) ranks.push(rank);
   }
   return ranks;

@@ -5,8 +5,9 @@ import type { Logger as PinoLogger } from 'pino';
 import { pinoHttp } from 'pino-http';
 import { Registry } from 'prom-client';
 import { dpRouter, type DpRouter, type UpstreamOptions } from '../lib';
-import type { GatewaySettings } from './cli';
-import { startMockVllm, type MockVllm } from './mock-vllm';
+import { gatewayErrorOf } from '../lib/errors';
+import { DEFAULT_MOCK_PORT, type GatewaySettings } from './cli';
+import { startMockVllm, type MockVllm, type MockVllmOptions } from './mock-vllm';
 
 /** A running example gateway. */
 export interface RunningGateway {
@@ -36,7 +37,8 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
           url: mock.url,
           name: 'mock-vllm',
           dataParallelSize: settings.dpSize,
-          ...(mockEvents && { kvEvents: { endpoint: mockEvents.endpoints, replayEndpoint: mockEvents.replayEndpoints, topic: mockEvents.topic } }),
+          // Only prefix-aware reads them; the router warns about KV events nothing reads.
+          ...(mockEvents && settings.policy === 'prefix-aware' && { kvEvents: { endpoint: mockEvents.endpoints, replayEndpoint: mockEvents.replayEndpoints, topic: mockEvents.topic } }),
         },
       ]
     : settings.upstreams;
@@ -71,6 +73,19 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
       pinoHttp({
         logger,
         customProps: (req) => (req.dpRank ? { dpRank: { upstream: req.dpRank.upstream, rank: req.dpRank.rank, source: req.dpRank.source } } : {}),
+        // A 5xx is the gateway's answer (or an upstream's passed through), not a fault of this
+        // code: its line carries the vLLM error it answered, not a stack pino-http made up.
+        customErrorMessage: (_req, res, error) => {
+          const answered = gatewayErrorOf(res);
+          if (answered) return `${answered.type}: ${answered.message}`;
+          return madeUp(error, res.statusCode) ? `upstream answered ${res.statusCode}` : 'request errored';
+        },
+        customErrorObject: (_req, res, error, fields: Record<string, unknown>) => {
+          if (!madeUp(error, res.statusCode)) return fields;
+          const { err: _madeUp, ...rest } = fields;
+          const answered = gatewayErrorOf(res);
+          return answered ? { ...rest, error: { type: answered.type, message: answered.message } } : rest;
+        },
       }),
     );
   }
@@ -103,6 +118,11 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
   return { server, router, url, mock, summary, close };
 }
 
+/** pino-http's stand-in for a 5xx without an error: `new Error('failed with status code 502')`. */
+function madeUp(error: Error, status: number): boolean {
+  return error.message === `failed with status code ${status}`;
+}
+
 /**
  * The embedded mock publishes KV events, so that prefix-aware routes on them with no flag; an
  * install without the optional packages (zeromq, msgpackr, the tokenizers) or the mock's
@@ -110,10 +130,26 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
  */
 async function startMock(settings: GatewaySettings): Promise<{ mock: MockVllm; eventsOff?: string }> {
   const options = { dataParallelSize: settings.dpSize, decodeMsPerToken: settings.mockDecodeMs };
+  const start = (withEvents: boolean) => startMockOnPort(settings.mockPort, { ...options, ...(withEvents && { kvEvents: {} }) });
   try {
-    return { mock: await startMockVllm({ ...options, kvEvents: {} }) };
+    return { mock: await start(true) };
   } catch (error) {
-    return { mock: await startMockVllm(options), eventsOff: (error as Error).message };
+    if ((error as NodeJS.ErrnoException).code === 'EADDRINUSE') throw error;
+    return { mock: await start(false), eventsOff: (error as Error).message };
+  }
+}
+
+/**
+ * The mock on `--mock-port`; without one, on {@link DEFAULT_MOCK_PORT} where prometheus.yml
+ * looks for it, or on any free port when that one is taken (a second `npm start`).
+ */
+export async function startMockOnPort(port: number | undefined, options: MockVllmOptions, defaultPort = DEFAULT_MOCK_PORT): Promise<MockVllm> {
+  if (port !== undefined) return startMockVllm({ ...options, port });
+  try {
+    return await startMockVllm({ ...options, port: defaultPort });
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== 'EADDRINUSE') throw error;
+    return startMockVllm({ ...options, port: 0 });
   }
 }
 

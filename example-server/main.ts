@@ -1,3 +1,4 @@
+import { constants } from 'node:os';
 import pino, { type Logger } from 'pino';
 import pretty from 'pino-pretty';
 import { parseCommandLine, USAGE, UsageError, type GatewaySettings } from './cli';
@@ -31,7 +32,19 @@ async function main(): Promise<void> {
   const gateway = await startExampleGateway(settings, logger);
   logger.info({ otlpEndpoint: settings.otlpEndpoint }, gateway.summary);
 
+  // A terminal's Ctrl-C reaches every process of the group, and tsx (`npm start`) may forward
+  // it once more: the second signal during a drain is ignored, the third forces an exit.
+  let signals = 0;
   const shutdown = (signal: NodeJS.Signals) => {
+    signals++;
+    if (signals === 2) {
+      logger.warn(`express-dp-router: ${signal} again: still draining in-flight requests (a third signal forces an exit)`);
+      return;
+    }
+    if (signals > 2) {
+      logger.warn(`express-dp-router: ${signal}: forcing an exit, in-flight requests are cut`);
+      process.exit(128 + constants.signals[signal]);
+    }
     logger.info(`express-dp-router: ${signal}: draining in-flight requests`);
     gateway
       .close()
@@ -41,8 +54,8 @@ async function main(): Promise<void> {
         () => process.exit(1),
       );
   };
-  process.once('SIGINT', shutdown);
-  process.once('SIGTERM', shutdown);
+  process.on('SIGINT', shutdown);
+  process.on('SIGTERM', shutdown);
 }
 
 /** Pretty lines for a person at a terminal, JSON lines for a log collector. */
@@ -53,6 +66,8 @@ function createLogger(settings: GatewaySettings): Logger {
 }
 
 main().catch((error: unknown) => {
-  process.stderr.write(`express-dp-router: ${error instanceof Error ? error.message : String(error)}\n`);
+  // An OptionError's message already names the package.
+  const message = (error instanceof Error ? error.message : String(error)).replace(/^express-dp-router: /, '');
+  process.stderr.write(`express-dp-router: ${message}\n`);
   process.exit(1);
 });

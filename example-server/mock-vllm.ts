@@ -10,6 +10,7 @@ import { MockEngine, type RankState } from './mock-vllm/engine';
 import { resolveKvEventsOptions, startEngineEvents, type EngineEvents, type KvEventsConfig } from './mock-vllm/engine-events';
 import { dieAfterFlush, pathOf, readJsonBody, sendError, sendJson, sendStreamError, SSE_HEADERS } from './mock-vllm/http';
 import { renderMetrics } from './mock-vllm/metrics';
+import { unknownModelMessage } from './mock-vllm/models';
 import {
   completionBody,
   isProblem,
@@ -232,6 +233,8 @@ async function serveGeneration(
 ): Promise<void> {
   const read = await readJsonBody(req, res);
   if (read === undefined) return;
+  const unknownModel = unknownModelMessage(ctx.config.model, read.body);
+  if (unknownModel !== undefined) return sendError(res, 404, unknownModel, 'model');
   const request = parseGenerationRequest(kind, read.body, ctx.config.maxModelLen, ctx.tokenizer);
   if (isProblem(request)) return sendError(res, 400, request.message, request.param);
 
@@ -270,4 +273,9 @@ function releaseOnClose(ctx: ServerContext, rank: RankState, res: ServerResponse
     ctx.engine.release(rank);
   });
   return timer;
+}
+
+// Run as a command (`npx tsx example-server/mock-vllm.ts --port 8000`): a mock upstream for library users.
+if (require.main === module) {
+  void import('./mock-vllm/command').then(({ runMockCommand }) => runMockCommand(process.argv.slice(2)));
 }

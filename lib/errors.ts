@@ -69,6 +69,14 @@ export function errorBody(status: number, type: GatewayErrorType, message: strin
   return JSON.stringify({ error: { message, type, param, code: status } });
 }
 
+/** What the gateway answered a response with, by response: for access logs (the example's pino-http). */
+const answered = new WeakMap<ServerResponse, { status: number; type: GatewayErrorType; message: string }>();
+
+/** The gateway's own error answer on `res`, if it gave one (not an upstream's answer passed through). */
+export function gatewayErrorOf(res: ServerResponse): { status: number; type: GatewayErrorType; message: string } | undefined {
+  return answered.get(res);
+}
+
 /**
  * Answers with a vLLM-shaped error unless an answer has already begun; mid-response the only
  * honest signal left is to cut the connection, so a client cannot mistake a truncated body
@@ -82,6 +90,7 @@ export function sendError(
   param: string | null = null,
 ): void {
   markError(res, status, message);
+  answered.set(res, { status, type, message });
   if (res.headersSent) {
     res.destroy();
     return;

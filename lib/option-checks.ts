@@ -33,7 +33,7 @@ export function pathOf(path: string, key: string): string {
 export function shown(value: unknown): string {
   if (typeof value === 'string') return JSON.stringify(value.length > 40 ? `${value.slice(0, 40)}…` : value);
   if (typeof value === 'function') return 'a function';
-  if (Array.isArray(value)) return 'an array';
+  if (Array.isArray(value)) return value.length === 0 ? 'an empty array' : 'an array';
   if (value === null) return 'null';
   if (typeof value === 'object') return 'an object';
   return String(value);
@@ -71,9 +71,16 @@ export function section(path: string, value: unknown, keys: KeysEnum<object>): R
   return object;
 }
 
-/** A `boolean | { … }` option: `undefined` when off, else its object (`{}` for `true`). */
-export function toggle(path: string, value: unknown, keys: KeysEnum<object>, onByDefault: boolean): Record<string, unknown> | undefined {
+/**
+ * A `boolean | { … }` option: `undefined` when off, else its object (`{}` for `true`). A number
+ * given for it is taken to mean its `numberKey` (`retries: 3` → `retries: { attempts: 3 }`),
+ * and the error says so.
+ */
+export function toggle(path: string, value: unknown, keys: KeysEnum<object>, onByDefault: boolean, numberKey?: string): Record<string, unknown> | undefined {
   if (value === false || (value === undefined && !onByDefault)) return undefined;
+  if (typeof value === 'number' && numberKey !== undefined) {
+    fail(path, `must be true, false or an object, got ${shown(value)}`, `Did you mean \`${path.slice(path.lastIndexOf('.') + 1)}: { ${numberKey}: ${value} }\`?`);
+  }
   return value === true ? {} : section(path, value, keys);
 }
 

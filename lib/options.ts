@@ -8,7 +8,7 @@ import { booleanOption, fail, headerNameOption, isPlainObject, rejectProxyOnly, 
 import { parseOutlierDetection, type OutlierDetectionConfig, type OutlierDetectionOptions } from './upstreams/outlier-detector-options';
 import { parsePolicy, type PolicySettings } from './policies/by-name';
 import { parsePrefixAware, type PrefixAwareRouterSettings } from './policies/prefix-aware-options';
-import { parseTokenizer } from './exact-prefix/options';
+import { parseTokenizer, requireTokenizerForKvEvents } from './exact-prefix/options';
 import type { TokenizerSource } from './exact-prefix/events/source';
 import { parseAffinity, type AffinityOptions } from './policies/session-affinity-options';
 import { parseRetries, type RetryConfig, type RetryOptions } from './forward/retry-options';
@@ -159,6 +159,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
   const { tokenizer, ...prefixAware } = parsePrefixAware('prefixAware', options.prefixAware);
   const tokenizerFiles = parseTokenizer('prefixAware.tokenizer', tokenizer);
   const policy = parsePolicy('policy', options.policy);
+  requireTokenizerForKvEvents(upstreams, options.policy === 'prefix-aware', tokenizerFiles);
   return Object.freeze({
     upstreams,
     policy,

@@ -3,6 +3,7 @@ import type { Registry } from 'prom-client';
 import type { RequestLifecycle, Terminal } from './request/lifecycle';
 import type { RouterServices } from './services';
 import type { EndpointSnapshot } from './types';
+import { requireTokenizerForKvEvents } from './exact-prefix/options';
 import { parseUpstreams, type UpstreamOptions } from './upstreams/upstream-options';
 
 /** A Connect/Express-style handler, typed on `node:http` so it fits Express 4 and 5 alike. */
@@ -48,7 +49,11 @@ export function routerOf(services: RouterServices, lifecycle: RequestLifecycle, 
     },
     registry,
     endpoints: () => table.snapshot(),
-    setUpstreams: (upstreams) => services.reconfigure(parseUpstreams('upstreams', upstreams)),
+    setUpstreams: (upstreams) => {
+      const parsed = parseUpstreams('upstreams', upstreams);
+      requireTokenizerForKvEvents(parsed, services.config.policy === 'prefix-aware', services.config.tokenizer);
+      services.reconfigure(parsed);
+    },
     close: () => {
       closed ??= Promise.resolve()
         .then(() => terminal.close())

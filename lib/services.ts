@@ -1,6 +1,6 @@
 import { Registry } from 'prom-client';
 import { createExactRouting, type ExactRouting } from './exact-prefix/exact-routing';
-import { loadTokenizer } from './exact-prefix/options';
+import { loadTokenizer, unusedKvEventsNotice } from './exact-prefix/options';
 import { createEvents, type RouterEvents } from './observe/events';
 import { createMetrics, NO_METRICS, type RouterMetrics } from './observe/metrics';
 import { createTracing, type Tracing } from './observe/tracing';
@@ -9,7 +9,8 @@ import { BodyBudget } from './request/body-budget';
 import type { Configuration, UpstreamConfig } from './options';
 import { BodyReader } from './request/body-reader';
 import { createRequestInputs, type RequestInputs } from './request/request-inputs';
-import { startHealthChecks, type HealthChecker } from './upstreams/health-checker';
+import { startHealthChecks, type HealthChange, type HealthChecker } from './upstreams/health-checker';
+import { healthLog } from './upstreams/health-log';
 import { watchEngines, watchedUpstreams, type EngineWatch } from './upstreams/engine-watch';
 import { EndpointTable, type RouteEndpoint } from './upstreams/endpoints';
 import { OutlierDetector } from './upstreams/outlier-detector';
@@ -38,6 +39,7 @@ export class RouterServices {
   readonly bodies: BodyReader;
   private readonly watch: EngineWatch;
   private health: HealthChecker | undefined;
+  private readonly healthChanged: HealthChange;
   /** What `close()` stops, in the order it was started. */
   private readonly started: Array<() => void | Promise<void>> = [];
   private closed: Promise<void> | undefined;
@@ -64,9 +66,12 @@ export class RouterServices {
             warn: (message) => config.logger.warn(message),
           }));
     if (exact !== undefined) this.started.push(() => exact.close());
+    const unusedKvEvents = unusedKvEventsNotice(config.upstreams, exact !== undefined, policy.name);
+    if (unusedKvEvents !== undefined) config.logger.warn(unusedKvEvents);
     const detector = (this.detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection, { ejected: (endpoint) => events.ejected(endpoint as RouteEndpoint) }) : undefined);
     if (detector !== undefined) this.started.push(() => detector.close());
-    this.health = config.healthCheck ? startHealthChecks(table, config.healthCheck) : undefined;
+    this.healthChanged = healthLog(config);
+    this.health = config.healthCheck ? startHealthChecks(table, config.healthCheck, this.healthChanged) : undefined;
     this.started.push(() => this.health?.stop());
     this.inputs = createRequestInputs(config, policy, table);
     this.bodies = new BodyReader(new BodyBudget(config.maxBufferedBytes), config.bodyTimeoutMs);
@@ -84,7 +89,7 @@ export class RouterServices {
     this.exact?.reconfigure(table.upstreams);
     if (config.healthCheck) {
       this.health?.stop();
-      this.health = startHealthChecks(table, config.healthCheck);
+      this.health = startHealthChecks(table, config.healthCheck, this.healthChanged);
     }
   }
 

@@ -15,6 +15,7 @@ describe('parseCommandLine', () => {
       onInvalid: 'reassign',
       exposeDecision: false,
       mockDecodeMs: 0,
+      mockPort: undefined,
       drainTimeoutMs: 30_000,
       healthCheckMs: 0,
       loadFeedbackMs: 0,
@@ -100,6 +101,8 @@ describe('parseCommandLine', () => {
       host: '0.0.0.0',
     });
     expect(parse('--health-check-ms', '2000').healthCheckMs).toBe(2000);
+    expect(parse('--mock-port', '8000').mockPort).toBe(8000);
+    expect(parse('--mock-port=0').mockPort).toBe(0);
     expect(parse('--load-feedback-ms', '500', '--load-feedback-weight', '0.25')).toMatchObject({ loadFeedbackMs: 500, loadFeedbackWeight: 0.25 });
     expect(parse('--upstream', 'http://h:8000', '--discover').upstreams[0]).toMatchObject({ discover: true });
   });

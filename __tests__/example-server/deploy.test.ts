@@ -580,7 +580,7 @@ describe('example-server/Dockerfile', () => {
   const compile = () => stages[0].instructions.find((instruction) => instruction.keyword === 'RUN' && /^npx tsc /.test(instruction.args))!;
   const npmStart = () => {
     const start = JSON.parse(readFileSync(path.join(REPO, 'package.json'), 'utf8')).scripts.start as string;
-    const match = /^tsx (\S+)\.ts$/.exec(start);
+    const match = /^(?:tsx|node --import tsx) (\S+)\.ts$/.exec(start);
     if (!match) throw new Error(`npm start is ${JSON.stringify(start)}; teach this test what it runs`);
     return match[1];
   };
@@ -677,6 +677,58 @@ describe('example-server/Dockerfile', () => {
         if (/^\d+\.\d+\.\d+$/.test(pkg.dependencies[name])) expect([name, pkg.dependencies[name]]).toEqual([name, locked]);
       }
       expect(build.npmCi.get(final.name)).toEqual([expect.stringMatching(/--omit=dev/)]);
+      // Loaded only for exact prefix routing (the embedded mock's KV events, --tokenizer), by a
+      // require the scan above cannot see: every optional peer dependency ships in the image.
+      const optional = Object.keys(JSON.parse(readFileSync(path.join(REPO, 'package.json'), 'utf8')).peerDependenciesMeta);
+      for (const name of optional) expect([name, pkg.dependencies?.[name] !== undefined]).toEqual([name, true]);
+    });
+
+    /** The image's ENTRYPOINT with `args` (as `docker run image args…`), on a free port. */
+    const runImage = async (args: readonly string[]) => {
+      const port = await freePort();
+      const child = spawn(process.execPath, [...entrypoint().slice(1), ...args], {
+        cwd: runtime,
+        env: { PATH: process.env.PATH, ...stageEnv(final), PORT: String(port) },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      const output = { text: '' };
+      child.stdout.on('data', (chunk) => (output.text += chunk));
+      child.stderr.on('data', (chunk) => (output.text += chunk));
+      const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+      return { child, output, exited, base: `http://127.0.0.1:${port}` };
+    };
+
+    it('routes on the embedded mock\'s KV events with --policy prefix-aware (index=exact)', async () => {
+      const image = await runImage([...cmd(), '--policy', 'prefix-aware', '--expose-decision', '--mock-port', '0']);
+      try {
+        await waitFor(() => /listening on http:\/\/0\.0\.0\.0:/.test(image.output.text), 15_000, () => `the image's command did not start:\n${image.output.text}`);
+        expect(image.output.text).toMatch(/policy prefix-aware \(exact, on KV events\)/);
+        expect(image.output.text).not.toMatch(/publishes no KV events/);
+        const decisions: string[] = [];
+        await waitFor(
+          async () => {
+            const answer = await fetch(`${image.base}/v1/chat/completions`, {
+              method: 'POST',
+              headers: { 'content-type': 'application/json' },
+              body: JSON.stringify({ model: 'mock-model', messages: [{ role: 'system', content: 'You are a helpful assistant. '.repeat(20) }, { role: 'user', content: `q${decisions.length}` }], max_tokens: 1 }),
+            });
+            await answer.arrayBuffer();
+            decisions.push(answer.headers.get('x-dp-router-decision') ?? '');
+            return decisions[decisions.length - 1].endsWith('; index=exact');
+          },
+          10_000,
+          () => `no exact decision in ${JSON.stringify(decisions)}:\n${image.output.text}`,
+          50,
+        );
+      } finally {
+        image.child.kill('SIGKILL');
+      }
+    }, 30_000);
+
+    it('names a tokenizer it cannot load once, with the package named once', async () => {
+      const image = await runImage([...cmd(), '--policy', 'prefix-aware', '--upstream', 'http://127.0.0.1:1', '--kv-events', 'tcp://127.0.0.1:5557', '--tokenizer', '/nonexistent/model']);
+      expect(await image.exited).toBe(1);
+      expect(image.output.text.trim().split('\n')).toEqual([expect.stringMatching(/^express-dp-router: `prefixAware\.tokenizer` could not be loaded: /)]);
     });
 
     it('starts with its ENTRYPOINT and CMD, serves the probes, and drains a stream on SIGTERM', async () => {

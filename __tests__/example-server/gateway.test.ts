@@ -2,10 +2,11 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { join } from 'node:path';
 import OpenAI from 'openai';
+import pino from 'pino';
 import request from 'supertest';
 import { parseCommandLine, type GatewaySettings } from '../../example-server/cli';
-import { startExampleGateway, type RunningGateway } from '../../example-server/gateway';
-import { serve } from '../helpers/app';
+import { startExampleGateway, startMockOnPort, type RunningGateway } from '../../example-server/gateway';
+import { expressMajor, serve } from '../helpers/app';
 import { waitFor } from '../helpers/wait';
 
 const ROOT = join(__dirname, '..', '..');
@@ -68,7 +69,10 @@ describe('the example gateway with the official openai client', () => {
   });
 });
 
-describe('npm start (the process)', () => {
+// The child processes load express 5 whatever the jest project maps `express` to: run them once.
+const describeProcess = expressMajor === 4 ? describe.skip : describe;
+
+describeProcess('npm start (the process)', () => {
   const run = (args: string[]) => spawn(TSX, [join(ROOT, 'example-server', 'main.ts'), ...args], { cwd: ROOT });
   const exited = (child: ChildProcessWithoutNullStreams) =>
     new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => {
@@ -123,6 +127,50 @@ describe('npm start (the process)', () => {
     await expect(fetch(`${url}/healthz`)).rejects.toThrow();
   });
 
+  it('under npm start, ignores a second Ctrl-C to the process group during the drain and exits on a third', async () => {
+    // `npm start` in a process group of its own, as a terminal runs a job: each Ctrl-C is a
+    // SIGINT to every process of the group (npm, its shell, the gateway).
+    const child = spawn('npm', ['start', '--silent', '--', '--port', '0', '--mock-decode-ms', '100'], { cwd: ROOT, detached: true });
+    const done = exited(child);
+    const interruptGroup = () => process.kill(-child.pid!, 'SIGINT');
+    let out = '';
+    child.stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
+    const printed = (pattern: RegExp) =>
+      waitFor(() => pattern.test(out), 20_000, () => `no ${pattern} in ${JSON.stringify(out)}`).then(() => pattern.exec(out)!);
+    const [, url] = await printed(/listening on (http:\/\/127\.0\.0\.1:\d+)/);
+    const stream = async (maxTokens: number) => {
+      const response = await fetch(`${url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'mock-model', messages: [{ role: 'user', content: 'hi' }], max_tokens: maxTokens, stream: true }),
+      });
+      const reader = response.body!.getReader();
+      let text = Buffer.from((await reader.read()).value!).toString();
+      // Wrapped: an async function returning a promise would wait for it.
+      const rest = (async () => {
+        try {
+          for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) text += Buffer.from(chunk.value).toString();
+        } catch {
+          // cut short: what arrived is the answer
+        }
+        return text;
+      })();
+      return { rest };
+    };
+    // 2 s and 40 s of tokens: the short one drains, the long one is still running at the third.
+    const [{ rest: short }, { rest: long }] = await Promise.all([stream(20), stream(400)]);
+    interruptGroup();
+    await printed(/SIGINT: draining in-flight requests/);
+    interruptGroup();
+    await printed(/SIGINT again: still draining in-flight requests \(a third signal forces an exit\)/);
+    expect((await short).trimEnd().endsWith('data: [DONE]')).toBe(true);
+    expect(out).not.toMatch(/forcing/);
+    interruptGroup();
+    await done;
+    expect(out).toMatch(/SIGINT: forcing an exit, in-flight requests are cut/);
+    expect(await long).not.toContain('data: [DONE]');
+  });
+
   it('logs JSON lines off a terminal, one access line per request with its rank, and exports traces with --otlp-endpoint', async () => {
     const exported: string[] = [];
     let received!: () => void;
@@ -161,8 +209,17 @@ describe('npm start (the process)', () => {
       expect(lines.find((line) => line.msg === 'request completed')).toMatchObject({ dpRank: { upstream: 'mock-vllm', source: 'assigned' }, res: { statusCode: 200 } });
       // Shutdown flushes the batch.
       await someExported;
-      const traces = exported.join('\n');
-      expect(traces).toContain('"dp_router.rank"');
+      // OTLP/JSON: the decision on the HTTP server span (kind 2), none on Express's spans.
+      type OtlpSpan = { kind: number; name: string; attributes: Array<{ key: string }> };
+      type OtlpExport = { resourceSpans: Array<{ resource: { attributes: Array<{ key: string; value: { stringValue?: string } }> }; scopeSpans: Array<{ spans: OtlpSpan[] }> }> };
+      const batches = exported.map((text) => JSON.parse(text) as OtlpExport).flatMap((batch) => batch.resourceSpans);
+      const spans = batches.flatMap((batch) => batch.scopeSpans.flatMap((scope) => scope.spans));
+      const decided = spans.filter((span) => span.attributes.some((attribute) => attribute.key === 'dp_router.rank'));
+      expect(decided.map((span) => span.kind)).toEqual([2]);
+      expect(spans.some((span) => span.name === 'request handler')).toBe(true);
+      expect(new Set(batches.map((batch) => batch.resource.attributes.find((attribute) => attribute.key === 'service.name')?.value.stringValue))).toEqual(
+        new Set(['express-dp-router-gateway']),
+      );
     } finally {
       await collector.close();
     }
@@ -199,6 +256,71 @@ describe('npm start (the process)', () => {
     } finally {
       child.kill('SIGTERM');
       expect((await done).code).toBe(0);
+    }
+  });
+});
+
+describe("the embedded mock's port", () => {
+  /** A port nothing listens on now (the OS's choice, released). */
+  const freePort = async () => {
+    const probe = await serve(() => undefined);
+    const port = Number(new URL(probe.url).port);
+    await probe.close();
+    return port;
+  };
+
+  it('is --mock-port when given', async () => {
+    const port = await freePort();
+    const gateway = await startExampleGateway(parseCommandLine(['--port', '0', '--mock-port', String(port)]) as GatewaySettings);
+    try {
+      expect(gateway.mock!.port).toBe(port);
+      expect(gateway.summary).toContain(`embedded mock vLLM http://127.0.0.1:${port} `);
+    } finally {
+      await gateway.close();
+    }
+  });
+
+  it('is the default port when free, and any free port when it is taken', async () => {
+    const port = await freePort();
+    const first = await startMockOnPort(undefined, {}, port);
+    const second = await startMockOnPort(undefined, {}, port);
+    try {
+      expect(first.port).toBe(port);
+      expect(second.port).not.toBe(port);
+      expect((await fetch(`${second.url}/health`)).status).toBe(200);
+      // Asked for by name, a taken port is an error.
+      await expect(startMockOnPort(port, {})).rejects.toThrow(/EADDRINUSE/);
+    } finally {
+      await Promise.all([first.close(), second.close()]);
+    }
+  });
+});
+
+describe("the example gateway's access log", () => {
+  it('logs a gateway 502 with the vLLM error it answered, not a stack', async () => {
+    const lines: Array<Record<string, unknown>> = [];
+    const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) });
+    // A port nothing listens on: the connection is refused.
+    const probe = await serve(() => undefined);
+    const refused = probe.url;
+    await probe.close();
+    const settings = parseCommandLine(['--port', '0', '--upstream', refused, '--dp-size', '1']) as GatewaySettings;
+    const gateway = await startExampleGateway(settings, logger);
+    try {
+      const response = await fetch(`${gateway.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"prompt":"hi"}' });
+      expect(response.status).toBe(502);
+      await response.arrayBuffer();
+      await waitFor(() => lines.some((line) => line.res !== undefined));
+      const access = lines.find((line) => line.res !== undefined)!;
+      expect(access).toMatchObject({
+        msg: 'BadGatewayError: The upstream for data-parallel rank 0 refused the connection.',
+        error: { type: 'BadGatewayError', message: 'The upstream for data-parallel rank 0 refused the connection.' },
+        res: { statusCode: 502 },
+      });
+      expect(access).not.toHaveProperty('err');
+      expect(JSON.stringify(access)).not.toMatch(/stack|failed with status code/);
+    } finally {
+      await gateway.close();
     }
   });
 });

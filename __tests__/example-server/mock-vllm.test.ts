@@ -170,6 +170,20 @@ describe('mock vLLM: answers', () => {
     expect((await fetch(server.url + '/v1/completions')).status).toBe(405);
   });
 
+  it.each([
+    ['/v1/chat/completions', { model: 'llama-3', messages: [{ role: 'user', content: 'hi' }], stream: true }],
+    ['/v1/completions', { model: 'gpt-4o', prompt: 'hi' }],
+    ['/tokenize', { model: 'gpt-4o', prompt: 'hi' }],
+  ])('answers %s for a model it does not serve with 404 NotFoundError, as vLLM does', async (path, body) => {
+    const res = await post(server, path, body);
+    expect(res.status).toBe(404);
+    expect(await res.json()).toEqual({ error: { message: `The model \`${body.model}\` does not exist.`, type: 'NotFoundError', param: 'model', code: 404 } });
+    // Absent or null, the model is the served one.
+    const { model: _asked, ...rest } = body;
+    expect((await post(server, path, { ...rest, model: null, stream: false })).status).toBe(200);
+    expect((await post(server, path, { ...rest, stream: false })).status).toBe(200);
+  });
+
   it('survives hostile input: huge headers and a body cut short', async () => {
     // 100 kB: more than Node's 16 KiB header limit and more than its first 64 KiB read, so
     // unread bytes remain when the server closes (see rawRefusal).

@@ -38,8 +38,12 @@ export interface ExportedSpan {
 }
 
 async function main(): Promise<void> {
-  // Loaded after the instrumentations, as a traced application loads them.
-  const { default: express } = await import('express');
+  // Loaded after the instrumentations, as a traced application loads them, and with require
+  // as the example gateway's compiled code does: the Express instrumentation patches what
+  // require loads, and then makes a span per middleware and request handler, so the router's
+  // decision runs under Express's spans, not the HTTP server span.
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const express = require('express') as typeof import('express');
   const { createServer } = await import('node:http');
   const { dpRouter } = await import('../../lib');
 

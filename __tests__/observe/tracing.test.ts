@@ -53,6 +53,12 @@ describe('OpenTelemetry with the real SDK and the HTTP and Express instrumentati
     expect(run.spans.find((candidate) => candidate.spanId === parent)?.traceId).toBe(span.traceId);
   });
 
+  it('puts the decision on the HTTP server span, not on the Express spans current inside it', () => {
+    const expressSpans = run.spans.filter((span) => span.name === 'request handler' || span.name.startsWith('middleware'));
+    expect(expressSpans.length).toBeGreaterThan(0);
+    expect(expressSpans.filter((span) => Object.keys(span.attributes).some((key) => key.startsWith('dp_router.')) || span.events.length > 0)).toEqual([]);
+  });
+
   it('records which index scored a prefix-aware pick and the share of the prompt it matched', () => {
     expect(run.answers['prefix-seen']).toBe(200);
     expect(gatewaySpan('prefix-new').attributes).toMatchObject({ 'dp_router.policy': 'prefix-aware', 'dp_router.index': 'approximate', 'dp_router.prefix_matched_share': 0 });

@@ -9,6 +9,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { join } from 'node:path';
 import { PromptTokenizer } from '../../lib/exact-prefix/tokenizer/tokenizer';
 import { readJsonBody, sendError, sendJson } from './http';
+import { unknownModelMessage } from './models';
 
 /** The directory of the mock's tokenizer (`tokenizer.json`, `tokenizer_config.json`). */
 export const MOCK_TOKENIZER_DIR = join(__dirname, 'tokenizer');
@@ -30,9 +31,8 @@ export async function serveTokenize(model: string, maxModelLen: number, req: Inc
   const { body } = read;
   if (typeof body !== 'object' || body === null || Array.isArray(body)) return sendError(res, 400, 'The request body must be a JSON object.');
   const request = body as Record<string, unknown>;
-  if (request.model !== undefined && request.model !== null && request.model !== model) {
-    return sendError(res, 404, `The model \`${String(request.model)}\` does not exist.`, 'model');
-  }
+  const unknownModel = unknownModelMessage(model, request);
+  if (unknownModel !== undefined) return sendError(res, 404, unknownModel, 'model');
   const isChat = request.messages !== undefined;
   if (!isChat && typeof request.prompt !== 'string') return sendError(res, 400, '`prompt` must be a string (or send `messages`).', 'prompt');
   const tokenizer = mockTokenizer();

@@ -57,3 +57,31 @@ export function loadTokenizer(path: string, source: TokenizerSource): PromptToke
     return fail(path, `could not be loaded: ${(error as Error).message}`, "Point it at the model's tokenizer.json and tokenizer_config.json (the files the engine serves).");
   }
 }
+
+/**
+ * `kvEvents` on an upstream needs the tokenizer that turns prompts into the engines' blocks: with
+ * `policy: 'prefix-aware'` and no `prefixAware.tokenizer` it would be ignored without a word
+ * (no subscription, approximate routing), so that is an {@link OptionError}, at creation and in
+ * `setUpstreams()`.
+ */
+export function requireTokenizerForKvEvents(upstreams: readonly { readonly kvEvents?: unknown }[], prefixAware: boolean, tokenizer: TokenizerSource | undefined): void {
+  if (!prefixAware || tokenizer !== undefined) return;
+  const index = upstreams.findIndex((upstream) => upstream.kvEvents !== undefined);
+  if (index < 0) return;
+  fail(
+    'prefixAware.tokenizer',
+    `is not set, so \`upstreams[${index}].kvEvents\` would be ignored and prefix-aware would route on the approximate index`,
+    "Set it to the model's tokenizer files (the directory with tokenizer.json and tokenizer_config.json the engine serves), e.g. `prefixAware: { tokenizer: '/models/llama-3.1-8b' }`, or remove `kvEvents`.",
+  );
+}
+
+/**
+ * The notice for `kvEvents` that no exact routing reads (another policy than the built-in
+ * `'prefix-aware'`, named as a string); `undefined` when there is none.
+ */
+export function unusedKvEventsNotice(upstreams: readonly { readonly kvEvents?: unknown }[], exactRouting: boolean, policy: string): string | undefined {
+  if (exactRouting) return undefined;
+  const index = upstreams.findIndex((upstream) => upstream.kvEvents !== undefined);
+  if (index < 0) return undefined;
+  return `express-dp-router: \`upstreams[${index}].kvEvents\` is ignored: only \`policy: 'prefix-aware'\` (by name) with \`prefixAware.tokenizer\` routes on KV events, and this router's policy is '${policy}'. Set those, or remove \`kvEvents\`.`;
+}

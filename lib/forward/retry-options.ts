@@ -35,7 +35,7 @@ const RETRY_KEYS: KeysEnum<RetryOptions> = { attempts: true, maxBodyBytes: true 
 
 /** `retries`: on by default; `false` is one attempt and no body held. */
 export function parseRetries(path: string, value: unknown): RetryConfig {
-  const retries = toggle(path, value, RETRY_KEYS, true);
+  const retries = toggle(path, value, RETRY_KEYS, true, 'attempts');
   if (retries === undefined) return OFF;
   return {
     retryAttempts: integerOption(pathOf(path, 'attempts'), retries.attempts, ATTEMPTS, 1, MAX_ATTEMPTS),

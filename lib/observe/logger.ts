@@ -24,12 +24,27 @@ export interface RouterLogger {
   retried(failed: Endpoint, next: Endpoint): void;
   /** An endpoint left rotation, at info level: an event the router handles, not a fault of its own. */
   ejected(endpoint: Endpoint): void;
+  /**
+   * An upstream's health check verdict changed, once per change: going down as a notice
+   * (`warn`), coming back at info, each naming the upstream and its ranks.
+   */
+  healthChanged(upstream: string, ranks: readonly number[], healthy: boolean, why: string): void;
 }
 
 const LEVELS = ['debug', 'info', 'error'] as const;
 
-const SILENT: RouterLogger = { warn: () => undefined, decided: () => undefined, retried: () => undefined, ejected: () => undefined };
-const PROCESS_WARNINGS: RouterLogger = { ...SILENT, warn: (message) => process.emitWarning(message, { code: 'DP_ROUTER' }) };
+const SILENT: RouterLogger = { warn: () => undefined, decided: () => undefined, retried: () => undefined, ejected: () => undefined, healthChanged: () => undefined };
+const PROCESS_WARNINGS: RouterLogger = {
+  ...SILENT,
+  warn: (message) => process.emitWarning(message, { code: 'DP_ROUTER' }),
+  healthChanged: (upstream, ranks, healthy, why) => {
+    if (!healthy) process.emitWarning(healthLine(upstream, ranks, healthy, why), { code: 'DP_ROUTER' });
+  },
+};
+
+function healthLine(upstream: string, ranks: readonly number[], healthy: boolean, why: string): string {
+  return `express-dp-router: upstream '${upstream}' ${why}: ranks ${ranks.join(', ')} ${healthy ? 'back in' : 'out of'} rotation`;
+}
 
 /**
  * Resolves the `logger` option. pino's logger (and anything shaped like it) is used as it is;
@@ -72,6 +87,12 @@ export function parseLogger(path: string, value: unknown): RouterLogger {
     },
     ejected(endpoint) {
       logger.info?.({ dpRank: { upstream: endpoint.upstream, rank: endpoint.rank } }, 'express-dp-router: endpoint ejected after consecutive failures');
+    },
+    healthChanged(upstream, ranks, healthy, why) {
+      const message = healthLine(upstream, ranks, healthy, why);
+      // A notice takes a message alone (`warn(message)`), so the upstream and ranks are in its text.
+      if (!healthy) logger.warn(message);
+      else logger.info?.({ dpRank: { upstream, ranks } }, message);
     },
   };
 }

@@ -11,9 +11,12 @@ interface Span {
   addEvent(name: string, attributes?: Record<string, string | number>): unknown;
   setStatus(status: { code: number; message?: string }): unknown;
 }
+interface Context {
+  getValue(key: symbol): unknown;
+}
 interface OpenTelemetryApi {
   trace: { getActiveSpan(): Span | undefined };
-  context: { active(): unknown };
+  context: { active(): Context };
   propagation: { inject(context: unknown, carrier: Record<string, unknown>, setter?: unknown): void };
   SpanStatusCode: { ERROR: number };
 }
@@ -56,6 +59,20 @@ export const NO_TRACING: Tracing = {
  */
 const spans = new WeakMap<IncomingMessage, Span>();
 
+/**
+ * Where the HTTP instrumentation keeps the incoming request's server span (`@opentelemetry/core`'s
+ * RPC metadata; its key is `createContextKey(…)`, which is `Symbol.for(…)`). Express's
+ * instrumentation makes a span per middleware and handler current, so the active span is one
+ * of those; the decision belongs on the server span, where dashboards and docs look for it.
+ */
+const RPC_METADATA = Symbol.for('OpenTelemetry SDK Context Key RPC_METADATA');
+
+/** The request's server span when the HTTP instrumentation recorded one, else the active span. */
+function serverSpan(api: OpenTelemetryApi): Span | undefined {
+  const metadata = api.context.active().getValue(RPC_METADATA) as { span?: Span } | undefined;
+  return metadata?.span ?? api.trace.getActiveSpan();
+}
+
 /** The gateway's own error answers have no router at hand: the API found last is used. */
 let loaded: OpenTelemetryApi | undefined;
 
@@ -72,12 +89,12 @@ export function createTracing(policy: string, load: () => unknown = requireApi):
   }
   if (api === undefined || typeof api.trace?.getActiveSpan !== 'function') return NO_TRACING;
   loaded = api;
-  const { trace, context, propagation } = api;
+  const { context, propagation } = api;
 
   return {
     enabled: true,
     decided(req, endpoint, source, hintOutcome) {
-      const span = trace.getActiveSpan();
+      const span = serverSpan(api);
       if (span === undefined || !span.isRecording()) return;
       spans.set(req, span);
       span.setAttribute('dp_router.upstream', endpoint.upstream);
@@ -113,7 +130,7 @@ export function createTracing(policy: string, load: () => unknown = requireApi):
       });
     },
     ejected(endpoint) {
-      const span = trace.getActiveSpan();
+      const span = serverSpan(api);
       if (span === undefined || !span.isRecording()) return;
       span.addEvent('dp_router.ejection', { 'dp_router.upstream': endpoint.upstream, 'dp_router.rank': endpoint.rank });
     },
@@ -125,7 +142,7 @@ export function createTracing(policy: string, load: () => unknown = requireApi):
 export function markError(res: ServerResponse, status: number, message: string): void {
   // A 4xx is the client's problem: OpenTelemetry's HTTP conventions leave a server span's status unset.
   if (loaded === undefined || status < 500) return;
-  const span = (res.req !== undefined ? spans.get(res.req) : undefined) ?? loaded.trace.getActiveSpan();
+  const span = (res.req !== undefined ? spans.get(res.req) : undefined) ?? serverSpan(loaded);
   if (span === undefined || !span.isRecording()) return;
   span.setStatus({ code: loaded.SpanStatusCode.ERROR, message });
   // The HTTP instrumentation sets the status again when the response ends, without a message:

@@ -51,7 +51,7 @@ const DISCOVER_KEYS: KeysEnum<DiscoverOptions> = { intervalMs: true };
 
 /** `loadFeedback`: `undefined` when off (the default). */
 export function parseLoadFeedback(path: string, value: unknown): LoadFeedbackConfig | undefined {
-  const feedback = toggle(path, value, LOAD_FEEDBACK_KEYS, false);
+  const feedback = toggle(path, value, LOAD_FEEDBACK_KEYS, false, 'intervalMs');
   if (feedback === undefined) return undefined;
   return {
     intervalMs: integerOption(pathOf(path, 'intervalMs'), feedback.intervalMs, LOAD_FEEDBACK_INTERVAL_MS, MIN_POLL_INTERVAL_MS, MAX_TIMER_MS),
@@ -62,7 +62,7 @@ export function parseLoadFeedback(path: string, value: unknown): LoadFeedbackCon
 
 /** An upstream's `discover`: its poll interval, `undefined` when off (the default). */
 export function parseDiscover(path: string, value: unknown): number | undefined {
-  const discover = toggle(path, value, DISCOVER_KEYS, false);
+  const discover = toggle(path, value, DISCOVER_KEYS, false, 'intervalMs');
   if (discover === undefined) return undefined;
   return integerOption(pathOf(path, 'intervalMs'), discover.intervalMs, DISCOVER_INTERVAL_MS, MIN_POLL_INTERVAL_MS, MAX_TIMER_MS);
 }

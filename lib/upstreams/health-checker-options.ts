@@ -38,7 +38,7 @@ const HEALTH_CHECK_KEYS: KeysEnum<HealthCheckOptions> = { path: true, intervalMs
 
 /** `healthCheck`: `undefined` when off (the default). */
 export function parseHealthCheck(path: string, value: unknown): HealthCheckConfig | undefined {
-  const check = toggle(path, value, HEALTH_CHECK_KEYS, false);
+  const check = toggle(path, value, HEALTH_CHECK_KEYS, false, 'intervalMs');
   if (check === undefined) return undefined;
   const probed = check.path ?? PATH;
   // The path is joined to every upstream URL: no scheme, host, whitespace or control characters.

@@ -18,6 +18,9 @@ interface Target {
   probe: ClientRequest | undefined;
 }
 
+/** Told once per verdict change of an upstream URL, with the endpoints behind it. */
+export type HealthChange = (endpoints: readonly RouteEndpoint[], up: boolean) => void;
+
 /**
  * Probes `GET <url><path>` of every distinct upstream URL, one probe at a time per URL, the
  * next one `intervalMs` after the previous ended. All ranks an upstream serves share its
@@ -25,7 +28,7 @@ interface Target {
  * a router does not answer 503 while its first probes run. Timers are unref'd: probes never
  * keep a process alive.
  */
-export function startHealthChecks(table: EndpointTable, config: HealthCheckConfig): HealthChecker {
+export function startHealthChecks(table: EndpointTable, config: HealthCheckConfig, changed: HealthChange = () => undefined): HealthChecker {
   const targets = new Map<string, Target>();
   for (const endpoint of table.all) {
     const url = endpoint.config.url;
@@ -76,6 +79,7 @@ export function startHealthChecks(table: EndpointTable, config: HealthCheckConfi
       endpoint.probeUp = up;
       table.updateHealth(endpoint);
     }
+    changed(target.endpoints, up);
   };
 
   const probe = (target: Target) => {

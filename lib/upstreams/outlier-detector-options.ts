@@ -67,7 +67,7 @@ const OUTLIER_DETECTION_KEYS: KeysEnum<OutlierDetectionOptions> = {
 
 /** `outlierDetection`: on by default, `undefined` when off. */
 export function parseOutlierDetection(path: string, value: unknown): OutlierDetectionConfig | undefined {
-  const outlier = toggle(path, value, OUTLIER_DETECTION_KEYS, true);
+  const outlier = toggle(path, value, OUTLIER_DETECTION_KEYS, true, 'consecutiveFailures');
   if (outlier === undefined) return undefined;
   const baseEjectionMs = integerOption(pathOf(path, 'baseEjectionMs'), outlier.baseEjectionMs, BASE_EJECTION_MS, 1, MAX_TIMER_MS);
   // A longer base cool-down than the default longest one raises the longest with it.

@@ -1,6 +1,7 @@
 import { parseDiscover, type DiscoverOptions } from './engine-watch-options';
 import { parseKvEvents } from '../exact-prefix/options';
 import type { KvEventsOptions } from '../exact-prefix/events/source';
+import { redactUrl, upstreamUrlProblem } from './upstream-url';
 import { fail, integerOption, isPlainObject, oneOf, rejectUnknownKeys, shown, type KeysEnum } from '../option-checks';
 
 /** What the proxied request's rank header carries for an upstream. */
@@ -8,7 +9,11 @@ export type RankHeaderMode = 'global' | 'local' | 'none';
 
 /** One vLLM OpenAI-compatible server (one API server of a data-parallel deployment). */
 export interface UpstreamOptions {
-  /** Base URL, `http:` or `https:`. Required. */
+  /**
+   * The server's URL, `http:` or `https:`, e.g. `'http://10.0.0.5:8000'`. Required. A path
+   * prefix (`'http://ingress/vllm-a'`) is kept before each request's path; a path ending in
+   * `/v1`, a query, a fragment or `user:password@` is an `OptionError`.
+   */
   url: string;
   /** Metric label and decision name. Default: the URL's origin. */
   name?: string;
@@ -124,8 +129,10 @@ function parseUrl(path: string, value: unknown): URL {
     }
   }
   if (!url || (url.protocol !== 'http:' && url.protocol !== 'https:')) {
-    fail(path, `must be an http: or https: URL, got ${shown(value)}`, "Use e.g. `url: 'http://127.0.0.1:8000'`.");
+    fail(path, `must be an http: or https: URL, got ${shown(typeof value === 'string' ? redactUrl(value) : value)}`, "Use e.g. `url: 'http://127.0.0.1:8000'`.");
   }
+  const problem = upstreamUrlProblem(url);
+  if (problem) fail(path, problem.problem, problem.fix);
   return url;
 }
 

@@ -1,0 +1,78 @@
+import { describe, expect, it } from '@jest/globals';
+import { closedAfterEach, echoUpstreams, startGateway, waitFor } from '../helpers';
+
+const echo = echoUpstreams();
+const started = closedAfterEach();
+
+describe('health check transitions in the log', () => {
+  it('warns once when an upstream goes down and says at info once when it comes back, with upstream and ranks', async () => {
+    const sick = await echo();
+    const well = await echo();
+    let healthy = true;
+    let probes = 0;
+    sick.respond = (req, res) => {
+      if (req.url === '/health') probes++;
+      res.writeHead(req.url === '/health' && !healthy ? 503 : 200);
+      res.end('{}');
+    };
+    const warnings: string[] = [];
+    const infos: Array<{ fields: object; message: string }> = [];
+    const logger = { warn: (message: string) => warnings.push(message), info: (fields: object, message: string) => infos.push({ fields, message }) };
+    const gateway = await startGateway({
+      upstreams: [
+        { url: sick.url, name: 'sick', dataParallelSize: 4, ranks: [0, 2, 3] },
+        { url: well.url, name: 'well', startRank: 4 },
+      ],
+      healthCheck: { intervalMs: 10, unhealthyThreshold: 2 },
+      logger,
+    });
+    started.push(gateway);
+    await waitFor(() => probes >= 2);
+    expect(warnings).toEqual([]);
+    expect(infos).toEqual([]);
+
+    healthy = false;
+    await waitFor(() => gateway.router.endpoints().every((endpoint) => endpoint.upstream !== 'sick' || !endpoint.healthy));
+    const downAt = probes;
+    // Probes keep failing: still one line.
+    await waitFor(() => probes >= downAt + 3);
+    expect(warnings).toEqual([`express-dp-router: upstream 'sick' failed 2 health checks in a row (GET /health): ranks 0, 2, 3 out of rotation`]);
+
+    healthy = true;
+    await waitFor(() => gateway.router.endpoints().every((endpoint) => endpoint.healthy));
+    const upAt = probes;
+    await waitFor(() => probes >= upAt + 3);
+    expect(infos).toEqual([
+      {
+        fields: { dpRank: { upstream: 'sick', ranks: [0, 2, 3] } },
+        message: `express-dp-router: upstream 'sick' passes its health check again (1 × GET /health): ranks 0, 2, 3 back in rotation`,
+      },
+    ]);
+    expect(warnings).toHaveLength(1);
+  });
+
+  it('names each upstream entry behind one probed URL', async () => {
+    const shared = await echo();
+    let healthy = true;
+    shared.respond = (req, res) => {
+      res.writeHead(req.url === '/health' && !healthy ? 500 : 200);
+      res.end('{}');
+    };
+    const warnings: string[] = [];
+    const gateway = await startGateway({
+      upstreams: [
+        { url: shared.url, name: 'a', dataParallelSize: 2 },
+        { url: shared.url, name: 'b', startRank: 2, dataParallelSize: 2 },
+      ],
+      healthCheck: { intervalMs: 10, unhealthyThreshold: 1 },
+      logger: { warn: (message) => warnings.push(message) },
+    });
+    started.push(gateway);
+    healthy = false;
+    await waitFor(() => warnings.length >= 2);
+    expect(warnings.sort()).toEqual([
+      `express-dp-router: upstream 'a' failed 1 health check in a row (GET /health): ranks 0, 1 out of rotation`,
+      `express-dp-router: upstream 'b' failed 1 health check in a row (GET /health): ranks 2, 3 out of rotation`,
+    ]);
+  });
+});

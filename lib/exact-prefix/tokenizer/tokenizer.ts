@@ -79,7 +79,7 @@ export class PromptTokenizer {
   private readonly maxUncachedChars: number;
   /** What the request being tokenized may still spend; unlimited outside tokenize(). */
   private budget = Infinity;
-  private readonly cache = new Map<string, number[]>();
+  private readonly cache = new Map<string, CachedPiece>();
   private readonly onSegmentMismatch: ((text: string) => void) | undefined;
   private selfChecks: number;
   private segmenting: boolean;
@@ -217,17 +217,22 @@ export class PromptTokenizer {
     const cached = this.cache.get(key);
     if (cached !== undefined) {
       this.hits++;
-      this.cache.delete(key);
-      this.cache.set(key, cached);
-      return cached;
+      // Re-inserted under the entry's own key: `key` may be a slice of a long request.
+      this.cache.delete(cached.key);
+      this.cache.set(cached.key, cached);
+      return cached.ids;
     }
     if (text.length > this.budget) throw OVER_BUDGET;
     this.budget -= text.length;
     this.misses++;
     const ids = this.encodeWhole(text, addSpecialTokens);
-    const bytes = key.length * 2 + ids.length * 8 + ENTRY_OVERHEAD_BYTES;
+    const bytes = pieceBytes(key, ids);
     if (bytes <= this.cacheBytes / 4) {
-      this.cache.set(key, ids);
+      // A copy: a slice() would keep the whole rendered prompt it came from alive (V8's
+      // sliced strings point into their parent), so 60 requests of a short new piece before
+      // 2 MB of text held 118 MiB while the cache counted 27 KB.
+      const own = ownString(key);
+      this.cache.set(own, { key: own, ids });
       this.heldBytes += bytes;
       this.evict();
     }
@@ -235,10 +240,10 @@ export class PromptTokenizer {
   }
 
   private evict(): void {
-    for (const [key, ids] of this.cache) {
+    for (const [key, entry] of this.cache) {
       if (this.heldBytes <= this.cacheBytes) return;
       this.cache.delete(key);
-      this.heldBytes -= key.length * 2 + ids.length * 8 + ENTRY_OVERHEAD_BYTES;
+      this.heldBytes -= pieceBytes(key, entry.ids);
     }
   }
 
@@ -315,6 +320,21 @@ function chatTemplateOf(config: Record<string, unknown>): string | undefined {
     if (typeof named?.template === 'string') return named.template;
   }
   return undefined;
+}
+
+interface CachedPiece {
+  /** The map's key, a string of its own (never a slice of a request's text). */
+  readonly key: string;
+  readonly ids: number[];
+}
+
+function pieceBytes(key: string, ids: readonly number[]): number {
+  return key.length * 2 + ids.length * 8 + ENTRY_OVERHEAD_BYTES;
+}
+
+/** A flat copy of `text` that shares no storage with it (a JSON round trip is exact, lone surrogates included). */
+function ownString(text: string): string {
+  return JSON.parse(JSON.stringify(text)) as string;
 }
 
 function isTokenIds(values: unknown[]): values is number[] {

@@ -1,0 +1,33 @@
+import { setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
+import { describe, expect, it } from '@jest/globals';
+import { MOCK_TOKENIZER_DIR } from '../../../example-server/mock-vllm/tokenize';
+import { PromptTokenizer, readTokenizerFiles } from '../../../lib/exact-prefix/tokenizer/tokenizer';
+
+setFlagsFromString('--expose-gc');
+const gc = runInNewContext('gc') as () => void;
+const files = readTokenizerFiles(MOCK_TOKENIZER_DIR);
+
+function heapAfterGc(): number {
+  gc();
+  gc();
+  return process.memoryUsage().heapUsed;
+}
+
+describe('PromptTokenizer under hostile prompts', () => {
+  it('a cached piece does not keep the long prompt it was cut from alive (item 22.1)', () => {
+    const tokenizer = new PromptTokenizer(files, { selfCheckRequests: 0 });
+    const before = heapAfterGc();
+    for (let i = 0; i < 40; i++) {
+      // A short new piece, an added token, then 1 MB the budget refuses.
+      const prompt = `a short new piece ${i % 20} of text<|eot_id|>${String(i).padEnd(1 << 20, 'y')}`;
+      // The second 20 hit the cache: a hit must not re-key the entry with the new slice either.
+      expect(tokenizer.tokenize('completions', { prompt })).toEqual({ refused: 'too_long' });
+    }
+    const held = heapAfterGc() - before;
+    const counted = tokenizer.stats().cachedBytes;
+    expect(counted).toBeLessThan(16 * 1024);
+    // Slices of the prompts as keys held 40 MiB here.
+    expect(held).toBeLessThan(4 * 1024 * 1024);
+  });
+});

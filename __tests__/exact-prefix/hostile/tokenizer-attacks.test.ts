@@ -30,4 +30,22 @@ describe('PromptTokenizer under hostile prompts', () => {
     // Slices of the prompts as keys held 40 MiB here.
     expect(held).toBeLessThan(4 * 1024 * 1024);
   });
+
+  it('refuses too many messages before rendering the template (item 22.4)', () => {
+    const tokenizer = new PromptTokenizer(files);
+    const messages = Array.from({ length: 50_000 }, (_, i) => ({ role: i % 2 === 0 ? 'user' : 'assistant', content: 'hi' }));
+    const started = process.hrtime.bigint();
+    expect(tokenizer.tokenize('chat', { messages })).toEqual({ refused: 'too_long' });
+    const ms = Number(process.hrtime.bigint() - started) / 1e6;
+    // Rendered first, 50,000 messages took over a second before the budget refused them.
+    expect(ms).toBeLessThan(100);
+    // Within the bound, a chat is still tokenized.
+    expect('prompts' in tokenizer.tokenize('chat', { messages: messages.slice(0, 64) })).toBe(true);
+  });
+
+  it('refuses more content than 16 budgets before rendering it', () => {
+    const tokenizer = new PromptTokenizer(files, { maxUncachedChars: 1024 });
+    const content = 'z'.repeat(9 * 1024);
+    expect(tokenizer.tokenize('chat', { messages: [{ role: 'user', content }, { role: 'user', content }] })).toEqual({ refused: 'too_long' });
+  });
 });

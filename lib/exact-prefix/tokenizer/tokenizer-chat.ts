@@ -24,10 +24,20 @@ export interface Refused {
 const INVALID: Refused = Object.freeze({ refused: 'invalid' });
 const UNSUPPORTED: Refused = Object.freeze({ refused: 'unsupported' });
 const TEMPLATE_ERROR: Refused = Object.freeze({ refused: 'template_error' });
+/** Shared with the tokenizer, whose budget refuses with the same answer. */
+export const TOO_LONG: Refused = Object.freeze({ refused: 'too_long' });
 
 /** Whether `value` is one of the refusals above (never a message or a text). */
 export function isRefused(value: unknown): value is Refused {
-  return value === INVALID || value === UNSUPPORTED || value === TEMPLATE_ERROR;
+  return value === INVALID || value === UNSUPPORTED || value === TEMPLATE_ERROR || value === TOO_LONG;
+}
+
+/** What a request may bring before its template is rendered (rendering runs on the event loop, ~26 µs a message). */
+export interface RenderLimits {
+  /** The most messages. */
+  maxMessages: number;
+  /** The most text over all messages' contents, in UTF-16 units. */
+  maxChars: number;
 }
 
 /** A compiled chat template. */
@@ -37,7 +47,11 @@ export class ChatRenderer {
   /** Whether the template iterates over a message's content parts (vLLM's "openai" content format). */
   readonly partsFormat: boolean;
 
-  constructor(chatTemplate: string, config: Record<string, unknown>) {
+  constructor(
+    chatTemplate: string,
+    config: Record<string, unknown>,
+    private readonly limits: RenderLimits = { maxMessages: Infinity, maxChars: Infinity },
+  ) {
     const { Template } = loadJinjaPackage();
     this.template = new Template(chatTemplate);
     this.specialTokens = specialTokensOf(config);
@@ -50,10 +64,15 @@ export class ChatRenderer {
     if (!Array.isArray(messages) || messages.length === 0) return INVALID;
     // A template of the client's own is compiled per request only by vLLM itself.
     if (body.chat_template !== undefined && body.chat_template !== null) return UNSUPPORTED;
+    // Bounded before rendering: 200k tiny messages took 5.3 s in the template alone.
+    if (messages.length > this.limits.maxMessages) return TOO_LONG;
     const conversation: Record<string, unknown>[] = [];
+    let chars = 0;
     for (const message of messages) {
       const converted = this.convertMessage(message);
       if (isRefused(converted)) return converted;
+      chars += contentLength(converted.content);
+      if (chars > this.limits.maxChars) return TOO_LONG;
       conversation.push(converted);
     }
     const continueFinal = body.continue_final_message === true;
@@ -110,6 +129,13 @@ export class ChatRenderer {
     if (typeof message.task === 'string') out.task = message.task;
     return out;
   }
+}
+
+function contentLength(content: unknown): number {
+  if (typeof content === 'string') return content.length;
+  let length = 0;
+  if (Array.isArray(content)) for (const part of content as Array<{ text: string }>) length += part.text.length;
+  return length;
 }
 
 const TEXT_PART_KEYS: Record<string, string> = { text: 'text', input_text: 'text', output_text: 'text', refusal: 'refusal', thinking: 'thinking' };

@@ -18,7 +18,7 @@
  * the cache keeps whole texts only.
  */
 import type { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
-import { ChatRenderer, isRefused, type Refused } from './tokenizer-chat';
+import { ChatRenderer, TOO_LONG, isRefused, type Refused } from './tokenizer-chat';
 import { loadTokenizersPackage, readTokenizerFiles, type TokenizerFiles } from './tokenizer-files';
 
 export type { Refused, RenderRefusal } from './tokenizer-chat';
@@ -39,6 +39,11 @@ export interface PromptTokenizerOptions {
    * tokens) longer than this never is. Default 65,536 (about 16k tokens, ~25 ms).
    */
   maxUncachedChars?: number;
+  /**
+   * The most messages a chat request may have; past it the request is refused as `too_long`
+   * before its template is rendered. Default 4,096 (about 100 ms of rendering).
+   */
+  maxMessages?: number;
   /** Told once if cutting the text at added tokens changed the tokens (the cache then keeps whole texts only). */
   onSegmentMismatch?: (text: string) => void;
 }
@@ -60,7 +65,8 @@ export interface PromptTokenizerStats {
 
 const DEFAULT_CACHE_BYTES = 32 * 1024 * 1024;
 const DEFAULT_MAX_UNCACHED_CHARS = 65_536;
-const TOO_LONG: Refused = Object.freeze({ refused: 'too_long' });
+const DEFAULT_MAX_MESSAGES = 4_096;
+const RENDER_CHARS_PER_BUDGET = 16;
 /** Thrown inside one tokenize() call when its budget runs out; never escapes it. */
 const OVER_BUDGET = new Error('over budget');
 // A cached piece costs its text (2 bytes a UTF-16 unit), its ids (8 bytes each in a packed
@@ -95,10 +101,13 @@ export class PromptTokenizer {
   constructor(files: TokenizerFiles, options: PromptTokenizerOptions = {}) {
     const { Tokenizer } = loadTokenizersPackage();
     this.tokenizer = new Tokenizer(files.tokenizer, files.config);
-    const template = chatTemplateOf(files.config);
-    this.chat = template === undefined ? undefined : new ChatRenderer(template, files.config);
     this.cacheBytes = options.cacheBytes ?? DEFAULT_CACHE_BYTES;
     this.maxUncachedChars = options.maxUncachedChars ?? DEFAULT_MAX_UNCACHED_CHARS;
+    const template = chatTemplateOf(files.config);
+    // Cached text is cheap to tokenize but not to render: what a request may hold in all is
+    // bounded at RENDER_CHARS_PER_BUDGET times the new text it may bring.
+    const limits = { maxMessages: options.maxMessages ?? DEFAULT_MAX_MESSAGES, maxChars: this.maxUncachedChars * RENDER_CHARS_PER_BUDGET };
+    this.chat = template === undefined ? undefined : new ChatRenderer(template, files.config, limits);
     this.selfChecks = options.selfCheckRequests ?? 32;
     this.onSegmentMismatch = options.onSegmentMismatch;
     this.addedIds = addedTokens(files.tokenizer);

@@ -97,8 +97,10 @@ interface RankStream {
   sub: Zeromq.Subscriber;
   dealer: Zeromq.Dealer | null;
   connected: boolean;
-  /** False from a (re)connection or a loss until the sync that rebuilds the index has run. */
+  /** False from a (re)connection until its first sync has run (whatever its outcome). */
   synced: boolean;
+  /** The index was cleared after a loss: the next message rebuilds it from the buffer (the rank stays fresh: it under-claims meanwhile, never over-claims). */
+  rebuild: boolean;
   lastSeq: number | null;
   repairing: boolean;
   pending: Array<[number, Buffer]>;
@@ -157,6 +159,7 @@ export function createKvEventSubscriber(options: KvSubscriberOptions): KvEventSu
     dealer: null,
     connected: false,
     synced: false,
+    rebuild: false,
     lastSeq: null,
     repairing: false,
     pending: [],
@@ -237,10 +240,10 @@ export function createKvEventSubscriber(options: KvSubscriberOptions): KvEventSu
       stream.lastSeq = null;
       stream.synced = true;
     } else if (!stream.repairing) {
-      startSync(stream, true);
+      startSync(stream, true, true);
     } else {
-      // A replay under way is followed by a sync (the connection changed under it).
-      stream.synced = false;
+      // A replay under way is followed by a rebuild (the connection changed under it).
+      stream.rebuild = true;
     }
     updateFresh(stream);
   }
@@ -255,25 +258,29 @@ export function createKvEventSubscriber(options: KvSubscriberOptions): KvEventSu
     old.close();
   }
 
-  /** Clears the rank and rebuilds it from the engine's whole buffer; `force`: even within the rate bound. */
-  function startSync(stream: RankStream, force: boolean): boolean {
+  /**
+   * Clears the rank and rebuilds it from the engine's whole buffer. `force`: even within the
+   * rate bound (one rebuild per `replayTimeoutMs`, so a ROUTER that never answers costs at
+   * most half the time); `untrusted`: the rank is not fresh until it has run (a new connection).
+   */
+  function startSync(stream: RankStream, force: boolean, untrusted: boolean): boolean {
     const now = Date.now();
-    if (stream.replayEndpoint === null || (!force && now - stream.syncedAt < replayTimeoutMs)) return false;
+    if (stream.replayEndpoint === null || (!force && now - stream.syncedAt < 2 * replayTimeoutMs)) return false;
     stream.syncedAt = now;
+    stream.rebuild = false;
     sink.clearRank(stream.rank);
     stream.lastSeq = null;
-    stream.synced = false;
+    if (untrusted) stream.synced = false;
     updateFresh(stream);
     void repair(stream, 0, 'sync').catch((error: unknown) => report(stream, error));
     return true;
   }
 
-  /** After a loss the index is cleared; the next message rebuilds it from the buffer (rate-bounded), else follows from there. */
+  /** After a loss the index is cleared; the next message rebuilds it from the buffer (rate-bounded), else it follows from there. */
   function lost(stream: RankStream): void {
     sink.clearRank(stream.rank);
     stream.lastSeq = null;
-    if (stream.replayEndpoint !== null) stream.synced = false;
-    updateFresh(stream);
+    if (stream.replayEndpoint !== null) stream.rebuild = true;
   }
 
   function hold(stream: RankStream, seq: number, payload: Buffer): void {
@@ -292,24 +299,22 @@ export function createKvEventSubscriber(options: KvSubscriberOptions): KvEventSu
     }
     const payload = frames[2];
     if (stream.repairing) return hold(stream, seq, payload);
+    if (!stream.synced || stream.rebuild) {
+      // The message waits for the sync that rebuilds the rank (it is applied after the replay).
+      hold(stream, seq, payload);
+      if (startSync(stream, !stream.synced, !stream.synced)) return;
+      stream.pending = [];
+      stream.pendingBytes = 0;
+    }
     if (stream.lastSeq === null) {
-      if (!stream.synced) {
-        hold(stream, seq, payload);
-        if (startSync(stream, false)) return;
-        stream.pending = [];
-        stream.pendingBytes = 0;
-        stream.synced = true;
-        updateFresh(stream);
-      }
+      // The first message (after a sync, or without a replay endpoint): followed from here.
     } else if (seq <= stream.lastSeq) {
       tell(stream, () => listener.restart?.(stream.rank));
       lost(stream);
       hold(stream, seq, payload);
-      if (startSync(stream, true)) return;
+      if (startSync(stream, true, false)) return;
       stream.pending = [];
       stream.pendingBytes = 0;
-      stream.synced = true;
-      updateFresh(stream);
     } else if (seq > stream.lastSeq + 1) {
       if (stream.replayEndpoint !== null) {
         hold(stream, seq, payload);
@@ -373,7 +378,10 @@ export function createKvEventSubscriber(options: KvSubscriberOptions): KvEventSu
     }
     if (closed) return;
     let holed = outcome !== 'complete';
-    if (mode === 'gap' && (outcome === 'failed' || outcome === 'empty')) sink.clearRank(stream.rank);
+    // The index no longer follows the engine when the replay failed (or, for a gap, brought
+    // nothing) or live messages were dropped meanwhile: it is rebuilt at the next message.
+    let rebuild = outcome === 'failed' || (mode === 'gap' && outcome === 'empty');
+    if (rebuild) sink.clearRank(stream.rank);
     // Live messages that came meanwhile (and keep coming while these are applied), in order;
     // what the replay already gave is skipped.
     while (stream.pending.length > 0 && !closed) {
@@ -383,7 +391,7 @@ export function createKvEventSubscriber(options: KvSubscriberOptions): KvEventSu
       for (const [seq, payload] of pending) {
         if (stream.lastSeq !== null && seq <= stream.lastSeq) continue;
         if (stream.lastSeq !== null && seq !== stream.lastSeq + 1) {
-          holed = true;
+          holed = rebuild = true;
           sink.clearRank(stream.rank);
         }
         await apply(stream, seq, payload);
@@ -394,11 +402,11 @@ export function createKvEventSubscriber(options: KvSubscriberOptions): KvEventSu
     if (mode === 'gap') {
       const isLost = holed;
       tell(stream, () => listener.gap?.(stream.rank, isLost ? 'lost' : 'replayed'));
-      // The blocks the engine still holds from before the loss are never stored again: rebuild.
-      if (outcome === 'failed' || outcome === 'empty') lost(stream);
-    } else {
-      stream.synced = true;
     }
+    stream.synced = true;
+    // The blocks the engine still holds from before a loss are never stored again: without a
+    // rebuild no later block could chain onto them (the rank would stop following its engine).
+    if (rebuild) lost(stream);
     updateFresh(stream);
   }
 

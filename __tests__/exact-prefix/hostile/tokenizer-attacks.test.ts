@@ -48,4 +48,16 @@ describe('PromptTokenizer under hostile prompts', () => {
     const content = 'z'.repeat(9 * 1024);
     expect(tokenizer.tokenize('chat', { messages: [{ role: 'user', content }, { role: 'user', content }] })).toEqual({ refused: 'too_long' });
   });
+
+  it("coerces add_generation_prompt and add_special_tokens as vLLM's pydantic models do (item 22.14)", () => {
+    const tokenizer = new PromptTokenizer(files);
+    const messages = [{ role: 'user', content: 'What is the capital of France?' }];
+    const truthy = tokenizer.tokenize('chat', { messages, add_generation_prompt: true });
+    // pydantic (lax mode): bool('1'), 'true', 'yes', 'on' (any case) and 1 are True; their opposites False.
+    for (const value of [1, 'true', 'yes', 'On', 'Y']) expect(tokenizer.tokenize('chat', { messages, add_generation_prompt: value })).toEqual(truthy);
+    const falsy = tokenizer.tokenize('chat', { messages, add_generation_prompt: false });
+    for (const value of [0, 'false', 'no', 'OFF']) expect(tokenizer.tokenize('chat', { messages, add_generation_prompt: value })).toEqual(falsy);
+    expect(tokenizer.tokenize('chat', { messages, add_generation_prompt: 'maybe' })).toEqual({ refused: 'invalid' });
+    expect(tokenizer.tokenize('completions', { prompt: 'x y', add_special_tokens: 'no' })).toEqual(tokenizer.tokenize('completions', { prompt: 'x y', add_special_tokens: false }));
+  });
 });

@@ -32,6 +32,22 @@ export function isRefused(value: unknown): value is Refused {
   return value === INVALID || value === UNSUPPORTED || value === TEMPLATE_ERROR || value === TOO_LONG;
 }
 
+const LAX_TRUE = new Set(['1', 'on', 't', 'true', 'y', 'yes']);
+const LAX_FALSE = new Set(['0', 'off', 'f', 'false', 'n', 'no']);
+
+/** pydantic's lax bool (what vLLM's request fields accept): booleans, 0/1, and its words in any case; `fallback` when absent, undefined when refused. */
+export function laxBool(value: unknown, fallback: boolean): boolean | undefined {
+  if (value === undefined || value === null) return fallback;
+  if (typeof value === 'boolean') return value;
+  if (value === 0 || value === 1) return value === 1;
+  if (typeof value === 'string') {
+    const word = value.toLowerCase();
+    if (LAX_TRUE.has(word)) return true;
+    if (LAX_FALSE.has(word)) return false;
+  }
+  return undefined;
+}
+
 /** What a request may bring before its template is rendered (rendering runs on the event loop, ~26 µs a message). */
 export interface RenderLimits {
   /** The most messages. */
@@ -75,8 +91,10 @@ export class ChatRenderer {
       if (chars > this.limits.maxChars) return TOO_LONG;
       conversation.push(converted);
     }
-    const continueFinal = body.continue_final_message === true;
-    const addGenerationPrompt = body.add_generation_prompt === undefined || body.add_generation_prompt === true;
+    // vLLM's request models are pydantic's: `1`, `"true"`, `"yes"` are true there.
+    const continueFinal = laxBool(body.continue_final_message, false);
+    const addGenerationPrompt = laxBool(body.add_generation_prompt, true);
+    if (continueFinal === undefined || addGenerationPrompt === undefined) return INVALID;
     // transformers refuses both at once, and vLLM's default for the first is true.
     if (continueFinal && addGenerationPrompt) return INVALID;
     const kwargs = isRecord(body.chat_template_kwargs) ? body.chat_template_kwargs : {};

@@ -18,7 +18,7 @@
  * the cache keeps whole texts only.
  */
 import type { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
-import { ChatRenderer, TOO_LONG, isRefused, type Refused } from './tokenizer-chat';
+import { ChatRenderer, TOO_LONG, isRefused, laxBool, type Refused } from './tokenizer-chat';
 import { loadTokenizersPackage, readTokenizerFiles, type TokenizerFiles } from './tokenizer-files';
 
 export type { Refused, RenderRefusal } from './tokenizer-chat';
@@ -137,8 +137,8 @@ export class PromptTokenizer {
   private tokenizeRequest(kind: PromptKind, body: unknown): TokenizeOutcome {
     if (typeof body !== 'object' || body === null || Array.isArray(body)) return { refused: 'invalid' };
     const request = body as Record<string, unknown>;
-    const special = request.add_special_tokens;
-    if (special !== undefined && typeof special !== 'boolean') return { refused: 'invalid' };
+    const special = request.add_special_tokens === undefined || request.add_special_tokens === null ? undefined : laxBool(request.add_special_tokens, false);
+    if (special === undefined && request.add_special_tokens !== undefined && request.add_special_tokens !== null) return { refused: 'invalid' };
     if (kind === 'chat') {
       if (!this.chat) return { refused: 'unsupported' };
       const text = this.chat.render(request);

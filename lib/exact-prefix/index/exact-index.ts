@@ -86,9 +86,10 @@ export interface KvMatchOptions {
 }
 
 /**
- * Heap bytes per indexed block (router-key entry, engine-hash entry, entry object and the
- * engine hash itself), rounded up from `npx tsx bench/kv-events.ts`: 163 with 32-byte engine
- * hashes, 139 with 64-bit integer hashes. A million blocks take about 160 MiB.
+ * Heap bytes per indexed block (router-key entry, keyed-engine-hash entry, entry object),
+ * rounded up: 147 measured with 64-byte, 32-byte and integer engine hashes alike (the engine's
+ * hash is kept only as its keyed 53-bit number; `npx tsx bench/kv-events.ts`, Memory). With the
+ * hashes themselves kept, 64-byte ones cost 193. A million blocks take about 140 MiB.
  */
 export const KV_INDEX_BYTES_PER_BLOCK = 170;
 

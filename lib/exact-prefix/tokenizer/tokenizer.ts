@@ -36,7 +36,9 @@ export interface PromptTokenizerOptions {
    * token cold, see bench/tokenize.ts), so this bounds what one request, hostile or not, can
    * cost every other. What was tokenized before the budget ran out stays cached, so a long
    * shared prefix is taken in over a few requests; a single piece of text (between two added
-   * tokens) longer than this never is. Default 65,536 (about 16k tokens, ~25 ms).
+   * tokens) longer than this never is. Default 65,536 (about 16k tokens of English, ~25 ms;
+   * CJK text costs far more per character: 65,536 CJK characters were measured at ~500 ms, so
+   * lower this for CJK-heavy traffic).
    */
   maxUncachedChars?: number;
   /**

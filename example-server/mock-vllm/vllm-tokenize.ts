@@ -1,13 +1,15 @@
 /**
  * The mock's own `/tokenize`, computed as vLLM computes it and independently of the router:
  * `@huggingface/tokenizers` and `@huggingface/jinja` used directly on the fixture's files, with
- * pydantic's lax coercion of the boolean fields (vLLM's request models). Nothing here comes
- * from lib/exact-prefix/tokenizer, so the router's tokenizer-agreement tests can fail.
+ * pydantic's lax coercion of the boolean fields (vLLM's request models). Nothing of the
+ * router's tokenizing (PromptTokenizer, its chat renderer) is used, so the router's
+ * tokenizer-agreement tests can fail.
  */
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { Template } from '@huggingface/jinja';
-import { Tokenizer } from '@huggingface/tokenizers';
+// The packages are optional (loaded on the first `/tokenize`, as the router loads them): only
+// their loader is shared with lib/, none of its tokenizing.
+import { loadJinjaPackage, loadTokenizersPackage } from '../../lib/exact-prefix/tokenizer/tokenizer-files';
 
 /** A tokenizer directory loaded for `/tokenize`. */
 export interface VllmTokenizer {
@@ -33,6 +35,8 @@ export function laxBool(value: unknown): boolean | undefined {
 export function loadVllmTokenizer(dir: string): VllmTokenizer {
   const json = JSON.parse(readFileSync(join(dir, 'tokenizer.json'), 'utf8')) as Record<string, unknown>;
   const config = JSON.parse(readFileSync(join(dir, 'tokenizer_config.json'), 'utf8')) as Record<string, unknown>;
+  const { Tokenizer } = loadTokenizersPackage();
+  const { Template } = loadJinjaPackage();
   const tokenizer = new Tokenizer(json, config);
   const template = typeof config.chat_template === 'string' ? new Template(config.chat_template) : undefined;
   const special = { bos_token: config.bos_token, eos_token: config.eos_token };

@@ -171,6 +171,9 @@ describe('createExactRouting', () => {
     }
     expect(before).toContain('dp_router_tokenizer_agreement_ratio 1');
     await join(mock, router);
+    // Fresh means connected and synced now, not "a batch arrived": send rank 3 a prompt and wait for its store.
+    await post(mock, '/v1/completions', { prompt: `rank three ${'lorem ipsum dolor '.repeat(8)}`, max_tokens: 1 }, 3);
+    await waitFor(async () => /dp_router_kv_index_blocks\{upstream="u",rank="3"\} [1-9]/.test(await registry.metrics()));
     const after = await registry.metrics();
     expect(after).toMatch(/dp_router_kv_events_total\{upstream="u",rank="3",type="stored"\} [1-9]/);
     expect(after).toMatch(/dp_router_kv_index_blocks\{upstream="u",rank="3"\} [1-9]/);

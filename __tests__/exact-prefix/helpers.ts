@@ -17,6 +17,7 @@ export class Recorder implements KvStreamListener {
   readonly freshness: Array<[number, boolean]> = [];
   readonly mismatches: Array<[number, number]> = [];
   readonly restarts: number[] = [];
+  readonly disconnects: number[] = [];
   private waiters: Array<() => void> = [];
 
   event(rank: number, type: KvEventType, count: number): void {
@@ -37,6 +38,11 @@ export class Recorder implements KvStreamListener {
   }
   restart(rank: number): void {
     this.restarts.push(rank);
+    this.wake();
+  }
+
+  disconnect(rank: number): void {
+    this.disconnects.push(rank);
     this.wake();
   }
 

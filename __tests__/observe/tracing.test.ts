@@ -126,4 +126,14 @@ describe('without tracing', () => {
     expect(upstream.seen[0].headers.traceparent).toBe(callers);
     expect(upstream.seen[1].headers.traceparent).toBeUndefined();
   });
+
+  it("drops a client's baggage, and passes traceparent and tracestate on together when not tracing (item 22.16)", async () => {
+    const callers = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01';
+    const before = upstream.seen.length;
+    await fetch(`${gateway.url}/v1/models`, { headers: { traceparent: callers, tracestate: 'vendor=x', baggage: `role=admin,${'k=v,'.repeat(800)}` } });
+    const seen = upstream.seen[before].headers;
+    expect(seen.baggage).toBeUndefined();
+    expect(seen.traceparent).toBe(callers);
+    expect(seen.tracestate).toBe('vendor=x');
+  });
 });

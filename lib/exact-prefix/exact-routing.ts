@@ -5,11 +5,12 @@
  *
  * Per pick, a rank is scored on the exact index only while it can be trusted:
  *
- * - **its stream is fresh**: a batch has arrived from it (a rank is stale until its first), and
- *   no request routed to it with blocks to store has gone `confirmAfterMs` without any batch
- *   from it since. An idle engine publishes nothing and stays fresh; an engine whose publisher
- *   died, or a subscription that lost its connection, goes stale at the first request routed
- *   there, and fresh again with its next batch;
+ * - **its stream is fresh**: its SUB socket is connected (zeromq's socket events, with ZMTP
+ *   heartbeats for a peer that vanished without closing) and its index was rebuilt from the
+ *   replay buffer since it connected (subscriber.ts), and no request routed to it with new
+ *   blocks to store has gone `confirmAfterMs` without a stored event from it since. An idle
+ *   engine publishes nothing and stays fresh; a publisher that stopped publishing but keeps
+ *   its connection goes stale at the first request routed there with new blocks;
  * - **the tokenizer agrees**: no sampled request's tokens differed from the upstream's
  *   `/tokenize` (one disagreement turns the upstream's ranks to the approximate index until
  *   the router restarts: the files or the template differ, and more samples will not fix that).
@@ -87,8 +88,6 @@ interface UpstreamStream {
   readonly index: KvExactIndex;
   readonly subscriber: KvEventSubscriber;
   readonly agreement: TokenizerAgreement;
-  /** Per rank: whether a batch ever arrived. */
-  readonly seen: Set<number>;
   /** Per rank: when the oldest request still waiting for a batch was routed (absent: none). */
   readonly awaiting: Map<number, number>;
   readonly labels: Map<number, { upstream: string; rank: string }>;
@@ -113,7 +112,6 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
   function start(upstream: ExactUpstream): UpstreamStream {
     const events = upstream.kvEvents!;
     const index = new KvExactIndex({ ranks: upstream.ranks });
-    const seen = new Set<number>();
     const awaiting = new Map<number, number>();
     const labels = new Map(upstream.ranks.map((rank) => [rank, { upstream: upstream.name, rank: String(rank) }]));
     const agreement = new TokenizerAgreement({
@@ -138,22 +136,20 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
       sink: index,
       listener: {
         event(rank, type, count) {
-          // Any batch from the rank answers every request routed there before it.
-          awaiting.delete(rank);
+          // New blocks from the rank answer every request routed there before them; an
+          // invalid batch or a removal does not (a publisher sending garbage is not following).
+          if (type === 'stored') awaiting.delete(rank);
           metrics?.events.inc({ ...labels.get(rank)!, type }, count);
         },
         gap(rank, outcome) {
           metrics?.gaps.inc({ ...labels.get(rank)!, outcome });
-        },
-        fresh(rank, fresh) {
-          if (fresh) seen.add(rank);
         },
         error(rank, error) {
           warnOnce(`error:${upstream.name}`, `express-dp-router: handling KV events of upstream '${upstream.name}' rank ${rank} failed: ${String(error)}`);
         },
       },
     });
-    const stream: UpstreamStream = { upstream, signature: signatureOf(upstream), index, subscriber, agreement, seen, awaiting, labels };
+    const stream: UpstreamStream = { upstream, signature: signatureOf(upstream), index, subscriber, agreement, awaiting, labels };
     metrics?.track(stream);
     return stream;
   }
@@ -165,7 +161,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
   }
 
   function serving(stream: UpstreamStream, rank: number): boolean {
-    if (!stream.seen.has(rank) || !stream.agreement.agreeing) return false;
+    if (!stream.subscriber.isFresh(rank) || !stream.agreement.agreeing) return false;
     const since = stream.awaiting.get(rank);
     return since === undefined || now() - since <= confirmAfterMs;
   }
@@ -216,6 +212,9 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
     const outcome = tokenizer.tokenize(kind, body);
     if (!('prompts' in outcome)) return undefined;
     const tokens = outcome.prompts[0];
+    // A LoRA request is scored under its adapter, as the index stores its blocks (vLLM's
+    // `model` names the adapter); a name no event has carried is scored as the base model.
+    const model = typeof body.model === 'string' ? body.model : undefined;
     const matched = new Int32Array(candidates.length).fill(-1);
     let promptBlocks = 0;
     // One lookup per upstream, shared by its candidates.
@@ -226,7 +225,8 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
       if (stream === undefined || !serving(stream, candidate.rank)) continue;
       let blocks = found.get(stream);
       if (blocks === undefined) {
-        const match = stream.index.match(tokens, { now: now() });
+        const loraName = model !== undefined && stream.index.isAdapter(model) ? model : undefined;
+        const match = stream.index.match(tokens, { now: now(), loraName });
         if (match.promptBlocks === 0) continue;
         blocks = match.matchedBlocks;
         // Upstreams with another block size are counted in the first one's blocks.
@@ -241,7 +241,8 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
       const chosen = candidates[at];
       const stream = streams.get(chosen.upstream)!;
       const time = now();
-      stream.index.speculate(chosen.rank, tokens, time + speculativeMs);
+      const loraName = model !== undefined && stream.index.isAdapter(model) ? model : undefined;
+      stream.index.speculate(chosen.rank, tokens, time + speculativeMs, { loraName });
       if (matched[at] < promptBlocks && !stream.awaiting.has(chosen.rank)) stream.awaiting.set(chosen.rank, time);
       stream.agreement.offer(kind, body, tokens);
     });

@@ -94,22 +94,28 @@ export function createTracing(policy: string, load: () => unknown = requireApi):
   return {
     enabled: true,
     decided(req, endpoint, source, hintOutcome) {
+      // A client's `baggage` (free-form key=value pairs, e.g. `role=admin`) is dropped: there is
+      // no rule by which to trust it. `traceparent` and `tracestate` go together: passed on
+      // unchanged when this gateway is not tracing (W3C Trace Context's rule for a
+      // non-participant), both replaced by the gateway's when it is.
+      const headers = req.headers as Record<string, unknown>;
+      delete headers.baggage;
       const span = serverSpan(api);
       if (span === undefined || !span.isRecording()) return;
+      delete headers.traceparent;
+      delete headers.tracestate;
       spans.set(req, span);
       span.setAttribute('dp_router.upstream', endpoint.upstream);
       span.setAttribute('dp_router.rank', endpoint.rank);
       span.setAttribute('dp_router.source', source);
       span.setAttribute('dp_router.policy', policy);
       if (hintOutcome !== undefined) span.setAttribute('dp_router.hint_outcome', hintOutcome);
+      propagation.inject(context.active(), headers);
+      delete headers.baggage;
       // http-proxy copies req.headers into the upstream request. A client's own trace headers
       // are replaced: the upstream's spans belong under the gateway's. (Where the HTTP
       // instrumentation also wraps the outgoing request, it injects its client span's
       // context over these, which is the same trace.)
-      const headers = req.headers as Record<string, unknown>;
-      if (headers.traceparent !== undefined) delete headers.traceparent;
-      if (headers.tracestate !== undefined) delete headers.tracestate;
-      propagation.inject(context.active(), headers);
     },
     prefixScored(req, index, matchedShare) {
       const span = spans.get(req);

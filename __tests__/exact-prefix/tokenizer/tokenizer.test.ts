@@ -125,7 +125,8 @@ describe('PromptTokenizer chat rendering', () => {
     ['empty messages', { messages: [] }],
     ['a message without a role', { messages: [{ content: 'x' }] }],
     ['a numeric content', { messages: [{ role: 'user', content: 5 }] }],
-    ['a non-boolean add_special_tokens', { ...body, add_special_tokens: 'yes' }],
+    // 'yes' is true for vLLM's pydantic models (item 22.14); a word pydantic refuses is invalid.
+    ['a non-boolean add_special_tokens', { ...body, add_special_tokens: 'maybe' }],
   ])('refuses %s as invalid', (_name, request) => {
     expect(tokenizer.tokenize('chat', request)).toEqual({ refused: 'invalid' });
   });

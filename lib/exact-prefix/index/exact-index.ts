@@ -16,7 +16,7 @@
  */
 import type { KvEvent } from '../events/decode';
 import type { EngineBlockHash } from '../events/decode';
-import { chainHash, processHashKey, type HashKey } from './keyed-hash';
+import { chainHash, engineHashKey, processHashKey, type HashKey } from './keyed-hash';
 
 /** What receives decoded events: the subscriber's view of an index. */
 export interface KvEventSink {
@@ -56,18 +56,25 @@ export interface KvPrefixMatch {
   matchedBlocks: Int32Array;
 }
 
-interface Entry {
-  engineHash: EngineBlockHash;
-  // Set by a match; eviction gives a used entry a second chance (the CLOCK approximation of
-  // LRU), so a match costs one field write rather than a Map re-insertion.
-  used: boolean;
+class Entry {
+  // Set by a match or a store again; eviction gives a used entry a second chance (CLOCK, an
+  // approximation of LRU), so a use costs one field write rather than a Map re-insertion.
+  used = false;
+  /** The keyed hash of the engine's block hash (see engineHashKey). */
+  constructor(public engineKey: number) {}
 }
 
 interface RankState {
+  /** Router key → entry, in insertion order: the order the CLOCK hand sweeps. */
   blocks: Map<number, Entry>;
-  byEngine: Map<EngineBlockHash, number>;
+  /** Keyed engine hash → router key. Never the engine's own values: those are the publisher's to choose. */
+  byEngine: Map<number, number>;
   /** Router keys of blocks a routed request will store, until its events confirm them or they expire. */
   speculative: Map<number, number>;
+  /** Where eviction resumes: one sweep over the blocks, not a restart at the head per evicted block. */
+  hand: Iterator<[number, Entry]> | null;
+  /** This rank's block size, learned from its first GPU group-0 store (0 before). */
+  blockSize: number;
 }
 
 /** Options of {@link KvExactIndex.match}. */
@@ -79,9 +86,10 @@ export interface KvMatchOptions {
 }
 
 /**
- * Heap bytes per indexed block (router-key entry, engine-hash entry, entry object and the
- * engine hash itself), rounded up from `npx tsx bench/kv-events.ts`: 163 with 32-byte engine
- * hashes, 139 with 64-bit integer hashes. A million blocks take about 160 MiB.
+ * Heap bytes per indexed block (router-key entry, keyed-engine-hash entry, entry object),
+ * rounded up: 147 measured with 64-byte, 32-byte and integer engine hashes alike (the engine's
+ * hash is kept only as its keyed 53-bit number; `npx tsx bench/kv-events.ts`, Memory). With the
+ * hashes themselves kept, 64-byte ones cost 193. A million blocks take about 140 MiB.
  */
 export const KV_INDEX_BYTES_PER_BLOCK = 170;
 
@@ -101,12 +109,16 @@ export class KvExactIndex implements KvEventSink {
   private readonly loraRoots = new Map<string, number>();
   private readonly baseRoot: number;
   private readonly maxSpeculative: number;
-  /** The engine's block size, learned from the first stored block (0 before). */
+  private readonly adapters = new Set<string>();
+  /**
+   * The block size most ranks reported (each rank learns its own from its first GPU group-0
+   * store, so one rank's odd event cannot turn the others off); 0 before any.
+   */
   blockSize = 0;
 
   constructor(options: KvExactIndexOptions) {
     this.ranks = [...options.ranks];
-    this.states = this.ranks.map(() => ({ blocks: new Map(), byEngine: new Map(), speculative: new Map() }));
+    this.states = this.ranks.map(() => ({ blocks: new Map(), byEngine: new Map(), speculative: new Map(), hand: null, blockSize: 0 }));
     this.maxSpeculative = Math.max(1, options.maxSpeculativeBlocks ?? 65_536);
     this.ranks.forEach((rank, at) => this.position.set(rank, at));
     this.perRankMax = Math.max(1, Math.floor((options.maxBlocks ?? 1_048_576) / Math.max(1, this.ranks.length)));
@@ -140,29 +152,45 @@ export class KvExactIndex implements KvEventSink {
         return true;
       case 'removed':
         if (!this.counts(event.medium, event.groupIdx)) return true;
-        for (const hash of event.blockHashes) this.remove(state, hash);
+        for (const hash of event.blockHashes) this.remove(state, engineHashKey(this.key, hash));
         return true;
       case 'stored': {
-        if (this.blockSize === 0) this.blockSize = event.blockSize;
-        else if (event.blockSize !== this.blockSize) return false;
+        // Other media and KV groups are not routed on, and their block size (an offload
+        // tier's, a sliding-window group's) says nothing about the GPU cache's.
         if (!this.counts(event.medium, event.groupIdx)) return true;
+        if (event.blockHashes.length === 0) return true;
+        if (event.blockSize !== state.blockSize) {
+          // A rank holding nothing may (re)learn: its engine restarted with another size.
+          if (state.blockSize !== 0 && state.blocks.size > 0) return false;
+          state.blockSize = event.blockSize;
+          this.blockSize = this.commonBlockSize();
+        }
         // A LoRA id without a name (older vLLM) cannot be matched to a request's adapter.
         if (event.loraId !== null && event.loraName === null) return true;
         let chain: number | undefined;
         if (event.parentBlockHash === null) chain = event.loraName === null ? this.baseRoot : this.loraRoot(event.loraName);
-        else chain = state.byEngine.get(event.parentBlockHash);
+        else chain = this.parentKey(state, event.parentBlockHash);
         // An unknown parent (stored before this index listened, or evicted here): the chain
         // cannot be keyed, and a request could not reach these blocks through it anyway.
         if (chain === undefined) return true;
+        if (event.loraName !== null && !this.adapters.has(event.loraName)) {
+          if (this.adapters.size >= 1024) this.adapters.clear();
+          this.adapters.add(event.loraName);
+        }
         const size = event.blockSize;
         for (let i = 0; i < event.blockHashes.length; i++) {
           if (event.extraKeyed !== null && event.extraKeyed[i]) break;
           chain = chainHash(this.key, DOMAIN_BLOCK, chain, event.tokenIds, i * size, size);
-          this.insert(state, chain, event.blockHashes[i]);
+          this.insert(state, chain, engineHashKey(this.key, event.blockHashes[i]));
         }
         return true;
       }
     }
+  }
+
+  /** Whether some stored event named `name` as its LoRA adapter (requests naming it are scored under it). */
+  isAdapter(name: string): boolean {
+    return this.adapters.has(name);
   }
 
   clearRank(rank: number): void {
@@ -188,6 +216,7 @@ export class KvExactIndex implements KvEventSink {
       for (let r = 0; r < states.length; r++) {
         if (matchedBlocks[r] !== b) continue;
         const state = states[r];
+        if (state.blockSize !== size && state.blockSize !== 0) continue;
         const entry = state.blocks.get(chain);
         if (entry !== undefined) entry.used = true;
         else if (!this.speculativeHeld(state, chain, now)) continue;
@@ -208,9 +237,10 @@ export class KvExactIndex implements KvEventSink {
    */
   speculate(rank: number, tokens: ArrayLike<number>, expiresAt: number, options?: { loraName?: string }): void {
     const at = this.position.get(rank);
-    const size = this.blockSize;
-    if (at === undefined || size === 0) return;
+    if (at === undefined) return;
     const state = this.states[at];
+    const size = state.blockSize === 0 ? this.blockSize : state.blockSize;
+    if (size === 0) return;
     const promptBlocks = Math.floor(tokens.length / size);
     let chain = options?.loraName === undefined ? this.baseRoot : this.loraRoot(options.loraName);
     for (let b = 0; b < promptBlocks; b++) {
@@ -266,52 +296,75 @@ export class KvExactIndex implements KvEventSink {
     return root;
   }
 
-  private insert(state: RankState, key: number, engineHash: EngineBlockHash): void {
-    const known = state.byEngine.get(engineHash);
-    if (known !== undefined && known !== key) this.remove(state, engineHash);
+  /** The router key of a parent the engine names, when the entry there is really that block. */
+  private parentKey(state: RankState, parent: EngineBlockHash): number | undefined {
+    const engineKey = engineHashKey(this.key, parent);
+    const key = state.byEngine.get(engineKey);
+    return key !== undefined && state.blocks.get(key)?.engineKey === engineKey ? key : undefined;
+  }
+
+  /** The block size most ranks learned (the smallest on a tie), 0 before any. */
+  private commonBlockSize(): number {
+    const votes = new Map<number, number>();
+    for (const state of this.states) if (state.blockSize !== 0) votes.set(state.blockSize, (votes.get(state.blockSize) ?? 0) + 1);
+    let best = 0;
+    let most = 0;
+    for (const [size, count] of votes) if (count > most || (count === most && size < best)) [best, most] = [size, count];
+    return best;
+  }
+
+  private insert(state: RankState, key: number, engineKey: number): void {
+    const known = state.byEngine.get(engineKey);
+    if (known !== undefined && known !== key) this.remove(state, engineKey);
     const entry = state.blocks.get(key);
     if (entry !== undefined) {
-      if (entry.engineHash !== engineHash) {
-        state.byEngine.delete(entry.engineHash);
-        entry.engineHash = engineHash;
-        state.byEngine.set(engineHash, key);
+      if (entry.engineKey !== engineKey) {
+        state.byEngine.delete(entry.engineKey);
+        entry.engineKey = engineKey;
+        state.byEngine.set(engineKey, key);
       }
-      // A store again is a use: move it to the young end.
-      state.blocks.delete(key);
-      state.blocks.set(key, entry);
+      // A store again is a use.
+      entry.used = true;
       return;
     }
-    state.blocks.set(key, { engineHash, used: false });
-    state.byEngine.set(engineHash, key);
+    state.blocks.set(key, new Entry(engineKey));
+    state.byEngine.set(engineKey, key);
     // The event confirms what was speculated.
     if (state.speculative.delete(key)) this.speculativeCount--;
     this.size++;
     if (state.blocks.size > this.perRankMax) this.evict(state);
   }
 
+  /**
+   * CLOCK: the hand sweeps the blocks in insertion order from where it stopped, clearing used
+   * bits and evicting the first unused block. Map iterators follow deletions and insertions,
+   * so each block is passed at most twice per sweep: O(1) amortized per evicted block.
+   */
   private evict(state: RankState): void {
     while (state.blocks.size > this.perRankMax) {
-      for (const [key, entry] of state.blocks) {
-        if (entry.used) {
-          entry.used = false;
-          state.blocks.delete(key);
-          state.blocks.set(key, entry);
-          continue;
-        }
-        state.blocks.delete(key);
-        state.byEngine.delete(entry.engineHash);
-        this.size--;
-        break;
+      state.hand ??= state.blocks.entries();
+      const next = state.hand.next();
+      if (next.done === true) {
+        state.hand = null;
+        continue;
       }
+      const [key, entry] = next.value;
+      if (entry.used) {
+        entry.used = false;
+        continue;
+      }
+      state.blocks.delete(key);
+      state.byEngine.delete(entry.engineKey);
+      this.size--;
     }
   }
 
-  private remove(state: RankState, engineHash: EngineBlockHash): void {
-    const key = state.byEngine.get(engineHash);
+  private remove(state: RankState, engineKey: number): void {
+    const key = state.byEngine.get(engineKey);
     if (key === undefined) return;
-    state.byEngine.delete(engineHash);
+    state.byEngine.delete(engineKey);
     const entry = state.blocks.get(key);
-    if (entry !== undefined && entry.engineHash === engineHash) {
+    if (entry !== undefined && entry.engineKey === engineKey) {
       state.blocks.delete(key);
       this.size--;
     }
@@ -323,5 +376,6 @@ export class KvExactIndex implements KvEventSink {
     state.blocks.clear();
     state.byEngine.clear();
     state.speculative.clear();
+    state.hand = null;
   }
 }

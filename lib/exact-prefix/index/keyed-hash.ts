@@ -88,3 +88,31 @@ export function halfSipHash53(key: HashKey, w0: number, w1: number, w2: number, 
   const hi = (v1 ^ v3) & 0x1fffff;
   return hi * TWO_POW_32 + (lo >>> 0);
 }
+
+const DOMAIN_ENGINE_INT = 0x10;
+const DOMAIN_ENGINE_BIG = 0x11;
+const DOMAIN_ENGINE_BYTES = 0x100;
+const NO_WORDS: readonly number[] = [];
+const MASK_32 = 0xffff_ffffn;
+
+/**
+ * An engine's block hash (a safe integer, a bigint, or its bytes as a latin1 string) as a
+ * keyed 53-bit integer: the engine chooses its hashes, and V8 hashes integer Map keys without
+ * a seed, so a publisher could otherwise pick values that all land in one bucket.
+ */
+export function engineHashKey(key: HashKey, hash: number | bigint | string): number {
+  if (typeof hash === 'number') return halfSipHash53(key, DOMAIN_ENGINE_INT, Math.floor(hash / TWO_POW_32) | 0, hash >>> 0, NO_WORDS, 0, 0);
+  if (typeof hash === 'bigint') {
+    const words: number[] = [];
+    // Two's complement words, low first, until what is left is all sign.
+    let rest = hash;
+    do {
+      words.push(Number(rest & MASK_32));
+      rest >>= 32n;
+    } while (rest !== 0n && rest !== -1n);
+    return halfSipHash53(key, DOMAIN_ENGINE_BIG, words.length, hash < 0n ? 1 : 0, words, 0, words.length);
+  }
+  const words = new Array<number>((hash.length + 3) >> 2).fill(0);
+  for (let i = 0; i < hash.length; i++) words[i >> 2] |= (hash.charCodeAt(i) & 0xff) << ((i & 3) * 8);
+  return halfSipHash53(key, DOMAIN_ENGINE_BYTES + hash.length, 0, 0, words, 0, words.length);
+}

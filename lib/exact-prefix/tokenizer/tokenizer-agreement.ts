@@ -23,7 +23,7 @@ export interface TokenizerAgreementOptions {
   sampleRate?: number;
   /** Least time between two checks, in ms. Default 1000. */
   minIntervalMs?: number;
-  /** A check without an answer after this long is dropped, in ms. Default 5000. */
+  /** A check not answered in full within this long is dropped, in ms (a deadline, not an idle timeout). Default 5000. */
   timeoutMs?: number;
   /** Told each compared sample's outcome. */
   onResult?: (result: AgreementResult) => void;
@@ -144,8 +144,19 @@ export class TokenizerAgreement {
         timeout: this.timeoutMs,
       });
       req.on('timeout', () => req.destroy(new Error(`/tokenize timed out after ${this.timeoutMs} ms`)));
-      req.on('error', reject);
-      req.on('response', (res) => readTokens(res).then(resolve, reject));
+      // A deadline for the whole check, not only an idle one: an answer trickled a byte at a
+      // time would otherwise hold the only check slot for ever.
+      const deadline = setTimeout(() => req.destroy(new Error(`/tokenize timed out after ${this.timeoutMs} ms`)), this.timeoutMs);
+      deadline.unref();
+      const settle = <T>(done: (value: T) => void) => (value: T) => {
+        clearTimeout(deadline);
+        done(value);
+      };
+      req.on('error', settle(reject));
+      req.on('response', (res) => {
+        res.on('error', () => undefined);
+        readTokens(res).then(settle(resolve), settle(reject));
+      });
       req.end(payload);
     });
   }

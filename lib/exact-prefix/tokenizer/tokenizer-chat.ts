@@ -25,10 +25,36 @@ export interface Refused {
 const INVALID: Refused = Object.freeze({ refused: 'invalid' });
 const UNSUPPORTED: Refused = Object.freeze({ refused: 'unsupported' });
 const TEMPLATE_ERROR: Refused = Object.freeze({ refused: 'template_error' });
+/** Shared with the tokenizer, whose budget refuses with the same answer. */
+export const TOO_LONG: Refused = Object.freeze({ refused: 'too_long' });
 
 /** Whether `value` is one of the refusals above (never a message or a text). */
 export function isRefused(value: unknown): value is Refused {
-  return value === INVALID || value === UNSUPPORTED || value === TEMPLATE_ERROR;
+  return value === INVALID || value === UNSUPPORTED || value === TEMPLATE_ERROR || value === TOO_LONG;
+}
+
+const LAX_TRUE = new Set(['1', 'on', 't', 'true', 'y', 'yes']);
+const LAX_FALSE = new Set(['0', 'off', 'f', 'false', 'n', 'no']);
+
+/** pydantic's lax bool (what vLLM's request fields accept): booleans, 0/1, and its words in any case; `fallback` when absent, undefined when refused. */
+export function laxBool(value: unknown, fallback: boolean): boolean | undefined {
+  if (value === undefined || value === null) return fallback;
+  if (typeof value === 'boolean') return value;
+  if (value === 0 || value === 1) return value === 1;
+  if (typeof value === 'string') {
+    const word = value.toLowerCase();
+    if (LAX_TRUE.has(word)) return true;
+    if (LAX_FALSE.has(word)) return false;
+  }
+  return undefined;
+}
+
+/** What a request may bring before its template is rendered (rendering runs on the event loop, ~26 µs a message). */
+export interface RenderLimits {
+  /** The most messages. */
+  maxMessages: number;
+  /** The most text over all messages' contents, in UTF-16 units. */
+  maxChars: number;
 }
 
 /** A compiled chat template. */
@@ -38,7 +64,11 @@ export class ChatRenderer {
   /** Whether the template iterates over a message's content parts (vLLM's "openai" content format). */
   readonly partsFormat: boolean;
 
-  constructor(chatTemplate: string, config: Record<string, unknown>) {
+  constructor(
+    chatTemplate: string,
+    config: Record<string, unknown>,
+    private readonly limits: RenderLimits = { maxMessages: Infinity, maxChars: Infinity },
+  ) {
     const { Template } = loadJinjaPackage();
     this.template = new Template(chatTemplate);
     this.specialTokens = specialTokensOf(config);
@@ -51,14 +81,21 @@ export class ChatRenderer {
     if (!Array.isArray(messages) || messages.length === 0) return INVALID;
     // A template of the client's own is compiled per request only by vLLM itself.
     if (body.chat_template !== undefined && body.chat_template !== null) return UNSUPPORTED;
+    // Bounded before rendering: 200k tiny messages took 5.3 s in the template alone.
+    if (messages.length > this.limits.maxMessages) return TOO_LONG;
     const conversation: Record<string, unknown>[] = [];
+    let chars = 0;
     for (const message of messages) {
       const converted = this.convertMessage(message);
       if (isRefused(converted)) return converted;
+      chars += contentLength(converted.content);
+      if (chars > this.limits.maxChars) return TOO_LONG;
       conversation.push(converted);
     }
-    const continueFinal = body.continue_final_message === true;
-    const addGenerationPrompt = body.add_generation_prompt === undefined || body.add_generation_prompt === true;
+    // vLLM's request models are pydantic's: `1`, `"true"`, `"yes"` are true there.
+    const continueFinal = laxBool(body.continue_final_message, false);
+    const addGenerationPrompt = laxBool(body.add_generation_prompt, true);
+    if (continueFinal === undefined || addGenerationPrompt === undefined) return INVALID;
     // transformers refuses both at once, and vLLM's default for the first is true.
     if (continueFinal && addGenerationPrompt) return INVALID;
     const kwargs = isRecord(body.chat_template_kwargs) ? body.chat_template_kwargs : {};
@@ -111,6 +148,13 @@ export class ChatRenderer {
     if (typeof message.task === 'string') out.task = message.task;
     return out;
   }
+}
+
+function contentLength(content: unknown): number {
+  if (typeof content === 'string') return content.length;
+  let length = 0;
+  if (Array.isArray(content)) for (const part of content as Array<{ text: string }>) length += part.text.length;
+  return length;
 }
 
 const TEXT_PART_KEYS: Record<string, string> = { text: 'text', input_text: 'text', output_text: 'text', refusal: 'refusal', thinking: 'thinking' };

@@ -18,7 +18,7 @@
  * the cache keeps whole texts only.
  */
 import type { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
-import { ChatRenderer, isRefused, type Refused } from './tokenizer-chat';
+import { ChatRenderer, TOO_LONG, isRefused, laxBool, type Refused } from './tokenizer-chat';
 import { loadTokenizersPackage, readTokenizerFiles, type TokenizerFiles } from './tokenizer-files';
 
 export type { Refused, RenderRefusal } from './tokenizer-chat';
@@ -36,9 +36,16 @@ export interface PromptTokenizerOptions {
    * token cold, see bench/tokenize.ts), so this bounds what one request, hostile or not, can
    * cost every other. What was tokenized before the budget ran out stays cached, so a long
    * shared prefix is taken in over a few requests; a single piece of text (between two added
-   * tokens) longer than this never is. Default 65,536 (about 16k tokens, ~25 ms).
+   * tokens) longer than this never is. Default 65,536 (about 16k tokens of English, ~25 ms;
+   * CJK text costs far more per character: 65,536 CJK characters were measured at ~500 ms, so
+   * lower this for CJK-heavy traffic).
    */
   maxUncachedChars?: number;
+  /**
+   * The most messages a chat request may have; past it the request is refused as `too_long`
+   * before its template is rendered. Default 4,096 (about 100 ms of rendering).
+   */
+  maxMessages?: number;
   /** Told once if cutting the text at added tokens changed the tokens (the cache then keeps whole texts only). */
   onSegmentMismatch?: (text: string) => void;
 }
@@ -60,7 +67,8 @@ export interface PromptTokenizerStats {
 
 const DEFAULT_CACHE_BYTES = 32 * 1024 * 1024;
 const DEFAULT_MAX_UNCACHED_CHARS = 65_536;
-const TOO_LONG: Refused = Object.freeze({ refused: 'too_long' });
+const DEFAULT_MAX_MESSAGES = 4_096;
+const RENDER_CHARS_PER_BUDGET = 16;
 /** Thrown inside one tokenize() call when its budget runs out; never escapes it. */
 const OVER_BUDGET = new Error('over budget');
 // A cached piece costs its text (2 bytes a UTF-16 unit), its ids (8 bytes each in a packed
@@ -79,7 +87,7 @@ export class PromptTokenizer {
   private readonly maxUncachedChars: number;
   /** What the request being tokenized may still spend; unlimited outside tokenize(). */
   private budget = Infinity;
-  private readonly cache = new Map<string, number[]>();
+  private readonly cache = new Map<string, CachedPiece>();
   private readonly onSegmentMismatch: ((text: string) => void) | undefined;
   private selfChecks: number;
   private segmenting: boolean;
@@ -95,10 +103,13 @@ export class PromptTokenizer {
   constructor(files: TokenizerFiles, options: PromptTokenizerOptions = {}) {
     const { Tokenizer } = loadTokenizersPackage();
     this.tokenizer = new Tokenizer(files.tokenizer, files.config);
-    const template = chatTemplateOf(files.config);
-    this.chat = template === undefined ? undefined : new ChatRenderer(template, files.config);
     this.cacheBytes = options.cacheBytes ?? DEFAULT_CACHE_BYTES;
     this.maxUncachedChars = options.maxUncachedChars ?? DEFAULT_MAX_UNCACHED_CHARS;
+    const template = chatTemplateOf(files.config);
+    // Cached text is cheap to tokenize but not to render: what a request may hold in all is
+    // bounded at RENDER_CHARS_PER_BUDGET times the new text it may bring.
+    const limits = { maxMessages: options.maxMessages ?? DEFAULT_MAX_MESSAGES, maxChars: this.maxUncachedChars * RENDER_CHARS_PER_BUDGET };
+    this.chat = template === undefined ? undefined : new ChatRenderer(template, files.config, limits);
     this.selfChecks = options.selfCheckRequests ?? 32;
     this.onSegmentMismatch = options.onSegmentMismatch;
     this.addedIds = addedTokens(files.tokenizer);
@@ -128,8 +139,8 @@ export class PromptTokenizer {
   private tokenizeRequest(kind: PromptKind, body: unknown): TokenizeOutcome {
     if (typeof body !== 'object' || body === null || Array.isArray(body)) return { refused: 'invalid' };
     const request = body as Record<string, unknown>;
-    const special = request.add_special_tokens;
-    if (special !== undefined && typeof special !== 'boolean') return { refused: 'invalid' };
+    const special = request.add_special_tokens === undefined || request.add_special_tokens === null ? undefined : laxBool(request.add_special_tokens, false);
+    if (special === undefined && request.add_special_tokens !== undefined && request.add_special_tokens !== null) return { refused: 'invalid' };
     if (kind === 'chat') {
       if (!this.chat) return { refused: 'unsupported' };
       const text = this.chat.render(request);
@@ -217,17 +228,22 @@ export class PromptTokenizer {
     const cached = this.cache.get(key);
     if (cached !== undefined) {
       this.hits++;
-      this.cache.delete(key);
-      this.cache.set(key, cached);
-      return cached;
+      // Re-inserted under the entry's own key: `key` may be a slice of a long request.
+      this.cache.delete(cached.key);
+      this.cache.set(cached.key, cached);
+      return cached.ids;
     }
     if (text.length > this.budget) throw OVER_BUDGET;
     this.budget -= text.length;
     this.misses++;
     const ids = this.encodeWhole(text, addSpecialTokens);
-    const bytes = key.length * 2 + ids.length * 8 + ENTRY_OVERHEAD_BYTES;
+    const bytes = pieceBytes(key, ids);
     if (bytes <= this.cacheBytes / 4) {
-      this.cache.set(key, ids);
+      // A copy: a slice() would keep the whole rendered prompt it came from alive (V8's
+      // sliced strings point into their parent), so 60 requests of a short new piece before
+      // 2 MB of text held 118 MiB while the cache counted 27 KB.
+      const own = ownString(key);
+      this.cache.set(own, { key: own, ids });
       this.heldBytes += bytes;
       this.evict();
     }
@@ -235,10 +251,10 @@ export class PromptTokenizer {
   }
 
   private evict(): void {
-    for (const [key, ids] of this.cache) {
+    for (const [key, entry] of this.cache) {
       if (this.heldBytes <= this.cacheBytes) return;
       this.cache.delete(key);
-      this.heldBytes -= key.length * 2 + ids.length * 8 + ENTRY_OVERHEAD_BYTES;
+      this.heldBytes -= pieceBytes(key, entry.ids);
     }
   }
 
@@ -315,6 +331,21 @@ function chatTemplateOf(config: Record<string, unknown>): string | undefined {
     if (typeof named?.template === 'string') return named.template;
   }
   return undefined;
+}
+
+interface CachedPiece {
+  /** The map's key, a string of its own (never a slice of a request's text). */
+  readonly key: string;
+  readonly ids: number[];
+}
+
+function pieceBytes(key: string, ids: readonly number[]): number {
+  return key.length * 2 + ids.length * 8 + ENTRY_OVERHEAD_BYTES;
+}
+
+/** A flat copy of `text` that shares no storage with it (a JSON round trip is exact, lone surrogates included). */
+function ownString(text: string): string {
+  return JSON.parse(JSON.stringify(text)) as string;
 }
 
 function isTokenIds(values: unknown[]): values is number[] {

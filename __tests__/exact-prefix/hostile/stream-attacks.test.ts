@@ -1,0 +1,164 @@
+import { createServer, request, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { afterEach, describe, expect, it } from '@jest/globals';
+import { KvExactIndex } from '../../../lib/exact-prefix/index/exact-index';
+import { createKvEventSubscriber, type KvEventSubscriber, type KvSubscriberOptions } from '../../../lib/exact-prefix/events/subscriber';
+import { Recorder } from '../helpers';
+import { RawEngine, batch, seqFrame, storedEvent } from './raw-engine';
+
+const closers: Array<() => Promise<void>> = [];
+afterEach(async () => {
+  while (closers.length > 0) await (closers.pop() as () => Promise<void>)();
+});
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+async function engine(rank = 0): Promise<RawEngine> {
+  const one = await new RawEngine(rank).start();
+  closers.push(() => one.close());
+  return one;
+}
+
+function subscribe(one: RawEngine, extra: Partial<KvSubscriberOptions> = {}): { index: KvExactIndex; recorder: Recorder; sub: KvEventSubscriber } {
+  const index = new KvExactIndex({ ranks: [one.rank] });
+  const recorder = new Recorder();
+  const sub = createKvEventSubscriber({ upstream: 'raw', ranks: [one.rank], endpoint: [one.endpoint], replayEndpoint: [one.replayEndpoint], sink: index, listener: recorder, ...extra });
+  closers.push(() => sub.close());
+  return { index, recorder, sub };
+}
+
+/** A chain of blocks of size 2: block i holds tokens [i, i] under block i − 1. */
+function chainBlock(i: number, rank = 0): Buffer {
+  return batch([storedEvent([1000 + i], i === 0 ? null : 999 + i, [i, i], 2)], rank);
+}
+const chainPrompt = (blocks: number) => Array.from({ length: blocks * 2 }, (_, t) => Math.floor(t / 2));
+
+/** Publishes empty batches until `condition` holds: what a quiet engine's next steps would be. */
+async function nudge(one: RawEngine, condition: () => boolean, what: string): Promise<void> {
+  for (let i = 0; i < 400 && !condition(); i++) {
+    await one.publish(batch([], one.rank));
+    await sleep(25);
+  }
+  if (!condition()) throw new Error(`never: ${what}`);
+}
+
+async function healthz(): Promise<{ server: Server; worst: () => number; stop: () => void }> {
+  const server = createServer((_req, res) => res.end('ok'));
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  closers.push(() => new Promise((resolve) => server.close(() => resolve())));
+  const { port } = server.address() as AddressInfo;
+  let worst = 0;
+  let running = true;
+  void (async () => {
+    while (running) {
+      const started = Date.now();
+      await new Promise<void>((resolve) => request({ port, host: '127.0.0.1', path: '/healthz', agent: false }, (res) => res.resume().on('end', resolve)).on('error', () => resolve()).end());
+      worst = Math.max(worst, Date.now() - started);
+      await sleep(5);
+    }
+  })();
+  return { server, worst: () => worst, stop: () => (running = false) };
+}
+
+describe('the KV-event subscriber under a hostile or broken engine', () => {
+  it('a warm engine rebuilds a new subscriber from its buffer before it is fresh (issue 27.5)', async () => {
+    const one = await engine();
+    // 50 blocks stored before this gateway started (published to nobody).
+    for (let i = 0; i < 50; i++) await one.publish(chainBlock(i));
+    const { index, recorder, sub } = subscribe(one);
+    // Nothing is published after the gateway starts: the replay from sequence 0 on connect does it.
+    await recorder.until(() => sub.isFresh(0) && index.blockCount(0) === 50, 'the rank rebuilt from the buffer');
+    expect(index.blockCount(0)).toBe(50);
+    expect(index.match(chainPrompt(50)).matchedBlocks[0]).toBe(50);
+  });
+
+  it('a hole inside a replay clears the rank there: an evicted block is not left indexed (item 22.7)', async () => {
+    const one = await engine();
+    await one.publish(batch([storedEvent([1], null, [5, 5], 2)], 0)); // seq 0: A stored
+    await one.publish(batch([['BlockRemoved', [1], 'GPU']], 0)); // seq 1: A evicted
+    await one.publish(batch([storedEvent([2], null, [6, 6], 2)], 0)); // seq 2: B stored
+    // The ROUTER leaves out the removal.
+    one.replay = async (router, identity, from, buffer) => {
+      for (const [seq, payload] of buffer) if (seq >= from && seq !== 1) await router.send([identity, Buffer.alloc(0), seqFrame(seq), payload]);
+      await router.send([identity, Buffer.alloc(0), seqFrame(-1), Buffer.alloc(0)]);
+    };
+    const { index, sub } = subscribe(one);
+    await nudge(one, () => sub.isFresh(0) && index.match([6, 6]).matchedBlocks[0] === 1, 'B indexed');
+    expect(index.match([5, 5]).matchedBlocks[0]).toBe(0);
+  });
+
+  it('a ROUTER trickling stale frames holds a rank no longer than one replay deadline (item 22.11)', async () => {
+    const one = await engine();
+    for (let i = 0; i < 3; i++) await one.publish(chainBlock(i));
+    let trickling = true;
+    one.replay = async (router, identity) => {
+      // Frames forever, never the end marker.
+      while (trickling) {
+        await router.send([identity, Buffer.alloc(0), seqFrame(0), chainBlock(0)]);
+        await sleep(50);
+      }
+    };
+    closers.push(async () => {
+      trickling = false;
+    });
+    const started = Date.now();
+    const { index, sub } = subscribe(one, { replayTimeoutMs: 400 });
+    await nudge(one, () => sub.isFresh(0), 'fresh');
+    // A per-frame timeout never ran out here.
+    expect(Date.now() - started).toBeLessThan(3_000);
+    trickling = false;
+    one.replay = (await import('./raw-engine')).honestReplay;
+    await one.publish(chainBlock(3));
+    // The rank is rebuilt from the buffer once a replay answers: all four blocks.
+    await nudge(one, () => index.blockCount(0) === 4, 'the rank rebuilt after the stuck replay');
+  });
+
+  it('replayable gaps, a replay that never answers, then traffic: the index equals the engine (items 22.17, 21.4)', async () => {
+    const one = await engine();
+    const { index, recorder, sub } = subscribe(one, { replayTimeoutMs: 300 });
+    await nudge(one, () => sub.isFresh(0), 'fresh');
+    let blocks = 0;
+    const store = (drop = false) => one.publish(chainBlock(blocks++), drop);
+    for (let i = 0; i < 5; i++) await store();
+    // Twice: the next 3 batches dropped from PUB but kept for replay, then one live.
+    for (let round = 0; round < 2; round++) {
+      for (let i = 0; i < 3; i++) await store(true);
+      await store();
+      await nudge(one, () => index.blockCount(0) === blocks, `round ${round} repaired`);
+    }
+    // A gap whose replay is never answered: the rank is cleared, and then rebuilt.
+    const honest = one.replay;
+    one.replay = async () => {
+      one.replay = honest;
+    };
+    for (let i = 0; i < 3; i++) await store(true);
+    await store();
+    await recorder.until(() => recorder.gaps.some(([, outcome]) => outcome === 'lost'), 'the lost gap');
+    for (let i = 0; i < 4; i++) await store();
+    await nudge(one, () => index.blockCount(0) === blocks && sub.isFresh(0), 'the index following the engine again');
+    expect(index.match(chainPrompt(blocks)).matchedBlocks[0]).toBe(blocks);
+  });
+
+  it('a batch of the largest size the decoder takes, and one past it, leave /healthz answering (item 22.3)', async () => {
+    const one = await engine();
+    const { recorder, sub } = subscribe(one);
+    await nudge(one, () => sub.isFresh(0), 'fresh');
+    // Packed before the probe starts: packing runs in this process too.
+    const payload = (count: number, from: number) => {
+      const hashes = Array.from({ length: count }, (_, i) => from + i + 1);
+      return batch([storedEvent(hashes, null, hashes.map((h) => h % 100), 1)], 0);
+    };
+    // 1.9 MiB and 600k values (within the earlier bounds), then 120k blocks (240k values, within today's).
+    const payloads = [payload(300_000, 0), payload(120_000, 1_000_000)];
+    expect(payloads[0].length).toBeLessThan(2 * 1024 * 1024);
+    const probe = await healthz();
+    await sleep(50);
+    for (const one_ of payloads) await one.publish(one_);
+    await recorder.until(() => recorder.count(0, 'stored') + recorder.count(0, 'invalid') === 2, 'both batches handled', 60_000);
+    expect(recorder.count(0, 'invalid')).toBe(1);
+    probe.stop();
+    // Decoded and applied whole, these held the event loop for seconds; now the worst pause
+    // is one payload's decode (a few ms idle, ~100 ms with 9 processes a core).
+    expect(probe.worst()).toBeLessThan(1_000);
+  }, 90_000);
+});

@@ -8,7 +8,9 @@ import { createMetrics, NO_METRICS, type RouterMetrics } from './observe/metrics
 import { parseOptions, type Configuration, type DpRankOptions, type DpRouterOptions, type Mode, type UpstreamConfig } from './options';
 import { createPipeline, type Pipeline, type Proceed } from './pipeline';
 import type { EndpointSnapshot } from './types';
-import { parseUpstreams, type UpstreamOptions } from './upstreams/upstream-options';
+import { parseUpstreams, type UpstreamEntry } from './upstreams/upstream-options';
+import { startDnsDiscovery, type DnsDiscovery } from './pools/dns-discovery';
+import { hasDnsEntries } from './pools/upstream-sources';
 
 /** A Connect/Express-style handler, typed on `node:http` so it fits Express 4 and 5 alike. */
 export type Middleware = (req: IncomingMessage, res: ServerResponse, next: (error?: unknown) => void) => void;
@@ -26,7 +28,7 @@ export interface RoutingHelpers {
    * `TypeError` and changes nothing). Requests in flight finish where they are; endpoints
    * that stay keep their counts and health; removed endpoints' metric series are removed.
    */
-  setUpstreams(upstreams: readonly UpstreamOptions[]): void;
+  setUpstreams(upstreams: readonly UpstreamEntry[]): void;
   /** Stops every timer and socket the router owns. */
   close(): Promise<void>;
 }
@@ -80,7 +82,11 @@ export function createRouting(options: DpRankOptions | DpRouterOptions, proceed:
     );
     reconfigure(table.upstreams.map((current) => (current.name === upstream.name ? discovered : current)));
   });
-  const onClose: Array<() => void | Promise<void>> = [() => watch.stop(), () => metrics.close()];
+  const onClose: Array<() => void | Promise<void>> = [() => watch.stop(), () => metrics.close(), () => dns?.stop()];
+  // Upstreams found by DNS join and leave through the same path as setUpstreams().
+  const startDns = (sources: readonly UpstreamConfig[]) =>
+    startDnsDiscovery(sources, { current: () => table.upstreams, apply: reconfigure, metrics: config.metrics, warn: (message) => config.logger.warn(message) });
+  let dns: DnsDiscovery | undefined = hasDnsEntries(config.upstreamSources) ? startDns(config.upstreamSources) : undefined;
   // Exact prefix routing: with a tokenizer, every upstream with `kvEvents` is subscribed to.
   const exact =
     config.tokenizer === undefined
@@ -114,7 +120,11 @@ export function createRouting(options: DpRankOptions | DpRouterOptions, proceed:
     metrics: serveMetrics,
     registry,
     endpoints: () => table.snapshot(),
-    setUpstreams: (upstreams) => reconfigure(parseUpstreams('upstreams', upstreams)),
+    setUpstreams: (upstreams) => {
+      const sources = parseUpstreams('upstreams', upstreams);
+      if (dns === undefined && !hasDnsEntries(sources)) reconfigure(sources);
+      else (dns ??= startDns([])).set(sources);
+    },
     close: () => {
       closed ??= Promise.resolve()
         .then(() => Promise.all(onClose.map((stop) => stop())))

@@ -7,6 +7,7 @@ export type GatewayErrorType =
   | 'RequestTimeoutError'
   | 'RequestEntityTooLargeError'
   | 'BadGatewayError'
+  | 'NotFoundError'
   | 'NotImplementedError'
   | 'ServiceUnavailableError'
   | 'GatewayTimeoutError';

@@ -12,6 +12,7 @@ import { createRequestInputs, NO_HINT, type BodyView, type HintVerdict, type Jud
 import { clientGone, type TryFailure, type TryOutcomes, type UpstreamProxy } from './forward/proxy';
 import { RankDecision, RouteState, type RouteReports, type RoutedRequest } from './request/route-state';
 import type { PickContext } from './types';
+import { leastLoadedOfRank, type ModelRouting } from './pools/model-routing';
 
 /*
  * One request's way through the router, in the order it happens:
@@ -40,7 +41,7 @@ type BodyPurpose = 'routing' | 'replay';
  * response closes; then `proceed`. Client mistakes are answered here; only the code's own
  * faults reach `next(error)`.
  */
-export function createPipeline(config: Configuration, table: EndpointTable, metrics: RouterMetrics, proceed: Proceed, exact?: ExactLookup) {
+export function createPipeline(config: Configuration, table: EndpointTable, metrics: RouterMetrics, proceed: Proceed, exact?: ExactLookup, models?: ModelRouting) {
   const { hintHeader, header, policy, trust, onInvalid, bodyBudget, bodyTimeoutMs } = config;
   // The decision header names the index that scored the rank (docs/exact-prefix-routing.md).
   const namesIndex = config.exposeDecision && policy.name === 'prefix-aware';
@@ -68,7 +69,12 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
     // would only make http-proxy skip its `proxyReq` event, where timeouts are armed.
     if (headers.expect !== undefined) delete headers.expect;
 
-    const wantsBody = inputs.wantsBody(req);
+    if (models !== undefined && models.answersModelList(req)) {
+      models.sendModelList(res);
+      return;
+    }
+    // Routing by model reads the body only once some upstream's models are known.
+    const wantsBody = inputs.wantsBody(req) || (models !== undefined && models.active);
     const bodied = hasBody(req);
     // Each property of `req` read costs a lookup V8 cannot cache (see RankDecision): a stream
     // that has ended is complete, so `readableEnded` is read only for a complete body.
@@ -164,20 +170,30 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
 
   function decide(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, trusted: boolean, headerHint: HintVerdict, body: BodyView | undefined): void {
     if (res.destroyed) return;
+    // The candidate filter: a request naming a model goes to the endpoints of its pool.
+    let pool: readonly RouteEndpoint[] | undefined;
+    if (models !== undefined && body !== undefined && models.active) {
+      const model = inputs.model(body);
+      pool = models.candidatesFor(res, req.originalUrl ?? req.url ?? '/', model);
+      if (pool === undefined) return;
+      if (typeof model === 'string') route.model = model;
+    }
     route.hintFields = inputs.hintFields(body);
     const verdict = headerHint === NO_HINT ? inputs.bodyHint(body, trusted) : headerHint;
     if (verdict.outcome !== 'none') metrics.hint(verdict.outcome);
-    if (verdict.outcome === 'accepted') {
-      // Judged available: the rank has a healthy replica.
-      route.assign(req, res, table.leastLoadedOfRank(verdict.rank!)!, 'hint', 'accepted');
+    // Judged available: the rank has a healthy replica (within the model's pool, if it has one there).
+    const hinted = verdict.outcome !== 'accepted' ? undefined : pool === undefined ? table.leastLoadedOfRank(verdict.rank!) : leastLoadedOfRank(pool, verdict.rank!);
+    if (hinted !== undefined) {
+      route.assign(req, res, hinted, 'hint', 'accepted');
+      if (route.model !== undefined) models!.sent(route.model, hinted);
       proceed(req, res, next, route);
       return;
     }
-    if (onInvalid === 'reject' && verdict.outcome !== 'none' && verdict.outcome !== 'untrusted') {
+    if (onInvalid === 'reject' && verdict.outcome !== 'none' && verdict.outcome !== 'untrusted' && verdict.outcome !== 'accepted') {
       reject(res, verdict);
       return;
     }
-    const candidates = table.healthy();
+    const candidates = pool ?? table.healthy();
     if (candidates.length === 0) {
       sendError(res, 503, 'ServiceUnavailableError', 'No healthy data-parallel endpoint is available.');
       return;
@@ -200,6 +216,7 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
       return;
     }
     route.assign(req, res, chosen, 'assigned', verdict.outcome === 'none' ? undefined : verdict.outcome);
+    if (route.model !== undefined) models!.sent(route.model, chosen);
     if (namesIndex) res.setHeader(DECISION_HEADER, `${chosen.receipts.assigned}; index=${picking.exact?.source ?? 'approximate'}`);
     if (scoredPolicy !== undefined && prompt !== undefined) config.tracing.prefixScored(req, picking.exact?.source ?? 'approximate', scoredPolicy.matchedShare);
     proceed(req, res, next, route);
@@ -240,6 +257,10 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
     handle,
     readBody,
     bodyLimit,
+    /** The endpoints a retry of this request may go to: its model's pool, where it has one. */
+    retryCandidates(route: RouteState): readonly RouteEndpoint[] {
+      return models === undefined ? table.healthy() : models.retryCandidates(route.model);
+    },
     /** Sets what a retry may hold (`retry.maxBodyBytes`, or 0 where there is nowhere to retry). */
     setRetryBodyLimit(limit: number): void {
       retryBodyLimit = limit;
@@ -389,7 +410,7 @@ export function createForwarding(parts: ForwardingParts): { forward: Proceed; ou
     const tried = (route.tried ??= []);
     tried.push(failed);
     const skip = (endpoint: RouteEndpoint) => failedBefore(endpoint, tried);
-    const next = route.source === 'hint' ? table.leastLoadedOfRank(failed.rank, skip) : pickAgain(req, route.context, skip);
+    const next = route.source === 'hint' ? table.leastLoadedOfRank(failed.rank, skip) : pickAgain(req, route, skip);
     if (next === undefined) return false;
     route.moveTo(req, res, next);
     undoForwardedHeaders(req);
@@ -399,8 +420,9 @@ export function createForwarding(parts: ForwardingParts): { forward: Proceed; ou
     return true;
   }
 
-  function pickAgain(req: RoutedRequest, picked: PickContext | undefined, skip: (endpoint: RouteEndpoint) => boolean): RouteEndpoint | undefined {
-    const candidates = table.healthy().filter((endpoint) => !skip(endpoint));
+  function pickAgain(req: RoutedRequest, route: RouteState, skip: (endpoint: RouteEndpoint) => boolean): RouteEndpoint | undefined {
+    const picked = route.context;
+    const candidates = pipeline.retryCandidates(route).filter((endpoint) => !skip(endpoint));
     if (candidates.length === 0) return undefined;
     const context: PickContext = picked ?? { path: req.url ?? '/', affinityKey: undefined, prompt: undefined };
     try {

@@ -11,6 +11,7 @@ import type { EndpointSnapshot } from './types';
 import { parseUpstreams, type UpstreamEntry } from './upstreams/upstream-options';
 import { startDnsDiscovery, type DnsDiscovery } from './pools/dns-discovery';
 import { hasDnsEntries } from './pools/upstream-sources';
+import { createModelRouting } from './pools/model-routing';
 
 /** A Connect/Express-style handler, typed on `node:http` so it fits Express 4 and 5 alike. */
 export type Middleware = (req: IncomingMessage, res: ServerResponse, next: (error?: unknown) => void) => void;
@@ -66,6 +67,8 @@ export function createRouting(options: DpRankOptions | DpRouterOptions, proceed:
   const scraped = () => watchedUpstreams(table.upstreams, config.loadFeedback);
   const metrics = config.metrics ? createMetrics(registry, config.metrics.prefix, table, scraped()) : NO_METRICS;
   const onReconfigure: Array<(change: EndpointChange) => void> = [];
+  const models = createModelRouting(table, (message) => config.logger.warn(message));
+  onReconfigure.push((change) => models.reconfigure(table.upstreams, change.removed));
 
   const reconfigure = (upstreams: readonly UpstreamConfig[]) => {
     const change = table.reconfigure(upstreams);
@@ -82,7 +85,7 @@ export function createRouting(options: DpRankOptions | DpRouterOptions, proceed:
     );
     reconfigure(table.upstreams.map((current) => (current.name === upstream.name ? discovered : current)));
   });
-  const onClose: Array<() => void | Promise<void>> = [() => watch.stop(), () => metrics.close(), () => dns?.stop()];
+  const onClose: Array<() => void | Promise<void>> = [() => watch.stop(), () => metrics.close(), () => dns?.stop(), () => models.stop()];
   // Upstreams found by DNS join and leave through the same path as setUpstreams().
   const startDns = (sources: readonly UpstreamConfig[]) =>
     startDnsDiscovery(sources, { current: () => table.upstreams, apply: reconfigure, metrics: config.metrics, warn: (message) => config.logger.warn(message) });
@@ -132,6 +135,6 @@ export function createRouting(options: DpRankOptions | DpRouterOptions, proceed:
       return closed;
     },
   };
-  const pipeline = createPipeline(config, table, metrics, proceed, exact);
+  const pipeline = createPipeline(config, table, metrics, proceed, exact, models);
   return { config, table, metrics, handle: pipeline.handle as Middleware, pipeline, helpers, onClose, onReconfigure };
 }

@@ -3,6 +3,9 @@ import { fail, shown } from '../option-checks';
 /** Longest model name accepted, configured or learned: Hugging Face ids and adapter names are far shorter. */
 export const MAX_MODEL_NAME = 256;
 
+/** A body without a `model` member (as opposed to one whose `model` is not a string). */
+export const NO_MODEL: unique symbol = Symbol('no model');
+
 /** Whether `value` can be a model name: 1 to {@link MAX_MODEL_NAME} characters, no control characters. */
 export function isModelName(value: unknown): value is string {
   // eslint-disable-next-line no-control-regex

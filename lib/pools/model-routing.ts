@@ -85,6 +85,10 @@ export function createModelRouting(table: EndpointTable, warn: (message: string)
     get active(): boolean {
       return pools.active;
     },
+    /** Whether some upstream's models are known (the gateway answers `GET /v1/models`). */
+    get listed(): boolean {
+      return pools.listed;
+    },
     answersModelList,
     sendModelList,
     candidatesFor,

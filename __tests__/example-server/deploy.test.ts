@@ -115,6 +115,12 @@ function manifestSettings(spec: any): GatewaySettings {
   return settings;
 }
 
+/** The manifest's upstream (found by DNS in a cluster) as one server at `url`. */
+function atUrl(upstream: GatewaySettings['upstreams'][number], url: string): GatewaySettings['upstreams'][number] {
+  const { dns: _dns, ...rest } = upstream as { dns?: unknown };
+  return { ...(rest as object), url };
+}
+
 /** `--flag=value` or `--flag value` from an argument list. */
 function flagValue(args: readonly string[], flag: string): string | undefined {
   for (const [index, arg] of args.entries()) {
@@ -396,9 +402,9 @@ describe('Kubernetes manifests', () => {
     expect(notStrings).toEqual([]);
   });
 
-  it('kustomization.yaml lists the gateway Deployment and Service, files that exist', () => {
+  it('kustomization.yaml lists the gateway Deployment and Service and the headless Service it finds vLLM by, files that exist', () => {
     const kustomization = byKind(`${K8S}/kustomization.yaml`, 'Kustomization');
-    expect(kustomization.resources).toEqual(['gateway-deployment.yaml', 'gateway-service.yaml']);
+    expect(kustomization.resources).toEqual(['gateway-deployment.yaml', 'gateway-service.yaml', 'vllm-headless-service.yaml']);
     for (const resource of kustomization.resources) expect(existsSync(path.join(REPO, K8S, resource))).toBe(true);
   });
 
@@ -500,11 +506,7 @@ describe('the example server started with the manifest\'s args', () => {
       port: 0,
       host: '127.0.0.1',
       drainTimeoutMs: 1000,
-      upstreams: settings.upstreams.map((upstream) => {
-        if (!('dns' in upstream) || upstream.dns === undefined) return upstream;
-        const { dns: _dns, ...rest } = upstream;
-        return { ...rest, url: mock.url };
-      }),
+      upstreams: settings.upstreams.map((upstream) => ('dns' in upstream && upstream.dns !== undefined ? atUrl(upstream, mock.url) : upstream)),
     });
     expect(gateway.mock).toBeUndefined();
   });
@@ -550,7 +552,7 @@ describe('the example server started with the manifest\'s args', () => {
     // And with an upstream that refuses every connection.
     const closedPort = await freePort();
     const settings = manifestSettings(spec());
-    const dead = await startExampleGateway({ ...settings, port: 0, host: '127.0.0.1', drainTimeoutMs: 1000, upstreams: [{ ...settings.upstreams[0], url: `http://127.0.0.1:${closedPort}` }] });
+    const dead = await startExampleGateway({ ...settings, port: 0, host: '127.0.0.1', drainTimeoutMs: 1000, upstreams: [atUrl(settings.upstreams[0], `http://127.0.0.1:${closedPort}`)] });
     try {
       expect(await (await fetch(`${dead.url}/healthz`)).json()).toEqual({ status: 'ok' });
     } finally {
@@ -562,7 +564,7 @@ describe('the example server started with the manifest\'s args', () => {
     const settings = manifestSettings(spec());
     expect(settings.healthCheckMs).toBeGreaterThan(0);
     // The manifest's interval, shortened so the test does not wait out two real probes.
-    const checked = await startExampleGateway({ ...settings, healthCheckMs: 50, port: 0, host: '127.0.0.1', drainTimeoutMs: 1000, upstreams: [{ ...settings.upstreams[0], url: mock.url }] });
+    const checked = await startExampleGateway({ ...settings, healthCheckMs: 50, port: 0, host: '127.0.0.1', drainTimeoutMs: 1000, upstreams: [atUrl(settings.upstreams[0], mock.url)] });
     const readiness = async () => (await fetch(checked.url + spec().readinessProbe.httpGet.path)).status;
     const eventually = async (status: number) => {
       // Gives up quietly: the caller's expect() then shows the status it got instead.

@@ -3,6 +3,8 @@ import { createServer, request, type IncomingMessage, type Server, type ServerRe
 import type { AddressInfo } from 'node:net';
 import type { Registry } from 'prom-client';
 import { dpRouter, OptionError } from '../../lib';
+import { parseCommandLine, type GatewaySettings } from '../../example-server/cli';
+import { startExampleGateway } from '../../example-server/gateway';
 import { closedAfterEach, closerOf, exchange, startDnsmasq, startGateway, waitFor, type Dnsmasq } from '../helpers';
 
 const started = closedAfterEach();
@@ -178,6 +180,21 @@ describe('upstreams found by DNS', () => {
     expect(router.endpoints().map(({ upstream }) => upstream)).toEqual(['fixed', '127.0.0.2']);
     router.setUpstreams([{ url: 'http://127.0.0.9:1', name: 'fixed' }]);
     expect(router.endpoints().map(({ upstream }) => upstream)).toEqual(['fixed']);
+  });
+
+  it('the example server finds its upstreams with --upstream-dns and --dns-server', async () => {
+    const pods = await startServers(['127.0.0.2', '127.0.0.3']);
+    const dns = await dnsmasq([
+      ['127.0.0.2', 'pods.test'],
+      ['127.0.0.3', 'pods.test'],
+    ]);
+    const settings = parseCommandLine(['--upstream-dns', `pods.test:${pods.port}`, '--dns-server', dns.server, '--dp-size', '1', '--port', '0', '--policy', 'round-robin']) as GatewaySettings;
+    const gateway = await startExampleGateway({ ...settings, drainTimeoutMs: 100 });
+    started.push(gateway);
+    expect(gateway.summary).toContain(`every address of pods.test:${pods.port}`);
+    await waitFor(() => gateway.router.endpoints().length === 2);
+    for (let i = 0; i < 2; i++) expect((await exchange(gateway.url, { body: '{}' })).status).toBe(200);
+    expect(new Set(pods.hits)).toEqual(new Set(['127.0.0.2', '127.0.0.3']));
   });
 
   it.each([

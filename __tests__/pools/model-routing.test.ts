@@ -69,6 +69,12 @@ describe('pools by model', () => {
     // A path whose body names no model goes anywhere, as before.
     expect((await post(url, '{"lora_name":"a"}', '/v1/load_lora_adapter')).status).toBe(200);
     expect(llama.seen.length + qwen.seen.length).toBe(5);
+    // A name longer than any model is cut in the answer, also from a body too large to decode whole.
+    for (const padding of [0, 1024 * 1024]) {
+      const long = await post(url, JSON.stringify({ model: 'm'.repeat(2000), messages: [], pad: 'x'.repeat(padding) }));
+      expect(long.status).toBe(404);
+      expect(JSON.parse(long.body).error.message).toBe(`The model \`${'m'.repeat(256)}…\` does not exist.`);
+    }
 
     const list = await exchange(url, { method: 'GET', path: '/v1/models', body: '' });
     expect(list.status).toBe(200);

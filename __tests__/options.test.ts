@@ -194,6 +194,7 @@ const wrongValues: Array<[path: string, value: unknown]> = [
     rankHeader: 'relative',
     discover: 'yes',
     kvEvents: 'tcp://10.0.0.5:5557',
+    models: [''],
   } satisfies WrongValues<UpstreamOptions>),
   ...rows('upstreams[0].kvEvents', { endpoint: 'tcp://*:5557', replayEndpoint: ['tcp://h:1', 'tcp://h:2'], topic: 7 } satisfies WrongValues<KvEventsOptions>),
   ...rows('upstreams[0].discover', { intervalMs: 5 } satisfies WrongValues<DiscoverOptions>),

@@ -1,10 +1,11 @@
-import type { PolicyName, RankHeaderMode, UpstreamOptions } from '../lib';
+import { Resolver } from 'node:dns';
+import type { DnsUpstreamOptions, PolicyName, RankHeaderMode, UpstreamOptions } from '../lib';
 import { resolveKvEndpoints } from '../lib/exact-prefix/events/endpoints';
 import type { KvEventsOptions } from '../lib/exact-prefix/events/source';
 import { redactUrl, upstreamUrlProblem } from '../lib/upstreams/upstream-url';
 
 /** An upstream as the gateway passes it to the router, with where its KV events are published. */
-export type GatewayUpstream = UpstreamOptions & { kvEvents?: KvEventsOptions };
+export type GatewayUpstream = (UpstreamOptions | DnsUpstreamOptions) & { kvEvents?: KvEventsOptions };
 
 /** The gateway's settings, as read from the command line and environment. */
 export interface GatewaySettings {
@@ -66,6 +67,15 @@ Options:
   --start-rank N        first global rank of upstreams given without @RANKS          [0]
   --rank-header MODE    global | local (hybrid LB: rank − start) | none (external LB,
                         one server per rank)                             [global]
+  --upstream-dns NAME:PORT[@RANKS]
+                        every address NAME resolves to (A and AAAA: a Kubernetes
+                        headless Service) is a vLLM server on PORT, re-resolved every 10 s;
+                        each is named NAME/ADDRESS. Repeatable.
+  --dns-server ADDR     the DNS server --upstream-dns asks, e.g. 10.96.0.10 or
+                        127.0.0.1:5353; repeatable                       [the system's]
+  --model NAME          the --upstream (or --upstream-dns) before it serves model NAME;
+                        repeatable. Requests then go to the servers of their "model";
+                        servers given no --model serve every model
   --kv-events ENDPOINT[,REPLAY_ENDPOINT]
                         the --upstream before it publishes KV events (vLLM's
                         --kv-events-config), e.g. tcp://10.0.0.5:5557,tcp://10.0.0.5:5558:
@@ -111,6 +121,12 @@ interface ParseState {
   kvEvents: Map<string, KvEventsOptions>;
   discover: boolean;
   upstreamSpecs: string[];
+  dnsSpecs: string[];
+  dnsServers: string[];
+  /** Models per upstream key (its URL, or `dns:NAME:PORT`), from `--model`. */
+  models: Map<string, string[]>;
+  /** The key of the last --upstream or --upstream-dns, which --model applies to. */
+  lastUpstream: string | undefined;
   startRank: number | undefined;
   rankHeader: RankHeaderMode;
   help: boolean;
@@ -127,7 +143,28 @@ type Flag = { switch: (state: ParseState, on: boolean) => void } | { value: (sta
 const FLAGS: Readonly<Record<string, Flag>> = {
   '--port': { value: (s, raw, flag) => (s.settings.port = integer(flag, raw, 0, 65535)) },
   '--host': { value: (s, raw) => (s.settings.host = raw) },
-  '--upstream': { value: (s, raw) => s.upstreamSpecs.push(raw) },
+  '--upstream': {
+    value: (s, raw) => {
+      s.upstreamSpecs.push(raw);
+      s.lastUpstream = parseUpstreamSpec(raw, 1).url;
+    },
+  },
+  '--upstream-dns': {
+    value: (s, raw) => {
+      s.dnsSpecs.push(raw);
+      const { name, port } = parseDnsSpec(raw, 1, undefined);
+      s.lastUpstream = `dns:${name}:${port}`;
+    },
+  },
+  '--dns-server': { value: (s, raw, flag) => s.dnsServers.push(dnsServer(flag, raw)) },
+  '--model': {
+    value: (s, raw, flag) => {
+      if (s.lastUpstream === undefined) throw new UsageError(`${flag} names a model of the --upstream or --upstream-dns before it`);
+      const models = s.models.get(s.lastUpstream) ?? [];
+      if (!models.includes(raw)) models.push(raw);
+      s.models.set(s.lastUpstream, models);
+    },
+  },
   '--dp-size': { value: (s, raw, flag) => (s.settings.dpSize = integer(flag, raw, 1, 65536)) },
   '--start-rank': { value: (s, raw, flag) => (s.startRank = integer(flag, raw, 0, 1_000_000)) },
   '--rank-header': { value: (s, raw, flag) => (s.rankHeader = choice(flag, raw, RANK_HEADERS)) },
@@ -182,6 +219,10 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     kvEvents: new Map(),
     discover: false,
     upstreamSpecs: [],
+    dnsSpecs: [],
+    dnsServers: [],
+    models: new Map(),
+    lastUpstream: undefined,
     startRank: undefined,
     rankHeader: 'global',
     help: false,
@@ -209,10 +250,22 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     spec.value(state, raw, flag);
   }
   const { settings, kvEvents } = state;
+  const withModels = <T extends object>(upstream: T, key: string): T => {
+    const models = state.models.get(key);
+    return { ...upstream, ...(state.discover && { discover: true }), ...(models && { models }) };
+  };
   settings.upstreams = mergeUpstreams(state.upstreamSpecs, settings.dpSize, state.startRank, state.rankHeader).map((upstream) => {
     const events = kvEvents.get(upstream.url);
-    return { ...upstream, ...(state.discover && { discover: true }), ...(events && { kvEvents: events }) };
+    return { ...withModels(upstream, upstream.url), ...(events && { kvEvents: events }) };
   });
+  for (const spec of state.dnsSpecs) {
+    const { name, port, ranks } = parseDnsSpec(spec, settings.dpSize, state.startRank);
+    const start = state.startRank ?? ranks[0];
+    const dns = { name, port, ...(state.dnsServers.length > 0 && { servers: state.dnsServers }) };
+    const entry = { dns, startRank: start, dataParallelSize: ranks[ranks.length - 1] - start + 1, ranks, rankHeader: state.rankHeader };
+    settings.upstreams.push(withModels(entry, `dns:${name}:${port}`));
+  }
+  if (state.dnsServers.length > 0 && state.dnsSpecs.length === 0) throw new UsageError('--dns-server is the server --upstream-dns asks: give an --upstream-dns too');
   if (kvEvents.size > 0 && settings.tokenizer === undefined) {
     throw new UsageError('--kv-events needs --tokenizer PATH: the router tokenizes prompts with the model\'s own tokenizer to look them up');
   }
@@ -239,6 +292,28 @@ function mergeUpstreams(specs: readonly string[], dpSize: number, startRank: num
     if (start > ranks[0]) throw new UsageError(`--upstream ${url} routes rank ${ranks[0]}, below --start-rank ${start}`);
     return { url, startRank: start, dataParallelSize: ranks[ranks.length - 1] - start + 1, ranks, rankHeader };
   });
+}
+
+/** `NAME:PORT[@RANKS]` of `--upstream-dns`. */
+function parseDnsSpec(spec: string, dpSize: number, startRank: number | undefined): { name: string; port: number; ranks: number[] } {
+  const found = /^([A-Za-z0-9_][A-Za-z0-9_.-]*):(\d{1,5})(?:@([0-9,\- ]+))?$/.exec(spec);
+  if (!found || Number(found[2]) < 1 || Number(found[2]) > 65535) {
+    throw new UsageError(`--upstream-dns ${JSON.stringify(spec)} is not NAME:PORT[@RANKS], e.g. vllm.default.svc.cluster.local:8000`);
+  }
+  const start = startRank ?? 0;
+  const ranks = found[3] === undefined ? Array.from({ length: dpSize }, (_, offset) => start + offset) : [...new Set(parseRankList(spec, found[3]))].sort((a, b) => a - b);
+  if (startRank !== undefined && startRank > ranks[0]) throw new UsageError(`--upstream-dns ${spec} routes rank ${ranks[0]}, below --start-rank ${startRank}`);
+  return { name: found[1], port: Number(found[2]), ranks };
+}
+
+/** A DNS server address as node:dns takes it: an IP address with an optional port. */
+function dnsServer(flag: string, raw: string): string {
+  try {
+    new Resolver().setServers([raw]);
+  } catch {
+    throw new UsageError(`${flag} must be an IP address with an optional port, e.g. 10.96.0.10 or 127.0.0.1:5353, got ${JSON.stringify(raw)}`);
+  }
+  return raw;
 }
 
 function parseUpstreamSpec(spec: string, dpSize: number, startRank = 0): { url: string; ranks: number[] } {

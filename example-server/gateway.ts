@@ -4,7 +4,7 @@ import type { AddressInfo } from 'node:net';
 import type { Logger as PinoLogger } from 'pino';
 import { pinoHttp } from 'pino-http';
 import { Registry } from 'prom-client';
-import { dpRouter, type DpRouter, type UpstreamOptions } from '../lib';
+import { dpRouter, type DpRouter, type UpstreamEntry } from '../lib';
 import { gatewayErrorOf } from '../lib/errors';
 import { DEFAULT_MOCK_PORT, type GatewaySettings } from './cli';
 import { startMockVllm, type MockVllm, type MockVllmOptions } from './mock-vllm';
@@ -31,7 +31,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
   const mockStart = settings.upstreams.length === 0 ? await startMock(settings) : undefined;
   const mock = mockStart?.mock;
   const mockEvents = mock?.kvEvents;
-  const upstreams: UpstreamOptions[] = mock
+  const upstreams: UpstreamEntry[] = mock
     ? [
         {
           url: mock.url,
@@ -153,16 +153,20 @@ export async function startMockOnPort(port: number | undefined, options: MockVll
   }
 }
 
-function describe(url: string, upstreams: readonly UpstreamOptions[], settings: GatewaySettings, mock: MockVllm | undefined): string {
+function describe(url: string, upstreams: readonly UpstreamEntry[], settings: GatewaySettings, mock: MockVllm | undefined): string {
   const targets = upstreams
-    .map((upstream) => `${mock ? `embedded mock vLLM ${upstream.url}` : upstream.url} ranks ${rankList(upstream)} (${upstream.rankHeader ?? 'global'} header)`)
+    .map((upstream) => {
+      const where = 'dns' in upstream && upstream.dns !== undefined ? `every address of ${upstream.dns.name}:${upstream.dns.port}` : mock ? `embedded mock vLLM ${upstream.url}` : upstream.url;
+      const models = upstream.models === undefined ? '' : `, models ${upstream.models.join(', ')}`;
+      return `${where} ranks ${rankList(upstream)} (${upstream.rankHeader ?? 'global'} header${models})`;
+    })
     .join(', ');
   const hints = settings.trustHints ? `hints trusted, invalid → ${settings.onInvalid}` : 'hints untrusted';
   const exact = settings.policy === 'prefix-aware' && upstreams.some((upstream) => upstream.kvEvents !== undefined) ? ' (exact, on KV events)' : '';
   return `express-dp-router listening on ${url} → ${targets}; policy ${settings.policy}${exact}; ${hints}; metrics at ${url}/metrics`;
 }
 
-function rankList(upstream: UpstreamOptions): string {
+function rankList(upstream: UpstreamEntry): string {
   const start = upstream.startRank ?? 0;
   const ranks = upstream.ranks ?? Array.from({ length: upstream.dataParallelSize ?? 1 }, (_, offset) => start + offset);
   const contiguous = ranks.every((rank, index) => index === 0 || rank === ranks[index - 1] + 1);

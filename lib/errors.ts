@@ -60,6 +60,7 @@ export type GatewayErrorType =
   | 'RequestTimeoutError'
   | 'RequestEntityTooLargeError'
   | 'BadGatewayError'
+  | 'NotFoundError'
   | 'NotImplementedError'
   | 'ServiceUnavailableError'
   | 'GatewayTimeoutError';

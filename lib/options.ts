@@ -14,14 +14,15 @@ import { parseAffinity, type AffinityOptions } from './policies/session-affinity
 import { parseRetries, type RetryConfig, type RetryOptions } from './forward/retry-options';
 import { parseTimeouts, type BodyTimeoutOptions, type TimeoutConfig, type TimeoutOptions } from './forward/timeout-options';
 import type { Policy, PolicyName } from './types';
-import { parseUpstreams, type UpstreamConfig, type UpstreamOptions } from './upstreams/upstream-options';
+import { parseUpstreams, type UpstreamConfig, type UpstreamEntry } from './upstreams/upstream-options';
+import { fixedUpstreams } from './pools/upstream-sources';
 
 export type { HealthCheckConfig, LoadFeedbackConfig, OutlierDetectionConfig, UpstreamConfig };
 
 /** Options of {@link dpRank}: hint handling and rank assignment, without the proxy. */
 export interface DpRankOptions extends BodyLimitOptions {
-  /** The vLLM servers and the ranks each serves. Required, at least one. */
-  upstreams: readonly UpstreamOptions[];
+  /** The vLLM servers (by `url`, or every address of a `dns` name) and the ranks each serves. Required, at least one. */
+  upstreams: readonly UpstreamEntry[];
   /** How a rank is assigned when no valid trusted hint was given. Default: `'least-outstanding'`. */
   policy?: PolicyName | Policy;
   /** Client hint handling. Default: hints untrusted. */
@@ -91,7 +92,10 @@ export type Mode = 'dpRank' | 'dpRouter';
  * own objects (a Policy, a registry, a logger, a `trust` function) are kept as given.
  */
 export interface Configuration extends HintConfig, TimeoutConfig, RetryConfig {
+  /** The upstreams given by `url`: DNS entries add theirs once resolved. */
   readonly upstreams: readonly UpstreamConfig[];
+  /** Every entry as given, DNS entries as templates. */
+  readonly upstreamSources: readonly UpstreamConfig[];
   /** A built-in policy's name, or the user's Policy object. */
   readonly policy: PolicyName | Policy;
   /** What a built-in policy is built with (`affinity`, `prefixAware`). */
@@ -153,15 +157,16 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
   rejectUnknownKeys('', options, proxying ? ROUTER_KEYS : RANK_KEYS);
   const proxy: ProxyOptions = proxying ? (options as DpRouterOptions) : {};
   // In this order, so that the first wrong option is reported first.
-  const upstreams = parseUpstreams('upstreams', options.upstreams);
+  const upstreamSources = parseUpstreams('upstreams', options.upstreams);
   const hints = parseHints('hints', options.hints);
   const { sessionAffinity, ...affinity } = parseAffinity('affinity', options.affinity);
   const { tokenizer, ...prefixAware } = parsePrefixAware('prefixAware', options.prefixAware);
   const tokenizerFiles = parseTokenizer('prefixAware.tokenizer', tokenizer);
   const policy = parsePolicy('policy', options.policy);
-  requireTokenizerForKvEvents(upstreams, options.policy === 'prefix-aware', tokenizerFiles);
+  requireTokenizerForKvEvents(upstreamSources, options.policy === 'prefix-aware', tokenizerFiles);
   return Object.freeze({
-    upstreams,
+    upstreams: fixedUpstreams(upstreamSources),
+    upstreamSources,
     policy,
     policySettings: Object.freeze({ sessionAffinity, prefixAware }),
     ...hints,

@@ -4,7 +4,7 @@ import type { RequestLifecycle, Terminal } from './request/lifecycle';
 import type { RouterServices } from './services';
 import type { EndpointSnapshot } from './types';
 import { requireTokenizerForKvEvents } from './exact-prefix/options';
-import { parseUpstreams, type UpstreamOptions } from './upstreams/upstream-options';
+import { parseUpstreams, type UpstreamEntry } from './upstreams/upstream-options';
 
 /** A Connect/Express-style handler, typed on `node:http` so it fits Express 4 and 5 alike. */
 export type Middleware = (req: IncomingMessage, res: ServerResponse, next: (error?: unknown) => void) => void;
@@ -22,7 +22,7 @@ export interface RoutingHelpers {
    * `TypeError` and changes nothing). Requests in flight finish where they are; endpoints
    * that stay keep their counts and health; removed endpoints' metric series are removed.
    */
-  setUpstreams(upstreams: readonly UpstreamOptions[]): void;
+  setUpstreams(upstreams: readonly UpstreamEntry[]): void;
   /** Stops every timer and socket the router owns. */
   close(): Promise<void>;
 }
@@ -52,7 +52,7 @@ export function routerOf(services: RouterServices, lifecycle: RequestLifecycle, 
     setUpstreams: (upstreams) => {
       const parsed = parseUpstreams('upstreams', upstreams);
       requireTokenizerForKvEvents(parsed, services.config.policy === 'prefix-aware', services.config.tokenizer);
-      services.reconfigure(parsed);
+      services.setSources(parsed);
     },
     close: () => {
       closed ??= Promise.resolve()

@@ -15,6 +15,9 @@ import { watchEngines, watchedUpstreams, type EngineWatch } from './upstreams/en
 import { EndpointTable, type RouteEndpoint } from './upstreams/endpoints';
 import { OutlierDetector } from './upstreams/outlier-detector';
 import type { Policy } from './types';
+import { startDnsDiscovery, type DnsDiscovery } from './pools/dns-discovery';
+import { createModelRouting, type ModelRouting } from './pools/model-routing';
+import { hasDnsEntries } from './pools/upstream-sources';
 
 /**
  * Everything one router runs on, built from its configuration in one place, in dependency
@@ -37,7 +40,11 @@ export class RouterServices {
   readonly detector: OutlierDetector | undefined;
   readonly inputs: RequestInputs;
   readonly bodies: BodyReader;
+  /** Pools by model, the LoRA preference and the `GET /v1/models` union. */
+  readonly models: ModelRouting;
   private readonly watch: EngineWatch;
+  /** Upstreams found by DNS; started with the first DNS entry. */
+  private dns: DnsDiscovery | undefined;
   private health: HealthChecker | undefined;
   private readonly healthChanged: HealthChange;
   /** What `close()` stops, in the order it was started. */
@@ -75,6 +82,25 @@ export class RouterServices {
     this.started.push(() => this.health?.stop());
     this.inputs = createRequestInputs(config, policy, table);
     this.bodies = new BodyReader(new BodyBudget(config.maxBufferedBytes), config.bodyTimeoutMs);
+    const models = (this.models = createModelRouting(table, (message) => config.logger.warn(message)));
+    this.started.push(() => models.stop());
+    if (hasDnsEntries(config.upstreamSources)) this.dns = this.startDns(config.upstreamSources);
+    this.started.push(() => this.dns?.stop());
+  }
+
+  /**
+   * `setUpstreams()`: the entries, validated. Without DNS entries they are the upstreams;
+   * with them, DNS discovery follows the entries and applies what their names resolve to.
+   */
+  setSources(sources: readonly UpstreamConfig[]): void {
+    if (this.dns === undefined && !hasDnsEntries(sources)) this.reconfigure(sources);
+    else (this.dns ??= this.startDns([])).set(sources);
+  }
+
+  /** Upstreams found by DNS join and leave through {@link reconfigure}, as setUpstreams() does. */
+  private startDns(sources: readonly UpstreamConfig[]): DnsDiscovery {
+    const { config, table } = this;
+    return startDnsDiscovery(sources, { current: () => table.upstreams, apply: (upstreams) => this.reconfigure(upstreams), metrics: config.metrics, warn: (message) => config.logger.warn(message) });
   }
 
   /**
@@ -87,6 +113,7 @@ export class RouterServices {
     this.metrics.track(change, this.scraped());
     this.watch.sync();
     this.exact?.reconfigure(table.upstreams);
+    this.models.reconfigure(table.upstreams, change.removed);
     if (config.healthCheck) {
       this.health?.stop();
       this.health = startHealthChecks(table, config.healthCheck, this.healthChanged);

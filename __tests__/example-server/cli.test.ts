@@ -116,6 +116,25 @@ describe('parseCommandLine', () => {
     expect(parse('--host=0.0.0.0', '--policy=round-robin')).toMatchObject({ host: '0.0.0.0', policy: 'round-robin' });
   });
 
+  it('finds upstreams by DNS, asks the --dns-server given, and gives --model to the upstream before it', () => {
+    const { upstreams } = parse(
+      '--upstream', 'http://a:8000@0-3',
+      '--model', 'llama',
+      '--model', 'llama-sql-lora',
+      '--upstream-dns', 'vllm-pods.default.svc.cluster.local:8000',
+      '--upstream-dns', 'qwen-pods.default.svc.cluster.local:8001@0,2',
+      '--model', 'qwen',
+      '--dns-server', '10.96.0.10',
+      '--dns-server', '127.0.0.1:5353',
+      '--dp-size', '2',
+    );
+    expect(upstreams).toEqual([
+      { url: 'http://a:8000', startRank: 0, dataParallelSize: 4, ranks: [0, 1, 2, 3], rankHeader: 'global', models: ['llama', 'llama-sql-lora'] },
+      { dns: { name: 'vllm-pods.default.svc.cluster.local', port: 8000, servers: ['10.96.0.10', '127.0.0.1:5353'] }, startRank: 0, dataParallelSize: 2, ranks: [0, 1], rankHeader: 'global' },
+      { dns: { name: 'qwen-pods.default.svc.cluster.local', port: 8001, servers: ['10.96.0.10', '127.0.0.1:5353'] }, startRank: 0, dataParallelSize: 3, ranks: [0, 2], rankHeader: 'global', models: ['qwen'] },
+    ]);
+  });
+
   it('answers help', () => {
     expect(parseCommandLine(['--help'])).toBe('help');
     expect(parseCommandLine(['-h'])).toBe('help');
@@ -149,6 +168,11 @@ describe('parseCommandLine', () => {
     [['--otlp-endpoint', 'grpc://collector:4317'], /--otlp-endpoint must be an http\(s\) URL/],
     [['--otlp-endpoint', 'collector'], /--otlp-endpoint must be an http\(s\) URL/],
     [['--kv-events', 'tcp://a:5557', '--tokenizer', '/t'], /--kv-events names the KV events of the --upstream before it/],
+    [['--model', 'llama'], /--model names a model of the --upstream or --upstream-dns before it/],
+    [['--upstream-dns', 'vllm-pods'], /--upstream-dns "vllm-pods" is not NAME:PORT\[@RANKS\]/],
+    [['--upstream-dns', 'vllm:99999'], /is not NAME:PORT/],
+    [['--upstream-dns', 'vllm:8000', '--dns-server', 'kube-dns'], /--dns-server must be an IP address with an optional port/],
+    [['--dns-server', '10.96.0.10'], /--dns-server is the server --upstream-dns asks/],
     [['--upstream', 'http://a:8000', '--kv-events', 'tcp://a:5557'], /--kv-events needs --tokenizer PATH/],
     [['--upstream', 'http://a:8000', '--kv-events', 'tcp://*:5557', '--tokenizer', '/t'], /--kv-events "tcp:\/\/\*:5557": .*connect to its address/],
     [['--upstream', 'http://a:8000', '--kv-events', 'tcp://a:1,tcp://a:2,tcp://a:3', '--tokenizer', '/t'], /at most two endpoints/],

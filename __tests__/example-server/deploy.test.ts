@@ -38,6 +38,7 @@ const MANIFESTS: Record<string, Array<[string, string]>> = {
   [`${K8S}/gateway-deployment.yaml`]: [['apps/v1', 'Deployment']],
   [`${K8S}/gateway-service.yaml`]: [['v1', 'Service']],
   [`${K8S}/gateway-podmonitor.yaml`]: [['monitoring.coreos.com/v1', 'PodMonitor']],
+  [`${K8S}/vllm-headless-service.yaml`]: [['v1', 'Service']],
   [`${K8S}/vllm-example.yaml`]: [
     ['apps/v1', 'Deployment'],
     ['v1', 'Service'],
@@ -85,6 +86,7 @@ const gatewayDeployment = () => byKind(`${K8S}/gateway-deployment.yaml`, 'Deploy
 const gatewayService = () => byKind(`${K8S}/gateway-service.yaml`, 'Service');
 const vllmDeployment = () => byKind(`${K8S}/vllm-example.yaml`, 'Deployment');
 const vllmService = () => byKind(`${K8S}/vllm-example.yaml`, 'Service');
+const vllmPodsService = () => byKind(`${K8S}/vllm-headless-service.yaml`, 'Service');
 
 function container(deployment: any, name: string): any {
   const found = deployment.spec.template.spec.containers.find((candidate: { name: string }) => candidate.name === name);
@@ -111,6 +113,12 @@ function manifestSettings(spec: any): GatewaySettings {
   const settings = parseCommandLine(spec.args ?? [], env);
   if (settings === 'help') throw new Error('the container args ask for --help');
   return settings;
+}
+
+/** The manifest's upstream (found by DNS in a cluster) as one server at `url`. */
+function atUrl(upstream: GatewaySettings['upstreams'][number], url: string): GatewaySettings['upstreams'][number] {
+  const { dns: _dns, ...rest } = upstream as { dns?: unknown };
+  return { ...(rest as object), url };
 }
 
 /** `--flag=value` or `--flag value` from an argument list. */
@@ -394,9 +402,9 @@ describe('Kubernetes manifests', () => {
     expect(notStrings).toEqual([]);
   });
 
-  it('kustomization.yaml lists the gateway Deployment and Service, files that exist', () => {
+  it('kustomization.yaml lists the gateway Deployment and Service and the headless Service it finds vLLM by, files that exist', () => {
     const kustomization = byKind(`${K8S}/kustomization.yaml`, 'Kustomization');
-    expect(kustomization.resources).toEqual(['gateway-deployment.yaml', 'gateway-service.yaml']);
+    expect(kustomization.resources).toEqual(['gateway-deployment.yaml', 'gateway-service.yaml', 'vllm-headless-service.yaml']);
     for (const resource of kustomization.resources) expect(existsSync(path.join(REPO, K8S, resource))).toBe(true);
   });
 
@@ -459,8 +467,14 @@ describe('Kubernetes manifests', () => {
     expect(containerPort(vllm, service.spec.ports[0].targetPort)).toBe(Number(flagValue(vllm.args, '--port')));
     expect(selects(service.spec.selector, vllmDeployment().spec.template.metadata.labels)).toBe(true);
     expect(settings.upstreams).toHaveLength(1);
-    const upstream = new URL(settings.upstreams[0].url);
-    expect([upstream.hostname, Number(upstream.port)]).toEqual([service.metadata.name, service.spec.ports[0].port]);
+    // The gateway finds the pods through the headless Service: one A record per ready pod.
+    const headless = vllmPodsService();
+    const { dns } = settings.upstreams[0] as { dns?: { name: string; port: number } };
+    expect(headless.spec.clusterIP).toBe('None');
+    expect(selects(headless.spec.selector, vllmDeployment().spec.template.metadata.labels)).toBe(true);
+    expect(containerPort(vllm, headless.spec.ports[0].targetPort)).toBe(Number(flagValue(vllm.args, '--port')));
+    expect(dns?.name.split('.').slice(0, 3)).toEqual([headless.metadata.name, 'default', 'svc']);
+    expect(dns?.port).toBe(headless.spec.ports[0].port);
     // The gateway routes every rank the server runs, no more.
     expect(settings.upstreams[0].ranks).toEqual(Array.from({ length: dataParallelSize }, (_, rank) => rank));
   });
@@ -473,7 +487,7 @@ describe('Kubernetes manifests', () => {
     }
     const rendered = spawnSync(kubectl, ['kustomize', path.join(REPO, K8S)], { encoding: 'utf8' });
     expect(rendered.stderr).toBe('');
-    expect(parseAllDocuments(rendered.stdout).map((document) => document.toJS().kind).sort()).toEqual(['Deployment', 'Service']);
+    expect(parseAllDocuments(rendered.stdout).map((document) => document.toJS().kind).sort()).toEqual(['Deployment', 'Service', 'Service']);
   });
 });
 
@@ -486,14 +500,13 @@ describe('the example server started with the manifest\'s args', () => {
     const settings = manifestSettings(spec());
     const dataParallelSize = Number(flagValue(container(vllmDeployment(), 'vllm').args, '--data-parallel-size'));
     mock = await startMockVllm({ dataParallelSize });
-    // The vLLM Service's host becomes the local mock; port 0 and loopback instead of the pod's.
-    const vllmUrl = `http://${vllmService().metadata.name}:${vllmService().spec.ports[0].port}`;
+    // The pods the headless Service names become the local mock; port 0 and loopback instead of the pod's.
     gateway = await startExampleGateway({
       ...settings,
       port: 0,
       host: '127.0.0.1',
       drainTimeoutMs: 1000,
-      upstreams: settings.upstreams.map((upstream) => ({ ...upstream, url: upstream.url === vllmUrl ? mock.url : upstream.url })),
+      upstreams: settings.upstreams.map((upstream) => ('dns' in upstream && upstream.dns !== undefined ? atUrl(upstream, mock.url) : upstream)),
     });
     expect(gateway.mock).toBeUndefined();
   });
@@ -539,7 +552,7 @@ describe('the example server started with the manifest\'s args', () => {
     // And with an upstream that refuses every connection.
     const closedPort = await freePort();
     const settings = manifestSettings(spec());
-    const dead = await startExampleGateway({ ...settings, port: 0, host: '127.0.0.1', drainTimeoutMs: 1000, upstreams: [{ ...settings.upstreams[0], url: `http://127.0.0.1:${closedPort}` }] });
+    const dead = await startExampleGateway({ ...settings, port: 0, host: '127.0.0.1', drainTimeoutMs: 1000, upstreams: [atUrl(settings.upstreams[0], `http://127.0.0.1:${closedPort}`)] });
     try {
       expect(await (await fetch(`${dead.url}/healthz`)).json()).toEqual({ status: 'ok' });
     } finally {
@@ -551,7 +564,7 @@ describe('the example server started with the manifest\'s args', () => {
     const settings = manifestSettings(spec());
     expect(settings.healthCheckMs).toBeGreaterThan(0);
     // The manifest's interval, shortened so the test does not wait out two real probes.
-    const checked = await startExampleGateway({ ...settings, healthCheckMs: 50, port: 0, host: '127.0.0.1', drainTimeoutMs: 1000, upstreams: [{ ...settings.upstreams[0], url: mock.url }] });
+    const checked = await startExampleGateway({ ...settings, healthCheckMs: 50, port: 0, host: '127.0.0.1', drainTimeoutMs: 1000, upstreams: [atUrl(settings.upstreams[0], mock.url)] });
     const readiness = async () => (await fetch(checked.url + spec().readinessProbe.httpGet.path)).status;
     const eventually = async (status: number) => {
       // Gives up quietly: the caller's expect() then shows the status it got instead.

@@ -3,6 +3,7 @@
 // (kv-events/helpers.ts, policies/fake-endpoints.ts).
 export * from './app'; // gateways and servers on 127.0.0.1:0, metric readers, allIdle
 export * from './echo-upstream'; // an upstream that records and echoes every request
+export * from './dnsmasq'; // a real dnsmasq on a free loopback port, records changed by SIGHUP
 export * from './exchange'; // one client request that never rejects
 export * from './fixtures'; // shared option sets (the seed scenario)
 export * from './lifecycle'; // closedAfterEach: what a test starts is closed after it

@@ -12,6 +12,7 @@
  * span made active per request, as the HTTP instrumentation would: the router traces) and
  * `+otelidle` (the same span, with a non-recording stand-in made active in its place: the
  * router finds nothing to record, so `+otel` against it is the router's own tracing work),
+ * `+pools1` / `+pools2` (routing by model: one pool serving the request's model, or two),
  * and `bare-http` (a bare node:http proxy without Express, for context).
  * Prints `READY <port>`.
  */
@@ -84,14 +85,23 @@ if (kind === 'bare-http') {
   const policy = policyFor(name);
   policySource = typeof policy === 'string' ? 'name' : 'factory';
   const extra: Record<string, unknown> = {};
+  let upstreams: unknown[] = [{ url: upstreamUrl, ...ROUTER_UPSTREAM }];
   for (const flag of flags) {
     if (flag === 'nometrics') extra.metrics = false;
     else if (flag === 'noretry') extra.retries = false;
     else if (flag === 'pino') extra.logger = require('pino')({ level: 'info' }, require('pino').destination('/dev/null'));
     else if (flag === 'otel' || flag === 'otelidle') app.use(spanPerRequest(flag === 'otel'));
+    // Routing by model: one pool serving the benchmark's model, or two (the request's model on ranks 0 and 2).
+    else if (flag === 'pools1') upstreams = [{ url: upstreamUrl, ...ROUTER_UPSTREAM, models: ['bench'] }];
+    else if (flag === 'pools2') {
+      upstreams = [
+        { url: upstreamUrl, name: 'bench-pool', dataParallelSize: 8, ranks: [0, 2], models: ['bench'] },
+        { url: upstreamUrl, name: 'other-pool', dataParallelSize: 8, ranks: [4, 6], models: ['other'] },
+      ];
+    }
     else throw new Error(`unknown router flag '+${flag}'`);
   }
-  app.use(dpRouter({ upstreams: [{ url: upstreamUrl, ...ROUTER_UPSTREAM }], policy, ...extra }));
+  app.use(dpRouter({ upstreams: upstreams as never, policy, ...extra }));
 } else {
   process.stderr.write(`unknown contender kind '${kind}'\n`);
   process.exit(2);

@@ -11,6 +11,7 @@ import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import type { OutlierDetector } from '../upstreams/outlier-detector';
 import type { PickContext, Policy, UpstreamErrorKind } from '../types';
 import { clientGone, createUpstreamProxy, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
+import type { ModelRouting } from '../pools/model-routing';
 
 /** What the forwarder works with, built before it. */
 export interface ForwarderParts {
@@ -20,6 +21,8 @@ export interface ForwarderParts {
   readonly metrics: RouterMetrics;
   readonly bodies: BodyReader;
   readonly detector: OutlierDetector | undefined;
+  /** A retry stays in the request's model pool. */
+  readonly models: ModelRouting;
 }
 
 /**
@@ -35,6 +38,7 @@ export class Forwarder implements Terminal, TryOutcomes {
   private readonly bodies: BodyReader;
   private readonly detector: OutlierDetector | undefined;
   private readonly policy: Policy;
+  private readonly models: ModelRouting;
   /** The router's own rank header, set already, survives a client's `Connection` nomination; the upstream agent keeps connections alive. */
   private readonly stripHopByHop: (headers: IncomingHttpHeaders) => void;
   private readonly replaceForwarded: boolean;
@@ -50,6 +54,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     this.bodies = parts.bodies;
     this.detector = parts.detector;
     this.policy = parts.policy;
+    this.models = parts.models;
     this.stripHopByHop = hopByHopStripper([parts.config.header], 'keep-alive');
     this.replaceForwarded = parts.config.xfwd === 'replace';
   }
@@ -203,7 +208,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     const tried = (route.tried ??= []);
     tried.push(failed);
     const skip = (endpoint: RouteEndpoint) => failedBefore(endpoint, tried);
-    const next = route.source === 'hint' ? this.table.leastLoadedOfRank(failed.rank, skip) : this.pickAgain(req, route.context, skip);
+    const next = route.source === 'hint' ? this.table.leastLoadedOfRank(failed.rank, skip) : this.pickAgain(req, route, skip);
     if (next === undefined) return false;
     route.moveTo(req, res, next);
     undoForwardedHeaders(req);
@@ -213,8 +218,9 @@ export class Forwarder implements Terminal, TryOutcomes {
     return true;
   }
 
-  private pickAgain(req: RoutedRequest, picked: PickContext | undefined, skip: (endpoint: RouteEndpoint) => boolean): RouteEndpoint | undefined {
-    const candidates = this.table.healthy().filter((endpoint) => !skip(endpoint));
+  private pickAgain(req: RoutedRequest, route: RouteState, skip: (endpoint: RouteEndpoint) => boolean): RouteEndpoint | undefined {
+    const picked = route.context;
+    const candidates = this.models.retryCandidates(route.model).filter((endpoint) => !skip(endpoint));
     if (candidates.length === 0) return undefined;
     const context: PickContext = picked ?? { path: req.url ?? '/', affinityKey: undefined, prompt: undefined };
     const { policy } = this;

@@ -11,6 +11,7 @@ import type { PrefixPickContext } from '../policies/prefix-aware';
 import { NO_HINT, type BodyView, type JudgedHint, type RequestInputs } from './request-inputs';
 import { RouteState, type RouteReports, type RoutedRequest } from './route-state';
 import type { DecisionSource, HintOutcome, IndexSource, PickContext, Policy } from '../types';
+import { leastLoadedOfRank, type ModelRouting } from '../pools/model-routing';
 
 export type { Next } from './body-reader';
 
@@ -39,6 +40,8 @@ export interface LifecycleParts {
   readonly bodies: BodyReader;
   /** Exact prefix routing, with a tokenizer and upstreams with `kvEvents`. */
   readonly exact: ExactLookup | undefined;
+  /** Pools by model and the `GET /v1/models` union. */
+  readonly models: ModelRouting;
 }
 
 /**
@@ -66,6 +69,7 @@ export class RequestLifecycle {
   private readonly policy: Policy;
   private readonly inputs: RequestInputs;
   private readonly bodies: BodyReader;
+  private readonly models: ModelRouting;
   /** Exact prefix routing, when the policy scores on a prefix index (`namesIndex`). */
   private readonly exact: ExactLookup | undefined;
   /** The decision header names the index that scored the rank (docs/exact-prefix-routing.md). */
@@ -86,6 +90,7 @@ export class RequestLifecycle {
     this.bodies = parts.bodies;
     this.events = parts.events;
     const policy = (this.policy = parts.policy);
+    this.models = parts.models;
     this.exact = policy.namesIndex === true ? parts.exact : undefined;
     this.namesIndex = config.exposeDecision && policy.namesIndex === true;
     this.reportsShare = parts.tracing.enabled && policy.reportsMatchedShare === true;
@@ -95,6 +100,11 @@ export class RequestLifecycle {
 
   /** The front: the client's rank headers are judged, then removed, before anything else reads them. */
   front(req: RoutedRequest, res: ServerResponse, next: Next): void {
+    const { models } = this;
+    if (models.listed && models.answersModelList(req)) {
+      models.sendModelList(res);
+      return;
+    }
     const route = new RouteState(this.reports);
     const { trust, hintHeader, header } = this.config;
     try {
@@ -125,7 +135,8 @@ export class RequestLifecycle {
   /** Reads the body when routing needs it (into `route.body`, its members into `route.view`), then decides. */
   readBody(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
     const { inputs } = this;
-    const wantsBody = inputs.wantsBody(req);
+    // Routing by model reads the body only once some upstream's models tell the pools apart.
+    const wantsBody = inputs.wantsBody(req) || this.models.active;
     const bodied = hasBody(req);
     // Each property of `req` read costs a lookup V8 cannot cache: a stream that has ended is
     // complete, so `readableEnded` is read only for a complete body.
@@ -163,15 +174,17 @@ export class RequestLifecycle {
     if (res.destroyed) return;
     const { inputs, config } = this;
     const body = route.view;
+    if (body !== undefined && this.models.active && !this.choosePool(req, res, route, body)) return;
     route.hintFields = inputs.hintFields(body);
     const verdict = route.headerHint === NO_HINT ? inputs.bodyHint(body, route.trusted) : route.headerHint;
     if (verdict.outcome !== 'none') this.metrics.hint(verdict.outcome);
-    if (verdict.outcome === 'accepted') {
-      // Judged available: the rank has a healthy replica.
-      this.assign(req, res, next, route, this.table.leastLoadedOfRank(verdict.rank!)!, 'hint', 'accepted', undefined, undefined);
+    // Judged available: the rank has a healthy replica (in a model's pool, it may have none there: the policy picks).
+    const hinted = verdict.outcome !== 'accepted' ? undefined : route.pool === undefined ? this.table.leastLoadedOfRank(verdict.rank!) : leastLoadedOfRank(route.pool, verdict.rank!);
+    if (hinted !== undefined) {
+      this.assign(req, res, next, route, hinted, 'hint', 'accepted', undefined, undefined);
       return;
     }
-    if (config.onInvalid === 'reject' && verdict.outcome !== 'none' && verdict.outcome !== 'untrusted') {
+    if (config.onInvalid === 'reject' && verdict.outcome !== 'none' && verdict.outcome !== 'untrusted' && verdict.outcome !== 'accepted') {
       this.reject(res, verdict);
       return;
     }
@@ -207,8 +220,22 @@ export class RequestLifecycle {
    * The endpoints the policy may pick from: the healthy ones. The one place a request's own
    * restrictions (a model pool, say) narrow them; an empty list is answered 503.
    */
-  candidates(_req: RoutedRequest, _route: RouteState): readonly RouteEndpoint[] {
-    return this.table.healthy();
+  candidates(_req: RoutedRequest, route: RouteState): readonly RouteEndpoint[] {
+    return route.pool ?? this.table.healthy();
+  }
+
+  /**
+   * The model pool of a request whose JSON body names its model (`route.pool`, `route.model`);
+   * false when it was answered instead: 400 without a string `model` where one is needed, 404
+   * for a model no upstream serves.
+   */
+  private choosePool(req: RoutedRequest, res: ServerResponse, route: RouteState, body: BodyView): boolean {
+    const model = this.inputs.model(body);
+    const pool = this.models.candidatesFor(res, req.originalUrl ?? req.url ?? '/', model);
+    if (pool === undefined) return false;
+    route.pool = pool;
+    if (typeof model === 'string') route.model = model;
+    return true;
   }
 
   /**
@@ -229,6 +256,7 @@ export class RequestLifecycle {
     route.assign(req, res, endpoint, source, outcome, note);
     // After the decision, on whose span it is recorded.
     if (scored !== undefined) this.events.prefixScored(req, scored, this.policy.matchedShare ?? 0);
+    if (route.model !== undefined) this.models.sent(route.model, endpoint);
     this.terminal.proceed(req, res, next, route);
   }
 

@@ -7,6 +7,7 @@ import type { Configuration } from '../options';
 import type { HintOutcome, Policy } from '../types';
 import { extractPrompt } from './prompt';
 import { isRecord } from '../guards';
+import { MAX_MODEL_NAME, NO_MODEL } from '../pools/model-options';
 
 /** A hint that was there: what became of it, its rank when it parsed, and the header or field it came in. */
 export type JudgedHint = { outcome: HintOutcome; rank?: number; param: string };
@@ -34,6 +35,8 @@ const WHOLE_PARSE_MAX_BYTES = 1024 * 1024;
 /** What `JSON.parse` may hold per byte of body while it runs: 13 measured for `[],[],…`, with margin. */
 const WHOLE_PARSE_BYTES_PER_BYTE = 16;
 const NO_FIELDS: ReadonlyArray<JsonField[] | undefined> = [];
+/** The most of a `model` string decoded: longer than any model name even with every character escaped. */
+const MAX_MODEL_TOKEN = 6 * MAX_MODEL_NAME + 2;
 /** Longest token a valid rank can be written with (10 digits). */
 const MAX_RANK_TOKEN = 10;
 
@@ -55,6 +58,8 @@ export function createRequestInputs(config: Configuration, policy: Policy, table
   const AFFINITY = slot(readsAffinityBody ? config.affinityBodyField : undefined);
   const PROMPT = slot(policy.usesPrompt ? 'prompt' : undefined);
   const MESSAGES = slot(policy.usesPrompt ? 'messages' : undefined);
+  // Scanned for whenever a body is: routing by model may begin at run time (discovery, setUpstreams).
+  const MODEL = slot('model');
   const encodedNames = names.map((name) => Buffer.from(name));
 
   /** Whether routing needs the body. A body hint field is read whoever sent it: an untrusted one is counted and never forwarded. */
@@ -183,13 +188,27 @@ export function createRequestInputs(config: Configuration, policy: Policy, table
     return text;
   }
 
+  /**
+   * The body's `model` member: a string, another value (not a string), or {@link NO_MODEL}.
+   * A string longer than any model name is cut (it names no model, and is not decoded whole).
+   */
+  function model(view: BodyView): unknown {
+    if (view.members !== undefined) return Object.hasOwn(view.members, 'model') ? view.members.model : NO_MODEL;
+    const found = view.fields[MODEL];
+    if (found === undefined) return NO_MODEL;
+    const field = found[found.length - 1];
+    if (view.bytes[field.start] !== 0x22) return null;
+    if (field.end - field.start > MAX_MODEL_TOKEN) return fieldToken(view.bytes, { ...field, end: field.start + MAX_MODEL_TOKEN }).slice(1);
+    return decodeField(view.bytes, field);
+  }
+
   /** Whether Node may have dropped header lines (`server.maxHeadersCount`): a hint line could be among them. */
   function headersCut(req: IncomingMessage): boolean {
     const server = (req.socket as { server?: { maxHeadersCount?: number | null } } | null)?.server;
     return atHeaderLimit(req.rawHeaders.length / 2, server?.maxHeadersCount);
   }
 
-  return { wantsBody, headerHint, viewOf, parsedBodyView, hintFields, bodyHint, affinityKey, prompt };
+  return { wantsBody, headerHint, viewOf, parsedBodyView, hintFields, bodyHint, affinityKey, prompt, model };
 }
 
 /** A decoded body's members: a top-level value that is not an object has none. */

@@ -49,6 +49,10 @@ export class RouteState {
   bodyDeadline: NodeJS.Timeout | undefined = undefined;
   /** The context the policy picked with, so that a retry can pick again with it. */
   context: PickContext | undefined = undefined;
+  /** The model the body named, where requests are routed by model: a retry stays in its pool. */
+  model: string | undefined = undefined;
+  /** The healthy endpoints of the request's model pool, where requests are routed by model. */
+  pool: readonly RouteEndpoint[] | undefined = undefined;
   /** When the request was dispatched, by `performance.now()`. */
   started = 0;
   /** Tries so far, the first included. */

@@ -3,6 +3,8 @@ import { parseKvEvents } from '../exact-prefix/options';
 import type { KvEventsOptions } from '../exact-prefix/events/source';
 import { redactUrl, upstreamUrlProblem } from './upstream-url';
 import { fail, integerOption, isPlainObject, oneOf, rejectUnknownKeys, shown, type KeysEnum } from '../option-checks';
+import { parseDns, type DnsConfig, type DnsOptions } from '../pools/dns-options';
+import { parseModels } from '../pools/model-options';
 
 /** What the proxied request's rank header carries for an upstream. */
 export type RankHeaderMode = 'global' | 'local' | 'none';
@@ -42,7 +44,26 @@ export interface UpstreamOptions {
    * engines report holding (docs/exact-prefix-routing.md). Default: none.
    */
   kvEvents?: KvEventsOptions;
+  /**
+   * The model names this server serves (its `--served-model-name`s and LoRA adapters): a
+   * request's `model` goes only to upstreams that serve it. With `discover`, the names its
+   * `GET /v1/models` lists are added. Default: none given, it serves every model.
+   */
+  models?: readonly string[];
 }
+
+/**
+ * Upstreams found by DNS: `dns` instead of `url`; each address the name resolves to becomes an
+ * upstream with the other fields, named `<name>/<address>` (the address alone without `name`).
+ */
+export interface DnsUpstreamOptions extends Omit<UpstreamOptions, 'url'> {
+  /** The name to resolve, the port, the interval and the DNS servers to ask. Required. */
+  dns: DnsOptions;
+  url?: never;
+}
+
+/** One entry of `upstreams`: a server by URL, or the servers a DNS name resolves to. */
+export type UpstreamEntry = UpstreamOptions | DnsUpstreamOptions;
 
 /** One upstream, resolved. */
 export interface UpstreamConfig {
@@ -57,6 +78,10 @@ export interface UpstreamConfig {
   readonly discoverIntervalMs: number | undefined;
   /** Where its engines publish KV events; absent when not given. */
   readonly kvEvents?: KvEventsOptions;
+  /** The configured model names; `undefined`: every model (unless discovery learns them). */
+  readonly models?: readonly string[];
+  /** Present on a DNS entry (a template whose `url` is a placeholder) and on the upstreams made from it. */
+  readonly dns?: DnsConfig;
 }
 
 const DATA_PARALLEL_SIZE = 1;
@@ -68,7 +93,7 @@ const MAX_DATA_PARALLEL_SIZE = 65_536;
 /** Ten decimal digits: the rank header grammar's bound. */
 const MAX_RANK = 9_999_999_999;
 
-const UPSTREAM_KEYS: KeysEnum<UpstreamOptions> = {
+const UPSTREAM_KEYS: KeysEnum<UpstreamOptions & Pick<DnsUpstreamOptions, 'dns'>> = {
   url: true,
   name: true,
   dataParallelSize: true,
@@ -77,6 +102,8 @@ const UPSTREAM_KEYS: KeysEnum<UpstreamOptions> = {
   rankHeader: true,
   discover: true,
   kvEvents: true,
+  models: true,
+  dns: true,
 };
 
 /** Validates an upstream list (creation and `setUpstreams()`). Throws {@link OptionError}. */
@@ -98,8 +125,16 @@ export function parseUpstreams(path: string, value: unknown): UpstreamConfig[] {
 function parseUpstream(path: string, value: unknown): UpstreamConfig {
   if (!isPlainObject(value)) fail(path, `must be an object, got ${shown(value)}`, "Use e.g. `{ url: 'http://127.0.0.1:8000' }`.");
   rejectUnknownKeys(path, value, UPSTREAM_KEYS);
-  const url = parseUrl(`${path}.url`, value.url);
-  const name = value.name === undefined ? url.origin : value.name;
+  if (value.dns !== undefined && value.url !== undefined) {
+    fail(path, 'gives both `url` and `dns`', 'Give `url` for one server, or `dns: { name, port }` for every address a name resolves to.');
+  }
+  const dns = value.dns === undefined ? undefined : parseDns(`${path}.dns`, value.dns, value.name);
+  if (dns !== undefined && value.kvEvents !== undefined) {
+    fail(`${path}.kvEvents`, 'cannot follow the addresses of a `dns` entry', 'Give KV events on upstreams given by `url`, or leave `kvEvents` out.');
+  }
+  // A DNS entry is a template: each address it resolves to gets its own URL and name.
+  const url = dns === undefined ? parseUrl(`${path}.url`, value.url) : new URL(`http://0.0.0.0:${dns.port}`);
+  const name = value.name === undefined ? (dns === undefined ? url.origin : dns.name) : value.name;
   // The name travels in metric labels and the decision header: printable ASCII only.
   if (typeof name !== 'string' || !/^[\x20-\x7e]{1,128}$/.test(name)) {
     fail(`${path}.name`, `must be 1 to 128 printable ASCII characters, got ${shown(value.name)}`, "Use e.g. `name: 'node-a'`.");
@@ -117,6 +152,8 @@ function parseUpstream(path: string, value: unknown): UpstreamConfig {
     rankHeader: oneOf(`${path}.rankHeader`, value.rankHeader, RANK_HEADER_MODES, RANK_HEADER),
     discoverIntervalMs: parseDiscover(`${path}.discover`, value.discover),
     ...(kvEvents !== undefined && { kvEvents }),
+    ...(value.models !== undefined && { models: parseModels(`${path}.models`, value.models) }),
+    ...(dns !== undefined && { dns }),
   };
 }
 function parseUrl(path: string, value: unknown): URL {

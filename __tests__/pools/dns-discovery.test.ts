@@ -1,0 +1,213 @@
+import { describe, expect, it } from '@jest/globals';
+import { createServer, request, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { Registry } from 'prom-client';
+import { dpRouter, OptionError } from '../../lib';
+import { parseCommandLine, type GatewaySettings } from '../../example-server/cli';
+import { startExampleGateway } from '../../example-server/gateway';
+import { closedAfterEach, closerOf, exchange, startDnsmasq, startGateway, waitFor, type Dnsmasq } from '../helpers';
+
+const started = closedAfterEach();
+
+/** Upstreams on several loopback addresses, one port for all (as pods behind a headless Service). */
+async function startServers(addresses: readonly string[]) {
+  const hits: string[] = [];
+  const held: ServerResponse[] = [];
+  let hold = false;
+  const servers: Server[] = [];
+  let port = 0;
+  for (const address of addresses) {
+    const server = createServer((req: IncomingMessage, res: ServerResponse) => {
+      req.resume();
+      req.on('end', () => {
+        hits.push(address);
+        if (hold) {
+          held.push(res);
+          return;
+        }
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ address }));
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(port, address, resolve));
+    port = (server.address() as AddressInfo).port;
+    servers.push(server);
+  }
+  const closers = servers.map(closerOf);
+  const pods = {
+    port,
+    hits,
+    held,
+    holdNext: (on: boolean) => (hold = on),
+    close: async () => {
+      held.forEach((res) => res.destroy());
+      await Promise.all(closers.map((close) => close()));
+    },
+  };
+  started.push(pods);
+  return pods;
+}
+
+/** A logger that keeps every notice, for awaiting the ones discovery writes. */
+function notices() {
+  const lines: string[] = [];
+  return { lines, logger: { warn: (message: string) => lines.push(message) }, has: (text: string) => lines.some((line) => line.includes(text)) };
+}
+
+async function dnsmasq(hosts: ReadonlyArray<readonly [string, string]>): Promise<Dnsmasq> {
+  const server = await startDnsmasq(hosts);
+  started.push(server);
+  return server;
+}
+
+const resolutions = async (registry: Registry) => {
+  const text = await registry.metrics();
+  return Object.fromEntries([...text.matchAll(/^dp_router_dns_resolutions_total\{name="([^"]+)",outcome="(\w+)"\} (\d+)$/gm)].map((m) => [`${m[1]} ${m[2]}`, Number(m[3])]));
+};
+
+describe('upstreams found by DNS', () => {
+  it('makes one upstream per address, follows record changes, lets requests in flight finish, and drops removed series', async () => {
+    const pods = await startServers(['127.0.0.2', '127.0.0.3', '127.0.0.4']);
+    const dns = await dnsmasq([
+      ['127.0.0.2', 'vllm.test'],
+      ['127.0.0.3', 'vllm.test'],
+    ]);
+    const log = notices();
+    const gateway = await startGateway({
+      upstreams: [{ dns: { name: 'vllm.test', port: pods.port, intervalMs: 50, servers: [dns.server] }, name: 'vllm', dataParallelSize: 2 }],
+      policy: 'round-robin',
+      logger: log.logger,
+    });
+    started.push(gateway);
+    await waitFor(() => log.has("'vllm.test' resolves to 127.0.0.2, 127.0.0.3"));
+    expect(gateway.router.endpoints().map(({ upstream, rank }) => `${upstream}#${rank}`)).toEqual(['vllm/127.0.0.2#0', 'vllm/127.0.0.2#1', 'vllm/127.0.0.3#0', 'vllm/127.0.0.3#1']);
+    for (let i = 0; i < 4; i++) expect((await exchange(gateway.url, { body: '{}' })).status).toBe(200);
+    expect(new Set(pods.hits)).toEqual(new Set(['127.0.0.2', '127.0.0.3']));
+
+    // A request held open on .3 while .3 leaves the records (those landing on .2 are let go).
+    pods.holdNext(true);
+    const send = (): Promise<number> =>
+      new Promise((resolve) => {
+        const sent = request(`${gateway.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' } }, (res) => {
+          res.resume();
+          res.on('end', () => resolve(res.statusCode ?? 0));
+        });
+        sent.end('{}');
+      });
+    let inFlight: Promise<number> | undefined;
+    for (let turn = 0; turn < 4 && inFlight === undefined; turn++) {
+      pods.hits.length = 0;
+      const status = send();
+      await waitFor(() => pods.hits.length === 1);
+      if (pods.hits[0] === '127.0.0.3') inFlight = status;
+      else {
+        pods.held.shift()!.end('{}');
+        expect(await status).toBe(200);
+      }
+    }
+    expect(inFlight).toBeDefined();
+    await dns.setHosts([
+      ['127.0.0.2', 'vllm.test'],
+      ['127.0.0.4', 'vllm.test'],
+    ]);
+    await waitFor(() => log.has("'vllm.test' resolves to 127.0.0.2, 127.0.0.4"));
+    pods.holdNext(false);
+    expect(gateway.router.endpoints().map(({ upstream }) => upstream)).toEqual(['vllm/127.0.0.2', 'vllm/127.0.0.2', 'vllm/127.0.0.4', 'vllm/127.0.0.4']);
+    pods.held.splice(0).forEach((res) => res.end('{"held":true}'));
+    expect(await inFlight!).toBe(200);
+    pods.hits.length = 0;
+    for (let i = 0; i < 4; i++) expect((await exchange(gateway.url, { body: '{}' })).status).toBe(200);
+    expect(new Set(pods.hits)).toEqual(new Set(['127.0.0.2', '127.0.0.4']));
+
+    const text = await gateway.registry.metrics();
+    expect(text).not.toMatch(/upstream="vllm\/127\.0\.0\.3"/);
+    expect(text).toMatch(/dp_router_requests_total\{upstream="vllm\/127\.0\.0\.4",rank="0",source="assigned"\} \d+/);
+    const counts = await resolutions(gateway.registry);
+    expect(counts['vllm.test ok']).toBeGreaterThanOrEqual(2);
+    expect(counts['vllm.test empty']).toBe(0);
+    expect(counts['vllm.test failed']).toBe(0);
+  });
+
+  it('has no endpoints for a name that does not exist (503), and keeps the last set through an outage, logged once', async () => {
+    const pods = await startServers(['127.0.0.2']);
+    const dns = await dnsmasq([['127.0.0.2', 'up.test']]);
+    const log = notices();
+    const gateway = await startGateway({
+      upstreams: [
+        { dns: { name: 'up.test', port: pods.port, intervalMs: 30, servers: [dns.server] } },
+        { dns: { name: 'missing.test', port: pods.port, intervalMs: 30, servers: [dns.server] }, name: 'gone' },
+      ],
+      logger: log.logger,
+    });
+    started.push(gateway);
+    await waitFor(async () => (await resolutions(gateway.registry))['missing.test empty'] >= 1 && gateway.router.endpoints().length === 1);
+    // Without a `name`, the address is the upstream's name.
+    expect(gateway.router.endpoints().map(({ upstream }) => upstream)).toEqual(['127.0.0.2']);
+
+    await dns.stop();
+    await waitFor(async () => (await resolutions(gateway.registry))['up.test failed'] >= 3);
+    expect(log.lines.filter((line) => line.includes("resolving 'up.test' failed"))).toHaveLength(1);
+    expect(log.lines.filter((line) => line.includes("resolving 'missing.test' failed"))).toHaveLength(1);
+    expect(gateway.router.endpoints().map(({ upstream }) => upstream)).toEqual(['127.0.0.2']);
+    expect((await exchange(gateway.url)).status).toBe(200);
+
+    await dns.setHosts([]).catch(() => undefined);
+    await dns.restart();
+    await waitFor(() => log.has("'up.test' resolves to no address"));
+    expect(log.has("'up.test' resolves again.")).toBe(true);
+    const answer = await exchange(gateway.url);
+    expect(answer.status).toBe(503);
+    expect(JSON.parse(answer.body).error.type).toBe('ServiceUnavailableError');
+  });
+
+  it('names an AAAA address as it is and reaches it in brackets', async () => {
+    const dns = await dnsmasq([['::1', 'six.test']]);
+    const log = notices();
+    const router = dpRouter({ upstreams: [{ dns: { name: 'six.test', port: 8000, intervalMs: 1000, servers: [dns.server] } }], metrics: false, logger: log.logger });
+    started.push(router);
+    await waitFor(() => log.has("'six.test' resolves to ::1"));
+    expect(router.endpoints().map(({ upstream }) => upstream)).toEqual(['::1']);
+  });
+
+  it('setUpstreams() can add and remove DNS entries', async () => {
+    const pods = await startServers(['127.0.0.2']);
+    const dns = await dnsmasq([['127.0.0.2', 'late.test']]);
+    const log = notices();
+    const router = dpRouter({ upstreams: [{ url: 'http://127.0.0.9:1', name: 'fixed' }], metrics: false, logger: log.logger });
+    started.push(router);
+    router.setUpstreams([{ url: 'http://127.0.0.9:1', name: 'fixed' }, { dns: { name: 'late.test', port: pods.port, intervalMs: 1000, servers: [dns.server] } }]);
+    await waitFor(() => log.has("'late.test' resolves to 127.0.0.2"));
+    expect(router.endpoints().map(({ upstream }) => upstream)).toEqual(['fixed', '127.0.0.2']);
+    router.setUpstreams([{ url: 'http://127.0.0.9:1', name: 'fixed' }]);
+    expect(router.endpoints().map(({ upstream }) => upstream)).toEqual(['fixed']);
+  });
+
+  it('the example server finds its upstreams with --upstream-dns and --dns-server', async () => {
+    const pods = await startServers(['127.0.0.2', '127.0.0.3']);
+    const dns = await dnsmasq([
+      ['127.0.0.2', 'pods.test'],
+      ['127.0.0.3', 'pods.test'],
+    ]);
+    const settings = parseCommandLine(['--upstream-dns', `pods.test:${pods.port}`, '--dns-server', dns.server, '--dp-size', '1', '--port', '0', '--policy', 'round-robin']) as GatewaySettings;
+    const gateway = await startExampleGateway({ ...settings, drainTimeoutMs: 100 });
+    started.push(gateway);
+    expect(gateway.summary).toContain(`every address of pods.test:${pods.port}`);
+    await waitFor(() => gateway.router.endpoints().length === 2);
+    for (let i = 0; i < 2; i++) expect((await exchange(gateway.url, { body: '{}' })).status).toBe(200);
+    expect(new Set(pods.hits)).toEqual(new Set(['127.0.0.2', '127.0.0.3']));
+  });
+
+  it.each([
+    [{ url: 'http://127.0.0.1:8000', dns: { name: 'a.test', port: 8000 } }, 'upstreams[0]` gives both `url` and `dns`'],
+    [{ dns: { name: 'bad name', port: 8000 } }, 'upstreams[0].dns.name'],
+    [{ dns: { name: 'a.test' } }, 'upstreams[0].dns.port` is required'],
+    [{ dns: { name: 'a.test', port: 8000, servers: ['not an address'] } }, 'upstreams[0].dns.servers'],
+    [{ dns: { name: 'a.test', port: 8000, intervalMs: 1 } }, 'upstreams[0].dns.intervalMs'],
+    [{ dns: { name: 'a.test', port: 8000, server: ['127.0.0.1'] } }, 'upstreams[0].dns.server` is not an option. Did you mean `servers`?'],
+    [{ dns: { name: 'a.test', port: 8000 }, kvEvents: { endpoint: 'tcp://127.0.0.1:5557' } }, 'upstreams[0].kvEvents'],
+  ])('rejects %j', (upstream, message) => {
+    const attempt = () => dpRouter({ upstreams: [upstream as never], metrics: false });
+    expect(attempt).toThrow(OptionError);
+    expect(attempt).toThrow(message);
+  });
+});

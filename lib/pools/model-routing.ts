@@ -1,0 +1,116 @@
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { sendError } from '../errors';
+import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
+import type { UpstreamConfig } from '../upstreams/upstream-options';
+import { DEFAULT_MAX_LORA, LoraPreference } from './lora-preference';
+import { MAX_MODEL_NAME, NO_MODEL } from './model-options';
+import { ModelPools } from './model-pools';
+import { watchModels, type ModelWatch } from './model-watch';
+import { modelListBody } from './models';
+
+/** The paths whose bodies name the model they are for: without one, the router cannot route them. */
+const MODEL_PATH = /\/(?:chat\/completions|completions|embeddings)$/;
+const MODELS_PATH = '/v1/models';
+
+/** The request path's model routing: pools by model, LoRA preference, the `GET /v1/models` union. */
+export type ModelRouting = ReturnType<typeof createModelRouting>;
+
+/**
+ * Builds the model pools of the table's upstreams and the discovery of their models. Nothing
+ * here runs per request unless some upstream's models are known.
+ */
+export function createModelRouting(table: EndpointTable, warn: (message: string) => void) {
+  const pools = new ModelPools<RouteEndpoint>(table.upstreams);
+  let watch: ModelWatch | undefined;
+  const lora = new LoraPreference<RouteEndpoint>((endpoint) => watch?.maxLora(endpoint.upstream) ?? DEFAULT_MAX_LORA);
+  watch = watchModels(pools, table.upstreams, (upstream) => {
+    const served = [...pools.cards()].filter((card) => table.upstreams.some((config) => config.name === upstream)).length;
+    warn(`express-dp-router: upstream '${upstream}' lists its models at /v1/models (${served} in the union now); routing by model accordingly.`);
+  });
+
+  /** Whether this is `GET /v1/models` and the gateway knows models to answer it with. */
+  function answersModelList(req: IncomingMessage & { originalUrl?: string }): boolean {
+    if (!pools.listed || (req.method !== 'GET' && req.method !== 'HEAD')) return false;
+    const url = req.originalUrl ?? req.url ?? '';
+    const query = url.indexOf('?');
+    return (query === -1 ? url : url.slice(0, query)) === MODELS_PATH;
+  }
+
+  function sendModelList(res: ServerResponse): void {
+    const body = modelListBody(pools.cards(), Math.floor(Date.now() / 1000));
+    res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) });
+    res.end(body);
+  }
+
+  /**
+   * The healthy endpoints that may serve a request for `model` (read from its JSON body), or
+   * `undefined` after answering it: 400 without a string `model` where one is needed, 404
+   * `NotFoundError` with vLLM's own text for a model no upstream serves.
+   */
+  function candidatesFor(res: ServerResponse, path: string, model: unknown): readonly RouteEndpoint[] | undefined {
+    const healthy = table.healthy();
+    if (model === NO_MODEL) {
+      if (!MODEL_PATH.test(withoutQuery(path))) return healthy;
+      sendError(res, 400, 'BadRequestError', 'The request body has no `model`; this gateway routes each request to the servers of its model.', 'model');
+      return undefined;
+    }
+    if (typeof model !== 'string') {
+      sendError(res, 400, 'BadRequestError', '`model` must be a string.', 'model');
+      return undefined;
+    }
+    const found = pools.candidates(model, healthy);
+    if (found === undefined) {
+      const shownName = model.length > MAX_MODEL_NAME ? `${model.slice(0, MAX_MODEL_NAME)}…` : model;
+      sendError(res, 404, 'NotFoundError', `The model \`${shownName}\` does not exist.`, 'model');
+      return undefined;
+    }
+    return pools.isAdapter(model) ? lora.prefer(model, found) : found;
+  }
+
+  /** The endpoints a retry of a request for `model` may go to now. */
+  function retryCandidates(model: string | undefined): readonly RouteEndpoint[] {
+    const healthy = table.healthy();
+    return model === undefined ? healthy : (pools.candidates(model, healthy) ?? []);
+  }
+
+  /** The request for `model` was sent to `endpoint`: an adapter is remembered there. */
+  function sent(model: string, endpoint: RouteEndpoint): void {
+    if (pools.isAdapter(model)) lora.sent(model, endpoint);
+  }
+
+  return {
+    pools,
+    lora,
+    /** Whether requests are routed by model now (so their JSON bodies are read). */
+    get active(): boolean {
+      return pools.active;
+    },
+    /** Whether some upstream's models are known (the gateway answers `GET /v1/models`). */
+    get listed(): boolean {
+      return pools.listed;
+    },
+    answersModelList,
+    sendModelList,
+    candidatesFor,
+    retryCandidates,
+    sent,
+    reconfigure(upstreams: readonly UpstreamConfig[], removed: readonly RouteEndpoint[]): void {
+      pools.setUpstreams(upstreams);
+      lora.forget(removed);
+      watch?.sync(upstreams);
+    },
+    stop: () => watch?.stop(),
+  };
+}
+
+function withoutQuery(path: string): string {
+  const query = path.indexOf('?');
+  return query === -1 ? path : path.slice(0, query);
+}
+
+/** The least loaded of the candidates serving `rank` (a trusted hint within a model's pool), if any. */
+export function leastLoadedOfRank(candidates: readonly RouteEndpoint[], rank: number): RouteEndpoint | undefined {
+  let best: RouteEndpoint | undefined;
+  for (const endpoint of candidates) if (endpoint.rank === rank && (best === undefined || endpoint.load < best.load)) best = endpoint;
+  return best;
+}

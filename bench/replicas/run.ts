@@ -34,7 +34,7 @@ export const FULL_SHAPE: ReplicasShape = {
   concurrency: 8,
 };
 
-const SMALL_SHAPE: ReplicasShape = { ...FULL_SHAPE, groups: 12, promptsPerGroup: 8 };
+const SMALL_SHAPE: ReplicasShape = { ...FULL_SHAPE, groups: 12, promptsPerGroup: 12 };
 
 /** Gateway replicas compared: 1, 2 and 3, as behind a Kubernetes Service. */
 export const REPLICA_COUNTS = [1, 2, 3] as const;

@@ -157,10 +157,12 @@ function conversationsWorkload(rng: Rng, conversations: number): Workload {
 
 /** The scenarios where only the engines know the truth, at {@link LOAD} with the fleet's cache at half the distinct blocks. */
 export function buildScenarios(seed: number, small: boolean): Scenario[] {
-  const count = small ? 240 : 640;
+  const count = small ? 160 : 640;
   const groups = small ? 12 : 32;
   const make = (workload: Workload, restarts: Scenario['restarts'] = []): Scenario => {
-    const secondsPerUnit = openLoopSeconds(workload.requests, TIMING_MODEL);
+    // Conversations start once per unit and send all their turns: scale by the turns per start.
+    const starts = workload.requests.filter((r) => r.follows === undefined).length;
+    const secondsPerUnit = openLoopSeconds(workload.requests, TIMING_MODEL) * (workload.requests.length / starts);
     return { name: workload.name, description: workload.description, workload, secondsPerUnit, rankCacheBlocks: Math.ceil(workload.rankCacheBlocks / 2), restarts };
   };
   const shared = (name: string, direct: (id: number) => number | undefined = () => undefined) => {
@@ -179,7 +181,7 @@ export function buildScenarios(seed: number, small: boolean): Scenario[] {
     make(shared('rolling-restart'), [0, 1, 2].map((gateway) => ({ at: (span * (gateway + 1)) / 4, gateway }))),
     make(bypass),
     make(tenants),
-    make(conversationsWorkload(seededRng(seed + 5), small ? 24 : 64)),
+    make(conversationsWorkload(seededRng(seed + 5), small ? 16 : 64)),
   ].map((scenario) => (scenario.name === 'rolling-restart' ? { ...scenario, description: `${scenario.description}; replicas restarted one by one at 1/4, 1/2, 3/4 of the run` } : scenario.name === 'bypass' ? { ...scenario, description: `${scenario.description}; ${BYPASS_SHARE * 100} % sent by another client to a random rank` } : scenario));
 }
 

@@ -204,7 +204,8 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       }
     }
     const work = typicalWork < 0 ? blockCount : typicalWork;
-    const ratio = costModel.blocksPerLoad();
+    // A unit of load is worth at most one more typical request: a fit on few or skewed samples must not outweigh the cache.
+    const ratio = Math.min(costModel.blocksPerLoad(), work);
     const fairRecent = candidateRecent / candidates.length;
     const lead = blockHashes[Math.min(blockCount, LEAD_BLOCKS) - 1];
 

@@ -190,7 +190,11 @@ describe('prefixAware', () => {
     const route = (fillers: number): string => {
       const policy = prefixAware();
       setLoad(home, 0);
+      const answered = home as MutableEndpoint & { firstTokens?: number };
+      answered.firstTokens = 0;
       expect(policy.pick([home, a, b], ctx(prompt))).toBe(home);
+      // Its first token came: that request no longer waits for prefill.
+      answered.firstTokens = 1;
       for (let i = 0; i < fillers; i++) policy.pick([a, b], ctx(text(`filler ${i}`, 1)));
       policy.pick([a], ctx(text('gone', 4))); // `a` holds the first half
       // Two cheap requests ahead cost less than 4 uncached blocks; 8 cost more than that.

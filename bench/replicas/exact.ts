@@ -21,11 +21,13 @@ export type KvEventListener = (rank: number, event: KvEvent) => void;
 export class EventedPrefixCache {
   private readonly blocks = new Map<number, true>();
   readonly listeners: KvEventListener[] = [];
+  /** Every event published, oldest first: the engine's replay buffer, never wrapped here. */
+  readonly published: KvEvent[] = [];
   /** Blocks published in `stored` events, over the run. */
   storedBlocks = 0;
 
   constructor(
-    private readonly rank: number,
+    readonly rank: number,
     private readonly capacity: number,
   ) {}
 
@@ -74,6 +76,7 @@ export class EventedPrefixCache {
   }
 
   private publish(event: KvEvent): void {
+    this.published.push(event);
     for (const listener of this.listeners) listener(this.rank, event);
   }
 }
@@ -95,8 +98,16 @@ export function publishEvents(ranks: readonly SimRank[], cacheBlocks: number): E
  * Speculative entries never expire here (every simulated request is prefilled, so its events
  * always come); the router's expire after `speculativeMs`.
  */
-export function exactFromEvents(view: SimView, caches: readonly EventedPrefixCache[], options: PrefixAwareOptions = {}): Policy {
+export function exactFromEvents(
+  view: SimView,
+  caches: readonly EventedPrefixCache[],
+  options: PrefixAwareOptions = {},
+  { replay = false }: { replay?: boolean } = {},
+): Policy {
   const index = new KvExactIndex({ ranks: caches.map((_, rank) => rank), maxBlocks: Number.MAX_SAFE_INTEGER });
+  // A replica started mid-run with `replay` first reads each rank's buffered events (item 5 of
+  // issue 27, vLLM's replay socket), so its index starts as the engines are.
+  if (replay) for (const cache of caches) for (const event of cache.published) index.applyEvent(cache.rank, event);
   for (const cache of caches) cache.listeners.push((rank, event) => index.applyEvent(rank, event));
   const inner = prefixAware(options);
   return {

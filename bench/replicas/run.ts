@@ -34,7 +34,7 @@ export const FULL_SHAPE: ReplicasShape = {
   concurrency: 8,
 };
 
-const SMALL_SHAPE: ReplicasShape = { ...FULL_SHAPE, groups: 12, promptsPerGroup: 8 };
+const SMALL_SHAPE: ReplicasShape = { ...FULL_SHAPE, groups: 12, promptsPerGroup: 12 };
 
 /** Gateway replicas compared: 1, 2 and 3, as behind a Kubernetes Service. */
 export const REPLICA_COUNTS = [1, 2, 3] as const;
@@ -152,13 +152,15 @@ function runCell(workload: Workload, rankCacheBlocks: number, replicas: number, 
   const ranks = Array.from({ length: RANKS }, (_, i) => new SimRank(i, rankCacheBlocks));
   const caches = publishEvents(ranks, rankCacheBlocks);
   let current: SimRequest | undefined;
-  const view: SimView = { rankOf: (endpoint) => ranks[(endpoint as SimEndpoint).rank], current: () => current as SimRequest };
+  let clock = 0;
+  const view: SimView = { rankOf: (endpoint) => ranks[(endpoint as SimEndpoint).rank], current: () => current as SimRequest, now: () => clock };
   const gateways: SimGateway[] = Array.from({ length: replicas }, (_, replica) => ({
     policy: make({ view, replica, rankCacheBlocks, caches }),
     endpoints: ranks.map((rank) => new SimEndpoint(rank.index)),
   }));
-  const metrics = simulate(workload, 1, gateways, ranks, RANK_MODEL, (request) => {
+  const metrics = simulate(workload, 1, gateways, ranks, RANK_MODEL, (request, now) => {
     current = request;
+    clock = now;
   });
   return {
     replicas,

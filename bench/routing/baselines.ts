@@ -19,22 +19,45 @@ export function vllmInternalBalancer(view: SimView): Policy {
   };
 }
 
-/** SGLang router's cache-aware defaults. */
-export const SGLANG_DEFAULTS = { cacheThreshold: 0.5, balanceAbsThreshold: 32, balanceRelThreshold: 1.1 } as const;
+/**
+ * SGLang's cache-aware defaults as a launched router ships them: the Rust CLI (`main.rs`) and
+ * the Python `RouterArgs` (`sgl-model-gateway/bindings/python/src/sglang_router/router_args.py`
+ * @ 05e589ad6f75127e5302a250d9e83a881fbb3a3b). The Rust library's `CacheAwareConfig::default()`
+ * (0.5 / 32 / 1.1, `max_tree_size` 10,000) applies to its own tests only.
+ */
+export const SGLANG_DEFAULTS = {
+  cacheThreshold: 0.3,
+  balanceAbsThreshold: 64,
+  balanceRelThreshold: 1.5,
+  /** `--eviction-interval` (Rust CLI: 120 s; Python `RouterArgs`: 60 s). */
+  evictionIntervalSeconds: 120,
+  /** Characters per tenant (worker) the tree keeps after an eviction pass: 2^26. */
+  maxTreeSize: 2 ** 26,
+} as const;
 
 /**
- * SGLang router's `cache_aware` policy: shortest queue when loads are imbalanced; otherwise
- * the tree's best-matching worker if the match covers more than `cacheThreshold` of the
- * text, else the worker with the smallest tree. Its default tree limit (2^26 characters per
- * worker) is never reached here, so no eviction is modelled.
+ * SGLang's `cache_aware` policy as `sgl-model-gateway/src/policies/cache_aware.rs` @
+ * b93974f140de1e545d9134d87e77f0bd1fbf3014 does it: with the loads (the router's own in-flight
+ * counts) imbalanced — max − min above `balanceAbsThreshold` and max above `balanceRelThreshold`
+ * × min — the least loaded worker (the tree still learns the prompt); otherwise the tree's
+ * matching worker if the match covers more than `cacheThreshold` of the text's characters, else
+ * the least loaded worker. (The older `sgl-router/src/policies/cache_aware.rs` @
+ * b6f20641ad6bafc1278db74d1e13b0e9da47bd64 took the worker with the smallest tree there.) Every
+ * `evictionIntervalSeconds` of simulated time, the tree evicts each tenant down to `maxTreeSize`
+ * characters, least recently used leaves first (`tree.rs` `evict_tenant_by_size`).
  */
-export function sglangCacheAware(options: Partial<typeof SGLANG_DEFAULTS> = {}): Policy {
-  const { cacheThreshold, balanceAbsThreshold, balanceRelThreshold } = { ...SGLANG_DEFAULTS, ...options };
+export function sglangCacheAware(view: Pick<SimView, 'now'>, options: Partial<typeof SGLANG_DEFAULTS> = {}): Policy {
+  const { cacheThreshold, balanceAbsThreshold, balanceRelThreshold, evictionIntervalSeconds, maxTreeSize } = { ...SGLANG_DEFAULTS, ...options };
   const tree = new ApproximateRadixTree();
+  let nextEviction = evictionIntervalSeconds;
   return {
     name: 'sglang-cache-aware',
     usesPrompt: true,
     pick(candidates: readonly Endpoint[], ctx: PickContext): Endpoint {
+      while (view.now() >= nextEviction) {
+        tree.evictTenantBySize(maxTreeSize);
+        nextEviction += evictionIntervalSeconds;
+      }
       let least = candidates[0];
       let most = candidates[0];
       for (const candidate of candidates) {
@@ -49,9 +72,8 @@ export function sglangCacheAware(options: Partial<typeof SGLANG_DEFAULTS> = {}):
         const { matchedChars, tenant } = tree.prefixMatch(text);
         const matched = text.length > 0 ? candidates.find((c) => c.key === tenant) : undefined;
         if (matched !== undefined && matchedChars / text.length > cacheThreshold) chosen = matched;
-        else chosen = candidates.reduce((small, c) => (tree.size(c.key) < tree.size(small.key) ? c : small));
       }
-      tree.insert(text, chosen.key);
+      if (text.length > 0) tree.insert(text, chosen.key);
       return chosen;
     },
   };

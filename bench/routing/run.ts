@@ -15,6 +15,7 @@ import {
   type FleetCapacity,
   LOAD_LEVELS,
   mooncakeWorkload,
+  multiTenantWorkload,
   multiTurnWorkload,
   sharedPrefixWorkload,
   type SimRequest,
@@ -56,7 +57,7 @@ export const POLICIES: ReadonlyArray<{ name: string; make: PolicyFactory }> = [
     make: ({ workload }) => prefixAware({ maxBlocksPerEndpoint: (workload.rankCacheBlocks * 16 * CHARS_PER_TOKEN) / 64 }),
   },
   { name: 'vllm-internal', make: ({ view }) => vllmInternalBalancer(view) },
-  { name: 'sglang-cache-aware', make: () => sglangCacheAware() },
+  { name: 'sglang-cache-aware', make: ({ view }) => sglangCacheAware(view) },
   { name: 'oracle', make: ({ view }) => oracle(view) },
 ];
 
@@ -78,6 +79,14 @@ export function buildWorkloads(size: BenchSize, seed: number, tracePath: string)
       commonPrefixTokens: 500,
     }),
     mooncakeWorkload(tracePath, capacity, small ? 150 : Infinity),
+    multiTenantWorkload(seededRng(seed + 2), capacity, {
+      tenants: small ? 32 : 96,
+      requests: small ? 256 : 768,
+      systemTokens: 1024,
+      questionTokens: 128,
+      outputTokens: 128,
+      zipf: 1.1,
+    }),
   ];
 }
 
@@ -85,13 +94,15 @@ export function runOnce(workload: Workload, secondsPerUnit: number, make: Policy
   const ranks = Array.from({ length: RANKS }, (_, i) => new SimRank(i, workload.rankCacheBlocks));
   const endpoints = ranks.map((rank) => new SimEndpoint(rank.index));
   let current: SimRequest | undefined;
+  let clock = 0;
   const policy = make({
-    view: { rankOf: (endpoint) => ranks[endpoint.rank], current: () => current as SimRequest },
+    view: { rankOf: (endpoint) => ranks[endpoint.rank], current: () => current as SimRequest, now: () => clock },
     rng: seededRng(seed),
     workload,
   });
-  return simulate(workload, secondsPerUnit, [{ policy, endpoints }], ranks, RANK_MODEL, (request) => {
+  return simulate(workload, secondsPerUnit, [{ policy, endpoints }], ranks, RANK_MODEL, (request, now) => {
     current = request;
+    clock = now;
   });
 }
 

@@ -1,3 +1,4 @@
+import type { FirstTokenTotals } from '../../lib/policies/prefix-aware-ttft';
 import type { Endpoint, Policy } from '../../lib/types';
 import { EventQueue } from './event-queue';
 import { type RankModel, SimRank } from './rank';
@@ -6,18 +7,23 @@ import { TOKENS_PER_BLOCK } from './tokens';
 import type { SimRequest, Workload } from './workloads';
 
 /** An endpoint whose in-flight count the simulator moves; `load` is in-flight, as in the router. */
-export class SimEndpoint implements Endpoint {
+export class SimEndpoint implements Endpoint, FirstTokenTotals {
   readonly key: string;
   readonly upstream = 'sim';
   readonly healthy = true;
   inflight = 0;
+  /** What the router's time-to-first-token measurement feeds the policy ({@link FirstTokenTotals}). */
+  firstTokens = 0;
+  firstTokenSeconds = 0;
+  /** Engine load from other gateways, as load feedback adds it (0 without). */
+  externalLoad = 0;
 
   constructor(readonly rank: number) {
     this.key = `sim#${rank}`;
   }
 
   get load(): number {
-    return this.inflight;
+    return this.inflight + this.externalLoad;
   }
 }
 
@@ -26,6 +32,8 @@ export interface SimView {
   rankOf(endpoint: Endpoint): SimRank;
   /** The request being routed. */
   current(): SimRequest;
+  /** Simulated seconds since the run began. */
+  now(): number;
 }
 
 /** Builds a fresh policy for one run. */
@@ -48,16 +56,28 @@ export interface RunMetrics {
   completed: number;
 }
 
-type SimEvent = { kind: 'arrive' | 'prefilled' | 'finish'; request: SimRequest };
-
 /**
  * One gateway: its own policy instance and its own endpoint objects, whose in-flight counts
  * are the requests this gateway sent (a replica sees no other replica's traffic).
  */
 export interface SimGateway {
-  readonly policy: Policy;
+  policy: Policy;
   readonly endpoints: readonly SimEndpoint[];
 }
+
+/** What a run may add to the plain replay (bench:replicas' scenarios). */
+export interface SimExtras {
+  /** Gateway restarts: at `at` seconds, gateway `gateway` gets a fresh policy from `remake`. */
+  readonly restarts?: ReadonlyArray<{ readonly at: number; readonly gateway: number }>;
+  readonly remake?: (gateway: number) => Policy;
+  /**
+   * Load feedback: every `intervalSeconds`, each gateway's endpoints learn the engine's
+   * running + waiting beyond their own in-flight, times `weight` (the router's `loadFeedback`).
+   */
+  readonly feedback?: { readonly intervalSeconds: number; readonly weight: number };
+}
+
+type SimEvent = { kind: 'arrive' | 'prefilled' | 'finish'; request: SimRequest } | { kind: 'restart'; gateway: number } | { kind: 'feedback' };
 
 /**
  * Replays a workload through gateways on simulated vLLM ranks with a virtual clock. Requests
@@ -69,7 +89,8 @@ export function simulate(
   gateways: readonly SimGateway[],
   ranks: readonly SimRank[],
   model: RankModel,
-  setCurrent: (request: SimRequest) => void,
+  setCurrent: (request: SimRequest, now: number) => void,
+  extras: SimExtras = {},
 ): RunMetrics {
   const requests = workload.requests;
   const followers = new Map<number, SimRequest[]>();
@@ -78,6 +99,10 @@ export function simulate(
     if (request.follows === undefined) events.push(request.unitArrival * secondsPerUnit, { kind: 'arrive', request });
     else followers.set(request.follows, [...(followers.get(request.follows) ?? []), request]);
   }
+  for (const { at, gateway } of extras.restarts ?? []) events.push(at, { kind: 'restart', gateway });
+  const feedback = extras.feedback;
+  let pending = requests.length;
+  if (feedback !== undefined) events.push(feedback.intervalSeconds, { kind: 'feedback' });
   const arrivedAt = new Float64Array(requests.length);
   const rankOf = new Int32Array(requests.length).fill(-1);
   const gatewayOf = new Int32Array(requests.length);
@@ -94,9 +119,12 @@ export function simulate(
     const request = rank.admit(model);
     if (request === undefined) return;
     const cachedTokens = rank.cache.peek(request.inputBlocks) * TOKENS_PER_BLOCK;
-    hitTokens += cachedTokens;
-    unboundedHitTokens += rank.unbounded.peek(request.inputBlocks) * TOKENS_PER_BLOCK;
-    promptTokens += request.inputTokens;
+    // The gateways' hit rate: requests that bypass them are not counted.
+    if (gatewayOf[request.id] >= 0) {
+      hitTokens += cachedTokens;
+      unboundedHitTokens += rank.unbounded.peek(request.inputBlocks) * TOKENS_PER_BLOCK;
+      promptTokens += request.inputTokens;
+    }
     // vLLM recomputes at least the last token even on a full hit.
     const uncached = Math.max(1, request.inputTokens - cachedTokens);
     const prefillSeconds = model.prefillOverheadSeconds + uncached / model.prefillTokensPerSecond;
@@ -105,20 +133,41 @@ export function simulate(
 
   while (events.size > 0) {
     const { time: now, item } = events.pop();
+    if (item.kind === 'restart') {
+      gateways[item.gateway].policy = extras.remake!(item.gateway);
+      continue;
+    }
+    if (item.kind === 'feedback') {
+      for (const { endpoints } of gateways) {
+        for (const endpoint of endpoints) {
+          const rank = ranks[endpoint.rank];
+          endpoint.externalLoad = Math.max(0, rank.running + rank.waitingCount - endpoint.inflight) * feedback!.weight;
+        }
+      }
+      if (pending > 0) events.push(now + feedback!.intervalSeconds, { kind: 'feedback' });
+      continue;
+    }
     const request = item.request;
     if (item.kind === 'arrive') {
       arrivedAt[request.id] = now;
-      setCurrent(request);
-      const gateway = arrivals++ % gateways.length;
-      gatewayOf[request.id] = gateway;
-      const { policy, endpoints } = gateways[gateway];
-      const endpoint = policy.pick(endpoints, {
-        path: request.path,
-        affinityKey: policy.usesAffinityKey ? request.sessionKey : undefined,
-        prompt: policy.usesPrompt ? request.prompt : undefined,
-      }) as SimEndpoint;
-      endpoint.inflight++;
-      const rank = ranks[endpoint.rank];
+      let rank: SimRank;
+      if (request.direct !== undefined) {
+        // Another client's request, straight to an engine: no gateway sees it.
+        gatewayOf[request.id] = -1;
+        rank = ranks[request.direct];
+      } else {
+        setCurrent(request, now);
+        const gateway = arrivals++ % gateways.length;
+        gatewayOf[request.id] = gateway;
+        const { policy, endpoints } = gateways[gateway];
+        const endpoint = policy.pick(endpoints, {
+          path: request.path,
+          affinityKey: policy.usesAffinityKey ? request.sessionKey : undefined,
+          prompt: policy.usesPrompt ? request.prompt : undefined,
+        }) as SimEndpoint;
+        endpoint.inflight++;
+        rank = ranks[endpoint.rank];
+      }
       rankOf[request.id] = rank.index;
       routedTokens[rank.index] += request.inputTokens + request.outputTokens;
       if (request.previousTurn !== undefined) {
@@ -129,7 +178,13 @@ export function simulate(
       admit(rank, now);
     } else if (item.kind === 'prefilled') {
       const rank = ranks[rankOf[request.id]];
-      ttfts.push(now - arrivedAt[request.id]);
+      const ttft = now - arrivedAt[request.id];
+      if (gatewayOf[request.id] >= 0) {
+        ttfts.push(ttft);
+        const endpoint = gateways[gatewayOf[request.id]].endpoints[rank.index];
+        endpoint.firstTokens++;
+        endpoint.firstTokenSeconds += ttft;
+      }
       rank.cache.store(request.inputBlocks);
       rank.unbounded.store(request.inputBlocks);
       rank.prefilling = false;
@@ -140,7 +195,8 @@ export function simulate(
       rank.running--;
       rank.cache.store(request.sequenceBlocks);
       rank.unbounded.store(request.sequenceBlocks);
-      gateways[gatewayOf[request.id]].endpoints[rank.index].inflight--;
+      if (gatewayOf[request.id] >= 0) gateways[gatewayOf[request.id]].endpoints[rank.index].inflight--;
+      pending--;
       for (const next of followers.get(request.id) ?? []) {
         events.push(now + next.unitThink * secondsPerUnit, { kind: 'arrive', request: next });
       }

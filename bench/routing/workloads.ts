@@ -23,6 +23,8 @@ export interface SimRequest {
   readonly sessionKey: string | undefined;
   /** The previous turn of the same conversation. */
   readonly previousTurn: number | undefined;
+  /** Sent by another client straight to this rank, past every gateway. */
+  readonly direct?: number;
 }
 
 /** A replayable workload and the rank cache size it is run with. */
@@ -65,6 +67,7 @@ export interface RequestShape {
   path: string;
   sessionKey?: string;
   previousTurn?: number;
+  direct?: number;
 }
 
 /** A request with its block hashes, from its tokens. */
@@ -86,6 +89,7 @@ export function buildRequest(id: number, shape: RequestShape): SimRequest {
     path: shape.path,
     sessionKey: shape.sessionKey,
     previousTurn: shape.previousTurn,
+    direct: shape.direct,
   };
 }
 
@@ -281,3 +285,42 @@ export function generateMooncakeTrace(rng: Rng, count: number): MooncakeRecord[]
   return records;
 }
 
+
+/** Options of {@link multiTenantWorkload}. */
+export interface MultiTenantShape {
+  tenants: number;
+  requests: number;
+  systemTokens: number;
+  questionTokens: number;
+  outputTokens: number;
+  /** Zipf exponent of the tenants' popularity. */
+  zipf: number;
+}
+
+/**
+ * Many tenants' system prompts with Zipf popularity, Poisson arrivals, and a cache of half the
+ * distinct blocks: the engines evict rare tenants' prompts that a router's index may still
+ * believe cached.
+ */
+export function multiTenantWorkload(rng: Rng, capacity: FleetCapacity, shape: MultiTenantShape): Workload {
+  const tokens = new TokenSource();
+  const systems = Array.from({ length: shape.tenants }, () => tokens.take(shape.systemTokens));
+  const weights = systems.map((_, i) => 1 / Math.pow(i + 1, shape.zipf));
+  const total = weights.reduce((a, b) => a + b, 0);
+  let clock = 0;
+  const requests = Array.from({ length: shape.requests }, (_, id) => {
+    let pick = rng() * total;
+    let tenant = 0;
+    while (pick > weights[tenant] && tenant < shape.tenants - 1) pick -= weights[tenant++];
+    clock += exponential(rng, 1);
+    const input = systems[tenant].concat(tokens.take(shape.questionTokens));
+    return buildRequest(id, { unitArrival: clock, input, output: shape.outputTokens, prompt: tokensText(input), path: '/v1/completions' });
+  });
+  return {
+    name: 'multi-tenant',
+    description: `${shape.tenants} tenants' ${shape.systemTokens}-token system prompts, Zipf(${shape.zipf}) popularity, ${shape.questionTokens}-token question, cache at half the distinct blocks`,
+    requests,
+    timeScale: openLoopScale(requests, capacity),
+    rankCacheBlocks: Math.ceil(rankCacheFor(requests, capacity.ranks) / 2),
+  };
+}

@@ -36,6 +36,14 @@ export interface PrefixAwareSettings {
    * onto it. `0` turns it off. Default: `1`.
    */
   contentBalance?: number;
+  /**
+   * How far a new prefix (one no endpoint holds) may be placed from the shortest queue, in
+   * prompts: it goes to the first endpoint of its rendezvous order (the same in every gateway
+   * replica) whose predicted wait is within `placementSlack × its own prefill` of the shortest.
+   * `0` places every new prefix on the shortest queue (replicas then disagree); a large value
+   * places by the hash alone. Default: `1`.
+   */
+  placementSlack?: number;
 }
 
 /** The router's `prefixAware` option: the policy's settings, and the tokenizer of exact prefix routing. */
@@ -61,18 +69,20 @@ export interface PrefixAwareConfig {
   readonly maxBlocksPerEndpoint: number;
   readonly maxBlocksPerRequest: number;
   readonly contentBalance: number;
+  readonly placementSlack: number;
 }
 
 const BLOCK_CHARS = 64;
 const MAX_BLOCKS_PER_ENDPOINT = 32_768;
 const MAX_BLOCKS_PER_REQUEST = 16_384;
 const CONTENT_BALANCE = 1;
+const PLACEMENT_SLACK = 4;
 /** 1 MiB of text per block: far past any KV block, and it keeps block arithmetic in integers. */
 const MAX_BLOCK_CHARS = 1 << 20;
 /** The index's tables are `16 × nextPowerOfTwo(maxBlocksPerEndpoint)` bytes: 256 MiB per endpoint at most. */
 const MAX_BLOCKS = 1 << 24;
 
-const SETTINGS_KEYS: KeysEnum<PrefixAwareSettings> = { blockChars: true, maxBlocksPerEndpoint: true, maxBlocksPerRequest: true, contentBalance: true };
+const SETTINGS_KEYS: KeysEnum<PrefixAwareSettings> = { blockChars: true, maxBlocksPerEndpoint: true, maxBlocksPerRequest: true, contentBalance: true, placementSlack: true };
 const POLICY_KEYS: KeysEnum<PrefixAwareOptions> = { ...SETTINGS_KEYS, fallback: true };
 const ROUTER_KEYS: KeysEnum<PrefixAwareRouterSettings> = { ...SETTINGS_KEYS, tokenizer: true };
 
@@ -83,6 +93,7 @@ function parseSettings(path: string, settings: Record<string, unknown>): PrefixA
     maxBlocksPerEndpoint,
     maxBlocksPerRequest: integerOption(pathOf(path, 'maxBlocksPerRequest'), settings.maxBlocksPerRequest, Math.min(MAX_BLOCKS_PER_REQUEST, maxBlocksPerEndpoint), 1, MAX_BLOCKS),
     contentBalance: numberOption(pathOf(path, 'contentBalance'), settings.contentBalance, CONTENT_BALANCE, 0, 1000),
+    placementSlack: numberOption(pathOf(path, 'placementSlack'), settings.placementSlack, PLACEMENT_SLACK, 0, 1e6),
   };
 }
 

@@ -1,10 +1,13 @@
-import { endpointHash, hashString, keyedMix32, randomKey32, rendezvousWeight } from '../hash';
+import { endpointHash, randomKey32, rendezvousWeight } from '../hash';
 import type { ExactPick } from '../exact-prefix/index/exact-pick';
 import type { Endpoint, PickContext, Policy } from '../types';
+import { BlockIndex, hashPromptBlocks } from './prefix-aware-index';
+import { PendingPrefill, PrefillCostModel } from './prefix-aware-ttft';
 import { parsePrefixAwarePolicy, type PrefixAwareOptions } from './prefix-aware-options';
 import { DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK, type SessionAffinitySettings } from './session-affinity-options';
 
 export type { PrefixAwareOptions } from './prefix-aware-options';
+export { BlockIndex, hashPromptBlocks, MAX_PROBES } from './prefix-aware-index';
 
 /**
  * What the router adds to the pick context when exact routing from KV events applies: per
@@ -19,6 +22,8 @@ export interface PrefixPickContext extends PickContext {
 export interface PrefixAwarePolicy extends Policy {
   /** The share of the last picked prompt's blocks the chosen endpoint was estimated to hold; 0 without a prompt. */
   readonly matchedShare: number;
+  /** What the policy learned from measured times to first token (0 until it has; see {@link PrefillCostModel}). */
+  readonly prefillCost: { readonly secondsPerBlock: number; readonly blocksPerLoad: number };
 }
 
 /** Picks after this many requests drop the index of an endpoint absent from all of them. */
@@ -45,25 +50,47 @@ const LEAD_BLOCKS = 4;
 const WORK_SMOOTHING = 1 / 32;
 
 /**
+ * Blocks of prefill a unit of load costs beyond what the waiting queue predicts, in typical
+ * requests: a request in flight holds a slot, and the prefix that brought it draws more (the
+ * next turn of its conversation, its group's next prompt), which a prediction from the queue
+ * alone does not see. With 1, an endpoint two requests busier than another loses to it when
+ * the prompt's cached part there is worth less than two typical requests' prefill.
+ */
+const LOAD_WEIGHT = 1;
+
+/**
+ * What a block of prefill a candidate lacks costs, against a block of queue: a miss not only
+ * delays this request, it copies the prefix onto a second rank's cache, evicting what that
+ * rank held. At 2 a cached prefix is left only for a queue twice its prefill longer.
+ */
+const MISS_WEIGHT = 2;
+
+/**
  * Routes a prompt to the endpoint where it is likely to get its first token soonest, counting
  * what the KV cache saves. The prompt is cut into fixed-size character blocks, chain-hashed
  * (a block's hash covers all text before it, as vLLM's block hashes do) and matched against a
- * bounded per-endpoint index of the blocks it was sent. Each candidate costs, in blocks of
- * prefill:
+ * bounded per-endpoint index of the blocks it was sent. Each candidate's predicted time to
+ * first token is, in blocks of prefill:
  *
- * - its **uncached blocks**: the prompt's blocks after its longest matching leading run;
- * - its **queue**: `(load − least load) × w`, with `w` the running mean of the uncached blocks
- *   of the requests routed so far (what a queued request typically costs to prefill);
+ * - its **queue**: the uncached blocks of the requests this policy sent there that have not
+ *   given their first token (see {@link PendingPrefill}), load it did not send (other gateways',
+ *   by load feedback) at a typical request's blocks each, and `b × load` with `b` learned online
+ *   from the measured times to first token ({@link PrefillCostModel}) plus one typical request
+ *   per unit of load (`LOAD_WEIGHT`);
+ * - its **uncached blocks**: the prompt's blocks after its longest matching leading run, twice
+ *   (`MISS_WEIGHT`: a miss also copies the prefix onto a second cache);
  * - its **content share** above its fair part, at most half the prompt, see `contentBalance`;
  *
- * and the cheapest wins. A prompt whose lead (its first 4 blocks) no candidate holds is a new
+ * and the least wins. A prompt whose lead (its first 4 blocks) no candidate holds is a new
  * prefix: it goes to the first endpoint of the lead's rendezvous (highest-random-weight) order
+ * whose queue (with its content share) is within `placementSlack` prompts of the shortest and
  * whose load is within session-affinity's bound at its defaults (`max(⌈loadFactor × mean⌉,
- * least + loadSlack)`, see {@link SessionAffinitySettings}). That
- * order depends only on the prompt's text and the endpoint keys, so gateway replicas that share
- * the traffic, each learning only from its own share, place a new prefix on the same endpoint
- * and find it there later; a private rule (the emptiest endpoint in this gateway's view) would
- * cache each prefix once per replica. Ties between holders also go by that order.
+ * least + loadSlack)`, see {@link SessionAffinitySettings}). That order depends only on the
+ * prompt's text and the endpoint keys, so gateway replicas that share the traffic, each
+ * learning only from its own share, place a new prefix on the same endpoint and find it there
+ * later, unless its queue or cache is well past another's; a private rule (the emptiest
+ * endpoint in this gateway's view) would cache each prefix once per replica. Ties between
+ * holders also go by that order.
  *
  * Per pick: one pass hashing the prompt, then per candidate one `Map` lookup and a binary search
  * of its matching run (skipped when the candidate cannot win), and for a new prefix one more
@@ -71,7 +98,7 @@ const WORK_SMOOTHING = 1 / 32;
  * longest prompt and the endpoint keys are known.
  */
 export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy {
-  const { blockChars, maxBlocksPerEndpoint: maxBlocks, maxBlocksPerRequest: maxRequestBlocks, contentBalance, fallback } = parsePrefixAwarePolicy('prefixAware', options);
+  const { blockChars, maxBlocksPerEndpoint: maxBlocks, maxBlocksPerRequest: maxRequestBlocks, contentBalance, placementSlack, fallback } = parsePrefixAwarePolicy('prefixAware', options);
   // One key for every index of this policy: slots are unpredictable to clients, and the
   // content hashes themselves stay deterministic (replicas may place prefixes by them).
   const slotKey = randomKey32();
@@ -89,6 +116,12 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
   let hashesCheckedAt = -1;
   /** Each candidate's cost during one pick (Infinity when skipped), reused across picks. */
   let candidateCosts = new Float64Array(0);
+  /** Each candidate's queue during one pick, in blocks, reused across picks. */
+  let candidateQueues = new Float64Array(0);
+  /** Each candidate's pending prefill during one pick (looked up once), reused across picks. */
+  const candidatePending: Array<PendingPrefill | undefined> = [];
+  const pendings = new Map<string, PendingPrefill>();
+  const costModel = new PrefillCostModel();
   let picks = 0;
   /** Running mean of the uncached blocks of routed requests; negative until the first. */
   let typicalWork = -1;
@@ -109,6 +142,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
         indexes.delete(key);
       }
     }
+    for (const [key, pending] of pendings) if (picks - pending.lastCandidatePick > FORGET_AFTER_PICKS) pendings.delete(key);
   }
 
   /** The rendezvous weight of `candidates[at]` for `lead`. */
@@ -130,17 +164,28 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     return true;
   }
 
+  /** The candidate's queue before this request, in blocks of prefill (see {@link PendingPrefill}). */
+  function queueAt(candidate: Endpoint, at: number, ratio: number, work: number): number {
+    const pending = candidatePending[at];
+    const own = pending === undefined ? 0 : pending.blocks;
+    // Load the router did not send (other gateways', by load feedback) is priced at a typical request.
+    const external = candidate.load > candidate.inflight ? candidate.load - candidate.inflight : 0;
+    return own + external * work + (ratio + LOAD_WEIGHT * work) * candidate.load;
+  }
+
   /**
-   * The cheapest candidate's position. A candidate `exact` scores costs its share of the
-   * prompt its rank lacks by the engine's events instead of the approximate index's guess, and
-   * no content-balance term: that term counts this replica's own traffic, which other replicas
-   * do not see, while the events are the same for all of them.
+   * The candidate with the least predicted time to first token, as a position: its queue (see
+   * `queueAt`) plus this request's uncached blocks there. A candidate `exact` scores costs its
+   * share of the prompt its rank lacks by the engine's events instead of the approximate
+   * index's guess, and no content-balance term: that term counts this replica's own traffic,
+   * which other replicas do not see, while the events are the same for all of them.
    */
   function choose(candidates: readonly Endpoint[], blockCount: number, exact: ExactPick | undefined): number {
     let minLoad = Infinity;
     let totalLoad = 0;
     let candidateRecent = 0;
     candidateIndexes.length = candidates.length;
+    candidatePending.length = candidates.length;
     for (let at = 0; at < candidates.length; at++) {
       const candidate = candidates[at];
       if (candidate.load < minLoad) minLoad = candidate.load;
@@ -151,12 +196,23 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
         index.lastCandidatePick = picks;
         candidateRecent += index.recentBlocks;
       }
+      const pending = pendings.get(candidate.key);
+      candidatePending[at] = pending;
+      if (pending !== undefined) {
+        pending.lastCandidatePick = picks;
+        pending.settle(candidate, costModel);
+      }
     }
     const work = typicalWork < 0 ? blockCount : typicalWork;
+    // A unit of load is worth at most one more typical request: a fit on few or skewed samples must not outweigh the cache.
+    const ratio = Math.min(costModel.blocksPerLoad(), work);
     const fairRecent = candidateRecent / candidates.length;
     const lead = blockHashes[Math.min(blockCount, LEAD_BLOCKS) - 1];
 
-    if (candidateCosts.length < candidates.length) candidateCosts = new Float64Array(candidates.length);
+    if (candidateCosts.length < candidates.length) {
+      candidateCosts = new Float64Array(candidates.length);
+      candidateQueues = new Float64Array(candidates.length);
+    }
     let bestAt = 0;
     let bestCost = Infinity;
     let ties = 0;
@@ -165,24 +221,26 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     for (let at = 0; at < candidates.length; at++) {
       const candidate = candidates[at];
       const index = candidateIndexes[at];
-      let cost = work * (candidate.load - minLoad);
+      let cost = queueAt(candidate, at, ratio, work);
       const held = exact === undefined ? -1 : exact.matched[at];
       if (held >= 0) {
+        candidateQueues[at] = cost;
         if (held >= exactLead) anyMatch = true;
-        cost += exactUncached(blockCount, held, exact!.promptBlocks);
+        cost += MISS_WEIGHT * exactUncached(blockCount, held, exact!.promptBlocks);
       } else {
         const recent = index === undefined ? 0 : index.recentBlocks;
-        if (recent > fairRecent) cost += contentBalance * blockCount * Math.min(MAX_EXCESS, recent / fairRecent - 1);
+        if (recent > fairRecent) cost += contentBalance * MISS_WEIGHT * blockCount * Math.min(MAX_EXCESS, recent / fairRecent - 1);
+        candidateQueues[at] = cost;
         const holds = index !== undefined && index.has(lead);
         if (holds) anyMatch = true;
         // Uncached blocks are the whole prompt without the lead, at least none with it: skip the
         // search when even none cannot win (or tie).
-        if (cost + blockCount - (holds ? blockCount : 0) > bestCost) {
+        if (cost + (holds ? 0 : MISS_WEIGHT * blockCount) > bestCost) {
           candidateCosts[at] = Infinity;
           continue;
         }
-        if (holds) cost += blockCount - (index as BlockIndex).leadingRun(blockHashes, blockCount, 0);
-        else cost += blockCount;
+        if (holds) cost += MISS_WEIGHT * (blockCount - (index as BlockIndex).leadingRun(blockHashes, blockCount, 0));
+        else cost += MISS_WEIGHT * blockCount;
       }
       candidateCosts[at] = cost;
       if (cost < bestCost) {
@@ -194,7 +252,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       }
     }
     if (!anyMatch) {
-      bestAt = place(candidates, lead, minLoad, totalLoad);
+      bestAt = place(candidates, blockCount, lead, minLoad, totalLoad);
     } else if (ties > 0) {
       // The lead's rendezvous order decides between the cheapest, as in every replica.
       let bestWeight = -1;
@@ -209,21 +267,29 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     }
     // Let go of the indexes until the next pick.
     candidateIndexes.fill(undefined);
+    candidatePending.fill(undefined);
     return bestAt;
   }
 
   /**
-   * A new prefix: the first candidate of its lead's rendezvous order whose load is within
-   * session-affinity's bound at its default `loadFactor` and `loadSlack`. The order depends on
-   * the prompt and the endpoint keys only, so every replica places the prefix alike.
+   * A new prefix: the first candidate of its lead's rendezvous order whose queue (`queueAt`,
+   * with its content-balance term) is within `placementSlack` prompts of the shortest and whose
+   * load is within session-affinity's bound at its default `loadFactor` and `loadSlack`. The
+   * order depends on the prompt and the endpoint keys only, so replicas whose views of the
+   * queues are alike place the prefix alike; a rank with a long queue, or that took more than
+   * its share of new blocks (its cache full of them), is passed over while another has room.
    */
-  function place(candidates: readonly Endpoint[], lead: number, minLoad: number, totalLoad: number): number {
+  function place(candidates: readonly Endpoint[], blockCount: number, lead: number, minLoad: number, totalLoad: number): number {
     const loadCap = Math.max(Math.ceil((DEFAULT_LOAD_FACTOR * totalLoad) / candidates.length), minLoad + DEFAULT_LOAD_SLACK);
+    let shortest = Infinity;
+    for (let at = 0; at < candidates.length; at++) if (candidateQueues[at] < shortest) shortest = candidateQueues[at];
+    const queueCap = shortest + placementSlack * blockCount;
     let chosen = 0;
     let chosenWeight = -1;
     for (let at = 0; at < candidates.length; at++) {
-      // The least loaded candidate is always within the bound (unless a load is NaN).
-      if (candidates[at].load > loadCap) continue;
+      // The least loaded candidate is always within the bound (unless a load is NaN), and the
+      // shortest queue within its own.
+      if (candidates[at].load > loadCap || candidateQueues[at] > queueCap) continue;
       const weight = weightAt(candidates, at, lead);
       if (weight > chosenWeight) {
         chosen = at;
@@ -240,6 +306,9 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     reportsMatchedShare: true,
     get matchedShare() {
       return matchedShare;
+    },
+    get prefillCost() {
+      return { secondsPerBlock: costModel.secondsPerBlock, blocksPerLoad: costModel.blocksPerLoad() };
     },
     pick(candidates: readonly Endpoint[], ctx: PickContext): Endpoint {
       const prompt = ctx.prompt;
@@ -263,6 +332,15 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
         : blockCount - index.leadingRun(blockHashes, blockCount, 0);
       typicalWork = typicalWork < 0 ? uncached : typicalWork + (uncached - typicalWork) * WORK_SMOOTHING;
       matchedShare = 1 - uncached / blockCount;
+      let pending = pendings.get(chosen.key);
+      if (pending === undefined) {
+        pending = new PendingPrefill();
+        pending.lastCandidatePick = picks;
+        pending.settle(chosen, costModel);
+        pendings.set(chosen.key, pending);
+      }
+      const external = chosen.load > chosen.inflight ? chosen.load - chosen.inflight : 0;
+      pending.push(uncached, pending.blocks + external * (typicalWork < 0 ? uncached : typicalWork) + uncached, chosen.load);
       const added = index.record(blockHashes, blockCount);
       index.recentBlocks += added;
       recentTotal += added;
@@ -284,183 +362,3 @@ function exactUncached(blockCount: number, held: number, promptBlocks: number): 
   return (blockCount * (promptBlocks - held)) / promptBlocks;
 }
 
-/**
- * Writes the chained content hashes of the prompt's first `count` blocks into `out`: block
- * `i`'s hash covers all text before its end, as vLLM's block hashes do. Deterministic, the same
- * in every process. Returns `count`.
- */
-export function hashPromptBlocks(prompt: string, blockChars: number, count: number, out: Int32Array): number {
-  let hash = 0;
-  for (let i = 0; i < count; i++) {
-    hash = hashString(prompt, hash, i * blockChars, (i + 1) * blockChars);
-    out[i] = hash;
-  }
-  return count;
-}
-
-/**
- * The block hashes one endpoint was sent, approximately least-recently-used: two
- * generations of at most `maxBlocks` hashes each; when the current one fills, the older is
- * dropped whole. So the `maxBlocks` most recently used hashes are always held (the rank's
- * cache, sized alike, forgets nothing the index still needs), and at most `2 × maxBlocks`.
- * Each generation is an open-addressing hash set in an `Int32Array` at most half full, so a
- * touch is a probe or two with no allocation, and the memory is fixed:
- * `16 × nextPowerOfTwo(maxBlocks)` bytes (512 KiB for the default `maxBlocksPerEndpoint`).
- */
-export class BlockIndex {
-  lastCandidatePick = 0;
-  /** New blocks recorded lately (halved as the policy's total passes its bound). */
-  recentBlocks = 0;
-  private current: HashSet32;
-  private previous: HashSet32;
-  private readonly generationSize: number;
-  private readonly slotKey: number;
-  /** Both tables have the same size and key, so a hash's home slot is computed once for both. */
-  private readonly mask: number;
-
-  /** `slotKey` keys the tables' slot hash; a random one (the default) keeps clients from forging collisions. */
-  constructor(maxBlocks: number, slotKey = randomKey32()) {
-    this.generationSize = maxBlocks;
-    this.slotKey = slotKey;
-    this.current = new HashSet32(this.generationSize);
-    this.previous = new HashSet32(this.generationSize);
-    this.mask = this.current.mask;
-  }
-
-  /** Slot probes past the first, over the index's life: the work hash collisions cost. */
-  get extraProbes(): number {
-    return this.current.extraProbes + this.previous.extraProbes;
-  }
-
-  /** How many block hashes are held (never more than `2 × maxBlocks`). */
-  get size(): number {
-    return this.current.size + this.previous.size;
-  }
-
-  /** Bytes held by the index's tables. */
-  get bytes(): number {
-    return this.current.bytes + this.previous.bytes;
-  }
-
-  has(hash: number): boolean {
-    const key = hash === 0 ? 1 : hash;
-    const home = keyedMix32(key, this.slotKey) & this.mask;
-    return this.current.has(key, home) || this.previous.has(key, home);
-  }
-
-  /**
-   * The number of leading blocks held. Blocks are recorded last-to-first, so a block is
-   * never older than the blocks before it in its chain: the held blocks of a chain form a
-   * prefix, and a binary search finds its end. Returns 0 early when it cannot reach `toBeat`.
-   */
-  leadingRun(hashes: Int32Array, count: number, toBeat: number): number {
-    if (!this.has(hashes[0])) return 0;
-    let low = 1;
-    if (toBeat > 1) {
-      if (!this.has(hashes[toBeat - 1])) return 0;
-      low = toBeat;
-    }
-    let high = count;
-    while (low < high) {
-      const middle = (low + high + 1) >>> 1;
-      if (this.has(hashes[middle - 1])) low = middle;
-      else high = middle - 1;
-    }
-    return low;
-  }
-
-  /**
-   * Marks the blocks as just used, last to first so that a prompt's head outlives its tail.
-   * Returns how many were not held before.
-   */
-  record(hashes: Int32Array, count: number): number {
-    let added = 0;
-    for (let i = count - 1; i >= 0; i--) {
-      const hash = hashes[i];
-      const key = hash === 0 ? 1 : hash;
-      const home = keyedMix32(key, this.slotKey) & this.mask;
-      if (!this.current.add(key, home)) continue;
-      // Only for a hash new to the current generation (adding to one leaves the other as it was).
-      if (!this.previous.has(key, home)) added++;
-      if (this.current.size >= this.generationSize) {
-        const dropped = this.previous;
-        this.previous = this.current;
-        dropped.clear();
-        this.current = dropped;
-      }
-    }
-    return added;
-  }
-}
-
-/**
- * Slots a lookup or insertion probes at most. At the tables' load of at most one half, the
- * longest run of occupied slots in a table of 2^16 slots is about 50 with a random slot hash,
- * so the bound almost never turns a hash away, and it caps the work of any one operation
- * whatever the hashes are.
- */
-export const MAX_PROBES = 64;
-
-/**
- * A fixed-capacity set of 32-bit keys (a hash, 0 written as 1) with linear probing from a home
- * slot its owner computes with a keyed slot hash; 0 marks an empty slot. A hash is never stored more than `MAX_PROBES − 1` slots past its home slot
- * (an insertion that would go further is dropped: the index forgets that block), so a lookup
- * that has probed `MAX_PROBES` slots knows the hash is absent.
- */
-class HashSet32 {
-  size = 0;
-  /** Probes past the first slot, ever (not reset by `clear`). */
-  extraProbes = 0;
-  private readonly slots: Int32Array;
-  readonly mask: number;
-
-  constructor(maxEntries: number) {
-    let capacity = 2;
-    while (capacity < maxEntries * 2) capacity *= 2;
-    this.slots = new Int32Array(capacity);
-    this.mask = capacity - 1;
-  }
-
-  get bytes(): number {
-    return this.slots.byteLength;
-  }
-
-  has(key: number, home: number): boolean {
-    const slot = this.slotOf(key, home);
-    return slot >= 0 && this.slots[slot] === key;
-  }
-
-  /**
-   * Adds the hash; returns whether it was added (false when held, or when its probe run is
-   * full). The owner keeps `size` at most half the slots.
-   */
-  add(key: number, home: number): boolean {
-    const slot = this.slotOf(key, home);
-    if (slot < 0 || this.slots[slot] === key) return false;
-    this.slots[slot] = key;
-    this.size++;
-    return true;
-  }
-
-  /**
-   * Linear probing: the slot holding `key`, or the empty slot where it would go; -1 when
-   * `MAX_PROBES` slots hold neither.
-   */
-  private slotOf(key: number, home: number): number {
-    const slots = this.slots;
-    let slot = home;
-    let probed = 1;
-    while (slots[slot] !== key && slots[slot] !== 0) {
-      if (probed === MAX_PROBES) return -1;
-      probed++;
-      this.extraProbes++;
-      slot = (slot + 1) & this.mask;
-    }
-    return slot;
-  }
-
-  clear(): void {
-    this.slots.fill(0);
-    this.size = 0;
-  }
-}

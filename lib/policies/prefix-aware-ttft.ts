@@ -1,0 +1,173 @@
+import type { Endpoint } from '../types';
+
+/**
+ * What a router that measures time to first token adds to an endpoint, for `prefix-aware`'s
+ * prediction: running totals since the endpoint was created, so that a policy reading them at
+ * its next pick learns every answer in between. Optional: without them the policy counts a
+ * request's prefill as waiting until the request leaves `inflight`.
+ */
+export interface FirstTokenTotals {
+  /** 2xx answers whose first token (first event of a stream) arrived, of requests this router dispatched here. */
+  readonly firstTokens?: number;
+  /** The sum of their times from dispatch to first token, in seconds. */
+  readonly firstTokenSeconds?: number;
+}
+
+/** Samples the fit needs before it replaces the prior. */
+const MIN_SAMPLES = 16;
+/** Weight of older samples after each new one: the fit follows about the last 256 first tokens. */
+const SAMPLE_DECAY = 1 - 1 / 256;
+
+/**
+ * Time to first token against the work ahead of a request, learned online: `seconds ≈ a ×
+ * blocks + b × load + c`, where `blocks` is the uncached prefill waiting on the endpoint when
+ * the request was sent plus its own, and `load` the endpoint's load then (slots taken, queue
+ * the router cannot price in blocks). A least-squares fit over exponentially decayed sums;
+ * only `b / a` matters to a pick (the blocks one more unit of load is worth), so that is what
+ * it returns. Before {@link MIN_SAMPLES} samples, or while the fit is not sane (`a ≤ 0`), it
+ * returns the prior: 0 (the waiting blocks alone predict).
+ */
+export class PrefillCostModel {
+  /** Decayed sums of x·xᵀ (x = [blocks, load, count]) and x·y, upper triangle. */
+  private s11 = 0;
+  private s12 = 0;
+  private s13 = 0;
+  private s22 = 0;
+  private s23 = 0;
+  private s33 = 0;
+  private t1 = 0;
+  private t2 = 0;
+  private t3 = 0;
+  samples = 0;
+  private ratio = 0;
+  private stale = false;
+  /** The fitted seconds per block (0 until fitted): for tracing and the docs. */
+  secondsPerBlock = 0;
+
+  /**
+   * `count` requests got their first tokens `seconds` after dispatch in total; `blocks` and
+   * `load` are the sums of their dispatch-time features.
+   */
+  learn(blocks: number, load: number, count: number, seconds: number): void {
+    if (!(seconds >= 0) || count <= 0) return;
+    const d = SAMPLE_DECAY;
+    this.s11 = this.s11 * d + blocks * blocks;
+    this.s12 = this.s12 * d + blocks * load;
+    this.s13 = this.s13 * d + blocks * count;
+    this.s22 = this.s22 * d + load * load;
+    this.s23 = this.s23 * d + load * count;
+    this.s33 = this.s33 * d + count * count;
+    this.t1 = this.t1 * d + blocks * seconds;
+    this.t2 = this.t2 * d + load * seconds;
+    this.t3 = this.t3 * d + count * seconds;
+    this.samples += count;
+    this.stale = true;
+  }
+
+  /** Blocks of prefill one unit of load is worth. */
+  blocksPerLoad(): number {
+    if (!this.stale) return this.ratio;
+    this.stale = false;
+    if (this.samples < MIN_SAMPLES) return this.ratio;
+    // A small relative ridge keeps a degenerate fit (constant load, say) solvable.
+    const a11 = this.s11 * 1.001 + 1e-9;
+    const a22 = this.s22 * 1.001 + 1e-9;
+    const a33 = this.s33 * 1.001 + 1e-9;
+    const [a12, a13, a23] = [this.s12, this.s13, this.s23];
+    const det = a11 * (a22 * a33 - a23 * a23) - a12 * (a12 * a33 - a23 * a13) + a13 * (a12 * a23 - a22 * a13);
+    if (!(Math.abs(det) > 0)) return this.ratio;
+    const [t1, t2, t3] = [this.t1, this.t2, this.t3];
+    // Cramer's rule for the first two coefficients.
+    const a = (t1 * (a22 * a33 - a23 * a23) - a12 * (t2 * a33 - a23 * t3) + a13 * (t2 * a23 - a22 * t3)) / det;
+    const b = (a11 * (t2 * a33 - a23 * t3) - t1 * (a12 * a33 - a23 * a13) + a13 * (a12 * t3 - t2 * a13)) / det;
+    if (a > 0 && Number.isFinite(b)) {
+      this.secondsPerBlock = a;
+      this.ratio = Math.max(0, b / a);
+    }
+    return this.ratio;
+  }
+}
+
+/**
+ * One endpoint's prefill waiting, as this policy sent it: a FIFO of the uncached blocks of the
+ * requests it routed there that have not given their first token (an engine prefills in
+ * arrival order, so first tokens come back in that order), with each request's features at
+ * dispatch for the cost model.
+ */
+export class PendingPrefill {
+  /** The sum of the queued requests' own blocks. */
+  blocks = 0;
+  lastCandidatePick = 0;
+  private own = new Float64Array(8);
+  private ahead = new Float64Array(8);
+  private loads = new Float64Array(8);
+  private head = 0;
+  private count = 0;
+  private seenTokens = 0;
+  private seenSeconds = 0;
+  private primed = false;
+
+  /**
+   * Drops what has left the queue since the last look: the oldest entries, one per first token
+   * the endpoint reported (each batch a sample for `model`), then any beyond its in-flight count
+   * (requests that ended without a first token, or whose first tokens are not reported).
+   */
+  settle(endpoint: Endpoint & FirstTokenTotals, model: PrefillCostModel): void {
+    const tokens = endpoint.firstTokens;
+    if (tokens !== undefined) {
+      const seconds = endpoint.firstTokenSeconds ?? 0;
+      if (!this.primed) {
+        // Answers from before this policy saw the endpoint are not in its queue.
+        this.primed = true;
+      } else if (tokens > this.seenTokens) {
+        const answered = tokens - this.seenTokens;
+        const taken = Math.min(answered, this.count);
+        let ahead = 0;
+        let load = 0;
+        for (let i = 0; i < taken; i++) {
+          const at = this.head;
+          ahead += this.ahead[at];
+          load += this.loads[at];
+          this.shift();
+        }
+        // Answers to requests it did not send (hinted ones) make the pairing unsure: no sample.
+        if (taken === answered) model.learn(ahead, load, answered, seconds - this.seenSeconds);
+      }
+      this.seenTokens = tokens;
+      this.seenSeconds = seconds;
+    }
+    const inflight = endpoint.inflight;
+    while (this.count > inflight) this.shift();
+  }
+
+  /** A request sent with `own` uncached blocks, `ahead` blocks waiting before it (its own included) and `load` on the endpoint. */
+  push(own: number, ahead: number, load: number): void {
+    if (this.count === this.own.length) this.grow();
+    const at = (this.head + this.count) % this.own.length;
+    this.own[at] = own;
+    this.ahead[at] = ahead;
+    this.loads[at] = load;
+    this.count++;
+    this.blocks += own;
+  }
+
+  private shift(): void {
+    this.blocks -= this.own[this.head];
+    this.head = (this.head + 1) % this.own.length;
+    this.count--;
+    if (this.count === 0) this.blocks = 0;
+  }
+
+  private grow(): void {
+    const size = this.own.length * 2;
+    const reorder = (from: Float64Array) => {
+      const to = new Float64Array(size);
+      for (let i = 0; i < this.count; i++) to[i] = from[(this.head + i) % from.length];
+      return to;
+    };
+    this.own = reorder(this.own);
+    this.ahead = reorder(this.ahead);
+    this.loads = reorder(this.loads);
+    this.head = 0;
+  }
+}

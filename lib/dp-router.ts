@@ -5,6 +5,7 @@ import { createForwarding } from './pipeline';
 import { createUpstreamProxy, type UpstreamProxy } from './forward/proxy';
 import { createRouting, type Middleware, type RoutingHelpers } from './routing';
 import type { DpRouterOptions, UpstreamConfig } from './options';
+import { DisaggregatedTerminal } from './disaggregation/terminal';
 
 /** The router: Express middleware with its metrics handler, registry, snapshot and `close()`. */
 export type DpRouter = Middleware & RoutingHelpers;
@@ -21,7 +22,7 @@ export type DpRouter = Middleware & RoutingHelpers;
  */
 export function dpRouter(options: DpRouterOptions): DpRouter {
   // The request path is in pipeline.ts; this sets up what its proxying end works with.
-  const routing = createRouting(options, (req, res, next, route) => forwarding.forward(req, res, next, route), 'dpRouter');
+  const routing = createRouting(options, (req, res, next, route) => (split ?? forwarding).proceed(req, res, next, route), 'dpRouter');
   const { config, table, metrics, pipeline } = routing;
   const ejections = {
     ejected(endpoint: RouteEndpoint): void {
@@ -37,7 +38,12 @@ export function dpRouter(options: DpRouterOptions): DpRouter {
   const retired: UpstreamProxy[] = [];
   // Endpoints kept across a reconfiguration hold the configuration they were built with.
   const proxyOf = new WeakMap<UpstreamConfig, UpstreamProxy>();
-  const forwarding = createForwarding({ config, table, metrics, pipeline, detector, proxyOf: (endpoint) => proxyOf.get(endpoint.config)! });
+  const forwardingParts = createForwarding({ config, table, metrics, pipeline, detector, proxyOf: (endpoint) => proxyOf.get(endpoint.config)! });
+  const forwarding = { ...forwardingParts, proceed: forwardingParts.forward, close: () => undefined };
+  const split = config.disaggregation
+    ? new DisaggregatedTerminal(config, routing.helpers.registry, { read: (req, res, route, _limit, purpose, next, then) => pipeline.readBody(req, res, route, purpose, next, then) }, forwarding)
+    : undefined;
+  if (split) routing.onClose.push(() => split.close());
   const proxyKey = (upstream: UpstreamConfig) => `${upstream.name}\n${upstream.url}`;
   const syncProxies = () => {
     const wanted = new Set(table.upstreams.map(proxyKey));
@@ -73,5 +79,6 @@ export function dpRouter(options: DpRouterOptions): DpRouter {
   };
   syncRetryLimit();
   routing.onReconfigure.push(syncRetryLimit);
-  return Object.assign(routing.handle, routing.helpers);
+  const helpers = split ? { ...routing.helpers, endpoints: () => [...routing.helpers.endpoints(), ...split.pool.table.snapshot().map((endpoint) => ({ ...endpoint, leg: 'prefill' as const }))] } : routing.helpers;
+  return Object.assign(routing.handle, helpers);
 }

@@ -32,6 +32,8 @@ export interface GatewaySettings {
   logLevel: LogLevel;
   /** OTLP/HTTP traces endpoint; `undefined`: no tracing. */
   otlpEndpoint: string | undefined;
+  /** Prefill/decode disaggregation (`--pd`, `--prefill`/`--decode`); `undefined`: whole requests. */
+  disaggregation: { connector: 'nixl' | 'mooncake' } | undefined;
 }
 
 /** pino's levels. */
@@ -75,6 +77,12 @@ Options:
                         this often; 0 = off                              [0]
   --load-feedback-weight W
                         weight of other gateways' engine load, 0 to 1    [0.5]
+  --prefill URL[@RANKS] a vLLM prefill server (repeatable): with --decode, each request's
+                        prefill leg goes there, its decode leg to a --decode server
+  --decode URL[@RANKS]  a vLLM decode server (repeatable)
+  --pd-connector NAME   nixl | mooncake: the servers' KV connector        [nixl]
+  --bootstrap-port N    the --prefill before it: its Mooncake bootstrap port [8998]
+  --pd                  embedded mocks: one prefill server and one decode server
   --mock-decode-ms N    embedded mock: delay per generated token         [0]
   --drain-timeout-ms N  on SIGTERM, wait this long for in-flight requests [30000]
   --log-level LEVEL     fatal | error | warn | info | debug (one line per routing
@@ -85,7 +93,7 @@ Options:
   -h, --help            print this help
 
 A flag's value follows it or an '=': --port 8080, --port=8080. Switches (--trust-hints,
---expose-decision, --discover) take no value, or exactly =true or =false.
+--expose-decision, --discover, --pd) take no value, or exactly =true or =false.
 
 Serves the proxied API under /, metrics at GET /metrics, liveness at GET /healthz and
 readiness at GET /readyz. Logs with pino: pretty on a terminal, JSON lines otherwise, one
@@ -103,6 +111,12 @@ interface ParseState {
   startRank: number | undefined;
   rankHeader: RankHeaderMode;
   help: boolean;
+  /** `--prefill` and `--decode` specs, with each `--bootstrap-port` by the prefill URL before it. */
+  prefillSpecs: string[];
+  decodeSpecs: string[];
+  bootstrapPorts: Map<string, number>;
+  pd: boolean;
+  connector: 'nixl' | 'mooncake' | undefined;
 }
 
 /**
@@ -136,6 +150,17 @@ const FLAGS: Readonly<Record<string, Flag>> = {
   '--discover': { switch: (s, on) => (s.discover = on) },
   '--load-feedback-ms': { value: (s, raw, flag) => (s.settings.loadFeedbackMs = integer(flag, raw, 0, 3_600_000)) },
   '--load-feedback-weight': { value: (s, raw, flag) => (s.settings.loadFeedbackWeight = fraction(flag, raw)) },
+  '--prefill': { value: (s, raw) => s.prefillSpecs.push(raw) },
+  '--decode': { value: (s, raw) => s.decodeSpecs.push(raw) },
+  '--pd-connector': { value: (s, raw, flag) => (s.connector = choice(flag, raw, ['nixl', 'mooncake'] as const)) },
+  '--bootstrap-port': {
+    value: (s, raw, flag) => {
+      const previous = s.prefillSpecs[s.prefillSpecs.length - 1];
+      if (previous === undefined) throw new UsageError(`${flag} names the Mooncake bootstrap port of the --prefill before it`);
+      s.bootstrapPorts.set(parseUpstreamSpec(previous, s.settings.dpSize).url, integer(flag, raw, 1, 65535));
+    },
+  },
+  '--pd': { switch: (s, on) => (s.pd = on) },
   '--mock-decode-ms': { value: (s, raw, flag) => (s.settings.mockDecodeMs = integer(flag, raw, 0, 10_000)) },
   '--drain-timeout-ms': { value: (s, raw, flag) => (s.settings.drainTimeoutMs = integer(flag, raw, 0, 3_600_000)) },
   '--log-level': { value: (s, raw, flag) => (s.settings.logLevel = choice(flag, raw, LOG_LEVELS)) },
@@ -165,6 +190,7 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
       logLevel: env.LOG_LEVEL === undefined || env.LOG_LEVEL === '' ? 'info' : choice('LOG_LEVEL', env.LOG_LEVEL, LOG_LEVELS),
       otlpEndpoint: undefined,
       tokenizer: undefined,
+      disaggregation: undefined,
     },
     kvEvents: new Map(),
     discover: false,
@@ -172,6 +198,11 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     startRank: undefined,
     rankHeader: 'global',
     help: false,
+    prefillSpecs: [],
+    decodeSpecs: [],
+    bootstrapPorts: new Map(),
+    pd: false,
+    connector: undefined,
   };
 
   for (let index = 0; index < argv.length; index++) {
@@ -200,10 +231,31 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     const events = kvEvents.get(upstream.url);
     return { ...upstream, ...(state.discover && { discover: true }), ...(events && { kvEvents: events }) };
   });
+  disaggregate(state);
   if (kvEvents.size > 0 && settings.tokenizer === undefined) {
     throw new UsageError('--kv-events needs --tokenizer PATH: the router tokenizes prompts with the model\'s own tokenizer to look them up');
   }
   return settings;
+}
+
+/** `--prefill`/`--decode` add upstreams of those roles; `--pd` asks for the embedded pair. */
+function disaggregate(state: ParseState): void {
+  const { settings, prefillSpecs, decodeSpecs } = state;
+  const split = prefillSpecs.length > 0 || decodeSpecs.length > 0;
+  if (state.pd && (split || settings.upstreams.length > 0)) throw new UsageError('--pd runs the embedded mocks; give --prefill and --decode for real servers instead');
+  if (split && (prefillSpecs.length === 0 || decodeSpecs.length === 0)) throw new UsageError('--prefill and --decode go together: give at least one of each');
+  if (state.bootstrapPorts.size > 0 && state.connector !== 'mooncake') throw new UsageError('--bootstrap-port is for --pd-connector mooncake');
+  if (!split && !state.pd) {
+    if (state.connector !== undefined) throw new UsageError('--pd-connector needs --pd, or --prefill and --decode');
+    return;
+  }
+  settings.disaggregation = { connector: state.connector ?? 'nixl' };
+  const merge = (specs: string[], role: 'prefill' | 'decode') =>
+    mergeUpstreams(specs, settings.dpSize, state.startRank, state.rankHeader).map((upstream) => {
+      const bootstrapPort = role === 'prefill' ? state.bootstrapPorts.get(upstream.url) : undefined;
+      return { ...upstream, role, ...(bootstrapPort !== undefined && { bootstrapPort }) };
+    });
+  settings.upstreams = [...settings.upstreams, ...merge(prefillSpecs, 'prefill'), ...merge(decodeSpecs, 'decode')];
 }
 
 /**

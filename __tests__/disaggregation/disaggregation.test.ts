@@ -307,7 +307,7 @@ describe('options', () => {
 async function observations(gateway: TestGateway, name: string, labels: Record<string, string>): Promise<number> {
   const { values } = await gateway.registry.getSingleMetric(name)!.get();
   return values
-    .filter((sample) => sample.metricName === `${name}_count` && Object.entries(labels).every(([key, value]) => String(sample.labels[key]) === value))
+    .filter((sample) => (sample as { metricName?: string }).metricName === `${name}_count` && Object.entries(labels).every(([key, value]) => String(sample.labels[key]) === value))
     .reduce((sum, sample) => sum + sample.value, 0);
 }
 

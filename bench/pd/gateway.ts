@@ -2,7 +2,7 @@
  * bench:pd's gateway: `pd` splits each request between the prefill and decode servers, `whole`
  * sends it whole to the decode server, through the same router code. For `pd`, it stamps when
  * each prefill answer was read and when its decode leg was dispatched (diagnostics_channel's
- * `http.client.request.start`), and serves the gaps at `GET /bench/gaps`. Prints `READY <port>`.
+ * `http.client.request.start`), and serves the gaps at `GET /bench/gaps` (wall and CPU). Prints `READY <port>`.
  */
 import { subscribe } from 'node:diagnostics_channel';
 import { createServer, type ClientRequest } from 'node:http';
@@ -12,8 +12,10 @@ import { dpRouter } from '../../lib';
 import { PrefillClient } from '../../lib/disaggregation/prefill-client';
 
 const [mode, prefillUrl, decodeUrl] = process.argv.slice(2);
-const answered = new Map<string, number>();
-const gaps: number[] = [];
+/** When each prefill answer was read: wall clock, and this process's CPU time (not inflated by time descheduled). */
+const answered = new Map<string, { wall: number; cpu: NodeJS.CpuUsage }>();
+/** Per decode leg: [wall ms, CPU ms] from its prefill answer. */
+const gaps: Array<[number, number]> = [];
 
 if (mode === 'pd') {
   // Bench instrumentation only: the time each prefill answer was read, by request id.
@@ -21,7 +23,7 @@ if (mode === 'pd') {
   PrefillClient.prototype.post = function timed(this: PrefillClient, ...args: Parameters<PrefillClient['post']>) {
     const call = post.apply(this, args);
     const id = String(args[1]['x-request-id']);
-    void call.result.then(() => answered.set(id, performance.now()));
+    void call.result.then(() => answered.set(id, { wall: performance.now(), cpu: process.cpuUsage() }));
     return call;
   };
   // The decode leg is the first request with that id to start after its prefill answered.
@@ -30,7 +32,8 @@ if (mode === 'pd') {
     const at = answered.get(id);
     if (at === undefined) return;
     answered.delete(id);
-    gaps.push(performance.now() - at);
+    const cpu = process.cpuUsage(at.cpu);
+    gaps.push([performance.now() - at.wall, (cpu.user + cpu.system) / 1000]);
   });
 }
 

@@ -73,10 +73,10 @@ export function parseDisaggregation(path: string, value: unknown, upstreams: rea
 /** Checks an upstream list (creation and `setUpstreams()`) against `disaggregation`: both pools have a member. */
 export function checkPools(path: string, upstreams: readonly UpstreamConfig[]): void {
   if (!upstreams.some((upstream) => upstream.role !== 'decode')) {
-    fail(path, 'is set, but no upstream serves the prefill leg', "Give at least one upstream `role: 'prefill'` (or `'both'`).");
+    fail(path, 'leaves the prefill leg without an upstream', "Give at least one upstream `role: 'prefill'` (or `'both'`).");
   }
   if (!upstreams.some((upstream) => upstream.role !== 'prefill')) {
-    fail(path, 'is set, but no upstream serves the decode leg', "Give at least one upstream `role: 'decode'` (or `'both'`).");
+    fail(path, 'leaves the decode leg without an upstream', "Give at least one upstream `role: 'decode'` (or `'both'`).");
   }
 }
 

@@ -8,7 +8,13 @@ import type { PrefixPickContext } from '../policies/prefix-aware';
 import { hasBody, isJson } from '../request/body';
 import { scanFields } from '../request/json-fields';
 import type { BodyView, JudgedHint } from '../request/request-inputs';
+import type { BodyReader, Next } from '../request/body-reader';
+import type { Terminal } from '../request/lifecycle';
 import type { RouteState, RoutedRequest } from '../request/route-state';
+import type { PoolTerminal } from '../routing';
+import type { EndpointSnapshot } from '../types';
+import type { UpstreamConfig } from '../upstreams/upstream-options';
+import { checkPools, decodePool, prefillPool } from './options';
 import type { DecisionSource, PickContext } from '../types';
 import type { RouteEndpoint } from '../upstreams/endpoints';
 import { decodeBody, mooncakeDecodeParams, mooncakePrefillParams, NIXL_PREFILL_PARAMS, prefillBody, transferParamsOf, type RankField } from './leg-bodies';
@@ -17,18 +23,11 @@ import { bootstrapAddress, BootstrapDirectory } from './mooncake';
 import type { PrefillResult } from './prefill-client';
 import { PREFILL_HINT_HEADER, PrefillPool } from './prefill-pool';
 
-/** Express's `next`. */
-type Next = (error?: unknown) => void;
-
-/** What a decided request goes on to: the router's forwarder (the decode leg, and requests sent whole). */
-export interface DecodeLeg {
-  proceed(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void;
-  close(): void;
-}
-
-/** The router's body reader: reads `route.body` within `limit` and the body budget, answering what cannot be read. */
-export interface BodyReading {
-  read(req: RoutedRequest, res: ServerResponse, route: RouteState, limit: number, purpose: 'routing', next: Next, then: (bytes: Buffer | undefined) => void): void;
+/** What the terminal is built from: the router's services (the decode pool's). */
+export interface DisaggregationParts {
+  readonly config: Configuration;
+  readonly registry: Registry;
+  readonly bodies: BodyReader;
 }
 
 /** What the prefill leg ended with, when it did not hand the decode leg its parameters. */
@@ -48,18 +47,20 @@ const DECISION_HEADER = 'x-dp-router-decision';
  * forwarder at the decode rank the lifecycle picked with `policy` (docs/disaggregation.md). NIXL
  * waits for the prefill answer's `kv_transfer_params`; Mooncake sends both legs at once.
  */
-export class DisaggregatedTerminal implements DecodeLeg {
+export class DisaggregatedTerminal implements Terminal, PoolTerminal {
   readonly pool: PrefillPool;
+  private readonly config: Configuration;
+  private readonly bodies: BodyReader;
   private readonly bootstrap: BootstrapDirectory | undefined;
   private readonly rankField: Buffer | undefined;
 
   constructor(
-    private readonly config: Configuration,
-    registry: Registry,
-    private readonly bodies: BodyReading,
-    private readonly decode: DecodeLeg,
+    parts: DisaggregationParts,
+    private readonly decode: Terminal,
   ) {
-    this.pool = new PrefillPool(config, registry);
+    const config = (this.config = parts.config);
+    this.bodies = parts.bodies;
+    this.pool = new PrefillPool(config, parts.registry);
     this.bootstrap = config.disaggregation!.connector === 'mooncake' ? new BootstrapDirectory(config.connectTimeoutMs) : undefined;
     this.rankField = config.hintBodyField === undefined ? undefined : Buffer.from(config.hintBodyField);
   }
@@ -80,16 +81,27 @@ export class DisaggregatedTerminal implements DecodeLeg {
     });
   }
 
-  close(): void {
-    void this.pool.close();
+  async close(): Promise<void> {
     this.decode.close();
+    await this.pool.close();
+  }
+
+  /** The prefill pool's endpoints, each marked `leg: 'prefill'`. */
+  snapshot(): EndpointSnapshot[] {
+    return this.pool.table.snapshot().map((endpoint) => ({ ...endpoint, leg: 'prefill' }));
+  }
+
+  /** `setUpstreams()`: both pools must keep a member; the prefill pool follows here, the decode pool is returned for the services. */
+  reconfigure(upstreams: readonly UpstreamConfig[]): readonly UpstreamConfig[] {
+    checkPools('upstreams', upstreams);
+    this.pool.reconfigure(prefillPool(upstreams));
+    return decodePool(upstreams);
   }
 
   /** Judges the prefill hint, picks the prefill endpoint, names the request, and starts the connector's legs. */
   private split(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, path: string, bytes: Buffer): void {
     const { config, pool } = this;
-    const trusted = this.trusts(req, route, next);
-    if (trusted === undefined) return;
+    const { trusted } = route;
     const verdict = pool.inputs.headerHint(req, trusted);
     if (req.headers[PREFILL_HINT_HEADER] !== undefined) delete req.headers[PREFILL_HINT_HEADER];
     let prefill: RouteEndpoint | undefined;
@@ -309,18 +321,6 @@ export class DisaggregatedTerminal implements DecodeLeg {
   private rankFieldFor(route: RouteState, prefill: RouteEndpoint): RankField | undefined {
     if (this.rankField === undefined || route.hintFields === undefined) return undefined;
     return { name: this.rankField, value: prefill.headerValue ?? 'null' };
-  }
-
-  private trusts(req: RoutedRequest, route: RouteState, next: Next): boolean | undefined {
-    const judged = (route as { trusted?: boolean }).trusted;
-    if (judged !== undefined) return judged;
-    const { trust } = this.config;
-    try {
-      return trust === true || (trust !== false && trust(req) === true);
-    } catch (error) {
-      next(error);
-      return undefined;
-    }
   }
 
   private reject(res: ServerResponse, verdict: JudgedHint): void {

@@ -257,6 +257,22 @@ describe('cancellation', () => {
   });
 });
 
+describe('setUpstreams', () => {
+  it('replaces both pools, and refuses a list that leaves one empty', async () => {
+    const { prefill, decode, gateway } = await pd();
+    const other = await mock({ role: 'prefill' });
+    expect(() => gateway.router.setUpstreams([{ url: decode.url, role: 'decode' }])).toThrow(OptionError);
+    gateway.router.setUpstreams([
+      { url: other.url, name: 'p2', dataParallelSize: 2, role: 'prefill' },
+      { url: decode.url, name: 'd', dataParallelSize: 2, startRank: 4, role: 'decode' },
+    ]);
+    expect(gateway.router.endpoints().filter((endpoint) => endpoint.leg === 'prefill').map((endpoint) => endpoint.upstream)).toEqual(['p2', 'p2']);
+    expect((await exchange(gateway.url, { body: COMPLETION })).status).toBe(200);
+    expect(generations(other)).toHaveLength(1);
+    expect(generations(prefill)).toHaveLength(0);
+  });
+});
+
 describe('the mock roles', () => {
   it('decode refuses params no prefill made, and params read already', async () => {
     const prefill = await mock({ role: 'prefill' });

@@ -4,7 +4,7 @@
  * gets the client's bytes as they came except for `kv_transfer_params` (vLLM's Rust front end
  * refuses a repeated member, so a member is replaced, never appended twice).
  */
-import { decodeField, scanFields, type JsonField } from '../request/json-fields';
+import { decodeField, scanFields, type FieldScan, type JsonField } from '../request/json-fields';
 
 const SPACE = new Set([0x20, 0x09, 0x0a, 0x0d]);
 const encode = (name: string) => Buffer.from(name);
@@ -48,9 +48,8 @@ export interface RankField {
  * `min_tokens` at most 1, and the hint field (when one is given) carrying the prefill rank.
  * `undefined` when the body is not one JSON object (the caller answers 400).
  */
-export function prefillBody(bytes: Buffer, params: string, rankField?: RankField): Buffer | undefined {
+export function prefillBody(bytes: Buffer, params: string, rankField?: RankField, scan: FieldScan = scanLegs(bytes, rankField)): Buffer | undefined {
   const names = rankField === undefined ? PREFILL_NAMES : [...PREFILL_NAMES, rankField.name];
-  const scan = scanFields(bytes, names);
   if (!scan.ok || !isObject(bytes)) return undefined;
   const { fields } = scan;
   const added = [`"${KV_TRANSFER_PARAMS}":${params}`, '"stream":false', '"max_tokens":1'];
@@ -71,15 +70,20 @@ export function prefillBody(bytes: Buffer, params: string, rankField?: RankField
   return rewrite(bytes, drop, added);
 }
 
+/** The one scan of a client body both legs' bodies are made from (the members the prefill body rewrites, `kv_transfer_params` first). */
+export function scanLegs(bytes: Buffer, rankField?: RankField): FieldScan {
+  return scanFields(bytes, rankField === undefined ? PREFILL_NAMES : [...PREFILL_NAMES, rankField.name]);
+}
+
 /**
  * The decode leg's body: the client's bytes with its own `kv_transfer_params` (if any: a client
  * must never point an engine at a transfer of its choosing) replaced by `params`, the prefill
  * answer's object verbatim, or left out when there is none. `undefined` when the body is not
  * one JSON object.
  */
-export function decodeBody(bytes: Buffer, params: string | undefined): Buffer | undefined {
-  const scan = scanFields(bytes, DECODE_NAMES);
+export function decodeBody(bytes: Buffer, params: string | undefined, scan: FieldScan = scanFields(bytes, DECODE_NAMES)): Buffer | undefined {
   if (!scan.ok || !isObject(bytes)) return undefined;
+  // The first name of both scans is `kv_transfer_params`.
   const found = scan.fields[KV];
   if (found === undefined && params === undefined) return bytes;
   return rewrite(bytes, found ?? [], params === undefined ? [] : [`"${KV_TRANSFER_PARAMS}":${params}`]);

@@ -17,7 +17,8 @@ import type { UpstreamConfig } from '../upstreams/upstream-options';
 import { checkPools, decodePool, prefillPool } from './options';
 import type { DecisionSource, PickContext } from '../types';
 import type { RouteEndpoint } from '../upstreams/endpoints';
-import { decodeBody, mooncakeDecodeParams, mooncakePrefillParams, NIXL_PREFILL_PARAMS, prefillBody, transferParamsOf, type RankField } from './leg-bodies';
+import type { FieldScan } from '../request/json-fields';
+import { decodeBody, mooncakeDecodeParams, mooncakePrefillParams, NIXL_PREFILL_PARAMS, prefillBody, scanLegs, transferParamsOf, type RankField } from './leg-bodies';
 import type { DisaggregatedOutcome } from './metrics';
 import { bootstrapAddress, BootstrapDirectory } from './mooncake';
 import type { PrefillResult } from './prefill-client';
@@ -138,7 +139,8 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
     if (candidates.length === 0) return undefined;
     let view: BodyView | undefined;
     if (policy.usesPrompt || policy.usesAffinityKey) {
-      const read = pool.inputs.viewOf(bytes, route.lease);
+      // A body the lifecycle decoded whole already serves the prefill policy too.
+      const read = route.view?.members !== undefined ? route.view : pool.inputs.viewOf(bytes, route.lease);
       if (typeof read === 'string') {
         this.answer(res, 400, 'BadRequestError', read);
         return null;
@@ -164,7 +166,10 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
 
   /** NIXL: the prefill answer's `kv_transfer_params` go to the decode leg; a failed connection is retried on another prefill server. */
   private nixl(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, path: string, bytes: Buffer, prefill: RouteEndpoint, source: DecisionSource, tried: RouteEndpoint[]): void {
-    const body = prefillBody(bytes, NIXL_PREFILL_PARAMS, this.rankFieldFor(route, prefill));
+    const rankField = this.rankFieldFor(route, prefill);
+    // One scan of the client's body makes both legs' bodies.
+    const scan = scanLegs(bytes, rankField);
+    const body = prefillBody(bytes, NIXL_PREFILL_PARAMS, rankField, scan);
     if (body === undefined) {
       this.answer(res, 400, 'BadRequestError', 'Request body must be a JSON object.');
       return;
@@ -176,7 +181,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
       }
       const judged = this.judge(req, prefill, result);
       if (typeof judged === 'object') {
-        this.decodeWith(req, res, next, route, bytes, judged.params, 'disaggregated');
+        this.decodeWith(req, res, next, route, bytes, judged.params, 'disaggregated', scan);
         return;
       }
       const failure = judged;
@@ -206,7 +211,9 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
         return;
       }
       const transferId = `xfer-${requestId}`;
-      const body = prefillBody(bytes, mooncakePrefillParams(transferId), this.rankFieldFor(route, prefill));
+      const rankField = this.rankFieldFor(route, prefill);
+      const scan = scanLegs(bytes, rankField);
+      const body = prefillBody(bytes, mooncakePrefillParams(transferId), rankField, scan);
       if (body === undefined) {
         this.answer(res, 400, 'BadRequestError', 'Request body must be a JSON object.');
         return;
@@ -215,7 +222,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
         // The decode leg is on its way whatever this says: it is counted, not acted on.
         if (!clientGone(res)) this.judge(req, prefill, result);
       }, next);
-      this.decodeWith(req, res, next, route, bytes, mooncakeDecodeParams(transferId, bootstrapAddress(prefill.config), engineId, prefill.rank), 'disaggregated');
+      this.decodeWith(req, res, next, route, bytes, mooncakeDecodeParams(transferId, bootstrapAddress(prefill.config), engineId, prefill.rank), 'disaggregated', scan);
     }, next);
   }
 
@@ -274,8 +281,8 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
   }
 
   /** The decode leg: the client's body with `params` (or none), to the decode endpoint the request holds. */
-  private decodeWith(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, bytes: Buffer, params: string | undefined, outcome: DisaggregatedOutcome): void {
-    const body = decodeBody(bytes, params);
+  private decodeWith(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, bytes: Buffer, params: string | undefined, outcome: DisaggregatedOutcome, scan?: FieldScan): void {
+    const body = decodeBody(bytes, params, scan);
     if (body === undefined) {
       this.answer(res, 400, 'BadRequestError', 'Request body must be a JSON object.');
       return;

@@ -6,6 +6,7 @@ import {
   dpRank,
   OptionError,
   type AffinityOptions,
+  type DisaggregationOptions,
   type DiscoverOptions,
   type DpRouterOptions,
   type HealthCheckOptions,
@@ -184,6 +185,7 @@ const wrongValues: Array<[path: string, value: unknown]> = [
     outlierDetection: 'on',
     healthCheck: 'on',
     retries: 3,
+    disaggregation: 'on',
   } satisfies WrongValues<DpRouterOptions>),
   ...rows('upstreams[0]', {
     url: 'ftp://127.0.0.1',
@@ -195,6 +197,8 @@ const wrongValues: Array<[path: string, value: unknown]> = [
     discover: 'yes',
     kvEvents: 'tcp://10.0.0.5:5557',
     models: [''],
+    role: 'leader',
+    bootstrapPort: 0,
   } satisfies WrongValues<UpstreamOptions>),
   ...rows('upstreams[0].kvEvents', { endpoint: 'tcp://*:5557', replayEndpoint: ['tcp://h:1', 'tcp://h:2'], topic: 7 } satisfies WrongValues<KvEventsOptions>),
   ...rows('upstreams[0].discover', { intervalMs: 5 } satisfies WrongValues<DiscoverOptions>),
@@ -219,6 +223,7 @@ const wrongValues: Array<[path: string, value: unknown]> = [
   } satisfies WrongValues<OutlierDetectionOptions>),
   ...rows('healthCheck', { path: 'health', intervalMs: 0, timeoutMs: 0, unhealthyThreshold: 0, healthyThreshold: 1001 } satisfies WrongValues<HealthCheckOptions>),
   ...rows('retries', { attempts: 11, maxBodyBytes: -1 } satisfies WrongValues<RetryOptions>),
+  ...rows('disaggregation', { connector: 'rdma', prefillPolicy: 'fastest', onPrefillFailure: 'retry' } satisfies WrongValues<DisaggregationOptions>),
   ...rows('loadFeedback', { intervalMs: 1, timeoutMs: 0, weight: 2 } satisfies WrongValues<LoadFeedbackOptions>),
   // `warn` is what makes a logger: without it the whole `logger` is wrong.
   ...rows('logger', { warn: 'no', info: 'no', debug: 'no', error: 'no', isLevelEnabled: 'no' } satisfies WrongValues<Logger>).map(
@@ -227,7 +232,7 @@ const wrongValues: Array<[path: string, value: unknown]> = [
 ];
 
 /** Every option object, for the unknown-key check. */
-const sections = ['', 'upstreams[0]', 'upstreams[0].discover', 'upstreams[0].kvEvents', 'hints', 'affinity', 'prefixAware', 'timeouts', 'metrics', 'outlierDetection', 'healthCheck', 'retries', 'loadFeedback'];
+const sections = ['', 'upstreams[0]', 'upstreams[0].discover', 'upstreams[0].kvEvents', 'hints', 'affinity', 'prefixAware', 'timeouts', 'metrics', 'outlierDetection', 'healthCheck', 'retries', 'loadFeedback', 'disaggregation'];
 
 function rows(section: string, values: Record<string, unknown>): Array<[string, unknown]> {
   return Object.entries(values).map(([key, value]) => [section ? `${section}.${key}` : key, value]);

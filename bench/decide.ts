@@ -62,6 +62,7 @@ function makeEndpoints(count: number): RouteEndpoint[] {
       ranks: Array.from({ length: size }, (_, i) => upstream * 8 + i),
       rankHeader: 'global',
       discoverIntervalMs: undefined,
+      role: 'both',
     };
     for (const rank of config.ranks) endpoints.push(new RouteEndpoint(config, rank));
   }

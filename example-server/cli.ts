@@ -39,6 +39,8 @@ export interface GatewaySettings {
   logLevel: LogLevel;
   /** OTLP/HTTP traces endpoint; `undefined`: no tracing. */
   otlpEndpoint: string | undefined;
+  /** Prefill/decode disaggregation (`--pd`, `--prefill`/`--decode`); `undefined`: whole requests. */
+  disaggregation: { connector: 'nixl' | 'mooncake' } | undefined;
 }
 
 /** Where the embedded mock listens unless `--mock-port` says otherwise: beside the gateway's 30000. */
@@ -94,6 +96,12 @@ Options:
                         this often; 0 = off                              [0]
   --load-feedback-weight W
                         weight of other gateways' engine load, 0 to 1    [0.5]
+  --prefill URL[@RANKS] a vLLM prefill server (repeatable): with --decode, each request's
+                        prefill leg goes there, its decode leg to a --decode server
+  --decode URL[@RANKS]  a vLLM decode server (repeatable)
+  --pd-connector NAME   nixl | mooncake: the servers' KV connector        [nixl]
+  --bootstrap-port N    the --prefill before it: its Mooncake bootstrap port [8998]
+  --pd                  embedded mocks: one prefill server and one decode server
   --mock-decode-ms N    embedded mock: delay per generated token         [0]
   --mock-port N         embedded mock's port (prometheus.yml scrapes it); 0 = any
                         [30001, or any free port when it is taken]
@@ -106,7 +114,7 @@ Options:
   -h, --help            print this help
 
 A flag's value follows it or an '=': --port 8080, --port=8080. Switches (--trust-hints,
---expose-decision, --discover) take no value, or exactly =true or =false.
+--expose-decision, --discover, --pd) take no value, or exactly =true or =false.
 
 Serves the proxied API under /, metrics at GET /metrics, liveness at GET /healthz and
 readiness at GET /readyz. Logs with pino: pretty on a terminal, JSON lines otherwise, one
@@ -130,6 +138,12 @@ interface ParseState {
   startRank: number | undefined;
   rankHeader: RankHeaderMode;
   help: boolean;
+  /** `--prefill` and `--decode` specs, with each `--bootstrap-port` by the prefill URL before it. */
+  prefillSpecs: string[];
+  decodeSpecs: string[];
+  bootstrapPorts: Map<string, number>;
+  pd: boolean;
+  connector: 'nixl' | 'mooncake' | undefined;
 }
 
 /**
@@ -184,6 +198,17 @@ const FLAGS: Readonly<Record<string, Flag>> = {
   '--discover': { switch: (s, on) => (s.discover = on) },
   '--load-feedback-ms': { value: (s, raw, flag) => (s.settings.loadFeedbackMs = integer(flag, raw, 0, 3_600_000)) },
   '--load-feedback-weight': { value: (s, raw, flag) => (s.settings.loadFeedbackWeight = fraction(flag, raw)) },
+  '--prefill': { value: (s, raw) => s.prefillSpecs.push(raw) },
+  '--decode': { value: (s, raw) => s.decodeSpecs.push(raw) },
+  '--pd-connector': { value: (s, raw, flag) => (s.connector = choice(flag, raw, ['nixl', 'mooncake'] as const)) },
+  '--bootstrap-port': {
+    value: (s, raw, flag) => {
+      const previous = s.prefillSpecs[s.prefillSpecs.length - 1];
+      if (previous === undefined) throw new UsageError(`${flag} names the Mooncake bootstrap port of the --prefill before it`);
+      s.bootstrapPorts.set(parseUpstreamSpec(previous, s.settings.dpSize).url, integer(flag, raw, 1, 65535));
+    },
+  },
+  '--pd': { switch: (s, on) => (s.pd = on) },
   '--mock-decode-ms': { value: (s, raw, flag) => (s.settings.mockDecodeMs = integer(flag, raw, 0, 10_000)) },
   '--mock-port': { value: (s, raw, flag) => (s.settings.mockPort = integer(flag, raw, 0, 65535)) },
   '--drain-timeout-ms': { value: (s, raw, flag) => (s.settings.drainTimeoutMs = integer(flag, raw, 0, 3_600_000)) },
@@ -215,6 +240,7 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
       logLevel: env.LOG_LEVEL === undefined || env.LOG_LEVEL === '' ? 'info' : choice('LOG_LEVEL', env.LOG_LEVEL, LOG_LEVELS),
       otlpEndpoint: undefined,
       tokenizer: undefined,
+      disaggregation: undefined,
     },
     kvEvents: new Map(),
     discover: false,
@@ -226,6 +252,11 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     startRank: undefined,
     rankHeader: 'global',
     help: false,
+    prefillSpecs: [],
+    decodeSpecs: [],
+    bootstrapPorts: new Map(),
+    pd: false,
+    connector: undefined,
   };
 
   for (let index = 0; index < argv.length; index++) {
@@ -266,10 +297,31 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     settings.upstreams.push(withModels(entry, `dns:${name}:${port}`));
   }
   if (state.dnsServers.length > 0 && state.dnsSpecs.length === 0) throw new UsageError('--dns-server is the server --upstream-dns asks: give an --upstream-dns too');
+  disaggregate(state);
   if (kvEvents.size > 0 && settings.tokenizer === undefined) {
     throw new UsageError('--kv-events needs --tokenizer PATH: the router tokenizes prompts with the model\'s own tokenizer to look them up');
   }
   return settings;
+}
+
+/** `--prefill`/`--decode` add upstreams of those roles; `--pd` asks for the embedded pair. */
+function disaggregate(state: ParseState): void {
+  const { settings, prefillSpecs, decodeSpecs } = state;
+  const split = prefillSpecs.length > 0 || decodeSpecs.length > 0;
+  if (state.pd && (split || settings.upstreams.length > 0)) throw new UsageError('--pd runs the embedded mocks; give --prefill and --decode for real servers instead');
+  if (split && (prefillSpecs.length === 0 || decodeSpecs.length === 0)) throw new UsageError('--prefill and --decode go together: give at least one of each');
+  if (state.bootstrapPorts.size > 0 && state.connector !== 'mooncake') throw new UsageError('--bootstrap-port is for --pd-connector mooncake');
+  if (!split && !state.pd) {
+    if (state.connector !== undefined) throw new UsageError('--pd-connector needs --pd, or --prefill and --decode');
+    return;
+  }
+  settings.disaggregation = { connector: state.connector ?? 'nixl' };
+  const merge = (specs: string[], role: 'prefill' | 'decode') =>
+    mergeUpstreams(specs, settings.dpSize, state.startRank, state.rankHeader).map((upstream) => {
+      const bootstrapPort = role === 'prefill' ? state.bootstrapPorts.get(upstream.url) : undefined;
+      return { ...upstream, role, ...(bootstrapPort !== undefined && { bootstrapPort }) };
+    });
+  settings.upstreams = [...settings.upstreams, ...merge(prefillSpecs, 'prefill'), ...merge(decodeSpecs, 'decode')];
 }
 
 /**

@@ -4,7 +4,7 @@ import type { AddressInfo } from 'node:net';
 import type { Logger as PinoLogger } from 'pino';
 import { pinoHttp } from 'pino-http';
 import { Registry } from 'prom-client';
-import { dpRouter, type DpRouter, type UpstreamEntry } from '../lib';
+import { dpRouter, type DpRouter, type UpstreamEntry, type UpstreamOptions } from '../lib';
 import { gatewayErrorOf } from '../lib/errors';
 import { DEFAULT_MOCK_PORT, type GatewaySettings } from './cli';
 import { startMockVllm, type MockVllm, type MockVllmOptions } from './mock-vllm';
@@ -14,8 +14,10 @@ export interface RunningGateway {
   server: Server;
   router: DpRouter;
   url: string;
-  /** The embedded mock, when no upstream was given. */
+  /** The embedded mock, when no upstream was given (with `--pd`, the decode server). */
   mock: MockVllm | undefined;
+  /** With `--pd`: the embedded prefill server. */
+  prefillMock: MockVllm | undefined;
   /** What the start-up log line says. */
   summary: string;
   /** Stops accepting, lets in-flight requests finish (up to the drain timeout), then frees everything. */
@@ -28,10 +30,17 @@ export interface RunningGateway {
  * its routing decision.
  */
 export async function startExampleGateway(settings: GatewaySettings, logger?: PinoLogger): Promise<RunningGateway> {
-  const mockStart = settings.upstreams.length === 0 ? await startMock(settings) : undefined;
+  const pd = settings.disaggregation;
+  const embedded = settings.upstreams.length === 0;
+  // With --pd the prefill mock publishes the KV events prefix-aware picks prefill ranks on.
+  const prefillStart = embedded && pd ? await startMock(settings, { role: 'prefill', connector: pd.connector }) : undefined;
+  const mockStart = embedded ? await startMock(settings, pd && { role: 'decode', connector: pd.connector }) : undefined;
   const mock = mockStart?.mock;
-  const mockEvents = mock?.kvEvents;
-  const upstreams: UpstreamEntry[] = mock
+  const prefillMock = prefillStart?.mock;
+  const mockEvents = prefillMock?.kvEvents ?? mock?.kvEvents;
+  const upstreams: UpstreamEntry[] = prefillMock && mock
+    ? [embeddedUpstream(prefillMock, 'mock-prefill', settings.dpSize, 'prefill'), { url: mock.url, name: 'mock-decode', dataParallelSize: settings.dpSize, role: 'decode' }]
+    : mock
     ? [
         {
           url: mock.url,
@@ -53,6 +62,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
     loadFeedback: settings.loadFeedbackMs > 0 ? { intervalMs: settings.loadFeedbackMs, weight: settings.loadFeedbackWeight } : false,
     metrics: { registry },
     ...(tokenizer !== undefined && { prefixAware: { tokenizer } }),
+    ...(pd && { disaggregation: { connector: pd.connector } }),
     ...(logger ? { logger } : {}),
   });
 
@@ -112,10 +122,11 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
       server.closeAllConnections();
       await router.close();
       await mock?.close();
+      await prefillMock?.close();
     })());
 
   const summary = describe(url, upstreams, settings, mock) + (mockStart?.eventsOff === undefined ? '' : `; the mock publishes no KV events (${mockStart.eventsOff})`);
-  return { server, router, url, mock, summary, close };
+  return { server, router, url, mock, prefillMock, summary, close };
 }
 
 /** pino-http's stand-in for a 5xx without an error: `new Error('failed with status code 502')`. */
@@ -128,8 +139,10 @@ function madeUp(error: Error, status: number): boolean {
  * install without the optional packages (zeromq, msgpackr, the tokenizers) or the mock's
  * tokenizer files gets a mock without them. Nothing is bound before that fails.
  */
-async function startMock(settings: GatewaySettings): Promise<{ mock: MockVllm; eventsOff?: string }> {
-  const options = { dataParallelSize: settings.dpSize, decodeMsPerToken: settings.mockDecodeMs };
+async function startMock(settings: GatewaySettings, role?: Pick<MockVllmOptions, 'role' | 'connector'>): Promise<{ mock: MockVllm; eventsOff?: string }> {
+  const options = { dataParallelSize: settings.dpSize, decodeMsPerToken: settings.mockDecodeMs, ...role };
+  // The decode server of --pd publishes none: prefill ranks are the ones picked on prefixes.
+  if (role?.role === 'decode') return { mock: await startMockVllm(options) };
   const start = (withEvents: boolean) => startMockOnPort(settings.mockPort, { ...options, ...(withEvents && { kvEvents: {} }) });
   try {
     return { mock: await start(true) };
@@ -153,17 +166,32 @@ export async function startMockOnPort(port: number | undefined, options: MockVll
   }
 }
 
+/** An embedded mock as an upstream, subscribed to its KV events when it publishes them. */
+function embeddedUpstream(mock: MockVllm, name: string, dpSize: number, role: 'prefill' | 'both'): UpstreamOptions {
+  const events = mock.kvEvents;
+  return {
+    url: mock.url,
+    name,
+    dataParallelSize: dpSize,
+    role,
+    ...(mock.bootstrapPort !== undefined && { bootstrapPort: mock.bootstrapPort }),
+    ...(events && { kvEvents: { endpoint: events.endpoints, replayEndpoint: events.replayEndpoints, topic: events.topic } }),
+  };
+}
+
 function describe(url: string, upstreams: readonly UpstreamEntry[], settings: GatewaySettings, mock: MockVllm | undefined): string {
   const targets = upstreams
     .map((upstream) => {
       const where = 'dns' in upstream && upstream.dns !== undefined ? `every address of ${upstream.dns.name}:${upstream.dns.port}` : mock ? `embedded mock vLLM ${upstream.url}` : upstream.url;
       const models = upstream.models === undefined ? '' : `, models ${upstream.models.join(', ')}`;
-      return `${where} ranks ${rankList(upstream)} (${upstream.rankHeader ?? 'global'} header${models})`;
+      const role = upstream.role && upstream.role !== 'both' ? `, ${upstream.role}` : '';
+      return `${where} ranks ${rankList(upstream)} (${upstream.rankHeader ?? 'global'} header${models}${role})`;
     })
     .join(', ');
   const hints = settings.trustHints ? `hints trusted, invalid → ${settings.onInvalid}` : 'hints untrusted';
   const exact = settings.policy === 'prefix-aware' && upstreams.some((upstream) => upstream.kvEvents !== undefined) ? ' (exact, on KV events)' : '';
-  return `express-dp-router listening on ${url} → ${targets}; policy ${settings.policy}${exact}; ${hints}; metrics at ${url}/metrics`;
+  const pd = settings.disaggregation ? `; prefill/decode disaggregated (${settings.disaggregation.connector}, prefill policy prefix-aware)` : '';
+  return `express-dp-router listening on ${url} → ${targets}; policy ${settings.policy}${exact}${pd}; ${hints}; metrics at ${url}/metrics`;
 }
 
 function rankList(upstream: UpstreamEntry): string {

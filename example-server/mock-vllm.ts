@@ -22,6 +22,7 @@ import {
 import { RequestLog, rankHeaderCopies } from './mock-vllm/request-log';
 import { RequestTimer, SseWriter } from './mock-vllm/stream-writer';
 import { mockTokenizer, serveTokenize } from './mock-vllm/tokenize';
+import { PdRole, type PdAdmission } from './mock-vllm/pd-roles';
 import type { PromptTokenizer } from '../lib/exact-prefix/tokenizer/tokenizer';
 import type { MockFault, MockRequestRecord, MockVllm, MockVllmOptions } from './mock-vllm/types';
 
@@ -41,6 +42,8 @@ export { MOCK_TOKENIZER_DIR } from './mock-vllm/tokenize';
 const REQUEST_LOG_SIZE = 10_000;
 
 type MockConfig = Required<Omit<MockVllmOptions, 'kvEvents'>> & { kvEvents: KvEventsConfig | null };
+/** Faults `injectFault` answers in place of the route; the others shape the route's own answer. */
+type InjectedFault = Exclude<MockFault, { kind: 'die-mid-stream' } | { kind: 'eos' }>;
 
 interface ServerContext {
   readonly config: MockConfig;
@@ -49,6 +52,8 @@ interface ServerContext {
   /** Set with `kvEvents`: prompts are tokenized as vLLM does. */
   readonly tokenizer: PromptTokenizer | undefined;
   readonly currentFault: () => MockFault | undefined;
+  /** Set with `role` other than `'both'`: the prefill or decode leg's checks. */
+  readonly pd: PdRole | undefined;
 }
 
 type RouteHandler = (ctx: ServerContext, req: IncomingMessage, res: ServerResponse, record: MockRequestRecord) => unknown;
@@ -72,7 +77,8 @@ export async function startMockVllm(options: MockVllmOptions = {}): Promise<Mock
   const engine = new MockEngine({ ...config, publishKvEvents: events?.publish });
   const log = new RequestLog(REQUEST_LOG_SIZE);
   let fault: MockFault | undefined;
-  const ctx: ServerContext = { config, engine, log, tokenizer, currentFault: () => fault };
+  const pd = config.role === 'both' ? undefined : new PdRole(config.role, config.connector, ranks, config.blockTokens);
+  const ctx: ServerContext = { config, engine, log, tokenizer, currentFault: () => fault, pd };
 
   const server = createServer((req, res) => handleRequest(ctx, req, res));
   const sockets = trackSockets(server);
@@ -83,13 +89,16 @@ export async function startMockVllm(options: MockVllmOptions = {}): Promise<Mock
     throw error;
   }
   const port = (server.address() as AddressInfo).port;
+  const bootstrap = pd && config.role === 'prefill' && config.connector === 'mooncake' ? await pd.startBootstrap(config.host, config.bootstrapPort) : undefined;
   let closing: Promise<void> | undefined;
 
   return {
     url: `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`,
     port,
     kvEvents: events?.info,
-    close: () => (closing ??= Promise.all([closeServer(server, sockets), events?.close()]).then(() => undefined)),
+    bootstrapPort: bootstrap?.port,
+    engineIds: pd?.engines,
+    close: () => (closing ??= Promise.all([closeServer(server, sockets), events?.close(), bootstrap?.close()]).then(() => undefined)),
     stats: () => ({ perRank: engine.snapshot(), requests: log.snapshot() }),
     resetStats: () => {
       engine.resetCounters();
@@ -117,9 +126,13 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
     cacheBlocksPerRank: options.cacheBlocksPerRank ?? 4096,
     blockTokens: options.blockTokens ?? 16,
     maxModelLen: options.maxModelLen ?? 131_072,
+    role: options.role ?? 'both',
+    connector: options.connector ?? 'nixl',
+    bootstrapPort: options.bootstrapPort ?? 0,
+    recordBodies: options.recordBodies ?? false,
     kvEvents: null,
   };
-  const integers = { port: 0, dataParallelSize: 1, startRank: 0, cacheBlocksPerRank: 1, blockTokens: 1, maxModelLen: 1 };
+  const integers = { port: 0, dataParallelSize: 1, startRank: 0, cacheBlocksPerRank: 1, blockTokens: 1, maxModelLen: 1, bootstrapPort: 0 };
   for (const [name, minimum] of Object.entries(integers)) {
     const value = config[name as keyof typeof integers];
     if (!Number.isSafeInteger(value) || value < minimum) {
@@ -131,6 +144,8 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
       throw new TypeError(`startMockVllm: ${name} must be a finite number >= 0, got ${String(config[name])}`);
     }
   }
+  if (!['prefill', 'decode', 'both'].includes(config.role)) throw new TypeError(`startMockVllm: role must be 'prefill', 'decode' or 'both', got ${String(config.role)}`);
+  if (config.connector !== 'nixl' && config.connector !== 'mooncake') throw new TypeError(`startMockVllm: connector must be 'nixl' or 'mooncake', got ${String(config.connector)}`);
   if (config.headerMode !== 'global' && config.headerMode !== 'local') {
     throw new TypeError(`startMockVllm: headerMode must be 'global' or 'local', got ${String(config.headerMode)}`);
   }
@@ -186,14 +201,14 @@ function routeRequest(ctx: ServerContext, req: IncomingMessage, res: ServerRespo
   const path = pathOf(req.url);
   const record = ctx.log.add(req.method ?? '', path, rankHeaderCopies(req.rawHeaders));
   const fault = ctx.currentFault();
-  if (fault && fault.kind !== 'die-mid-stream') return injectFault(fault, req, res);
+  if (fault && fault.kind !== 'die-mid-stream' && fault.kind !== 'eos') return injectFault(fault, req, res);
   const route = ROUTES.get(path);
   if (!route) return sendError(res, 404, `Not Found: ${path}`);
   if (req.method !== route.method) return sendError(res, 405, 'Method Not Allowed');
   return route.handle(ctx, req, res, record);
 }
 
-function injectFault(fault: Exclude<MockFault, { kind: 'die-mid-stream' }>, req: IncomingMessage, res: ServerResponse): void {
+function injectFault(fault: InjectedFault, req: IncomingMessage, res: ServerResponse): void {
   switch (fault.kind) {
     case 'status':
       return sendError(res, fault.status, `Injected fault: HTTP ${fault.status}`);
@@ -235,6 +250,10 @@ async function serveGeneration(
   if (read === undefined) return;
   const unknownModel = unknownModelMessage(ctx.config.model, read.body);
   if (unknownModel !== undefined) return sendError(res, 404, unknownModel, 'model');
+  if (ctx.config.recordBodies) {
+    record.headers = { ...req.headers };
+    record.body = read.raw.toString('utf8');
+  }
   const request = parseGenerationRequest(kind, read.body, ctx.config.maxModelLen, ctx.tokenizer);
   if (isProblem(request)) return sendError(res, 400, request.message, request.param);
 
@@ -244,7 +263,19 @@ async function serveGeneration(
   }
   if (res.destroyed) return;
   const rank = asked.kind === 'rank' ? asked.rank : ctx.engine.pickLeastLoaded();
-  const { promptTokens, cachedTokens } = ctx.engine.admit(rank, request.prompts, request.tokenIds);
+  const eos = ctx.currentFault()?.kind === 'eos';
+  let leg: PdAdmission | undefined;
+  if (ctx.pd !== undefined) {
+    const requestId = req.headers['x-request-id'];
+    leg = await ctx.pd.admit(read.body as Record<string, unknown>, rank.globalRank, typeof requestId === 'string' ? requestId : undefined, promptTokensOf(request), eos);
+    record.leg = leg.kind;
+    if (leg.kind === 'refused') return sendError(res, 400, leg.message, 'kv_transfer_params');
+    if (res.destroyed) return;
+  }
+  const admitted = ctx.engine.admit(rank, request.prompts, request.tokenIds);
+  const { promptTokens } = admitted;
+  // The decode of a transfer read the prompt's KV cache from the prefill: nothing left to compute.
+  const cachedTokens = leg?.kind === 'decode' ? promptTokens : admitted.cachedTokens;
   record.rank = rank.globalRank;
   const timer = releaseOnClose(ctx, rank, res);
 
@@ -253,8 +284,18 @@ async function serveGeneration(
   const rankHeader = { 'x-mock-rank': String(rank.globalRank) };
   if (!request.stream) {
     const generateMs = prefillMs + ctx.config.decodeMsPerToken * request.maxTokens;
-    return timer.after(generateMs, () => sendJson(res, 200, completionBody(generation), rankHeader));
+    return timer.after(generateMs, () => {
+      let text = completionBody(generation);
+      if (eos) text = text.replace(/"finish_reason":"length"/g, '"finish_reason":"stop"');
+      if (leg?.kind === 'prefill') {
+        leg.commit();
+        // vLLM's answers carry the parameters as a top-level member.
+        text = `${text.slice(0, -1)},"kv_transfer_params":${leg.params ?? 'null'}}`;
+      }
+      sendJson(res, 200, text, rankHeader);
+    });
   }
+  if (leg?.kind === 'prefill') timer.after(prefillMs, leg.commit);
   // Like vLLM behind uvicorn, the stream's headers leave at once; the first event waits for prefill.
   res.writeHead(200, { ...SSE_HEADERS, ...rankHeader });
   res.flushHeaders();
@@ -278,4 +319,10 @@ function releaseOnClose(ctx: ServerContext, rank: RankState, res: ServerResponse
 // Run as a command (`npx tsx example-server/mock-vllm.ts --port 8000`): a mock upstream for library users.
 if (require.main === module) {
   void import('./mock-vllm/command').then(({ runMockCommand }) => runMockCommand(process.argv.slice(2)));
+}
+
+/** The prompt tokens a prefill computes (for its block count), before the cache is consulted. */
+function promptTokensOf(request: { prompts: string[]; tokenIds?: number[][] }): number {
+  if (request.tokenIds) return request.tokenIds.reduce((sum, ids) => sum + ids.length, 0);
+  return request.prompts.reduce((sum, prompt) => sum + Math.ceil(prompt.length / 4), 0);
 }

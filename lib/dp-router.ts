@@ -1,3 +1,4 @@
+import { DisaggregatedTerminal } from './disaggregation/terminal';
 import { Forwarder } from './forward/forwarder';
 import { parseOptions, type DpRouterOptions } from './options';
 import { RequestLifecycle } from './request/lifecycle';
@@ -21,6 +22,8 @@ export function dpRouter(options: DpRouterOptions): DpRouter {
   const config = parseOptions(options, 'dpRouter');
   const services = new RouterServices(config);
   const forwarder = new Forwarder(services);
-  const lifecycle = new RequestLifecycle(services, forwarder);
-  return routerOf(services, lifecycle, forwarder);
+  // With `disaggregation`, generations split into a prefill leg and the forwarder's decode leg.
+  const terminal = config.disaggregation ? new DisaggregatedTerminal(services, forwarder) : forwarder;
+  const lifecycle = new RequestLifecycle(services, terminal);
+  return routerOf(services, lifecycle, terminal);
 }

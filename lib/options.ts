@@ -16,6 +16,7 @@ import { parseTimeouts, type BodyTimeoutOptions, type TimeoutConfig, type Timeou
 import type { Policy, PolicyName } from './types';
 import { parseUpstreams, type UpstreamConfig, type UpstreamEntry } from './upstreams/upstream-options';
 import { fixedUpstreams } from './pools/upstream-sources';
+import { decodePool, parseDisaggregation, type DisaggregationConfig, type DisaggregationOptions } from './disaggregation/options';
 
 export type { HealthCheckConfig, LoadFeedbackConfig, OutlierDetectionConfig, UpstreamConfig };
 
@@ -72,6 +73,11 @@ interface ProxyOptions {
   healthCheck?: HealthCheckOptions | boolean;
   /** Retries of failed connections on another endpoint, or `false`. Default: on, with the defaults of {@link RetryOptions}. */
   retries?: RetryOptions | boolean;
+  /**
+   * Split each request into a prefill leg and a decode leg, on the upstreams of those `role`s
+   * (docs/disaggregation.md). Default: off (every request goes whole to one endpoint).
+   */
+  disaggregation?: DisaggregationOptions;
 }
 
 /** Options of {@link dpRouter}: those of `dpRank()`, the upstream timeouts, and the proxy's own. */
@@ -120,6 +126,8 @@ export interface Configuration extends HintConfig, TimeoutConfig, RetryConfig {
   readonly logger: RouterLogger;
   /** The model's tokenizer for exact prefix routing (`prefixAware.tokenizer`), with the built-in prefix-aware policy only; loaded with the router. */
   readonly tokenizer: TokenizerSource | undefined;
+  /** Prefill/decode disaggregation; `undefined` when off. `upstreams` is then the decode pool. */
+  readonly disaggregation: (DisaggregationConfig & { readonly tokenizer: TokenizerSource | undefined }) | undefined;
 }
 
 const HEADER = 'X-data-parallel-rank';
@@ -140,7 +148,7 @@ const RANK_KEYS: KeysEnum<DpRankOptions> = {
   loadFeedback: true,
   logger: true,
 };
-const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true };
+const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true, disaggregation: true };
 const ROUTER_KEYS: KeysEnum<DpRouterOptions> = { ...RANK_KEYS, ...PROXY_KEYS };
 
 /**
@@ -164,8 +172,10 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
   const tokenizerFiles = parseTokenizer('prefixAware.tokenizer', tokenizer);
   const policy = parsePolicy('policy', options.policy);
   requireTokenizerForKvEvents(upstreamSources, options.policy === 'prefix-aware', tokenizerFiles);
+  const disaggregation = parseDisaggregation('disaggregation', proxy.disaggregation, upstreamSources);
+  const upstreams = fixedUpstreams(upstreamSources);
   return Object.freeze({
-    upstreams: fixedUpstreams(upstreamSources),
+    upstreams: disaggregation === undefined ? upstreams : decodePool(upstreams),
     upstreamSources,
     policy,
     policySettings: Object.freeze({ sessionAffinity, prefixAware }),
@@ -184,6 +194,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
     loadFeedback: parseLoadFeedback('loadFeedback', options.loadFeedback),
     logger: parseLogger('logger', options.logger),
     tokenizer: policy === 'prefix-aware' ? tokenizerFiles : undefined,
+    disaggregation: disaggregation && { ...disaggregation, tokenizer: disaggregation.prefillPrefixAware ? tokenizerFiles : undefined },
   });
 }
 

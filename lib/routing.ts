@@ -4,7 +4,15 @@ import type { RequestLifecycle, Terminal } from './request/lifecycle';
 import type { RouterServices } from './services';
 import type { EndpointSnapshot } from './types';
 import { requireTokenizerForKvEvents } from './exact-prefix/options';
-import { parseUpstreams, type UpstreamEntry } from './upstreams/upstream-options';
+import { parseUpstreams, type UpstreamConfig, type UpstreamEntry } from './upstreams/upstream-options';
+
+/** What a terminal with endpoints of its own (the prefill pool of disaggregation) adds to the helpers. */
+export interface PoolTerminal {
+  /** Its endpoints, after the services' in `endpoints()`. */
+  snapshot?(): EndpointSnapshot[];
+  /** Takes the upstreams it serves from a new list (checked first) and returns those for the services. */
+  reconfigure?(upstreams: readonly UpstreamConfig[]): readonly UpstreamConfig[];
+}
 
 /** A Connect/Express-style handler, typed on `node:http` so it fits Express 4 and 5 alike. */
 export type Middleware = (req: IncomingMessage, res: ServerResponse, next: (error?: unknown) => void) => void;
@@ -31,7 +39,7 @@ export interface RoutingHelpers {
  * The middleware users mount: the lifecycle's first stage, carrying the router's helpers.
  * `close()` stops the terminal (its sockets) first, then the services, last started first.
  */
-export function routerOf(services: RouterServices, lifecycle: RequestLifecycle, terminal: Terminal): Middleware & RoutingHelpers {
+export function routerOf(services: RouterServices, lifecycle: RequestLifecycle, terminal: Terminal & PoolTerminal): Middleware & RoutingHelpers {
   const { registry, table } = services;
   let closed: Promise<void> | undefined;
   const helpers: RoutingHelpers = {
@@ -48,11 +56,11 @@ export function routerOf(services: RouterServices, lifecycle: RequestLifecycle, 
       );
     },
     registry,
-    endpoints: () => table.snapshot(),
+    endpoints: terminal.snapshot === undefined ? () => table.snapshot() : () => [...table.snapshot(), ...terminal.snapshot!()],
     setUpstreams: (upstreams) => {
       const parsed = parseUpstreams('upstreams', upstreams);
       requireTokenizerForKvEvents(parsed, services.config.policy === 'prefix-aware', services.config.tokenizer);
-      services.setSources(parsed);
+      services.setSources(terminal.reconfigure?.(parsed) ?? parsed);
     },
     close: () => {
       closed ??= Promise.resolve()

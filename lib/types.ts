@@ -86,6 +86,8 @@ export interface EndpointSnapshot {
   rank: number;
   inflight: number;
   healthy: boolean;
+  /** With `disaggregation`: `'prefill'` on the prefill pool's endpoints (the others serve decode legs and whole requests). */
+  leg?: 'prefill';
 }
 
 // On 'http', which 'node:http' re-exports: augmenting 'node:http' breaks the type check of a

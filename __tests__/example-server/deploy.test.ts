@@ -43,6 +43,20 @@ const MANIFESTS: Record<string, Array<[string, string]>> = {
     ['apps/v1', 'Deployment'],
     ['v1', 'Service'],
   ],
+  // Prefill/decode disaggregation, checked further in __tests__/disaggregation/deploy.test.ts.
+  [`${K8S}/disaggregated/kustomization.yaml`]: [['kustomize.config.k8s.io/v1beta1', 'Kustomization']],
+  [`${K8S}/disaggregated/vllm-prefill.yaml`]: [
+    ['apps/v1', 'Deployment'],
+    ['v1', 'Service'],
+  ],
+  [`${K8S}/disaggregated/vllm-decode.yaml`]: [
+    ['apps/v1', 'Deployment'],
+    ['v1', 'Service'],
+  ],
+  [`${K8S}/disaggregated/gateway-pd.yaml`]: [
+    ['apps/v1', 'Deployment'],
+    ['v1', 'Service'],
+  ],
 };
 
 /**

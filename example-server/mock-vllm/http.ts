@@ -57,12 +57,12 @@ const MAX_BODY_BYTES = 64 * 1024 * 1024;
  * Reads and parses a JSON request body, answering what is wrong with it in vLLM's shape (413,
  * 400); `undefined` when it was answered or the client left.
  */
-export async function readJsonBody(req: IncomingMessage, res: ServerResponse): Promise<{ body: unknown } | undefined> {
+export async function readJsonBody(req: IncomingMessage, res: ServerResponse): Promise<{ body: unknown; raw: Buffer } | undefined> {
   const raw = await readBody(req, MAX_BODY_BYTES);
   if (raw === 'aborted') return undefined;
   if (raw === 'too_large') return void sendError(res, 413, 'Request body too large.', null, { connection: 'close' });
   try {
-    return { body: JSON.parse(raw.toString('utf8')) as unknown };
+    return { body: JSON.parse(raw.toString('utf8')) as unknown, raw };
   } catch (error) {
     return void sendError(res, 400, `Invalid JSON body: ${(error as Error).message}`);
   }

@@ -44,6 +44,19 @@ export interface MockVllmOptions {
   kvEvents?: MockKvEventsOptions;
   /** Context length: prompt + output tokens beyond it answer 400, as vLLM does. Default: `131072`. */
   maxModelLen?: number;
+  /**
+   * The leg of a disaggregated request this server plays (example-server/mock-vllm/pd-roles.ts):
+   * `'prefill'` serves `kv_transfer_params.do_remote_decode` requests, `'decode'` the
+   * `do_remote_prefill` ones (refusing a transfer no prefill made, or one read already); both
+   * serve whole requests. `'both'` ignores `kv_transfer_params`. Default: `'both'`.
+   */
+  role?: 'prefill' | 'decode' | 'both';
+  /** The KV connector played with `role`. Default: `'nixl'`. */
+  connector?: 'nixl' | 'mooncake';
+  /** A Mooncake prefill's bootstrap server port (`GET /query`); `0` picks a free one. Default: `0`. */
+  bootstrapPort?: number;
+  /** Keep each request's headers and body in its record (tests). Default: `false`. */
+  recordBodies?: boolean;
 }
 
 /** Where and how the mock publishes KV events (see {@link MockVllmOptions.kvEvents}). */
@@ -96,7 +109,9 @@ export type MockFault =
   /** Never answer (until `close()`). */
   | { kind: 'stall' }
   /** Streaming requests: destroy the socket after this many SSE events. Others are answered. */
-  | { kind: 'die-mid-stream'; afterChunks: number };
+  | { kind: 'die-mid-stream'; afterChunks: number }
+  /** Generations stop at end-of-sequence before their length cap (`finish_reason: "stop"`): a prefill keeps no blocks. */
+  | { kind: 'eos' };
 
 /** Counters of one rank. */
 export interface MockRankStats {
@@ -118,6 +133,12 @@ export interface MockRequestRecord {
   rankHeaders: string[];
   /** The global rank that served it, or `-1` (not a generation, rejected, or faulted). */
   rank: number;
+  /** With `recordBodies`: the request's headers as Node parsed them. */
+  headers?: Record<string, string | string[] | undefined>;
+  /** With `recordBodies`: the raw body as text. */
+  body?: string;
+  /** With `role`: the leg served (`'prefill'`, `'decode'`, `'whole'`) or `'refused'`. */
+  leg?: 'prefill' | 'decode' | 'whole' | 'refused';
 }
 
 /** A snapshot of the mock's counters. */
@@ -143,4 +164,8 @@ export interface MockVllm {
   readonly kvEvents: MockKvEvents | undefined;
   /** The fault applied to requests arriving from now on; `undefined` for none. */
   fault: MockFault | undefined;
+  /** A Mooncake prefill's bootstrap server port; `undefined` otherwise. */
+  readonly bootstrapPort: number | undefined;
+  /** With `role`: each served global rank's engine id. */
+  readonly engineIds: ReadonlyMap<number, string> | undefined;
 }

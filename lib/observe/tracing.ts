@@ -41,6 +41,8 @@ export interface Tracing {
   ejected(endpoint: Endpoint): void;
   /** The gateway answered with its own error. */
   answeredError(res: ServerResponse, status: number, message: string): void;
+  /** One leg of a disaggregated request was sent to `endpoint` (an event on the request's span). */
+  legSent(req: IncomingMessage, leg: 'prefill' | 'decode', endpoint: Endpoint): void;
 }
 
 export const NO_TRACING: Tracing = {
@@ -50,6 +52,7 @@ export const NO_TRACING: Tracing = {
   retried: () => undefined,
   ejected: () => undefined,
   answeredError: () => undefined,
+  legSent: () => undefined,
 };
 
 /**
@@ -141,6 +144,11 @@ export function createTracing(policy: string, load: () => unknown = requireApi):
       span.addEvent('dp_router.ejection', { 'dp_router.upstream': endpoint.upstream, 'dp_router.rank': endpoint.rank });
     },
     answeredError: markError,
+    legSent(req, leg, endpoint) {
+      const span = spans.get(req);
+      if (span === undefined) return;
+      span.addEvent(`dp_router.${leg}`, { 'dp_router.upstream': endpoint.upstream, 'dp_router.rank': endpoint.rank });
+    },
   };
 }
 

@@ -9,6 +9,9 @@ import { parseModels } from '../pools/model-options';
 /** What the proxied request's rank header carries for an upstream. */
 export type RankHeaderMode = 'global' | 'local' | 'none';
 
+/** Which leg of a disaggregated request an upstream serves (`disaggregation`); `'both'` serves whole requests and either leg. */
+export type UpstreamRole = 'prefill' | 'decode' | 'both';
+
 /** One vLLM OpenAI-compatible server (one API server of a data-parallel deployment). */
 export interface UpstreamOptions {
   /**
@@ -50,6 +53,18 @@ export interface UpstreamOptions {
    * `GET /v1/models` lists are added. Default: none given, it serves every model.
    */
   models?: readonly string[];
+  /**
+   * Which leg of a disaggregated request this server serves (needs `disaggregation`):
+   * `'prefill'`, `'decode'`, or `'both'` (whole requests; with `disaggregation`, either leg).
+   * Default: `'both'`.
+   */
+  role?: UpstreamRole;
+  /**
+   * The port of this prefill server's Mooncake bootstrap server (vLLM's
+   * `VLLM_MOONCAKE_BOOTSTRAP_PORT`), asked `GET /query` for its engines; read only with
+   * `disaggregation.connector: 'mooncake'`. Default: `8998`.
+   */
+  bootstrapPort?: number;
 }
 
 /**
@@ -82,12 +97,16 @@ export interface UpstreamConfig {
   readonly models?: readonly string[];
   /** Present on a DNS entry (a template whose `url` is a placeholder) and on the upstreams made from it. */
   readonly dns?: DnsConfig;
+  readonly role: UpstreamRole;
+  /** The Mooncake bootstrap port as given; `undefined` when not. */
+  readonly bootstrapPort?: number;
 }
 
 const DATA_PARALLEL_SIZE = 1;
 const START_RANK = 0;
 const RANK_HEADER: RankHeaderMode = 'global';
 const RANK_HEADER_MODES: readonly RankHeaderMode[] = ['global', 'local', 'none'];
+const ROLES: readonly UpstreamRole[] = ['prefill', 'decode', 'both'];
 /** vLLM's engine count bound: the largest data-parallel size an upstream may declare. */
 const MAX_DATA_PARALLEL_SIZE = 65_536;
 /** Ten decimal digits: the rank header grammar's bound. */
@@ -104,6 +123,8 @@ const UPSTREAM_KEYS: KeysEnum<UpstreamOptions & Pick<DnsUpstreamOptions, 'dns'>>
   kvEvents: true,
   models: true,
   dns: true,
+  role: true,
+  bootstrapPort: true,
 };
 
 /** Validates an upstream list (creation and `setUpstreams()`). Throws {@link OptionError}. */
@@ -143,6 +164,7 @@ function parseUpstream(path: string, value: unknown): UpstreamConfig {
   const startRank = integerOption(`${path}.startRank`, value.startRank, START_RANK, 0, MAX_RANK - dataParallelSize + 1);
   const ranks = parseRanks(`${path}.ranks`, value.ranks, startRank, dataParallelSize);
   const kvEvents = parseKvEvents(`${path}.kvEvents`, value.kvEvents, ranks);
+  const bootstrapPort = value.bootstrapPort === undefined ? undefined : integerOption(`${path}.bootstrapPort`, value.bootstrapPort, 0, 1, 65_535);
   return {
     name,
     url: url.href.replace(/\/$/, ''),
@@ -154,6 +176,8 @@ function parseUpstream(path: string, value: unknown): UpstreamConfig {
     ...(kvEvents !== undefined && { kvEvents }),
     ...(value.models !== undefined && { models: parseModels(`${path}.models`, value.models) }),
     ...(dns !== undefined && { dns }),
+    role: oneOf(`${path}.role`, value.role, ROLES, 'both'),
+    ...(bootstrapPort !== undefined && { bootstrapPort }),
   };
 }
 function parseUrl(path: string, value: unknown): URL {

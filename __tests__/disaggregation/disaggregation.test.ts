@@ -1,0 +1,346 @@
+import { describe, expect, it } from '@jest/globals';
+import { createServer, request as httpRequest } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import OpenAI from 'openai';
+import { startMockVllm, type MockVllm, type MockVllmOptions } from '../../example-server/mock-vllm';
+import { dpRouter, OptionError, type Options } from '../../lib';
+import { allIdle, closedAfterEach, exchange, metricValue, serve, startGateway, waitFor, type TestGateway } from '../helpers';
+
+const started = closedAfterEach();
+const COMPLETION = '{"model":"mock-model","prompt":"The quick brown fox jumps over the lazy dog, again and again.","max_tokens":3,"min_tokens":2}';
+
+async function mock(options: MockVllmOptions): Promise<MockVllm> {
+  const server = await startMockVllm({ recordBodies: true, dataParallelSize: 2, ...options });
+  started.push(server);
+  return server;
+}
+
+/** A prefill mock (ranks 0-1) and a decode mock (ranks 4-5), and a gateway splitting requests between them. */
+async function pd(connector: 'nixl' | 'mooncake' = 'nixl', extra: Partial<Options> = {}, prefillOptions: MockVllmOptions = {}) {
+  const prefill = await mock({ role: 'prefill', connector, ...prefillOptions });
+  const decode = await mock({ role: 'decode', connector, startRank: 4 });
+  const gateway = await startGateway({
+    upstreams: [
+      { url: prefill.url, name: 'p', dataParallelSize: 2, role: 'prefill', ...(connector === 'mooncake' && { bootstrapPort: prefill.bootstrapPort }) },
+      { url: decode.url, name: 'd', dataParallelSize: 2, startRank: 4, role: 'decode' },
+    ],
+    exposeDecision: true,
+    disaggregation: { connector },
+    ...extra,
+  });
+  started.push(gateway);
+  return { prefill, decode, gateway };
+}
+
+const generations = (server: MockVllm) => server.stats().requests.filter((record) => record.path.startsWith('/v1/'));
+const outcome = (gateway: TestGateway, name: string) => metricValue(gateway.registry, 'dp_router_disaggregated_requests_total', { outcome: name });
+const idle = (gateway: TestGateway) => waitFor(() => allIdle(gateway) && gateway.router.endpoints().length === 4, 2000, 'in-flight counts back to 0 on both pools');
+
+describe('NIXL', () => {
+  it('sends the prefill leg one unstreamed token with the null params, and the decode leg the client body plus the answer’s params', async () => {
+    const { prefill, decode, gateway } = await pd();
+    const answer = await exchange(gateway.url, { body: COMPLETION, headers: { 'x-request-id': 'client-id', 'x-data-parallel-rank': '5' } });
+    expect(answer.status).toBe(200);
+    expect(JSON.parse(answer.body).choices[0].text).toMatch(/^rank [45]:/);
+    const [p] = generations(prefill);
+    const [d] = generations(decode);
+    const prefillBody = JSON.parse(p.body!);
+    expect(prefillBody).toMatchObject({ stream: false, max_tokens: 1, min_tokens: 1, prompt: JSON.parse(COMPLETION).prompt });
+    expect(prefillBody.kv_transfer_params).toEqual({ do_remote_decode: true, do_remote_prefill: false, remote_engine_id: null, remote_block_ids: null, remote_host: null, remote_port: null });
+    // The decode body is the client's bytes with the prefill's params appended.
+    expect(d.body!.startsWith(COMPLETION.slice(0, -1))).toBe(true);
+    const params = JSON.parse(d.body!).kv_transfer_params;
+    expect(params).toMatchObject({ do_remote_prefill: true, remote_engine_id: prefill.engineIds!.get(p.rank) });
+    expect(d.leg).toBe('decode');
+    // One clean rank header per leg, each its own; one request id, the gateway's (the caller is untrusted).
+    expect(p.rankHeaders).toEqual([String(p.rank)]);
+    expect(d.rankHeaders).toEqual([String(d.rank)]);
+    expect(p.headers!['x-request-id']).toBe(d.headers!['x-request-id']);
+    expect(p.headers!['x-request-id']).not.toBe('client-id');
+    expect(answer.headers['x-dp-router-decision']).toBe(`upstream=d; rank=${d.rank}; source=assigned; prefill=p@${p.rank}`);
+    expect(await outcome(gateway, 'disaggregated')).toBe(1);
+    expect(await observations(gateway, 'dp_router_prefill_duration_seconds', { upstream: 'p', rank: String(p.rank) })).toBe(1);
+    expect(await metricValue(gateway.registry, 'dp_router_requests_total', { upstream: 'p' })).toBe(1);
+    expect(await metricValue(gateway.registry, 'dp_router_requests_total', { upstream: 'd' })).toBe(1);
+    await idle(gateway);
+  });
+
+  it('streams a chat from the decode rank, with max_completion_tokens capped on the prefill leg only', async () => {
+    const { prefill, decode, gateway } = await pd();
+    const client = new OpenAI({ baseURL: `${gateway.url}/v1`, apiKey: 'none', maxRetries: 0 });
+    const stream = await client.chat.completions.create({
+      model: 'mock-model',
+      messages: [{ role: 'user', content: 'Say something long enough to fill a block or two.' }],
+      max_completion_tokens: 4,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
+    let text = '';
+    for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+    expect(text).toMatch(/^rank [45]: lorem ipsum dolor$/);
+    const p = JSON.parse(generations(prefill)[0].body!);
+    expect(p).toMatchObject({ stream: false, max_tokens: 1, max_completion_tokens: 1 });
+    expect('stream_options' in p).toBe(false);
+    const d = JSON.parse(generations(decode)[0].body!);
+    expect(d).toMatchObject({ stream: true, max_completion_tokens: 4, stream_options: { include_usage: true } });
+    expect(await observations(gateway, 'dp_router_time_to_first_token_seconds', { upstream: 'd' })).toBe(1);
+    await idle(gateway);
+  });
+
+  it('relays the decode answer byte for byte', async () => {
+    const prefill = await mock({ role: 'prefill' });
+    const bytes = Buffer.from('data: {"x":"caf\u00e9"}\n\n: comment\r\n\r\ndata: [DONE]\n\n');
+    const decode = await serve((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(bytes.subarray(0, 7));
+        setImmediate(() => res.end(bytes.subarray(7)));
+      });
+    });
+    started.push(decode);
+    const gateway = await startGateway({
+      upstreams: [
+        { url: prefill.url, dataParallelSize: 2, role: 'prefill' },
+        { url: decode.url, role: 'decode' },
+      ],
+      disaggregation: {},
+    });
+    started.push(gateway);
+    const received = await new Promise<Buffer>((resolve) => {
+      const outgoing = httpRequest(`${gateway.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' } }, (response) => {
+        const chunks: Buffer[] = [];
+        response.on('data', (chunk: Buffer) => chunks.push(chunk));
+        response.on('end', () => resolve(Buffer.concat(chunks)));
+      });
+      outgoing.end('{"prompt":"x","stream":true}');
+    });
+    expect(received.equals(bytes)).toBe(true);
+  });
+
+  it('takes a trusted prefill hint in its own header, and never forwards an untrusted one', async () => {
+    const trustedPd = await pd('nixl', { hints: { trust: true } });
+    await exchange(trustedPd.gateway.url, { body: COMPLETION, headers: { 'x-data-parallel-prefill-rank': '1', 'x-data-parallel-rank': '4' } });
+    expect(generations(trustedPd.prefill)[0].rank).toBe(1);
+    expect(generations(trustedPd.decode)[0].rank).toBe(4);
+    const plain = await pd();
+    await exchange(plain.gateway.url, { body: COMPLETION, headers: { 'x-data-parallel-prefill-rank': '1' } });
+    for (const record of [...generations(plain.prefill), ...generations(plain.decode)]) expect(record.headers!['x-data-parallel-prefill-rank']).toBeUndefined();
+    expect(await metricValue(plain.gateway.registry, 'dp_router_rank_hints_total', { outcome: 'untrusted' })).toBe(1);
+  });
+
+  it('sends other requests whole to the decode pool', async () => {
+    const { prefill, gateway } = await pd();
+    const answer = await fetch(`${gateway.url}/v1/models`);
+    expect(answer.status).toBe(200);
+    expect(generations(prefill)).toHaveLength(0);
+  });
+});
+
+describe('Mooncake', () => {
+  it('sends both legs with one transfer_id, the decode leg naming the prefill rank’s engine from /query', async () => {
+    const { prefill, decode, gateway } = await pd('mooncake');
+    const answer = await exchange(gateway.url, { path: '/v1/chat/completions', body: '{"model":"mock-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"stream":true}' });
+    expect(answer.status).toBe(200);
+    expect(answer.body).toContain('data: [DONE]');
+    const p = generations(prefill)[0];
+    const d = generations(decode)[0];
+    const prefillParams = JSON.parse(p.body!).kv_transfer_params;
+    const decodeParams = JSON.parse(d.body!).kv_transfer_params;
+    expect(prefillParams).toEqual({ do_remote_decode: true, do_remote_prefill: false, transfer_id: `xfer-${String(p.headers!['x-request-id'])}` });
+    expect(decodeParams).toMatchObject({
+      do_remote_prefill: true,
+      transfer_id: prefillParams.transfer_id,
+      remote_engine_id: prefill.engineIds!.get(p.rank),
+      remote_bootstrap_addr: `http://127.0.0.1:${prefill.bootstrapPort}`,
+    });
+    expect(d.leg).toBe('decode');
+    expect(await outcome(gateway, 'disaggregated')).toBe(1);
+    await idle(gateway);
+  });
+
+  it('serves decode-only when the bootstrap server cannot name the engine', async () => {
+    const prefill = await mock({ role: 'prefill', connector: 'mooncake' });
+    const decode = await mock({ role: 'decode', connector: 'mooncake' });
+    const closedPort = await freePort();
+    const gateway = await startGateway({
+      upstreams: [
+        { url: prefill.url, dataParallelSize: 2, role: 'prefill', bootstrapPort: closedPort },
+        { url: decode.url, dataParallelSize: 2, role: 'decode' },
+      ],
+      disaggregation: { connector: 'mooncake' },
+    });
+    started.push(gateway);
+    expect((await exchange(gateway.url, { body: COMPLETION })).status).toBe(200);
+    expect(generations(prefill)).toHaveLength(0);
+    expect(await outcome(gateway, 'decode_only')).toBe(1);
+  });
+});
+
+describe('a failed prefill leg', () => {
+  it.each([
+    ['answers 500', { kind: 'status', status: 500 } as const, 'status_5xx'],
+    ['resets', { kind: 'reset' } as const, 'reset'],
+    ['stops at end-of-sequence, keeping no blocks', { kind: 'eos' } as const, undefined],
+  ])('is served by decode alone when it %s', async (_label, fault, kind) => {
+    const { prefill, decode, gateway } = await pd('nixl', { retries: false });
+    prefill.fault = fault;
+    const answer = await exchange(gateway.url, { body: COMPLETION });
+    expect(answer.status).toBe(200);
+    const d = generations(decode)[0];
+    expect(d.body).toBe(COMPLETION);
+    expect(d.leg).toBe('whole');
+    expect(await outcome(gateway, 'decode_only')).toBe(1);
+    if (kind) expect(await metricValue(gateway.registry, 'dp_router_upstream_errors_total', { upstream: 'p', kind })).toBe(1);
+    await idle(gateway);
+  });
+
+  it('is retried on another prefill server when its connection is refused', async () => {
+    const prefill = await mock({ role: 'prefill' });
+    const decode = await mock({ role: 'decode' });
+    const gateway = await startGateway({
+      upstreams: [
+        { url: `http://127.0.0.1:${await freePort()}`, name: 'gone', dataParallelSize: 2, role: 'prefill' },
+        { url: prefill.url, name: 'p', dataParallelSize: 2, role: 'prefill' },
+        { url: decode.url, dataParallelSize: 2, role: 'decode' },
+      ],
+      disaggregation: { prefillPolicy: 'round-robin' },
+    });
+    started.push(gateway);
+    for (let i = 0; i < 2; i++) expect((await exchange(gateway.url, { body: COMPLETION })).status).toBe(200);
+    expect(await outcome(gateway, 'disaggregated')).toBe(2);
+    expect(await metricValue(gateway.registry, 'dp_router_retries_total', { upstream: 'gone' })).toBeGreaterThanOrEqual(1);
+  });
+
+  it.each([
+    ['502 when refused', async (p: MockVllm) => p.close(), 502, 'BadGatewayError'],
+    ['504 when it does not answer in time', async (p: MockVllm) => void (p.fault = { kind: 'stall' }), 504, 'GatewayTimeoutError'],
+    ['502 when it answers without kv_transfer_params', async (p: MockVllm) => void (p.fault = { kind: 'eos' }), 502, 'BadGatewayError'],
+  ])("answers %s with onPrefillFailure: 'fail'", async (_label, breakIt, status, type) => {
+    const { prefill, decode, gateway } = await pd('nixl', { disaggregation: { onPrefillFailure: 'fail' }, timeouts: { firstByteMs: 200 }, retries: false });
+    await breakIt(prefill);
+    const answer = await exchange(gateway.url, { body: COMPLETION });
+    expect(answer.status).toBe(status);
+    expect(JSON.parse(answer.body).error).toMatchObject({ type, code: status });
+    expect(generations(decode)).toHaveLength(0);
+    expect(await outcome(gateway, 'failed')).toBe(1);
+    await idle(gateway);
+  });
+});
+
+describe('cancellation', () => {
+  it('closes the prefill leg and never starts decode when the client leaves during prefill', async () => {
+    const { prefill, decode, gateway } = await pd('nixl', {}, { prefillMsPerToken: 200 });
+    await leaveAfter(gateway.url, COMPLETION, () => prefill.stats().perRank[0].running + prefill.stats().perRank[1].running === 1);
+    await waitFor(() => prefill.stats().perRank[0].running + prefill.stats().perRank[1].running === 0, 2000, 'the prefill engine saw the leg close');
+    await idle(gateway);
+    expect(generations(decode)).toHaveLength(0);
+    expect(await metricValue(gateway.registry, 'dp_router_disaggregated_cancellations_total', { leg: 'prefill' })).toBe(1);
+  });
+
+  it('closes the decode leg when the client leaves during decode', async () => {
+    const prefill = await mock({ role: 'prefill' });
+    const decode = await mock({ role: 'decode', decodeMsPerToken: 200 });
+    const gateway = await startGateway({
+      upstreams: [
+        { url: prefill.url, dataParallelSize: 2, role: 'prefill' },
+        { url: decode.url, dataParallelSize: 2, role: 'decode' },
+      ],
+      disaggregation: {},
+    });
+    started.push(gateway);
+    const running = () => decode.stats().perRank[0].running + decode.stats().perRank[1].running;
+    await leaveAfter(gateway.url, '{"prompt":"x","max_tokens":50,"stream":true}', () => running() === 1);
+    await waitFor(() => running() === 0, 2000, 'the decode engine saw the leg close');
+    await waitFor(() => allIdle(gateway), 2000);
+    expect(await metricValue(gateway.registry, 'dp_router_disaggregated_cancellations_total', { leg: 'decode' })).toBe(1);
+  });
+});
+
+describe('setUpstreams', () => {
+  it('replaces both pools, and refuses a list that leaves one empty', async () => {
+    const { prefill, decode, gateway } = await pd();
+    const other = await mock({ role: 'prefill' });
+    expect(() => gateway.router.setUpstreams([{ url: decode.url, role: 'decode' }])).toThrow(OptionError);
+    gateway.router.setUpstreams([
+      { url: other.url, name: 'p2', dataParallelSize: 2, role: 'prefill' },
+      { url: decode.url, name: 'd', dataParallelSize: 2, startRank: 4, role: 'decode' },
+    ]);
+    expect(gateway.router.endpoints().filter((endpoint) => endpoint.leg === 'prefill').map((endpoint) => endpoint.upstream)).toEqual(['p2', 'p2']);
+    expect((await exchange(gateway.url, { body: COMPLETION })).status).toBe(200);
+    expect(generations(other)).toHaveLength(1);
+    expect(generations(prefill)).toHaveLength(0);
+  });
+});
+
+describe('the mock roles', () => {
+  it('decode refuses params no prefill made, and params read already', async () => {
+    const prefill = await mock({ role: 'prefill' });
+    const decode = await mock({ role: 'decode' });
+    const forged = '{"prompt":"x","kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1],"remote_engine_id":"e","remote_request_id":"r","remote_host":"h","remote_port":1}}';
+    expect((await exchange(decode.url, { body: forged })).status).toBe(400);
+    const answer = await exchange(prefill.url, { body: '{"prompt":"x","max_tokens":1,"kv_transfer_params":{"do_remote_decode":true}}' });
+    const params = JSON.parse(answer.body).kv_transfer_params;
+    expect(params).toMatchObject({ do_remote_prefill: true, remote_port: 5600 + generations(prefill)[0].rank });
+    const body = JSON.stringify({ prompt: 'x', kv_transfer_params: params });
+    expect((await exchange(decode.url, { body })).status).toBe(200);
+    const again = await exchange(decode.url, { body });
+    expect(again.status).toBe(400);
+    expect(JSON.parse(again.body).error.message).toMatch(/already read/);
+    // A prefill server does not decode; a decode server does not prefill.
+    expect((await exchange(prefill.url, { body })).status).toBe(400);
+    expect((await exchange(decode.url, { body: '{"prompt":"x","kv_transfer_params":{"do_remote_decode":true}}' })).status).toBe(400);
+  });
+
+  it('serves the Mooncake bootstrap /query', async () => {
+    const prefill = await mock({ role: 'prefill', connector: 'mooncake', startRank: 2 });
+    const query = (await (await fetch(`http://127.0.0.1:${prefill.bootstrapPort}/query`)).json()) as Record<string, { engine_id: string }>;
+    expect(Object.keys(query)).toEqual(['2', '3']);
+    expect(query['3'].engine_id).toBe(prefill.engineIds!.get(3));
+  });
+});
+
+describe('options', () => {
+  const url = 'http://127.0.0.1:8000';
+  it.each([
+    ['a role without disaggregation', { upstreams: [{ url, role: 'prefill' }] }, 'upstreams[0].role'],
+    ['no decode upstream', { upstreams: [{ url, role: 'prefill' }], disaggregation: {} }, 'disaggregation'],
+    ['no prefill upstream', { upstreams: [{ url, role: 'decode' }], disaggregation: {} }, 'disaggregation'],
+    ['a bootstrap port with NIXL', { upstreams: [{ url, bootstrapPort: 8998 }], disaggregation: {} }, 'upstreams[0].bootstrapPort'],
+  ])('refuses %s', (_label, options, path) => {
+    let error: unknown;
+    try {
+      dpRouter({ metrics: false, ...(options as Options) });
+    } catch (thrown) {
+      error = thrown;
+    }
+    expect(error).toBeInstanceOf(OptionError);
+    expect((error as OptionError).path).toBe(path);
+  });
+});
+
+/** How many observations a histogram holds for the series matching `labels`. */
+async function observations(gateway: TestGateway, name: string, labels: Record<string, string>): Promise<number> {
+  const { values } = await gateway.registry.getSingleMetric(name)!.get();
+  return values
+    .filter((sample) => (sample as { metricName?: string }).metricName === `${name}_count` && Object.entries(labels).every(([key, value]) => String(sample.labels[key]) === value))
+    .reduce((sum, sample) => sum + sample.value, 0);
+}
+
+/** Sends a request and destroys the connection once `when()` holds. */
+async function leaveAfter(url: string, body: string, when: () => boolean): Promise<void> {
+  const outgoing = httpRequest(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' } });
+  outgoing.on('error', () => undefined);
+  outgoing.end(body);
+  await waitFor(when, 2000, 'the leg to start');
+  outgoing.destroy();
+}
+
+/** A port nothing listens on. */
+async function freePort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as AddressInfo;
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return port;
+}

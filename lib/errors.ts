@@ -4,6 +4,7 @@ import { markError } from './observe/tracing';
 /** The error types the gateway answers with, named as vLLM and OpenAI name them. */
 export type GatewayErrorType =
   | 'BadRequestError'
+  | 'RateLimitError'
   | 'RequestTimeoutError'
   | 'RequestEntityTooLargeError'
   | 'BadGatewayError'

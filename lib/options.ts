@@ -10,6 +10,7 @@ import { parsePolicy } from './policies/by-name';
 import { parsePrefixAware, type PrefixAwareRouterSettings } from './policies/prefix-aware-options';
 import { parseTokenizer } from './exact-prefix/options';
 import type { TokenizerSource } from './exact-prefix/events/source';
+import { parseAdmission, type AdmissionOptions, type AdmissionSettings } from './admission/options';
 import { parseAffinity, type AffinityOptions } from './policies/session-affinity-options';
 import { parseRetries, type RetryConfig, type RetryOptions } from './forward/retry-options';
 import { parseTimeouts, type BodyTimeoutOptions, type TimeoutConfig, type TimeoutOptions } from './forward/timeout-options';
@@ -72,6 +73,8 @@ interface ProxyOptions {
   healthCheck?: HealthCheckOptions | boolean;
   /** Retries of failed connections on another endpoint, or `false`. Default: on, with the defaults of {@link RetryOptions}. */
   retries?: RetryOptions | boolean;
+  /** Capacity per endpoint, a fair queue across tenants, priorities and token budgets (docs/operating.md). Default: off. */
+  admission?: AdmissionOptions;
 }
 
 /** Options of {@link dpRouter}: those of `dpRank()`, the upstream timeouts, and the proxy's own. */
@@ -112,6 +115,8 @@ export interface Configuration extends HintConfig, TimeoutConfig, RetryConfig {
   readonly tracing: Tracing;
   /** The model's tokenizer for exact prefix routing (`prefixAware.tokenizer`), with the built-in prefix-aware policy only; loaded with the router. */
   readonly tokenizer: TokenizerSource | undefined;
+  /** Admission control; `undefined` when off (always, for `dpRank()`). */
+  readonly admission: AdmissionSettings | undefined;
 }
 
 const HEADER = 'X-data-parallel-rank';
@@ -132,7 +137,7 @@ const RANK_KEYS: KeysEnum<DpRankOptions> = {
   loadFeedback: true,
   logger: true,
 };
-const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true };
+const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true, admission: true };
 const ROUTER_KEYS: KeysEnum<DpRouterOptions> = { ...RANK_KEYS, ...PROXY_KEYS };
 
 /**
@@ -174,6 +179,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
     logger: parseLogger('logger', options.logger),
     tracing: createTracing(policy.name),
     tokenizer: options.policy === 'prefix-aware' ? tokenizerFiles : undefined,
+    admission: parseAdmission('admission', proxy.admission),
   };
 }
 

@@ -19,6 +19,7 @@ import {
   type GenerationKind,
 } from './mock-vllm/openai';
 import { RequestLog, rankHeaderCopies } from './mock-vllm/request-log';
+import { SeqLimit } from './mock-vllm/max-num-seqs';
 import { RequestTimer, SseWriter } from './mock-vllm/stream-writer';
 import { mockTokenizer, serveTokenize } from './mock-vllm/tokenize';
 import type { PromptTokenizer } from '../lib/exact-prefix/tokenizer/tokenizer';
@@ -48,6 +49,7 @@ interface ServerContext {
   /** Set with `kvEvents`: prompts are tokenized as vLLM does. */
   readonly tokenizer: PromptTokenizer | undefined;
   readonly currentFault: () => MockFault | undefined;
+  readonly seqs: SeqLimit;
 }
 
 type RouteHandler = (ctx: ServerContext, req: IncomingMessage, res: ServerResponse, record: MockRequestRecord) => unknown;
@@ -71,7 +73,8 @@ export async function startMockVllm(options: MockVllmOptions = {}): Promise<Mock
   const engine = new MockEngine({ ...config, publishKvEvents: events?.publish });
   const log = new RequestLog(REQUEST_LOG_SIZE);
   let fault: MockFault | undefined;
-  const ctx: ServerContext = { config, engine, log, tokenizer, currentFault: () => fault };
+  const seqs = new SeqLimit(config.maxNumSeqs);
+  const ctx: ServerContext = { config, engine, log, tokenizer, currentFault: () => fault, seqs };
 
   const server = createServer((req, res) => handleRequest(ctx, req, res));
   const sockets = trackSockets(server);
@@ -89,9 +92,14 @@ export async function startMockVllm(options: MockVllmOptions = {}): Promise<Mock
     port,
     kvEvents: events?.info,
     close: () => (closing ??= Promise.all([closeServer(server, sockets), events?.close()]).then(() => undefined)),
-    stats: () => ({ perRank: engine.snapshot(), requests: log.snapshot() }),
+    stats: () => {
+      const perRank = engine.snapshot();
+      for (const rank of engine.ranks) Object.assign(perRank[rank.globalRank], { waiting: seqs.waiting(rank.globalRank), peakConcurrent: seqs.peak(rank.globalRank) });
+      return { perRank, requests: log.snapshot() };
+    },
     resetStats: () => {
       engine.resetCounters();
+      seqs.resetPeaks();
       log.clear();
     },
     get fault() {
@@ -116,6 +124,7 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
     cacheBlocksPerRank: options.cacheBlocksPerRank ?? 4096,
     blockTokens: options.blockTokens ?? 16,
     maxModelLen: options.maxModelLen ?? 131_072,
+    maxNumSeqs: options.maxNumSeqs ?? Infinity,
     kvEvents: null,
   };
   const integers = { port: 0, dataParallelSize: 1, startRank: 0, cacheBlocksPerRank: 1, blockTokens: 1, maxModelLen: 1 };
@@ -129,6 +138,9 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
     if (!(config[name] >= 0 && Number.isFinite(config[name]))) {
       throw new TypeError(`startMockVllm: ${name} must be a finite number >= 0, got ${String(config[name])}`);
     }
+  }
+  if (!(config.maxNumSeqs >= 1) || (config.maxNumSeqs !== Infinity && !Number.isSafeInteger(config.maxNumSeqs))) {
+    throw new TypeError(`startMockVllm: maxNumSeqs must be an integer >= 1, got ${String(config.maxNumSeqs)}`);
   }
   if (config.headerMode !== 'global' && config.headerMode !== 'local') {
     throw new TypeError(`startMockVllm: headerMode must be 'global' or 'local', got ${String(config.headerMode)}`);
@@ -218,7 +230,7 @@ function serveModels(ctx: ServerContext, _req: IncomingMessage, res: ServerRespo
 }
 
 function serveMetrics(ctx: ServerContext, _req: IncomingMessage, res: ServerResponse): void {
-  const text = renderMetrics(ctx.config.model, ctx.engine.ranks);
+  const text = renderMetrics(ctx.config.model, ctx.engine.ranks, (rank) => ctx.seqs.waiting(rank));
   res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4; charset=utf-8', 'content-length': Buffer.byteLength(text) });
   res.end(text);
 }
@@ -241,6 +253,9 @@ async function serveGeneration(
   }
   if (res.destroyed) return;
   const rank = asked.kind === 'rank' ? asked.rank : ctx.engine.pickLeastLoaded();
+  // Past `maxNumSeqs` the request waits for a seat in the rank's own queue, as in vLLM.
+  const seated = ctx.seqs.seat(rank.globalRank, res);
+  if (seated !== true && !(await seated)) return;
   const { promptTokens, cachedTokens } = ctx.engine.admit(rank, request.prompts, request.tokenIds);
   record.rank = rank.globalRank;
   const timer = releaseOnClose(ctx, rank, res);

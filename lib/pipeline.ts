@@ -3,7 +3,7 @@ import { hasBody, isJson, readBody as readBodyBytes } from './request/body';
 import type { EndpointTable, RouteEndpoint } from './upstreams/endpoints';
 import { sendError } from './errors';
 import { hopByHopStripper, withoutNomination } from './request/hop-by-hop';
-import type { RouterMetrics, UpstreamErrorKind } from './observe/metrics';
+import type { HintOutcome, RouterMetrics, UpstreamErrorKind } from './observe/metrics';
 import type { ExactLookup } from './exact-prefix/index/exact-pick';
 import type { Configuration } from './options';
 import type { PrefixAwarePolicy, PrefixPickContext } from './policies/prefix-aware';
@@ -12,6 +12,8 @@ import { createRequestInputs, NO_HINT, type BodyView, type HintVerdict, type Jud
 import { clientGone, type TryFailure, type TryOutcomes, type UpstreamProxy } from './forward/proxy';
 import { RankDecision, RouteState, type RouteReports, type RoutedRequest } from './request/route-state';
 import type { PickContext } from './types';
+import { Admission, type AdmissionTicket } from './admission/admission';
+import { createAdmissionMetrics } from './admission/metrics';
 
 /*
  * One request's way through the router, in the order it happens:
@@ -46,12 +48,16 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
   const namesIndex = config.exposeDecision && policy.name === 'prefix-aware';
   /** Where the span gets the prefix score: a traced router with the built-in prefix-aware policy. */
   const scoredPolicy = config.tracing.enabled && 'matchedShare' in policy ? (policy as PrefixAwarePolicy) : undefined;
-  const reports: RouteReports = { config, metrics };
+  // Admission control (docs/operating.md): off, and costing one check per request, unless configured.
+  const admission =
+    config.admission === undefined
+      ? undefined
+      : new Admission(config.admission, table, { metrics: createAdmissionMetrics(config.metrics, config.admission.classes), warn: (message) => config.logger.warn(message) });
+  const reports: RouteReports = { config, metrics, freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint) };
   const inputs = createRequestInputs(config, table);
   let warnedParsedBody = false;
 
   function handle(req: RoutedRequest, res: ServerResponse, next: Next): void {
-    const route = new RouteState(reports);
     let trusted: boolean;
     try {
       trusted = trust === true || (trust !== false && trust(req) === true);
@@ -59,6 +65,21 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
       next(error);
       return;
     }
+    if (admission === undefined) {
+      enter(req, res, next, trusted, undefined);
+      return;
+    }
+    try {
+      admission.admit(req, res, trusted, (ticket) => enter(req, res, next, trusted, ticket));
+    } catch (error) {
+      // A tenant or trust function of the user's threw.
+      next(error);
+    }
+  }
+
+  function enter(req: RoutedRequest, res: ServerResponse, next: Next, trusted: boolean, ticket: AdmissionTicket | undefined): void {
+    const route = new RouteState(reports);
+    route.ticket = ticket;
     const { headers } = req;
     const headerHint = inputs.headerHint(req, trusted);
     // `delete` always takes V8's slow path, so only where there is something to remove.
@@ -168,6 +189,10 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
     const verdict = headerHint === NO_HINT ? inputs.bodyHint(body, trusted) : headerHint;
     if (verdict.outcome !== 'none') metrics.hint(verdict.outcome);
     if (verdict.outcome === 'accepted') {
+      if (admission !== undefined) {
+        admitHinted(req, res, next, route, verdict.rank!);
+        return;
+      }
       // Judged available: the rank has a healthy replica.
       route.assign(req, res, table.leastLoadedOfRank(verdict.rank!)!, 'hint', 'accepted');
       proceed(req, res, next, route);
@@ -199,9 +224,81 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
       next(new TypeError(`express-dp-router: policy '${policy.name}' returned an endpoint that was not among the candidates.`));
       return;
     }
+    if (admission !== undefined) {
+      admitAssigned(req, res, next, route, chosen, verdict.outcome === 'none' ? undefined : verdict.outcome, picking, prompt);
+      return;
+    }
     route.assign(req, res, chosen, 'assigned', verdict.outcome === 'none' ? undefined : verdict.outcome);
     if (namesIndex) res.setHeader(DECISION_HEADER, `${chosen.receipts.assigned}; index=${picking.exact?.source ?? 'approximate'}`);
     if (scoredPolicy !== undefined && prompt !== undefined) config.tracing.prefixScored(req, picking.exact?.source ?? 'approximate', scoredPolicy.matchedShare);
+    proceed(req, res, next, route);
+  }
+
+  /** A trusted hint under admission: its rank's least loaded replica with room, or a wait for that rank (it is never moved). */
+  function admitHinted(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, rank: number): void {
+    const free = admission!.freeOfRank(rank);
+    if (free !== undefined) {
+      admission!.admitted();
+      seat(req, res, next, route, free, 'hint', 'accepted', undefined, undefined);
+      return;
+    }
+    queue(req, res, next, route, rank, undefined, (endpoint) => seat(req, res, next, route, endpoint, 'hint', 'accepted', undefined, undefined));
+  }
+
+  /**
+   * The policy's pick under admission: taken when it has room; else the policy's pick among the
+   * endpoints with room; else a wait in the fair queue, for the policy's pick among those free
+   * when a slot frees.
+   */
+  function admitAssigned(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, chosen: RouteEndpoint, outcome: HintOutcome | undefined, picking: PrefixPickContext, prompt: string | undefined): void {
+    const gate = admission!;
+    if (!gate.full(chosen)) {
+      gate.admitted();
+      seat(req, res, next, route, chosen, 'assigned', outcome, picking, prompt);
+      return;
+    }
+    const context = route.context!;
+    const choose = (free: readonly RouteEndpoint[]): RouteEndpoint | undefined => {
+      if (free.length === 0) return undefined;
+      try {
+        const picked = policy.pick(free, context) as RouteEndpoint;
+        return free.includes(picked) ? picked : free[0];
+      } catch {
+        return free[0];
+      }
+    };
+    const other = choose(gate.free());
+    if (other !== undefined) {
+      gate.admitted();
+      seat(req, res, next, route, other, 'assigned', outcome, context, prompt);
+      return;
+    }
+    queue(req, res, next, route, undefined, choose, (endpoint) => seat(req, res, next, route, endpoint, 'assigned', outcome, context, prompt));
+  }
+
+  /** Waits in the admission queue (or is answered 429 when it is full); a released request goes on at `go`. */
+  function queue(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, rank: number | undefined, choose: Parameters<Admission['wait']>[3], go: (endpoint: RouteEndpoint) => void): void {
+    const leave = admission!.wait(res, route.ticket!, rank, choose, (endpoint) => {
+      route.leave = undefined;
+      try {
+        go(endpoint);
+      } catch (error) {
+        next(error);
+      }
+    });
+    if (leave !== undefined) route.queued(res, leave);
+  }
+
+  /** The endpoint is the request's: assign, name it (and the wait) in the decision header and the span, go on. */
+  function seat(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, endpoint: RouteEndpoint, source: 'hint' | 'assigned', outcome: HintOutcome | undefined, picking: PrefixPickContext | undefined, prompt: string | undefined): void {
+    route.assign(req, res, endpoint, source, outcome);
+    const waitedMs = Math.round(route.ticket!.waitedMs);
+    if (config.exposeDecision) {
+      const index = namesIndex && picking !== undefined ? `; index=${picking.exact?.source ?? 'approximate'}` : '';
+      res.setHeader(DECISION_HEADER, `${endpoint.receipts[source]}${index}; waited_ms=${waitedMs}`);
+    }
+    if (scoredPolicy !== undefined && prompt !== undefined && picking !== undefined) config.tracing.prefixScored(req, picking.exact?.source ?? 'approximate', scoredPolicy.matchedShare);
+    config.tracing.admitted(req, config.admission!.classes[route.ticket!.priority], waitedMs);
     proceed(req, res, next, route);
   }
 
@@ -239,6 +336,7 @@ export function createPipeline(config: Configuration, table: EndpointTable, metr
   return {
     handle,
     readBody,
+    admission,
     bodyLimit,
     /** Sets what a retry may hold (`retry.maxBodyBytes`, or 0 where there is nowhere to retry). */
     setRetryBodyLimit(limit: number): void {
@@ -293,6 +391,7 @@ export interface ForwardingParts {
 export function createForwarding(parts: ForwardingParts): { forward: Proceed; outcomes: TryOutcomes } {
   const { config, table, metrics, pipeline, detector } = parts;
   const { policy, retryAttempts } = config;
+  const { admission } = pipeline;
   // The router's own rank header, set already, survives a client's `Connection` nomination.
   // The upstream agent keeps connections alive: a client's `keep-alive` is what it would send.
   const stripHopByHop = hopByHopStripper([config.header], 'keep-alive');
@@ -345,6 +444,7 @@ export function createForwarding(parts: ForwardingParts): { forward: Proceed; ou
     route.responding();
     const endpoint = route.endpoint!;
     metrics.responded(endpoint, answer, route.started);
+    if (route.ticket !== undefined && admission!.counts) admission!.count(route.ticket, req, answer);
     if (answer.statusCode !== undefined && answer.statusCode >= 500) {
       metrics.upstreamError(endpoint, 'status_5xx');
       detector?.failed(endpoint, 'request', req);
@@ -388,7 +488,8 @@ export function createForwarding(parts: ForwardingParts): { forward: Proceed; ou
     if (route.body === undefined && hasBody(req)) return false;
     const tried = (route.tried ??= []);
     tried.push(failed);
-    const skip = (endpoint: RouteEndpoint) => failedBefore(endpoint, tried);
+    // Under admission a retry goes only where there is room: capacity holds for retries too.
+    const skip = admission === undefined ? (endpoint: RouteEndpoint) => failedBefore(endpoint, tried) : (endpoint: RouteEndpoint) => failedBefore(endpoint, tried) || admission.full(endpoint);
     const next = route.source === 'hint' ? table.leastLoadedOfRank(failed.rank, skip) : pickAgain(req, route.context, skip);
     if (next === undefined) return false;
     route.moveTo(req, res, next);

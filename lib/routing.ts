@@ -123,5 +123,8 @@ export function createRouting(options: DpRankOptions | DpRouterOptions, proceed:
     },
   };
   const pipeline = createPipeline(config, table, metrics, proceed, exact);
+  const { admission } = pipeline;
+  // New endpoints have room for requests waiting already.
+  if (admission !== undefined) onReconfigure.push((change) => change.added.forEach((endpoint) => admission.freed(endpoint)));
   return { config, table, metrics, handle: pipeline.handle as Middleware, pipeline, helpers, onClose, onReconfigure };
 }

@@ -44,6 +44,8 @@ export interface MockVllmOptions {
   kvEvents?: MockKvEventsOptions;
   /** Context length: prompt + output tokens beyond it answer 400, as vLLM does. Default: `131072`. */
   maxModelLen?: number;
+  /** Requests each rank runs at once (vLLM's `--max-num-seqs`); past it they wait, FIFO, in `vllm:num_requests_waiting`. Default: no limit. */
+  maxNumSeqs?: number;
 }
 
 /** Where and how the mock publishes KV events (see {@link MockVllmOptions.kvEvents}). */
@@ -108,6 +110,10 @@ export interface MockRankStats {
   promptTokens: number;
   /** Of those, tokens found in the rank's prefix cache. */
   cachedTokens: number;
+  /** Requests waiting for a seat (`maxNumSeqs`); in `stats()` only. */
+  waiting?: number;
+  /** The most generation requests the rank held at once, running and waiting, since the last `resetStats()`; in `stats()` only. */
+  peakConcurrent?: number;
 }
 
 /** One received request. */

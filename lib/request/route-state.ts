@@ -4,6 +4,7 @@ import type { RouteEndpoint } from '../upstreams/endpoints';
 import { replaceValues, type JsonField } from './json-fields';
 import type { HintOutcome, RouterMetrics } from '../observe/metrics';
 import type { Configuration } from '../options';
+import type { AdmissionTicket } from '../admission/admission';
 import type { DecisionSource, DpRankDecision, PickContext } from '../types';
 
 /**
@@ -22,6 +23,8 @@ export const FIRST_BYTE_TIMEOUT = 'DP_ROUTER_FIRST_BYTE_TIMEOUT';
 export interface RouteReports {
   readonly config: Pick<Configuration, 'header' | 'exposeDecision' | 'policy' | 'tracing' | 'logger'>;
   readonly metrics: RouterMetrics;
+  /** Admission's hook: a slot on `endpoint` was freed. `undefined` without `admission`. */
+  readonly freed: ((endpoint: RouteEndpoint) => void) | undefined;
 }
 
 /**
@@ -57,6 +60,10 @@ export class RouteState {
   upstreamRequest: ClientRequest | undefined = undefined;
   connectDeadline: NodeJS.Timeout | undefined = undefined;
   firstByteDeadline: NodeJS.Timeout | undefined = undefined;
+  /** What admission knows of the request; `undefined` without `admission`. */
+  ticket: AdmissionTicket | undefined = undefined;
+  /** Takes the request out of the admission queue while it waits there. */
+  leave: (() => void) | undefined = undefined;
   /** Whether the response's close is watched (one listener per request, see {@link watch}). */
   private watching = false;
 
@@ -86,6 +93,7 @@ export class RouteState {
     failed.inflight--;
     this.hold(req, res, next);
     this.attempt++;
+    this.reports.freed?.(failed);
   }
 
   /** A try is sent and waits for its answer. */
@@ -119,6 +127,12 @@ export class RouteState {
       socket.once('connect', () => clearTimeout(this.connectDeadline));
     }
     this.firstByteDeadline = setTimeout(expire, firstByteMs, proxyReq, FIRST_BYTE_TIMEOUT);
+  }
+
+  /** The request waits in the admission queue: a client that leaves is taken out at once. */
+  queued(res: ServerResponse, leave: () => void): void {
+    this.leave = leave;
+    this.watch(res);
   }
 
   /** Clears the current try's deadlines. */
@@ -196,11 +210,15 @@ export class RouteState {
     this.lease?.release();
     const held = this.endpoint;
     // Answered (or left) before it had an endpoint.
-    if (held === undefined) return;
+    if (held === undefined) {
+      this.leave?.();
+      return;
+    }
     this.clearDeadlines();
     if (!res.writableFinished) this.upstreamRequest?.destroy();
     held.inflight--;
     this.reports.metrics.finished(held, (performance.now() - this.started) / 1000);
+    this.reports.freed?.(held);
   }
 }
 

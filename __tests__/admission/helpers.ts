@@ -1,7 +1,8 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { freePort, waitFor } from '../helpers';
+import { freePort } from '../helpers/prometheus';
+import { waitFor } from '../helpers/wait';
 
 /** A real redis-server on a free loopback port, without persistence; `stop()` kills it by PID. */
 export interface TestRedis {

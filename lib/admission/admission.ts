@@ -169,7 +169,7 @@ export class Admission {
       const seat = next.value;
       const target = seat.rank === undefined ? seat.choose!(this.free()) : this.freeOfRank(seat.rank);
       if (target === undefined) return;
-      this.leave(next === mine ? ranked! : this.anyEndpoint, next);
+      this.leave(next === mine ? ranked! : this.anyEndpoint, next, true);
       const waitedMs = performance.now() - seat.since;
       seat.ticket.waitedMs = waitedMs;
       this.reports.metrics.outcome('queued');
@@ -237,8 +237,10 @@ export class Admission {
   }
 
   /** Takes a waiter out of its queue; false when it was gone already. */
-  private leave(queue: FairQueue<Seat>, waiter: Waiter<Seat>): boolean {
-    if (!queue.remove(waiter)) return false;
+  private leave(queue: FairQueue<Seat>, waiter: Waiter<Seat>, served = false): boolean {
+    if (!waiter.waiting) return false;
+    if (served) queue.take(waiter);
+    else queue.remove(waiter);
     const { ticket, timer } = waiter.value;
     clearTimeout(timer);
     this.waiting--;

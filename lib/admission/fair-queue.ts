@@ -122,10 +122,15 @@ export class FairQueue<T> {
 
   /** Takes the next entry: the chosen class's tenant whose turn it is, its oldest entry; that tenant's turn passes. */
   shift(): Waiter<T> | undefined {
-    const level = this.nextLevel();
-    if (level === undefined) return undefined;
-    const waiter = level.cursor!.head!;
-    // Every class below the one served that has waiters was passed over once more.
+    const waiter = this.peek();
+    if (waiter !== undefined) this.take(waiter);
+    return waiter;
+  }
+
+  /** Takes `waiter`, which {@link peek} returned, as its turn: the tenant's turn passes and the classes below count one more pass-over. */
+  take(waiter: Waiter<T>): void {
+    const lane = waiter.lane!;
+    const level = lane.level;
     let below = false;
     for (const other of this.levels) {
       if (other === level) {
@@ -135,11 +140,8 @@ export class FairQueue<T> {
         other.passedOver++;
       }
     }
-    const lane = waiter.lane!;
-    // The tenant served gives its turn to the next one in the ring.
     level.cursor = lane.next;
     this.remove(waiter);
-    return waiter;
   }
 
   /** Takes `waiter` out wherever it stands (a client that left, a timeout); false when it was gone already. */

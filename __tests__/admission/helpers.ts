@@ -15,6 +15,7 @@ export async function startRedis(port?: number): Promise<TestRedis> {
   const chosen = port ?? (await freePort());
   const child: ChildProcess = spawn('redis-server', ['--port', String(chosen), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: ['ignore', 'pipe', 'pipe'] });
   let output = '';
+  let killed = false;
   child.stdout!.on('data', (chunk: Buffer) => (output += chunk.toString()));
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
   await waitFor(() => output.includes('Ready to accept connections') || child.exitCode !== null, 5000, () => `redis-server did not start: ${output}`);
@@ -23,7 +24,10 @@ export async function startRedis(port?: number): Promise<TestRedis> {
     port: chosen,
     url: `redis://127.0.0.1:${chosen}`,
     stop: async () => {
-      if (child.exitCode === null) process.kill(child.pid!, 'SIGKILL');
+      if (!killed) {
+        killed = true;
+        process.kill(child.pid!, 'SIGKILL');
+      }
       await exited;
     },
   };

@@ -84,6 +84,9 @@ Options:
                         vLLM's --otlp-traces-endpoint joins the same traces [off]
   -h, --help            print this help
 
+A flag's value follows it or an '=': --port 8080, --port=8080. Switches (--trust-hints,
+--expose-decision, --discover) take no value, or exactly =true or =false.
+
 Serves the proxied API under /, metrics at GET /metrics, liveness at GET /healthz and
 readiness at GET /readyz. Logs with pino: pretty on a terminal, JSON lines otherwise, one
 access line per proxied request with its upstream, rank and source.`;
@@ -91,114 +94,111 @@ access line per proxied request with its upstream, rank and source.`;
 const POLICIES: readonly PolicyName[] = ['least-outstanding', 'round-robin', 'random', 'power-of-two', 'session-affinity', 'prefix-aware'];
 const RANK_HEADERS: readonly RankHeaderMode[] = ['global', 'local', 'none'];
 
+/** What the flags build up while the command line is read. */
+interface ParseState {
+  settings: GatewaySettings;
+  kvEvents: Map<string, KvEventsOptions>;
+  discover: boolean;
+  upstreamSpecs: string[];
+  startRank: number | undefined;
+  rankHeader: RankHeaderMode;
+  help: boolean;
+}
+
+/**
+ * A flag: a switch (`--flag`, or exactly `--flag=true` / `--flag=false`: anything else is
+ * refused, so `--trust-hints=false` can never turn trust on) or a flag with a non-empty value
+ * (`--flag V` or `--flag=V`).
+ */
+type Flag = { switch: (state: ParseState, on: boolean) => void } | { value: (state: ParseState, raw: string, flag: string) => void };
+
+/** Every flag of the gateway, in the order of `USAGE`. */
+const FLAGS: Readonly<Record<string, Flag>> = {
+  '--port': { value: (s, raw, flag) => (s.settings.port = integer(flag, raw, 0, 65535)) },
+  '--host': { value: (s, raw) => (s.settings.host = raw) },
+  '--upstream': { value: (s, raw) => s.upstreamSpecs.push(raw) },
+  '--dp-size': { value: (s, raw, flag) => (s.settings.dpSize = integer(flag, raw, 1, 65536)) },
+  '--start-rank': { value: (s, raw, flag) => (s.startRank = integer(flag, raw, 0, 1_000_000)) },
+  '--rank-header': { value: (s, raw, flag) => (s.rankHeader = choice(flag, raw, RANK_HEADERS)) },
+  '--kv-events': {
+    value: (s, raw, flag) => {
+      const previous = s.upstreamSpecs[s.upstreamSpecs.length - 1];
+      if (previous === undefined) throw new UsageError(`${flag} names the KV events of the --upstream before it; the embedded mock's are wired without it`);
+      s.kvEvents.set(parseUpstreamSpec(previous, s.settings.dpSize).url, kvEventsSpec(flag, raw));
+    },
+  },
+  '--tokenizer': { value: (s, raw) => (s.settings.tokenizer = raw) },
+  '--policy': { value: (s, raw, flag) => (s.settings.policy = choice(flag, raw, POLICIES)) },
+  '--trust-hints': { switch: (s, on) => (s.settings.trustHints = on) },
+  '--on-invalid': { value: (s, raw, flag) => (s.settings.onInvalid = choice(flag, raw, ['reassign', 'reject'] as const)) },
+  '--expose-decision': { switch: (s, on) => (s.settings.exposeDecision = on) },
+  '--health-check-ms': { value: (s, raw, flag) => (s.settings.healthCheckMs = integer(flag, raw, 0, 3_600_000)) },
+  '--discover': { switch: (s, on) => (s.discover = on) },
+  '--load-feedback-ms': { value: (s, raw, flag) => (s.settings.loadFeedbackMs = integer(flag, raw, 0, 3_600_000)) },
+  '--load-feedback-weight': { value: (s, raw, flag) => (s.settings.loadFeedbackWeight = fraction(flag, raw)) },
+  '--mock-decode-ms': { value: (s, raw, flag) => (s.settings.mockDecodeMs = integer(flag, raw, 0, 10_000)) },
+  '--drain-timeout-ms': { value: (s, raw, flag) => (s.settings.drainTimeoutMs = integer(flag, raw, 0, 3_600_000)) },
+  '--log-level': { value: (s, raw, flag) => (s.settings.logLevel = choice(flag, raw, LOG_LEVELS)) },
+  '--otlp-endpoint': { value: (s, raw, flag) => (s.settings.otlpEndpoint = httpUrl(flag, raw)) },
+  '--help': { switch: (s, on) => (s.help = on) },
+  '-h': { switch: (s, on) => (s.help = on) },
+};
+
 /** Reads the command line; `'help'` when help was asked for. Throws `UsageError`. */
 export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv = {}): GatewaySettings | 'help' {
-  const settings: GatewaySettings = {
-    port: env.PORT === undefined ? 30000 : integer('PORT', env.PORT, 0, 65535),
-    host: env.HOST ?? '127.0.0.1',
-    upstreams: [],
-    dpSize: 4,
-    policy: 'least-outstanding',
-    trustHints: false,
-    onInvalid: 'reassign',
-    exposeDecision: false,
-    mockDecodeMs: 0,
-    drainTimeoutMs: 30_000,
-    healthCheckMs: 0,
-    loadFeedbackMs: 0,
-    loadFeedbackWeight: 0.5,
-    logLevel: env.LOG_LEVEL === undefined ? 'info' : choice('LOG_LEVEL', env.LOG_LEVEL, LOG_LEVELS),
-    otlpEndpoint: undefined,
-    tokenizer: undefined,
+  const state: ParseState = {
+    settings: {
+      port: env.PORT === undefined || env.PORT === '' ? 30000 : integer('PORT', env.PORT, 0, 65535),
+      // An empty HOST is unset: listen('') would bind every interface.
+      host: env.HOST || '127.0.0.1',
+      upstreams: [],
+      dpSize: 4,
+      policy: 'least-outstanding',
+      trustHints: false,
+      onInvalid: 'reassign',
+      exposeDecision: false,
+      mockDecodeMs: 0,
+      drainTimeoutMs: 30_000,
+      healthCheckMs: 0,
+      loadFeedbackMs: 0,
+      loadFeedbackWeight: 0.5,
+      logLevel: env.LOG_LEVEL === undefined || env.LOG_LEVEL === '' ? 'info' : choice('LOG_LEVEL', env.LOG_LEVEL, LOG_LEVELS),
+      otlpEndpoint: undefined,
+      tokenizer: undefined,
+    },
+    kvEvents: new Map(),
+    discover: false,
+    upstreamSpecs: [],
+    startRank: undefined,
+    rankHeader: 'global',
+    help: false,
   };
-  const kvEvents = new Map<string, KvEventsOptions>();
-  let discover = false;
-  const upstreamSpecs: string[] = [];
-  let startRank: number | undefined;
-  let rankHeader: RankHeaderMode = 'global';
 
   for (let index = 0; index < argv.length; index++) {
-    const [flag, inline] = argv[index].startsWith('--') && argv[index].includes('=') ? splitOnce(argv[index]) : [argv[index], undefined];
-    const value = (): string => {
-      if (inline !== undefined) return inline;
-      const next = argv[++index];
-      if (next === undefined || next.startsWith('--')) throw new UsageError(`${flag} needs a value (see --help)`);
-      return next;
-    };
-    switch (flag) {
-      case '-h':
-      case '--help':
-        return 'help';
-      case '--port':
-        settings.port = integer(flag, value(), 0, 65535);
-        break;
-      case '--host':
-        settings.host = value();
-        break;
-      case '--upstream':
-        upstreamSpecs.push(value());
-        break;
-      case '--kv-events': {
-        const previous = upstreamSpecs[upstreamSpecs.length - 1];
-        if (previous === undefined) throw new UsageError(`${flag} names the KV events of the --upstream before it; the embedded mock's are wired without it`);
-        kvEvents.set(parseUpstreamSpec(previous, settings.dpSize).url, kvEventsSpec(flag, value()));
-        break;
+    const arg = argv[index];
+    const [flag, inline] = arg.startsWith('--') && arg.includes('=') ? splitOnce(arg) : [arg, undefined];
+    const spec = Object.hasOwn(FLAGS, flag) ? FLAGS[flag] : undefined;
+    if (spec === undefined) throw new UsageError(`unknown option ${JSON.stringify(arg)} (see --help)`);
+    if ('switch' in spec) {
+      if (inline !== undefined && inline !== 'true' && inline !== 'false') {
+        throw new UsageError(`${flag} is a switch: give it alone, or as ${flag}=true or ${flag}=false, got ${JSON.stringify(arg)}`);
       }
-      case '--tokenizer':
-        settings.tokenizer = value();
-        break;
-      case '--dp-size':
-        settings.dpSize = integer(flag, value(), 1, 65536);
-        break;
-      case '--start-rank':
-        startRank = integer(flag, value(), 0, 1_000_000);
-        break;
-      case '--rank-header':
-        rankHeader = choice(flag, value(), RANK_HEADERS);
-        break;
-      case '--policy':
-        settings.policy = choice(flag, value(), POLICIES);
-        break;
-      case '--trust-hints':
-        settings.trustHints = true;
-        break;
-      case '--on-invalid':
-        settings.onInvalid = choice(flag, value(), ['reassign', 'reject'] as const);
-        break;
-      case '--expose-decision':
-        settings.exposeDecision = true;
-        break;
-      case '--mock-decode-ms':
-        settings.mockDecodeMs = integer(flag, value(), 0, 10_000);
-        break;
-      case '--health-check-ms':
-        settings.healthCheckMs = integer(flag, value(), 0, 3_600_000);
-        break;
-      case '--discover':
-        discover = true;
-        break;
-      case '--load-feedback-ms':
-        settings.loadFeedbackMs = integer(flag, value(), 0, 3_600_000);
-        break;
-      case '--load-feedback-weight':
-        settings.loadFeedbackWeight = fraction(flag, value());
-        break;
-      case '--log-level':
-        settings.logLevel = choice(flag, value(), LOG_LEVELS);
-        break;
-      case '--otlp-endpoint':
-        settings.otlpEndpoint = httpUrl(flag, value());
-        break;
-      case '--drain-timeout-ms':
-        settings.drainTimeoutMs = integer(flag, value(), 0, 3_600_000);
-        break;
-      default:
-        throw new UsageError(`unknown option ${JSON.stringify(argv[index])} (see --help)`);
+      spec.switch(state, inline !== 'false');
+      if (state.help) return 'help';
+      continue;
     }
+    let raw = inline;
+    if (raw === undefined) {
+      const next = argv[index + 1];
+      raw = next === undefined || next.startsWith('--') ? undefined : argv[++index];
+    }
+    if (raw === undefined || raw === '') throw new UsageError(`${flag} needs a value (see --help)`);
+    spec.value(state, raw, flag);
   }
-  settings.upstreams = mergeUpstreams(upstreamSpecs, settings.dpSize, startRank, rankHeader).map((upstream) => {
+  const { settings, kvEvents } = state;
+  settings.upstreams = mergeUpstreams(state.upstreamSpecs, settings.dpSize, state.startRank, state.rankHeader).map((upstream) => {
     const events = kvEvents.get(upstream.url);
-    return { ...upstream, ...(discover && { discover: true }), ...(events && { kvEvents: events }) };
+    return { ...upstream, ...(state.discover && { discover: true }), ...(events && { kvEvents: events }) };
   });
   if (kvEvents.size > 0 && settings.tokenizer === undefined) {
     throw new UsageError('--kv-events needs --tokenizer PATH: the router tokenizes prompts with the model\'s own tokenizer to look them up');

@@ -51,6 +51,8 @@ describe('parseCommandLine', () => {
   it('reads HOST from the environment, and --host over it', () => {
     expect((parseCommandLine([], { HOST: '0.0.0.0' }) as GatewaySettings).host).toBe('0.0.0.0');
     expect((parseCommandLine(['--host', '::1'], { HOST: '0.0.0.0' }) as GatewaySettings).host).toBe('::1');
+    // listen(port, '') would bind every interface.
+    expect((parseCommandLine([], { HOST: '', PORT: '', LOG_LEVEL: '' }) as GatewaySettings)).toMatchObject({ host: '127.0.0.1', port: 30000, logLevel: 'info' });
   });
 
   it('reads PORT from the environment, and --port over it', () => {
@@ -102,6 +104,15 @@ describe('parseCommandLine', () => {
     expect(parse('--upstream', 'http://h:8000', '--discover').upstreams[0]).toMatchObject({ discover: true });
   });
 
+  it('reads a switch alone, or with exactly =true or =false', () => {
+    expect(parse('--trust-hints=false', '--expose-decision=false')).toMatchObject({ trustHints: false, exposeDecision: false });
+    expect(parse('--trust-hints=true', '--expose-decision=true')).toMatchObject({ trustHints: true, exposeDecision: true });
+    expect(parse('--trust-hints', '--trust-hints=false').trustHints).toBe(false);
+    expect(parse('--upstream', 'http://h:8000', '--discover=false').upstreams[0]).not.toHaveProperty('discover');
+    expect(parse('--upstream', 'http://h:8000', '--discover=true').upstreams[0]).toMatchObject({ discover: true });
+    expect(parse('--host=0.0.0.0', '--policy=round-robin')).toMatchObject({ host: '0.0.0.0', policy: 'round-robin' });
+  });
+
   it('answers help', () => {
     expect(parseCommandLine(['--help'])).toBe('help');
     expect(parseCommandLine(['-h'])).toBe('help');
@@ -110,6 +121,18 @@ describe('parseCommandLine', () => {
   it.each([
     [['--bogus'], /unknown option "--bogus"/],
     [['--port'], /--port needs a value/],
+    [['--trust-hints=0'], /--trust-hints is a switch: give it alone, or as --trust-hints=true or --trust-hints=false, got "--trust-hints=0"/],
+    [['--trust-hints=no'], /--trust-hints is a switch/],
+    [['--trust-hints='], /--trust-hints is a switch/],
+    [['--expose-decision=0'], /--expose-decision is a switch/],
+    [['--discover=off'], /--discover is a switch/],
+    [['--help=1'], /--help is a switch/],
+    [['--trust-hints', 'false'], /unknown option "false"/],
+    [['--host='], /--host needs a value/],
+    [['--tokenizer', ''], /--tokenizer needs a value/],
+    [['--upstream=', '--port', '1'], /--upstream needs a value/],
+    [['--toString'], /unknown option "--toString"/],
+    [['--constructor=1'], /unknown option "--constructor=1"/],
     [['--port', 'eighty'], /--port must be an integer/],
     [['--port', '70000'], /--port must be an integer from 0 to 65535/],
     [['--policy', 'fastest'], /--policy must be one of least-outstanding/],

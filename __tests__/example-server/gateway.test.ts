@@ -86,10 +86,15 @@ describe('npm start (the process)', () => {
   });
 
   it('exits non-zero with a one-line reason for a wrong flag', async () => {
-    const { code, stdout, stderr } = await exited(run(['--dp-size', 'many']));
-    expect(code).toBe(2);
-    expect(stdout).toBe('');
-    expect(stderr.trim().split('\n')).toEqual(['express-dp-router: --dp-size must be an integer from 1 to 65536, got "many"']);
+    const [wrongValue, wrongSwitch] = await Promise.all([exited(run(['--dp-size', 'many'])), exited(run(['--trust-hints=0']))]);
+    expect(wrongValue.code).toBe(2);
+    expect(wrongValue.stdout).toBe('');
+    expect(wrongValue.stderr.trim().split('\n')).toEqual(['express-dp-router: --dp-size must be an integer from 1 to 65536, got "many"']);
+    expect(wrongSwitch.code).toBe(2);
+    expect(wrongSwitch.stdout).toBe('');
+    expect(wrongSwitch.stderr.trim().split('\n')).toEqual([
+      'express-dp-router: --trust-hints is a switch: give it alone, or as --trust-hints=true or --trust-hints=false, got "--trust-hints=0"',
+    ]);
   });
 
   it('logs where it listens, and on SIGTERM lets an in-flight stream finish before exiting', async () => {

@@ -186,6 +186,16 @@ export class Admission {
     tapUsage(answer, Number(req.headers['content-length']) || 0, (tokens) => budget.add(ticket.tenant, tokens));
   }
 
+  /** The router closes: every waiting request is answered 503 and its timer stopped. */
+  close(): void {
+    for (const queue of [this.anyEndpoint, ...this.byRank.values()]) {
+      for (let waiter = queue.peek(); waiter !== undefined; waiter = queue.peek()) {
+        this.leave(queue, waiter);
+        sendError(waiter.value.res, 503, 'ServiceUnavailableError', 'The router is closing.');
+      }
+    }
+  }
+
   /** Requests waiting now. */
   get depth(): number {
     return this.waiting;

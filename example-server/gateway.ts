@@ -7,6 +7,7 @@ import { Registry } from 'prom-client';
 import { dpRouter, type DpRouter, type UpstreamOptions } from '../lib';
 import type { GatewaySettings } from './cli';
 import { startMockVllm, type MockVllm } from './mock-vllm';
+import { admissionFromFlags } from './admission';
 
 /** A running example gateway. */
 export interface RunningGateway {
@@ -42,6 +43,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
     : settings.upstreams;
   const tokenizer = settings.tokenizer ?? mockEvents?.tokenizer;
   const registry = new Registry();
+  const admission = await admissionFromFlags(settings.admission, (message) => (logger ? logger.warn(message) : process.emitWarning(message)));
   const router = dpRouter({
     upstreams,
     policy: settings.policy,
@@ -50,6 +52,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
     healthCheck: settings.healthCheckMs > 0 ? { intervalMs: settings.healthCheckMs } : false,
     loadFeedback: settings.loadFeedbackMs > 0 ? { intervalMs: settings.loadFeedbackMs, weight: settings.loadFeedbackWeight } : false,
     metrics: { registry },
+    ...(admission.options !== undefined && { admission: admission.options }),
     ...(tokenizer !== undefined && { prefixAware: { tokenizer } }),
     ...(logger ? { logger } : {}),
   });
@@ -96,6 +99,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
       clearInterval(sweeper);
       server.closeAllConnections();
       await router.close();
+      await admission.close();
       await mock?.close();
     })());
 
@@ -109,7 +113,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
  * tokenizer files gets a mock without them. Nothing is bound before that fails.
  */
 async function startMock(settings: GatewaySettings): Promise<{ mock: MockVllm; eventsOff?: string }> {
-  const options = { dataParallelSize: settings.dpSize, decodeMsPerToken: settings.mockDecodeMs };
+  const options = { dataParallelSize: settings.dpSize, decodeMsPerToken: settings.mockDecodeMs, ...(settings.mockMaxNumSeqs > 0 && { maxNumSeqs: settings.mockMaxNumSeqs }) };
   try {
     return { mock: await startMockVllm({ ...options, kvEvents: {} }) };
   } catch (error) {

@@ -8,11 +8,13 @@
  *     normalised by each tenant's max-min fair share of what the fleet delivered.
  * (b) is measured by `npm run bench:instructions -- router:round-robin router:round-robin+admission`.
  * (c) The queue's cost per release with 10 000 requests waiting.
+ * (d) The error of the token estimate for streams without `usage`, against real token counts.
  * Wall-time figures: take them on a quiet machine, or read them as relative.
  */
 import { fixed, markdownTable, parseArgs } from '../lib/stats';
 import { capacity, jainIndex, runLoad, type Fleet, type Tenant } from './fairness';
 import { releaseCost } from './release-cost';
+import { estimateError } from './estimate-error';
 
 async function main(): Promise<void> {
   const args = parseArgs(process.argv.slice(2));
@@ -48,6 +50,13 @@ async function main(): Promise<void> {
     `(c) queue cost per request, µs (1000 tenants, 3 classes; the last row warm)\n\n${markdownTable(
       ['waiting', 'enqueue µs', 'release µs'],
       costs.map((cost) => [String(cost.waiting), fixed(cost.enqueueUs, 2), fixed(cost.releaseUs, 2)]),
+    )}\n`,
+  );
+  const errors = await estimateError();
+  process.stdout.write(
+    `\n(d) token estimate for a stream without usage (body bytes / 4 + one per event) vs usage, relative error\n\n${markdownTable(
+      ['endpoint', 'mean', 'min', 'max'],
+      errors.map((row) => [row.kind, `${fixed(row.mean * 100, 1)} %`, `${fixed(row.min * 100, 1)} %`, `${fixed(row.max * 100, 1)} %`]),
     )}\n`,
   );
 }

@@ -61,7 +61,9 @@ export async function startChild(
   });
   const port = await new Promise<number>((resolvePort, reject) => {
     const lines = createInterface({ input: child.stdout! });
-    const timer = setTimeout(() => reject(new Error(`${name}: no READY line within 120 s`)), 120_000);
+    // BENCH_READY_MS: more time to start, for valgrind on a loaded machine.
+    const readyMs = Number(process.env.BENCH_READY_MS) || 120_000;
+    const timer = setTimeout(() => reject(new Error(`${name}: no READY line within ${readyMs / 1000} s`)), readyMs);
     lines.on('line', (line) => {
       const match = /^READY (\d+)$/.exec(line.trim());
       if (match) {

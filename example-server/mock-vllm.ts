@@ -94,7 +94,10 @@ export async function startMockVllm(options: MockVllmOptions = {}): Promise<Mock
     close: () => (closing ??= Promise.all([closeServer(server, sockets), events?.close()]).then(() => undefined)),
     stats: () => {
       const perRank = engine.snapshot();
-      for (const rank of engine.ranks) Object.assign(perRank[rank.globalRank], { waiting: seqs.waiting(rank.globalRank), peakConcurrent: seqs.peak(rank.globalRank) });
+      // Only with `maxNumSeqs`: the counters of a mock without it stay as they were.
+      if (config.maxNumSeqs !== Infinity) {
+        for (const rank of engine.ranks) Object.assign(perRank[rank.globalRank], { waiting: seqs.waiting(rank.globalRank), peakConcurrent: seqs.peak(rank.globalRank) });
+      }
       return { perRank, requests: log.snapshot() };
     },
     resetStats: () => {

@@ -37,7 +37,7 @@ async function sendInOrder(gw: TestGateway, upstream: HeldUpstream, label: strin
 
 describe('admission control', () => {
   it('never sends an endpoint more than maxInflightPerRank, measured at the mock, and drains to zero', async () => {
-    const mock = await startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 2 });
+    const mock = await startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 2, maxNumSeqs: 100 });
     started.push(mock);
     const gw = await gateway({ upstreams: [{ url: mock.url, dataParallelSize: 2 }], admission: { maxInflightPerRank: 2 } });
     const body = JSON.stringify({ model: 'mock-model', prompt: 'hello', max_tokens: 5, stream: true });

@@ -110,9 +110,9 @@ export interface MockRankStats {
   promptTokens: number;
   /** Of those, tokens found in the rank's prefix cache. */
   cachedTokens: number;
-  /** Requests waiting for a seat (`maxNumSeqs`); in `stats()` only. */
+  /** Requests waiting for a seat; in `stats()`, with `maxNumSeqs` only. */
   waiting?: number;
-  /** The most generation requests the rank held at once, running and waiting, since the last `resetStats()`; in `stats()` only. */
+  /** The most generation requests the rank held at once, running and waiting, since the last `resetStats()`; in `stats()`, with `maxNumSeqs` only. */
   peakConcurrent?: number;
 }
 

@@ -41,6 +41,20 @@ export interface GatewaySettings {
   otlpEndpoint: string | undefined;
   /** Prefill/decode disaggregation (`--pd`, `--prefill`/`--decode`); `undefined`: whole requests. */
   disaggregation: { connector: 'nixl' | 'mooncake' } | undefined;
+  /** Admission control, on when any of its flags is given (example-server/admission.ts). */
+  admission: AdmissionFlags;
+  /** The embedded mock's per-rank concurrency (vLLM's --max-num-seqs); 0: no limit. */
+  mockMaxNumSeqs: number;
+}
+
+/** The admission flags; `undefined` where not given. */
+export interface AdmissionFlags {
+  maxInflightPerRank?: number;
+  queueMax?: number;
+  queueTimeoutMs?: number;
+  tenantHeader?: string;
+  tokensPerMinute?: number;
+  redisUrl?: string;
 }
 
 /** Where the embedded mock listens unless `--mock-port` says otherwise: beside the gateway's 30000. */
@@ -105,6 +119,19 @@ Options:
   --mock-decode-ms N    embedded mock: delay per generated token         [0]
   --mock-port N         embedded mock's port (prometheus.yml scrapes it); 0 = any
                         [30001, or any free port when it is taken]
+  --mock-max-num-seqs N embedded mock: requests each rank runs at once (vLLM's
+                        --max-num-seqs); past it they wait in the engine  [no limit]
+  --max-inflight-per-rank N
+                        admission: an endpoint's capacity; past it requests wait
+                        in the gateway's fair queue                      [off; 32 with
+                                                                          another admission flag]
+  --queue-max N         admission: requests waiting in total, then 429   [1024]
+  --queue-timeout-ms N  admission: longest wait, then 503                [30000]
+  --tenant-header NAME  admission: the fairness (and token budget) key, e.g. x-tenant-id
+                                                                         [one tenant]
+  --tokens-per-minute N admission: each tenant's token budget, from vLLM's usage [off]
+  --redis URL           admission: keep token budgets in Redis (shared by replicas),
+                        e.g. redis://127.0.0.1:6379 (needs the ioredis package)
   --drain-timeout-ms N  on SIGTERM, wait this long for in-flight requests [30000]
   --log-level LEVEL     fatal | error | warn | info | debug (one line per routing
                         decision) | trace | silent (env LOG_LEVEL)        [info]
@@ -211,6 +238,13 @@ const FLAGS: Readonly<Record<string, Flag>> = {
   '--pd': { switch: (s, on) => (s.pd = on) },
   '--mock-decode-ms': { value: (s, raw, flag) => (s.settings.mockDecodeMs = integer(flag, raw, 0, 10_000)) },
   '--mock-port': { value: (s, raw, flag) => (s.settings.mockPort = integer(flag, raw, 0, 65535)) },
+  '--mock-max-num-seqs': { value: (s, raw, flag) => (s.settings.mockMaxNumSeqs = integer(flag, raw, 1, 1_000_000)) },
+  '--max-inflight-per-rank': { value: (s, raw, flag) => (s.settings.admission.maxInflightPerRank = integer(flag, raw, 1, 1_000_000)) },
+  '--queue-max': { value: (s, raw, flag) => (s.settings.admission.queueMax = integer(flag, raw, 0, 1_000_000)) },
+  '--queue-timeout-ms': { value: (s, raw, flag) => (s.settings.admission.queueTimeoutMs = integer(flag, raw, 1, 3_600_000)) },
+  '--tenant-header': { value: (s, raw, flag) => (s.settings.admission.tenantHeader = headerName(flag, raw)) },
+  '--tokens-per-minute': { value: (s, raw, flag) => (s.settings.admission.tokensPerMinute = integer(flag, raw, 1, Number.MAX_SAFE_INTEGER)) },
+  '--redis': { value: (s, raw, flag) => (s.settings.admission.redisUrl = redisUrl(flag, raw)) },
   '--drain-timeout-ms': { value: (s, raw, flag) => (s.settings.drainTimeoutMs = integer(flag, raw, 0, 3_600_000)) },
   '--log-level': { value: (s, raw, flag) => (s.settings.logLevel = choice(flag, raw, LOG_LEVELS)) },
   '--otlp-endpoint': { value: (s, raw, flag) => (s.settings.otlpEndpoint = httpUrl(flag, raw)) },
@@ -241,6 +275,8 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
       otlpEndpoint: undefined,
       tokenizer: undefined,
       disaggregation: undefined,
+      admission: {},
+      mockMaxNumSeqs: 0,
     },
     kvEvents: new Map(),
     discover: false,
@@ -444,4 +480,22 @@ function fraction(flag: string, raw: string): number {
 function choice<T extends string>(flag: string, raw: string, allowed: readonly T[]): T {
   if (!allowed.includes(raw as T)) throw new UsageError(`${flag} must be one of ${allowed.join(', ')}, got ${JSON.stringify(raw)}`);
   return raw as T;
+}
+
+/** A header name, as RFC 9110 allows. */
+function headerName(flag: string, raw: string): string {
+  if (!/^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/.test(raw)) throw new UsageError(`${flag} must be a header name, e.g. x-tenant-id, got ${JSON.stringify(raw)}`);
+  return raw.toLowerCase();
+}
+
+/** A redis:// or rediss:// URL. */
+function redisUrl(flag: string, raw: string): string {
+  let url: URL;
+  try {
+    url = new URL(raw);
+  } catch {
+    throw new UsageError(`${flag} must be a redis:// URL, e.g. redis://127.0.0.1:6379, got ${JSON.stringify(raw)}`);
+  }
+  if (url.protocol !== 'redis:' && url.protocol !== 'rediss:') throw new UsageError(`${flag} must be a redis:// or rediss:// URL, got ${JSON.stringify(raw)}`);
+  return raw;
 }

@@ -8,6 +8,7 @@ import { dpRouter, type DpRouter, type UpstreamEntry, type UpstreamOptions } fro
 import { gatewayErrorOf } from '../lib/errors';
 import { DEFAULT_MOCK_PORT, type GatewaySettings } from './cli';
 import { startMockVllm, type MockVllm, type MockVllmOptions } from './mock-vllm';
+import { admissionFromFlags } from './admission';
 
 /** A running example gateway. */
 export interface RunningGateway {
@@ -53,6 +54,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
     : settings.upstreams;
   const tokenizer = settings.tokenizer ?? mockEvents?.tokenizer;
   const registry = new Registry();
+  const admission = await admissionFromFlags(settings.admission, (message) => (logger ? logger.warn(message) : process.emitWarning(message)));
   const router = dpRouter({
     upstreams,
     policy: settings.policy,
@@ -61,6 +63,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
     healthCheck: settings.healthCheckMs > 0 ? { intervalMs: settings.healthCheckMs } : false,
     loadFeedback: settings.loadFeedbackMs > 0 ? { intervalMs: settings.loadFeedbackMs, weight: settings.loadFeedbackWeight } : false,
     metrics: { registry },
+    ...(admission.options !== undefined && { admission: admission.options }),
     ...(tokenizer !== undefined && { prefixAware: { tokenizer } }),
     ...(pd && { disaggregation: { connector: pd.connector } }),
     ...(logger ? { logger } : {}),
@@ -121,6 +124,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
       clearInterval(sweeper);
       server.closeAllConnections();
       await router.close();
+      await admission.close();
       await mock?.close();
       await prefillMock?.close();
     })());
@@ -140,7 +144,7 @@ function madeUp(error: Error, status: number): boolean {
  * tokenizer files gets a mock without them. Nothing is bound before that fails.
  */
 async function startMock(settings: GatewaySettings, role?: Pick<MockVllmOptions, 'role' | 'connector'>): Promise<{ mock: MockVllm; eventsOff?: string }> {
-  const options = { dataParallelSize: settings.dpSize, decodeMsPerToken: settings.mockDecodeMs, ...role };
+  const options = { dataParallelSize: settings.dpSize, decodeMsPerToken: settings.mockDecodeMs, ...(settings.mockMaxNumSeqs > 0 && { maxNumSeqs: settings.mockMaxNumSeqs }), ...role };
   // The decode server of --pd publishes none: prefill ranks are the ones picked on prefixes.
   if (role?.role === 'decode') return { mock: await startMockVllm(options) };
   const start = (withEvents: boolean) => startMockOnPort(settings.mockPort, { ...options, ...(withEvents && { kvEvents: {} }) });

@@ -20,6 +20,7 @@ import {
   type GenerationKind,
 } from './mock-vllm/openai';
 import { RequestLog, rankHeaderCopies } from './mock-vllm/request-log';
+import { SeqLimit } from './mock-vllm/max-num-seqs';
 import { RequestTimer, SseWriter } from './mock-vllm/stream-writer';
 import { mockTokenizer, serveTokenize } from './mock-vllm/tokenize';
 import { PdRole, type PdAdmission } from './mock-vllm/pd-roles';
@@ -54,6 +55,7 @@ interface ServerContext {
   readonly currentFault: () => MockFault | undefined;
   /** Set with `role` other than `'both'`: the prefill or decode leg's checks. */
   readonly pd: PdRole | undefined;
+  readonly seqs: SeqLimit;
 }
 
 type RouteHandler = (ctx: ServerContext, req: IncomingMessage, res: ServerResponse, record: MockRequestRecord) => unknown;
@@ -78,7 +80,8 @@ export async function startMockVllm(options: MockVllmOptions = {}): Promise<Mock
   const log = new RequestLog(REQUEST_LOG_SIZE);
   let fault: MockFault | undefined;
   const pd = config.role === 'both' ? undefined : new PdRole(config.role, config.connector, ranks, config.blockTokens);
-  const ctx: ServerContext = { config, engine, log, tokenizer, currentFault: () => fault, pd };
+  const seqs = new SeqLimit(config.maxNumSeqs);
+  const ctx: ServerContext = { config, engine, log, tokenizer, currentFault: () => fault, pd, seqs };
 
   const server = createServer((req, res) => handleRequest(ctx, req, res));
   const sockets = trackSockets(server);
@@ -99,9 +102,17 @@ export async function startMockVllm(options: MockVllmOptions = {}): Promise<Mock
     bootstrapPort: bootstrap?.port,
     engineIds: pd?.engines,
     close: () => (closing ??= Promise.all([closeServer(server, sockets), events?.close(), bootstrap?.close()]).then(() => undefined)),
-    stats: () => ({ perRank: engine.snapshot(), requests: log.snapshot() }),
+    stats: () => {
+      const perRank = engine.snapshot();
+      // Only with `maxNumSeqs`: the counters of a mock without it stay as they were.
+      if (config.maxNumSeqs !== Infinity) {
+        for (const rank of engine.ranks) Object.assign(perRank[rank.globalRank], { waiting: seqs.waiting(rank.globalRank), peakConcurrent: seqs.peak(rank.globalRank) });
+      }
+      return { perRank, requests: log.snapshot() };
+    },
     resetStats: () => {
       engine.resetCounters();
+      seqs.resetPeaks();
       log.clear();
     },
     get fault() {
@@ -130,6 +141,7 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
     connector: options.connector ?? 'nixl',
     bootstrapPort: options.bootstrapPort ?? 0,
     recordBodies: options.recordBodies ?? false,
+    maxNumSeqs: options.maxNumSeqs ?? Infinity,
     kvEvents: null,
   };
   const integers = { port: 0, dataParallelSize: 1, startRank: 0, cacheBlocksPerRank: 1, blockTokens: 1, maxModelLen: 1, bootstrapPort: 0 };
@@ -146,6 +158,9 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
   }
   if (!['prefill', 'decode', 'both'].includes(config.role)) throw new TypeError(`startMockVllm: role must be 'prefill', 'decode' or 'both', got ${String(config.role)}`);
   if (config.connector !== 'nixl' && config.connector !== 'mooncake') throw new TypeError(`startMockVllm: connector must be 'nixl' or 'mooncake', got ${String(config.connector)}`);
+  if (!(config.maxNumSeqs >= 1) || (config.maxNumSeqs !== Infinity && !Number.isSafeInteger(config.maxNumSeqs))) {
+    throw new TypeError(`startMockVllm: maxNumSeqs must be an integer >= 1, got ${String(config.maxNumSeqs)}`);
+  }
   if (config.headerMode !== 'global' && config.headerMode !== 'local') {
     throw new TypeError(`startMockVllm: headerMode must be 'global' or 'local', got ${String(config.headerMode)}`);
   }
@@ -234,7 +249,7 @@ function serveModels(ctx: ServerContext, _req: IncomingMessage, res: ServerRespo
 }
 
 function serveMetrics(ctx: ServerContext, _req: IncomingMessage, res: ServerResponse): void {
-  const text = renderMetrics(ctx.config.model, ctx.engine.ranks);
+  const text = renderMetrics(ctx.config.model, ctx.engine.ranks, (rank) => ctx.seqs.waiting(rank));
   res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4; charset=utf-8', 'content-length': Buffer.byteLength(text) });
   res.end(text);
 }
@@ -272,6 +287,9 @@ async function serveGeneration(
     if (leg.kind === 'refused') return sendError(res, 400, leg.message, 'kv_transfer_params');
     if (res.destroyed) return;
   }
+  // Past `maxNumSeqs` the request waits for a seat in the rank's own queue, as in vLLM.
+  const seated = ctx.seqs.seat(rank.globalRank, res);
+  if (seated !== true && !(await seated)) return;
   const admitted = ctx.engine.admit(rank, request.prompts, request.tokenIds);
   const { promptTokens } = admitted;
   // The decode of a transfer read the prompt's KV cache from the prefill: nothing left to compute.

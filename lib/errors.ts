@@ -57,6 +57,7 @@ export class PolicyError extends TypeError {
 /** The error types the gateway answers with, named as vLLM and OpenAI name them. */
 export type GatewayErrorType =
   | 'BadRequestError'
+  | 'RateLimitError'
   | 'RequestTimeoutError'
   | 'RequestEntityTooLargeError'
   | 'BadGatewayError'

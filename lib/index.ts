@@ -33,6 +33,10 @@ export type { OutlierDetectionOptions } from './upstreams/outlier-detector-optio
 export type { HealthCheckOptions } from './upstreams/health-checker-options';
 export type { RetryOptions } from './forward/retry-options';
 export type { MetricsOptions } from './observe/metrics';
+export { redisTokenStore } from './admission/redis-store';
+export type { RedisTokenStoreOptions } from './admission/redis-store';
+export type { AdmissionOptions, AdmissionQueueOptions, AdmissionPriorityOptions, AdmissionTokenOptions } from './admission/options';
+export type { TokenStore, WindowCounts } from './admission/token-window';
 export type { Logger } from './observe/logger';
 export type { Middleware, RoutingHelpers } from './routing';
 export type * from './types';

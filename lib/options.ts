@@ -10,6 +10,7 @@ import { parsePolicy, type PolicySettings } from './policies/by-name';
 import { parsePrefixAware, type PrefixAwareRouterSettings } from './policies/prefix-aware-options';
 import { parseTokenizer, requireTokenizerForKvEvents } from './exact-prefix/options';
 import type { TokenizerSource } from './exact-prefix/events/source';
+import { parseAdmission, type AdmissionOptions, type AdmissionSettings } from './admission/options';
 import { parseAffinity, type AffinityOptions } from './policies/session-affinity-options';
 import { parseRetries, type RetryConfig, type RetryOptions } from './forward/retry-options';
 import { parseTimeouts, type BodyTimeoutOptions, type TimeoutConfig, type TimeoutOptions } from './forward/timeout-options';
@@ -78,6 +79,8 @@ interface ProxyOptions {
    * (docs/disaggregation.md). Default: off (every request goes whole to one endpoint).
    */
   disaggregation?: DisaggregationOptions;
+  /** Capacity per endpoint, a fair queue across tenants, priorities and token budgets (docs/operating.md). Default: off. */
+  admission?: AdmissionOptions;
 }
 
 /** Options of {@link dpRouter}: those of `dpRank()`, the upstream timeouts, and the proxy's own. */
@@ -128,6 +131,8 @@ export interface Configuration extends HintConfig, TimeoutConfig, RetryConfig {
   readonly tokenizer: TokenizerSource | undefined;
   /** Prefill/decode disaggregation; `undefined` when off. `upstreams` is then the decode pool. */
   readonly disaggregation: (DisaggregationConfig & { readonly tokenizer: TokenizerSource | undefined }) | undefined;
+  /** Admission control; `undefined` when off (always, for `dpRank()`). */
+  readonly admission: AdmissionSettings | undefined;
 }
 
 const HEADER = 'X-data-parallel-rank';
@@ -148,7 +153,7 @@ const RANK_KEYS: KeysEnum<DpRankOptions> = {
   loadFeedback: true,
   logger: true,
 };
-const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true, disaggregation: true };
+const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true, disaggregation: true, admission: true };
 const ROUTER_KEYS: KeysEnum<DpRouterOptions> = { ...RANK_KEYS, ...PROXY_KEYS };
 
 /**
@@ -195,6 +200,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
     logger: parseLogger('logger', options.logger),
     tokenizer: policy === 'prefix-aware' ? tokenizerFiles : undefined,
     disaggregation: disaggregation && { ...disaggregation, tokenizer: disaggregation.prefillPrefixAware ? tokenizerFiles : undefined },
+    admission: parseAdmission('admission', proxy.admission),
   });
 }
 

@@ -18,6 +18,8 @@ import type { Policy } from './types';
 import { startDnsDiscovery, type DnsDiscovery } from './pools/dns-discovery';
 import { createModelRouting, type ModelRouting } from './pools/model-routing';
 import { hasDnsEntries } from './pools/upstream-sources';
+import { Admission } from './admission/admission';
+import { createAdmissionMetrics } from './admission/metrics';
 
 /**
  * Everything one router runs on, built from its configuration in one place, in dependency
@@ -42,6 +44,8 @@ export class RouterServices {
   readonly bodies: BodyReader;
   /** Pools by model, the LoRA preference and the `GET /v1/models` union. */
   readonly models: ModelRouting;
+  /** Admission control (`admission`); `undefined` when off. */
+  readonly admission: Admission | undefined;
   private readonly watch: EngineWatch;
   /** Upstreams found by DNS; started with the first DNS entry. */
   private dns: DnsDiscovery | undefined;
@@ -86,6 +90,7 @@ export class RouterServices {
     this.started.push(() => models.stop());
     if (hasDnsEntries(config.upstreamSources)) this.dns = this.startDns(config.upstreamSources);
     this.started.push(() => this.dns?.stop());
+    this.admission = this.startAdmission();
   }
 
   /**
@@ -103,6 +108,17 @@ export class RouterServices {
     return startDnsDiscovery(sources, { current: () => table.upstreams, apply: (upstreams) => this.reconfigure(upstreams), metrics: config.metrics, warn: (message) => config.logger.warn(message) });
   }
 
+  /** Admission control (`admission`); `undefined` when off. Built after the table it watches. */
+  private startAdmission(): Admission | undefined {
+    const { config, table } = this;
+    const admission =
+      config.admission === undefined
+        ? undefined
+        : new Admission(config.admission, table, { metrics: createAdmissionMetrics(config.metrics, config.admission.classes), warn: (message) => config.logger.warn(message) });
+    if (admission !== undefined) this.started.push(() => admission.close());
+    return admission;
+  }
+
   /**
    * Replaces the upstreams: requests in flight finish where they are; every service follows
    * (metric series, engine watch, exact streams, health checks).
@@ -118,6 +134,8 @@ export class RouterServices {
       this.health?.stop();
       this.health = startHealthChecks(table, config.healthCheck, this.healthChanged);
     }
+    // New endpoints have room for requests waiting already.
+    for (const endpoint of change.added) this.admission?.freed(endpoint);
   }
 
   /** Stops every timer and socket, last started first; the same promise on every call. */

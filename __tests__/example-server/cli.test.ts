@@ -23,7 +23,17 @@ describe('parseCommandLine', () => {
       logLevel: 'info',
       otlpEndpoint: undefined,
       tokenizer: undefined,
+      admission: {},
+      mockMaxNumSeqs: 0,
     });
+  });
+
+  it('reads the admission flags and the mock’s --mock-max-num-seqs, refusing a bad header name or Redis URL', () => {
+    const settings = parse('--max-inflight-per-rank', '8', '--queue-max=100', '--queue-timeout-ms', '2000', '--tenant-header', 'X-Tenant-Id', '--tokens-per-minute', '50000', '--redis', 'redis://127.0.0.1:6379', '--mock-max-num-seqs', '4');
+    expect(settings.admission).toEqual({ maxInflightPerRank: 8, queueMax: 100, queueTimeoutMs: 2000, tenantHeader: 'x-tenant-id', tokensPerMinute: 50_000, redisUrl: 'redis://127.0.0.1:6379' });
+    expect(settings.mockMaxNumSeqs).toBe(4);
+    expect(() => parse('--tenant-header', 'x tenant')).toThrow(UsageError);
+    expect(() => parse('--redis', 'http://127.0.0.1:6379')).toThrow(/redis:\/\//);
   });
 
   it('gives --kv-events to the --upstream before it, with --tokenizer', () => {

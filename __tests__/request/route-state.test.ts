@@ -26,7 +26,7 @@ async function start(handle: (req: IncomingMessage, res: ServerResponse, reports
     retried: (_req, failed, next) => told.push(`retried ${failed.key} → ${next.key}`),
     ejected: (endpoint) => told.push(`ejected ${endpoint.key}`),
   };
-  const reports: RouteReports = { config: services.config, metrics: services.metrics, events };
+  const reports: RouteReports = { config: services.config, metrics: services.metrics, events, freed: undefined };
   const server = await serve((req, res) => handle(req, res, reports, services));
   running.push({ close: async () => (await server.close(), await services.close()) });
   return { ...server, services, registry, told };

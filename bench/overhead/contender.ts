@@ -89,6 +89,8 @@ if (kind === 'bare-http') {
   for (const flag of flags) {
     if (flag === 'nometrics') extra.metrics = false;
     else if (flag === 'noretry') extra.retries = false;
+    // Admission configured with room to spare: what it costs when nothing waits.
+    else if (flag === 'admission') extra.admission = { maxInflightPerRank: 1_000_000, tenant: { header: 'x-tenant-id' } };
     else if (flag === 'pino') extra.logger = require('pino')({ level: 'info' }, require('pino').destination('/dev/null'));
     else if (flag === 'otel' || flag === 'otelidle') app.use(spanPerRequest(flag === 'otel'));
     // Routing by model: one pool serving the benchmark's model, or two (the request's model on ranks 0 and 2).

@@ -4,7 +4,7 @@ interface Family {
   name: string;
   type: 'gauge' | 'counter';
   help: string;
-  value(rank: RankState): number;
+  value(rank: RankState, waiting: (globalRank: number) => number): number;
 }
 
 /** vLLM's names and help texts; counters are in tokens, as vLLM counts them. */
@@ -19,7 +19,7 @@ const FAMILIES: readonly Family[] = [
     name: 'vllm:num_requests_waiting',
     type: 'gauge',
     help: 'Number of requests waiting to be processed.',
-    value: () => 0,
+    value: (rank, waiting) => waiting(rank.globalRank),
   },
   {
     name: 'vllm:kv_cache_usage_perc',
@@ -42,13 +42,13 @@ const FAMILIES: readonly Family[] = [
 ];
 
 /** The Prometheus text exposition (format 0.0.4) of the ranks' engine metrics. */
-export function renderMetrics(model: string, ranks: readonly RankState[]): string {
+export function renderMetrics(model: string, ranks: readonly RankState[], waiting: (globalRank: number) => number = () => 0): string {
   const modelLabel = escapeLabelValue(model);
   const lines: string[] = [];
   for (const family of FAMILIES) {
     lines.push(`# HELP ${family.name} ${family.help}`, `# TYPE ${family.name} ${family.type}`);
     for (const rank of ranks) {
-      lines.push(`${family.name}{engine="${rank.globalRank}",model_name="${modelLabel}"} ${family.value(rank)}`);
+      lines.push(`${family.name}{engine="${rank.globalRank}",model_name="${modelLabel}"} ${family.value(rank, waiting)}`);
     }
   }
   return lines.join('\n') + '\n';

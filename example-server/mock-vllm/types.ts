@@ -57,6 +57,8 @@ export interface MockVllmOptions {
   bootstrapPort?: number;
   /** Keep each request's headers and body in its record (tests). Default: `false`. */
   recordBodies?: boolean;
+  /** Requests each rank runs at once (vLLM's `--max-num-seqs`); past it they wait, FIFO, in `vllm:num_requests_waiting`. Default: no limit. */
+  maxNumSeqs?: number;
 }
 
 /** Where and how the mock publishes KV events (see {@link MockVllmOptions.kvEvents}). */
@@ -123,6 +125,10 @@ export interface MockRankStats {
   promptTokens: number;
   /** Of those, tokens found in the rank's prefix cache. */
   cachedTokens: number;
+  /** Requests waiting for a seat; in `stats()`, with `maxNumSeqs` only. */
+  waiting?: number;
+  /** The most generation requests the rank held at once, running and waiting, since the last `resetStats()`; in `stats()`, with `maxNumSeqs` only. */
+  peakConcurrent?: number;
 }
 
 /** One received request. */

@@ -1,4 +1,5 @@
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
+import type { Admission } from '../admission/admission';
 import { hasBody } from '../request/body';
 import type { BodyReader, Next } from '../request/body-reader';
 import { sendError } from '../errors';
@@ -23,6 +24,7 @@ export interface ForwarderParts {
   readonly detector: OutlierDetector | undefined;
   /** A retry stays in the request's model pool. */
   readonly models: ModelRouting;
+  readonly admission: Admission | undefined;
 }
 
 /**
@@ -39,6 +41,7 @@ export class Forwarder implements Terminal, TryOutcomes {
   private readonly detector: OutlierDetector | undefined;
   private readonly policy: Policy;
   private readonly models: ModelRouting;
+  private readonly admission: Admission | undefined;
   /** The router's own rank header, set already, survives a client's `Connection` nomination; the upstream agent keeps connections alive. */
   private readonly stripHopByHop: (headers: IncomingHttpHeaders) => void;
   private readonly replaceForwarded: boolean;
@@ -55,6 +58,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     this.detector = parts.detector;
     this.policy = parts.policy;
     this.models = parts.models;
+    this.admission = parts.admission;
     this.stripHopByHop = hopByHopStripper([parts.config.header], 'keep-alive');
     this.replaceForwarded = parts.config.xfwd === 'replace';
   }
@@ -137,6 +141,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     route.responding();
     const endpoint = route.endpoint!;
     this.metrics.responded(endpoint, answer, route.started);
+    if (route.ticket !== undefined && this.admission!.counts) this.admission!.count(route.ticket, req, answer);
     if (answer.statusCode !== undefined && answer.statusCode >= 500) {
       this.metrics.upstreamError(endpoint, 'status_5xx');
       this.detector?.failed(endpoint, 'request', req);
@@ -207,7 +212,9 @@ export class Forwarder implements Terminal, TryOutcomes {
     if (route.body === undefined && hasBody(req)) return false;
     const tried = (route.tried ??= []);
     tried.push(failed);
-    const skip = (endpoint: RouteEndpoint) => failedBefore(endpoint, tried);
+    const { admission } = this;
+    // Under admission a retry goes only where there is room: capacity holds for retries too.
+    const skip = admission === undefined ? (endpoint: RouteEndpoint) => failedBefore(endpoint, tried) : (endpoint: RouteEndpoint) => failedBefore(endpoint, tried) || admission.full(endpoint);
     const next = route.source === 'hint' ? this.table.leastLoadedOfRank(failed.rank, skip) : this.pickAgain(req, route, skip);
     if (next === undefined) return false;
     route.moveTo(req, res, next);

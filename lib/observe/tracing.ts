@@ -35,6 +35,8 @@ export interface Tracing {
    * of the prompt's blocks; recorded on the span the decision went on.
    */
   prefixScored(req: IncomingMessage, index: 'exact' | 'approximate', matchedShare: number): void;
+  /** Admission let the request through in class `priority` after `waitedMs` in the queue (0: it did not wait). */
+  admitted(req: IncomingMessage, priority: string, waitedMs: number): void;
   /** The request is sent again, to `next`, after `failed` failed it. */
   retried(req: IncomingMessage, failed: Endpoint, next: Endpoint): void;
   /** `endpoint` left rotation (on the span active when the failure that ejected it was seen). */
@@ -49,6 +51,7 @@ export const NO_TRACING: Tracing = {
   enabled: false,
   decided: () => undefined,
   prefixScored: () => undefined,
+  admitted: () => undefined,
   retried: () => undefined,
   ejected: () => undefined,
   answeredError: () => undefined,
@@ -125,6 +128,12 @@ export function createTracing(policy: string, load: () => unknown = requireApi):
       if (span === undefined) return;
       span.setAttribute('dp_router.index', index);
       span.setAttribute('dp_router.prefix_matched_share', matchedShare);
+    },
+    admitted(req, priority, waitedMs) {
+      const span = spans.get(req);
+      if (span === undefined) return;
+      span.setAttribute('dp_router.priority', priority);
+      span.setAttribute('dp_router.queue_wait_ms', waitedMs);
     },
     retried(req, failed, next) {
       const span = spans.get(req);

@@ -5,6 +5,7 @@ import { PolicyError, sendError } from '../errors';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import type { ExactLookup } from '../exact-prefix/index/exact-pick';
 import type { RouterEvents } from '../observe/events';
+import type { Tracing } from '../observe/tracing';
 import type { RouterMetrics } from '../observe/metrics';
 import type { Configuration } from '../options';
 import type { PrefixPickContext } from '../policies/prefix-aware';
@@ -12,6 +13,7 @@ import { NO_HINT, type BodyView, type JudgedHint, type RequestInputs } from './r
 import { RouteState, type RouteReports, type RoutedRequest } from './route-state';
 import type { DecisionSource, HintOutcome, IndexSource, PickContext, Policy } from '../types';
 import { leastLoadedOfRank, type ModelRouting } from '../pools/model-routing';
+import type { Admission } from '../admission/admission';
 
 export type { Next } from './body-reader';
 
@@ -33,7 +35,7 @@ export interface LifecycleParts {
   readonly policy: Policy;
   readonly events: RouterEvents;
   /** Whether tracing records anything (`@opentelemetry/api` installed). */
-  readonly tracing: { readonly enabled: boolean };
+  readonly tracing: Tracing;
   readonly table: EndpointTable;
   readonly metrics: RouterMetrics;
   readonly inputs: RequestInputs;
@@ -42,6 +44,8 @@ export interface LifecycleParts {
   readonly exact: ExactLookup | undefined;
   /** Pools by model and the `GET /v1/models` union. */
   readonly models: ModelRouting;
+  /** Admission control; `undefined` when off. */
+  readonly admission: Admission | undefined;
 }
 
 /**
@@ -66,10 +70,12 @@ export class RequestLifecycle {
   private readonly table: EndpointTable;
   private readonly metrics: RouterMetrics;
   private readonly events: RouterEvents;
+  private readonly tracing: Tracing;
   private readonly policy: Policy;
   private readonly inputs: RequestInputs;
   private readonly bodies: BodyReader;
   private readonly models: ModelRouting;
+  private readonly admission: Admission | undefined;
   /** Exact prefix routing, when the policy scores on a prefix index (`namesIndex`). */
   private readonly exact: ExactLookup | undefined;
   /** The decision header names the index that scored the rank (docs/exact-prefix-routing.md). */
@@ -89,12 +95,14 @@ export class RequestLifecycle {
     this.inputs = parts.inputs;
     this.bodies = parts.bodies;
     this.events = parts.events;
+    this.tracing = parts.tracing;
     const policy = (this.policy = parts.policy);
     this.models = parts.models;
     this.exact = policy.namesIndex === true ? parts.exact : undefined;
     this.namesIndex = config.exposeDecision && policy.namesIndex === true;
     this.reportsShare = parts.tracing.enabled && policy.reportsMatchedShare === true;
-    this.reports = { config, metrics: parts.metrics, events: parts.events };
+    const admission = (this.admission = parts.admission);
+    this.reports = { config, metrics: parts.metrics, events: parts.events, freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint) };
     this.handle = (req, res, next) => this.front(req, res, next);
   }
 
@@ -125,11 +133,25 @@ export class RequestLifecycle {
   }
 
   /**
-   * Admission: where a request may wait for capacity or be refused (429/503) before its body is
-   * read. Nothing is limited yet: every request goes on at once.
+   * Admission, before the body is read: the tenant and the priority class are taken (the class
+   * header removed), and the token budget checked (429 past it). Capacity is judged at
+   * {@link assign}, where an endpoint has been chosen. Without `admission`: straight on.
    */
   admit(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
-    this.readBody(req, res, next, route);
+    const { admission } = this;
+    if (admission === undefined) {
+      this.readBody(req, res, next, route);
+      return;
+    }
+    try {
+      admission.admit(req, res, route.trusted, (ticket) => {
+        route.ticket = ticket;
+        this.readBody(req, res, next, route);
+      });
+    } catch (error) {
+      // The user's tenant or trust function threw.
+      next(error);
+    }
   }
 
   /** Reads the body when routing needs it (into `route.body`, its members into `route.view`), then decides. */
@@ -253,11 +275,76 @@ export class RequestLifecycle {
     note: string | undefined,
     scored: IndexSource | undefined,
   ): void {
+    if (this.admission !== undefined) {
+      this.seat(req, res, next, route, endpoint, source, outcome, note, scored);
+      return;
+    }
     route.assign(req, res, endpoint, source, outcome, note);
     // After the decision, on whose span it is recorded.
     if (scored !== undefined) this.events.prefixScored(req, scored, this.policy.matchedShare ?? 0);
     if (route.model !== undefined) this.models.sent(route.model, endpoint);
     this.terminal.proceed(req, res, next, route);
+  }
+
+  /**
+   * Capacity, under admission: the chosen endpoint when it has room; else, for a hint, the least
+   * loaded replica of its rank with room, and for a pick, the policy's pick among the endpoints
+   * with room; else the request waits in the fair queue (a hint for its rank: it is never
+   * moved) and goes on where a slot frees. The decision header carries the time waited.
+   */
+  private seat(
+    req: RoutedRequest,
+    res: ServerResponse,
+    next: Next,
+    route: RouteState,
+    chosen: RouteEndpoint,
+    source: DecisionSource,
+    outcome: HintOutcome | undefined,
+    note: string | undefined,
+    scored: IndexSource | undefined,
+  ): void {
+    const admission = this.admission!;
+    const go = (endpoint: RouteEndpoint) => {
+      const ticket = route.ticket!;
+      const waitedMs = Math.round(ticket.waitedMs);
+      route.assign(req, res, endpoint, source, outcome, `${note ?? ''}; waited_ms=${waitedMs}`);
+      if (scored !== undefined) this.events.prefixScored(req, scored, this.policy.matchedShare ?? 0);
+      if (route.model !== undefined) this.models.sent(route.model, endpoint);
+      this.tracing.admitted(req, admission.settings.classes[ticket.priority], waitedMs);
+      this.terminal.proceed(req, res, next, route);
+    };
+    const hinted = source === 'hint';
+    const now = admission.full(chosen) ? (hinted ? admission.freeOfRank(chosen.rank) : this.pickFree(route, admission.free())) : chosen;
+    if (now !== undefined) {
+      admission.admitted();
+      go(now);
+      return;
+    }
+    const choose = hinted ? undefined : (free: readonly RouteEndpoint[]) => this.pickFree(route, free);
+    const leave = admission.wait(res, route.ticket!, hinted ? chosen.rank : undefined, choose, (endpoint) => {
+      route.leave = undefined;
+      try {
+        go(endpoint);
+      } catch (error) {
+        next(error);
+      }
+    });
+    if (leave !== undefined) route.queued(res, leave);
+  }
+
+  /** The policy's pick among endpoints with room (the first, should the policy fail); `undefined` when none has room. */
+  private pickFree(route: RouteState, anywhere: readonly RouteEndpoint[]): RouteEndpoint | undefined {
+    // Only where this request may go: its model's pool.
+    const { pool } = route;
+    const free = pool === undefined ? anywhere : anywhere.filter((endpoint) => pool.includes(endpoint));
+    if (free.length === 0) return undefined;
+    const context = route.context ?? { path: '/', affinityKey: undefined, prompt: undefined };
+    try {
+      const picked = this.policy.pick(free, context) as RouteEndpoint;
+      return free.includes(picked) ? picked : free[0];
+    } catch {
+      return free[0];
+    }
   }
 
   /**

@@ -7,6 +7,7 @@ import type { RouterEvents } from '../observe/events';
 import type { RouterMetrics } from '../observe/metrics';
 import type { Configuration } from '../options';
 import type { DecisionSource, DpRankDecision, HintOutcome, PickContext } from '../types';
+import type { AdmissionTicket } from '../admission/admission';
 
 /**
  * Where a request stands: `deciding` until it has an endpoint (and while its retry body is
@@ -25,6 +26,8 @@ export interface RouteReports {
   readonly config: Pick<Configuration, 'header' | 'exposeDecision'>;
   readonly metrics: RouterMetrics;
   readonly events: RouterEvents;
+  /** Admission's hook: a slot on `endpoint` was freed. `undefined` without `admission`. */
+  readonly freed: ((endpoint: RouteEndpoint) => void) | undefined;
 }
 
 /**
@@ -70,6 +73,10 @@ export class RouteState {
   headerHint: HintVerdict = NO_HINT;
   /** The body's members routing reads, once read (`undefined` when routing does not need the body). */
   view: BodyView | undefined = undefined;
+  /** What admission knows of the request; `undefined` without `admission`. */
+  ticket: AdmissionTicket | undefined = undefined;
+  /** Takes the request out of the admission queue while it waits there. */
+  leave: (() => void) | undefined = undefined;
   /** Whether the response's close is watched (one listener per request, see {@link watch}). */
   private watching = false;
 
@@ -94,6 +101,7 @@ export class RouteState {
     failed.inflight--;
     this.hold(req, res, next);
     this.attempt++;
+    this.reports.freed?.(failed);
   }
 
   /** A try is sent and waits for its answer. */
@@ -127,6 +135,12 @@ export class RouteState {
       socket.once('connect', () => clearTimeout(this.connectDeadline));
     }
     this.firstByteDeadline = setTimeout(expire, firstByteMs, proxyReq, FIRST_BYTE_TIMEOUT);
+  }
+
+  /** The request waits in the admission queue: a client that leaves is taken out at once. */
+  queued(res: ServerResponse, leave: () => void): void {
+    this.leave = leave;
+    this.watch(res);
   }
 
   /** Clears the current try's deadlines. */
@@ -208,11 +222,15 @@ export class RouteState {
     this.lease?.release();
     const held = this.endpoint;
     // Answered (or left) before it had an endpoint.
-    if (held === undefined) return;
+    if (held === undefined) {
+      this.leave?.();
+      return;
+    }
     this.clearDeadlines();
     if (!res.writableFinished) this.upstreamRequest?.destroy();
     held.inflight--;
     this.reports.metrics.finished(held, (performance.now() - this.started) / 1000);
+    this.reports.freed?.(held);
   }
 }
 

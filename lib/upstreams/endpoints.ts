@@ -69,6 +69,8 @@ export class RouteEndpoint implements Endpoint {
    * alone. Kept here rather than in engine-watch because every pick reads `load` per candidate.
    */
   externalLoad = 0;
+  /** Requests waiting in the engine's own queue by its last `/metrics` (load feedback); admission counts such an engine full. */
+  engineWaiting = 0;
   /** In rotation: derived by the table from the probe verdict and both circuits ({@link EndpointTable.updateHealth}). */
   healthy = true;
   /**

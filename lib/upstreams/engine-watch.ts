@@ -74,6 +74,7 @@ export function watchEngines(
         // gateways' (or direct clients'), which only the engine can tell.
         const others = engine === undefined ? 0 : Math.max(0, engine.running + engine.waiting - endpoint.inflight);
         endpoint.externalLoad = others * feedback.weight;
+        endpoint.engineWaiting = engine?.waiting ?? 0;
       }
     }
     if (upstream.discoverIntervalMs !== undefined && report.engines.length > 0 && !sameRanks(upstream.ranks, report.engines)) {
@@ -84,7 +85,10 @@ export function watchEngines(
   const fail = (target: Target) => {
     if (stopped) return;
     metrics.scrapeFailed(target.name);
-    for (const endpoint of table.all) if (endpoint.config.name === target.name) endpoint.externalLoad = 0;
+    for (const endpoint of table.all) if (endpoint.config.name === target.name) {
+      endpoint.externalLoad = 0;
+      endpoint.engineWaiting = 0;
+    }
   };
 
   const sync = () => {

@@ -1,0 +1,76 @@
+import { describe, expect, it } from '@jest/globals';
+import Redis from 'ioredis';
+import { redisTokenStore, type Options } from '../../lib';
+import { startMockVllm } from '../../example-server/mock-vllm';
+import { closedAfterEach, exchange, metricValue, startGateway, waitFor, type TestGateway } from '../helpers';
+import { startRedis } from './helpers';
+
+const started = closedAfterEach();
+
+/** An ioredis client that gives up fast when Redis is gone (the store's own 250 ms deadline covers the rest). */
+function client(url: string): Redis {
+  const redis = new Redis(url, { maxRetriesPerRequest: 1, retryStrategy: () => 50, lazyConnect: false });
+  redis.on('error', () => undefined);
+  started.push({ close: () => void redis.disconnect() });
+  return redis;
+}
+
+async function gateway(upstream: string, options: Partial<Options>): Promise<TestGateway> {
+  const gw = await startGateway({ upstreams: [{ url: upstream }], logger: false, ...options });
+  started.push(gw);
+  return gw;
+}
+
+// "hello world!" is 3 tokens to the mock, 8 generated: 11 per request.
+const body = JSON.stringify({ model: 'mock-model', prompt: 'hello world!', max_tokens: 8 });
+const send = (gw: TestGateway, tenant: string) => exchange(gw.url, { body, headers: { 'x-tenant-id': tenant } });
+
+describe('redisTokenStore', () => {
+  it('shares each tenant’s budget between two routers, atomically, with keys that expire', async () => {
+    const redis = await startRedis();
+    started.push({ close: () => redis.stop() });
+    const mock = await startMockVllm({ dataParallelSize: 1 });
+    started.push(mock);
+    const admission = (prefix: string) => ({ tenant: { header: 'x-tenant-id' }, tokens: { perMinute: 30, store: redisTokenStore(client(redis.url), { prefix }) } });
+    const one = await gateway(mock.url, { admission: admission('t:') });
+    const two = await gateway(mock.url, { admission: admission('t:') });
+    expect((await send(one, 'a')).status).toBe(200);
+    expect((await send(two, 'a')).status).toBe(200);
+    await waitFor(async () => Number(await client(redis.url).call('GET', `t:a:${Math.floor(Date.now() / 60_000)}`)) === 22);
+    expect((await send(one, 'a')).status).toBe(200);
+    await waitFor(async () => (await send(two, 'a')).status === 429);
+    const refused = await send(one, 'a');
+    expect(refused.status).toBe(429);
+    expect(JSON.parse(refused.body).error.type).toBe('RateLimitError');
+    expect(Number(refused.headers['retry-after'])).toBeGreaterThanOrEqual(1);
+    // Another tenant has its own budget.
+    expect((await send(two, 'b')).status).toBe(200);
+    const ttl = Number(await client(redis.url).call('PTTL', `t:a:${Math.floor(Date.now() / 60_000)}`));
+    expect(ttl).toBeGreaterThan(60_000);
+    expect(ttl).toBeLessThanOrEqual(125_000);
+  });
+
+  it('fails open when Redis dies mid-run: traffic goes on, each failure counted, the outage logged once', async () => {
+    const redis = await startRedis();
+    started.push({ close: () => redis.stop() });
+    const mock = await startMockVllm({ dataParallelSize: 1 });
+    started.push(mock);
+    const warnings: string[] = [];
+    const gw = await gateway(mock.url, {
+      logger: { warn: (message: string) => warnings.push(message) },
+      admission: { tenant: { header: 'x-tenant-id' }, tokens: { perMinute: 1_000, store: redisTokenStore(client(redis.url)) } },
+    });
+    expect((await send(gw, 'a')).status).toBe(200);
+    await redis.stop();
+    const answers = [];
+    for (let i = 0; i < 4; i++) answers.push(await send(gw, 'a'));
+    expect(answers.map((answer) => answer.status)).toEqual([200, 200, 200, 200]);
+    await waitFor(async () => (await metricValue(gw.registry, 'dp_router_token_store_errors_total')) >= 4);
+    expect(warnings.filter((line) => line.includes('token store failed'))).toHaveLength(1);
+    // Back on the same port: one line says so, and budgets count again.
+    const again = await startRedis(redis.port);
+    started.push({ close: () => again.stop() });
+    await waitFor(async () => (await send(gw, 'a')).status === 200 && warnings.some((line) => line.includes('answers again;')), 10_000);
+    expect(warnings.filter((line) => line.includes('answers again;'))).toHaveLength(1);
+  });
+});

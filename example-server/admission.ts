@@ -1,0 +1,39 @@
+import type { AdmissionOptions } from '../lib';
+import { redisTokenStore } from '../lib';
+import type { AdmissionFlags } from './cli';
+
+/** The gateway's admission options from its flags, and what closes the Redis client it opened. */
+export interface GatewayAdmission {
+  readonly options: AdmissionOptions | undefined;
+  close(): Promise<void>;
+}
+
+/**
+ * `admission` from the command line: off unless an admission flag is given. `--redis` loads
+ * ioredis only then (the package's own dependencies never include a Redis client).
+ */
+export async function admissionFromFlags(flags: AdmissionFlags, warn: (message: string) => void): Promise<GatewayAdmission> {
+  if (Object.values(flags).every((value) => value === undefined)) return { options: undefined, close: async () => undefined };
+  let close = async () => undefined as void;
+  let store: ReturnType<typeof redisTokenStore> | undefined;
+  if (flags.redisUrl !== undefined) {
+    const { default: Redis } = (await import('ioredis')) as typeof import('ioredis');
+    // A short retry so that an outage fails the store's calls fast: the router then fails open.
+    const client = new Redis(flags.redisUrl, { maxRetriesPerRequest: 1, retryStrategy: (times) => Math.min(times * 200, 2000) });
+    let reported = false;
+    client.on('error', (error: Error) => {
+      if (!reported) warn(`redis ${flags.redisUrl}: ${error.message}`);
+      reported = true;
+    });
+    client.on('ready', () => (reported = false));
+    store = redisTokenStore(client);
+    close = async () => void client.disconnect();
+  }
+  const options: AdmissionOptions = {
+    maxInflightPerRank: flags.maxInflightPerRank,
+    queue: { maxLength: flags.queueMax, timeoutMs: flags.queueTimeoutMs },
+    ...(flags.tenantHeader !== undefined && { tenant: { header: flags.tenantHeader } }),
+    ...(flags.tokensPerMinute !== undefined && { tokens: { perMinute: flags.tokensPerMinute, store } }),
+  };
+  return { options, close };
+}

@@ -1,9 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Registry } from 'prom-client';
-import type { RequestLifecycle, Terminal } from './request/lifecycle';
-import type { RouterServices } from './services';
 import type { EndpointSnapshot } from './types';
-import { parseUpstreams, type UpstreamOptions } from './upstreams/upstream-options';
+import { parseUpstreams, type UpstreamConfig, type UpstreamOptions } from './upstreams/upstream-options';
 
 /** A Connect/Express-style handler, typed on `node:http` so it fits Express 4 and 5 alike. */
 export type Middleware = (req: IncomingMessage, res: ServerResponse, next: (error?: unknown) => void) => void;
@@ -27,10 +25,23 @@ export interface RoutingHelpers {
 }
 
 /**
- * The middleware users mount: the lifecycle's first stage, carrying the router's helpers.
- * `close()` stops the terminal (its sockets) first, then the services, last started first.
+ * What the helpers work with: the router's services as far as they need them. Typed here by
+ * shape, so that the public types (this module's) do not reach the services' modules, and
+ * through them the optional packages' types.
  */
-export function routerOf(services: RouterServices, lifecycle: RequestLifecycle, terminal: Terminal): Middleware & RoutingHelpers {
+export interface HelperParts {
+  readonly registry: Registry;
+  readonly table: { snapshot(): EndpointSnapshot[] };
+  reconfigure(upstreams: readonly UpstreamConfig[]): void;
+  close(): Promise<void>;
+}
+
+/**
+ * The middleware users mount: the lifecycle's first stage (`lifecycle.handle`), carrying the
+ * router's helpers. `close()` stops the terminal (its sockets) first, then the services, last
+ * started first.
+ */
+export function routerOf(services: HelperParts, lifecycle: { readonly handle: unknown }, terminal: { close(): void }): Middleware & RoutingHelpers {
   const { registry, table } = services;
   let closed: Promise<void> | undefined;
   const helpers: RoutingHelpers = {

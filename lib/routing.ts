@@ -1,9 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Registry } from 'prom-client';
-import type { RequestLifecycle, Terminal } from './request/lifecycle';
-import type { RouterServices } from './services';
 import type { EndpointSnapshot } from './types';
-import { requireTokenizerForKvEvents } from './exact-prefix/options';
 import { parseUpstreams, type UpstreamConfig, type UpstreamEntry } from './upstreams/upstream-options';
 
 /** What a terminal with endpoints of its own (the prefill pool of disaggregation) adds to the helpers. */
@@ -36,10 +33,24 @@ export interface RoutingHelpers {
 }
 
 /**
- * The middleware users mount: the lifecycle's first stage, carrying the router's helpers.
- * `close()` stops the terminal (its sockets) first, then the services, last started first.
+ * What the helpers work with: the router's services as far as they need them. Typed here by
+ * shape, so that the public types (this module's) do not reach the services' modules, and
+ * through them the optional packages' types.
  */
-export function routerOf(services: RouterServices, lifecycle: RequestLifecycle, terminal: Terminal & PoolTerminal): Middleware & RoutingHelpers {
+export interface HelperParts {
+  readonly registry: Registry;
+  readonly table: { snapshot(): EndpointSnapshot[] };
+  /** `setUpstreams()`: the entries, validated. */
+  setSources(upstreams: readonly UpstreamConfig[]): void;
+  close(): Promise<void>;
+}
+
+/**
+ * The middleware users mount: the lifecycle's first stage (`lifecycle.handle`), carrying the
+ * router's helpers. `close()` stops the terminal (its sockets) first, then the services, last
+ * started first.
+ */
+export function routerOf(services: HelperParts, lifecycle: { readonly handle: unknown }, terminal: { close(): void } & PoolTerminal): Middleware & RoutingHelpers {
   const { registry, table } = services;
   let closed: Promise<void> | undefined;
   const helpers: RoutingHelpers = {
@@ -59,7 +70,6 @@ export function routerOf(services: RouterServices, lifecycle: RequestLifecycle, 
     endpoints: terminal.snapshot === undefined ? () => table.snapshot() : () => [...table.snapshot(), ...terminal.snapshot!()],
     setUpstreams: (upstreams) => {
       const parsed = parseUpstreams('upstreams', upstreams);
-      requireTokenizerForKvEvents(parsed, services.config.policy === 'prefix-aware', services.config.tokenizer);
       services.setSources(terminal.reconfigure?.(parsed) ?? parsed);
     },
     close: () => {

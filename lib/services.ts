@@ -1,6 +1,6 @@
 import { Registry } from 'prom-client';
 import { createExactRouting, type ExactRouting } from './exact-prefix/exact-routing';
-import { loadTokenizer, unusedKvEventsNotice } from './exact-prefix/options';
+import { loadTokenizer, requireTokenizerForKvEvents, unusedKvEventsNotice } from './exact-prefix/options';
 import { createEvents, type RouterEvents } from './observe/events';
 import { createMetrics, NO_METRICS, type RouterMetrics } from './observe/metrics';
 import { createTracing, type Tracing } from './observe/tracing';
@@ -98,6 +98,7 @@ export class RouterServices {
    * with them, DNS discovery follows the entries and applies what their names resolve to.
    */
   setSources(sources: readonly UpstreamConfig[]): void {
+    requireTokenizerForKvEvents(sources, this.config.policy === 'prefix-aware', this.config.tokenizer);
     if (this.dns === undefined && !hasDnsEntries(sources)) this.reconfigure(sources);
     else (this.dns ??= this.startDns([])).set(sources);
   }

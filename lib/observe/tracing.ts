@@ -124,8 +124,9 @@ export function createTracing(policy: string, load: () => unknown = requireApi):
       // context over these, which is the same trace.)
     },
     prefixScored(req, index, matchedShare) {
-      const span = spans.get(req);
-      if (span === undefined) return;
+      // The lifecycle reports the score before the decision: the server span, found either way.
+      const span = spans.get(req) ?? serverSpan(api);
+      if (span === undefined || !span.isRecording()) return;
       span.setAttribute('dp_router.index', index);
       span.setAttribute('dp_router.prefix_matched_share', matchedShare);
     },

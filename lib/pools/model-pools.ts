@@ -67,6 +67,11 @@ export class ModelPools<E extends PooledEndpoint> {
     return true;
   }
 
+  /** The models an upstream serves now, configured and learned; empty when it serves every model. */
+  modelsOf(upstream: string): readonly string[] {
+    return [...(this.served.get(upstream) ?? [])];
+  }
+
   /** Whether `model` is a LoRA adapter (a learned card with a `parent`). */
   isAdapter(model: string): boolean {
     return this.adapters.has(model);

@@ -24,8 +24,9 @@ export function createModelRouting(table: EndpointTable, warn: (message: string)
   let watch: ModelWatch | undefined;
   const lora = new LoraPreference<RouteEndpoint>((endpoint) => watch?.maxLora(endpoint.upstream) ?? DEFAULT_MAX_LORA);
   watch = watchModels(pools, table.upstreams, (upstream) => {
-    const served = [...pools.cards()].filter((card) => table.upstreams.some((config) => config.name === upstream)).length;
-    warn(`express-dp-router: upstream '${upstream}' lists its models at /v1/models (${served} in the union now); routing by model accordingly.`);
+    const models = pools.modelsOf(upstream);
+    const shown = models.length > 8 ? `${models.slice(0, 8).join(', ')} and ${models.length - 8} more` : models.join(', ');
+    warn(`express-dp-router: upstream '${upstream}' serves ${shown} by its /v1/models; routing those models to it.`);
   });
 
   /** Whether this is `GET /v1/models` and the gateway knows models to answer it with. */

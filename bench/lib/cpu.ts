@@ -62,7 +62,9 @@ export async function startChild(
   });
   const port = await new Promise<number>((resolvePort, reject) => {
     const lines = createInterface({ input: child.stdout! });
-    const timer = setTimeout(() => reject(new Error(`${name}: no READY line within 120 s`)), 120_000);
+    // Under a launcher (valgrind) on a loaded machine, starting takes minutes.
+    const waitMs = launcher.length > 0 ? 900_000 : 120_000;
+    const timer = setTimeout(() => reject(new Error(`${name}: no READY line within ${waitMs / 1000} s`)), waitMs);
     lines.on('line', (line) => {
       const match = /^READY (\d+)$/.exec(line.trim());
       if (match) {

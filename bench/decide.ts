@@ -31,7 +31,9 @@ import { roundRobin } from '../lib/policies/round-robin';
 import { sessionAffinity } from '../lib/policies/session-affinity';
 import { extractPrompt } from '../lib/request/prompt';
 import type { RoutedRequest } from '../lib/request/route-state';
-import { createRouting } from '../lib/routing';
+import { parseOptions } from '../lib/options';
+import { RequestLifecycle } from '../lib/request/lifecycle';
+import { RouterServices } from '../lib/services';
 import type { PickContext, Policy } from '../lib/types';
 import { fixed, markdownTable, median, parseArgs } from './lib/stats';
 
@@ -190,14 +192,14 @@ function measureBodyCost(size: number): { parseNs: number; extractNs: number } {
 
 /** The rank handler's whole synchronous work for one header-only request, with fake req/res. */
 function measureHandler(policy: 'least-outstanding' | 'round-robin', metrics: boolean): number {
-  const routing = createRouting(
-    {
+  const services = new RouterServices(
+    parseOptions({
       upstreams: [{ url: 'http://127.0.0.1:8000', dataParallelSize: 8, ranks: [0, 2, 4, 6] }],
       policy,
       metrics: metrics ? { registry: new Registry() } : false,
-    },
-    (_req, _res, next) => next(),
+    }),
   );
+  const lifecycle = new RequestLifecycle(services, { proceed: (_req, _res, next) => next(), close: () => undefined });
   const res = new EventEmitter() as unknown as ServerResponse & EventEmitter;
   (res as { destroyed: boolean }).destroyed = false;
   let done = 0;
@@ -214,7 +216,7 @@ function measureHandler(policy: 'least-outstanding' | 'round-robin', metrics: bo
       // Its body has arrived (no `timeouts.bodyMs` deadline to arm: this fake has no events).
       complete: true,
     } as unknown as RoutedRequest & IncomingMessage;
-    routing.handle(req, res, next);
+    lifecycle.handle(req, res, next);
     res.emit('close');
     // A real response is used once; this one is reused, so its listeners must not pile up.
     res.removeAllListeners('close');
@@ -227,7 +229,7 @@ function measureHandler(policy: 'least-outstanding' | 'round-robin', metrics: bo
     for (let i = 0; i < n; i++) one();
     samples.push((cpuNow() - start) / n);
   }
-  void routing.helpers.close();
+  void services.close();
   if (done === 0) throw new Error('the handler never dispatched');
   return median(samples);
 }

@@ -1,6 +1,8 @@
-import { handOn } from './pipeline';
-import { createRouting, type Middleware, type RoutingHelpers } from './routing';
-import type { DpRankOptions } from './options';
+import { parseOptions, type DpRankOptions } from './options';
+import { HandOn } from './request/hand-on';
+import { RequestLifecycle } from './request/lifecycle';
+import { routerOf, type Middleware, type RoutingHelpers } from './routing';
+import { RouterServices } from './services';
 
 /** `dpRank()`'s middleware: decides the rank and leaves the proxying to you. */
 export type DpRank = Middleware & RoutingHelpers;
@@ -16,7 +18,9 @@ export type DpRank = Middleware & RoutingHelpers;
  * app.use(createProxyMiddleware({ router: (req) => req.dpRank!.url }));
  */
 export function dpRank(options: DpRankOptions): DpRank {
-  const routing = createRouting(options, (req, res, next, route) => end(req, res, next, route), 'dpRank');
-  const end = handOn(routing.config.header);
-  return Object.assign(routing.handle, routing.helpers);
+  const config = parseOptions(options, 'dpRank');
+  const services = new RouterServices(config);
+  const handOn = new HandOn(config.header);
+  const lifecycle = new RequestLifecycle(services, handOn);
+  return routerOf(services, lifecycle, handOn);
 }

@@ -1,12 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { Registry } from 'prom-client';
-import { watchEngines, watchedUpstreams } from './upstreams/engine-watch';
-import { EndpointTable, type RouteEndpoint } from './upstreams/endpoints';
-import { createExactRouting } from './exact-prefix/exact-routing';
-import { loadTokenizer } from './exact-prefix/options';
-import { createMetrics, NO_METRICS, type RouterMetrics } from './observe/metrics';
-import { parseOptions, type Configuration, type DpRankOptions, type DpRouterOptions, type Mode, type UpstreamConfig } from './options';
-import { createPipeline, type Pipeline, type Proceed } from './pipeline';
+import type { Registry } from 'prom-client';
+import type { RequestLifecycle, Terminal } from './request/lifecycle';
+import type { RouterServices } from './services';
 import type { EndpointSnapshot } from './types';
 import { parseUpstreams, type UpstreamOptions } from './upstreams/upstream-options';
 
@@ -31,97 +26,35 @@ export interface RoutingHelpers {
   close(): Promise<void>;
 }
 
-/** The shared state behind one router. */
-export interface Routing {
-  readonly config: Configuration;
-  readonly table: EndpointTable;
-  readonly metrics: RouterMetrics;
-  /** The middleware: decides, then hands the request to the layer's `proceed`. */
-  readonly handle: Middleware;
-  /** The request path's front, for the layer built on top (dpRouter reads retry bodies with it). */
-  readonly pipeline: Pipeline;
-  readonly helpers: RoutingHelpers;
-  /** Work to run on `close()`, added by the layers built on top. */
-  readonly onClose: Array<() => void | Promise<void>>;
-  /** Work to run after the upstreams changed, added by the layers built on top. */
-  readonly onReconfigure: Array<(change: EndpointChange) => void>;
-}
-
-/** What a reconfiguration changed. */
-export interface EndpointChange {
-  readonly added: readonly RouteEndpoint[];
-  readonly removed: readonly RouteEndpoint[];
-}
-
 /**
- * Resolves options once and builds the endpoint table, metrics and the per-request handler,
- * which calls `proceed` once a request has its endpoint.
+ * The middleware users mount: the lifecycle's first stage, carrying the router's helpers.
+ * `close()` stops the terminal (its sockets) first, then the services, last started first.
  */
-export function createRouting(options: DpRankOptions | DpRouterOptions, proceed: Proceed, mode: Mode = 'dpRouter'): Routing {
-  const config = parseOptions(options, mode);
-  const table = new EndpointTable(config.upstreams);
-  const registry = config.metrics?.registry ?? new Registry();
-  const scraped = () => watchedUpstreams(table.upstreams, config.loadFeedback);
-  const metrics = config.metrics ? createMetrics(registry, config.metrics.prefix, table, scraped()) : NO_METRICS;
-  const onReconfigure: Array<(change: EndpointChange) => void> = [];
-
-  const reconfigure = (upstreams: readonly UpstreamConfig[]) => {
-    const change = table.reconfigure(upstreams);
-    metrics.track(change, scraped());
-    watch.sync();
-    for (const follow of onReconfigure) follow(change);
-  };
-  // Discovery replaces one upstream's ranks and keeps everything else as it is.
-  const watch = watchEngines(table, config.loadFeedback, metrics, (upstream, ranks) => {
-    const startRank = ranks[0];
-    const discovered: UpstreamConfig = { ...upstream, startRank, dataParallelSize: ranks[ranks.length - 1] - startRank + 1, ranks };
-    config.logger.warn(
-      `express-dp-router: upstream '${upstream.name}' serves ranks ${ranks.join(', ')} by its /metrics (was: ${upstream.ranks.join(', ')}); routing to those now.`,
-    );
-    reconfigure(table.upstreams.map((current) => (current.name === upstream.name ? discovered : current)));
-  });
-  const onClose: Array<() => void | Promise<void>> = [() => watch.stop(), () => metrics.close()];
-  // Exact prefix routing: with a tokenizer, every upstream with `kvEvents` is subscribed to.
-  const exact =
-    config.tokenizer === undefined
-      ? undefined
-      : createExactRouting({
-          upstreams: config.upstreams,
-          tokenizer: loadTokenizer('prefixAware.tokenizer', config.tokenizer),
-          metrics: config.metrics,
-          warn: (message) => config.logger.warn(message),
-        });
-  if (exact !== undefined) {
-    onReconfigure.push(() => exact.reconfigure(table.upstreams));
-    onClose.push(() => exact.close());
-  }
-
-  const serveMetrics = (_req: IncomingMessage, res: ServerResponse): void => {
-    registry.metrics().then(
-      (text) => {
-        res.writeHead(200, { 'content-type': registry.contentType });
-        res.end(text);
-      },
-      () => {
-        res.writeHead(500, { 'content-type': 'text/plain' });
-        res.end('metrics collection failed\n');
-      },
-    );
-  };
-
+export function routerOf(services: RouterServices, lifecycle: RequestLifecycle, terminal: Terminal): Middleware & RoutingHelpers {
+  const { registry, table } = services;
   let closed: Promise<void> | undefined;
   const helpers: RoutingHelpers = {
-    metrics: serveMetrics,
+    metrics(_req, res) {
+      registry.metrics().then(
+        (text) => {
+          res.writeHead(200, { 'content-type': registry.contentType });
+          res.end(text);
+        },
+        () => {
+          res.writeHead(500, { 'content-type': 'text/plain' });
+          res.end('metrics collection failed\n');
+        },
+      );
+    },
     registry,
     endpoints: () => table.snapshot(),
-    setUpstreams: (upstreams) => reconfigure(parseUpstreams('upstreams', upstreams)),
+    setUpstreams: (upstreams) => services.reconfigure(parseUpstreams('upstreams', upstreams)),
     close: () => {
       closed ??= Promise.resolve()
-        .then(() => Promise.all(onClose.map((stop) => stop())))
-        .then(() => undefined);
+        .then(() => terminal.close())
+        .then(() => services.close());
       return closed;
     },
   };
-  const pipeline = createPipeline(config, table, metrics, proceed, exact);
-  return { config, table, metrics, handle: pipeline.handle as Middleware, pipeline, helpers, onClose, onReconfigure };
+  return Object.assign(lifecycle.handle as Middleware, helpers);
 }

@@ -43,6 +43,16 @@ export interface Policy {
   readonly usesPrompt?: boolean;
   /** Ask the router to read the session key into `ctx.affinityKey`. */
   readonly usesAffinityKey?: boolean;
+  /**
+   * The policy scores candidates on a prefix index: where exact prefix routing applies, the
+   * router adds the exact index's view (`ctx.exact`, see `prefixAware`), and `exposeDecision`
+   * names the index that scored the pick (`; index=exact|approximate`).
+   */
+  readonly namesIndex?: boolean;
+  /** The policy reports {@link matchedShare} after each pick, for tracing. */
+  readonly reportsMatchedShare?: boolean;
+  /** With `reportsMatchedShare`: the share of the last picked prompt the chosen endpoint was estimated to hold. */
+  readonly matchedShare?: number;
 }
 
 /** Where the chosen rank came from. */

@@ -1,16 +1,17 @@
 import { Agent as HttpAgent, type ClientRequest, type IncomingMessage, type ServerResponse } from 'node:http';
 import { Agent as HttpsAgent } from 'node:https';
 import type { Socket } from 'node:net';
-import { createProxyMiddleware, type RequestHandler } from 'http-proxy-middleware';
+import { createProxyMiddleware } from 'http-proxy-middleware';
 import { hopByHopStripper } from '../request/hop-by-hop';
 import { closeIdleSockets } from './idle-sockets';
 import type { Configuration, UpstreamConfig } from '../options';
-import { CONNECT_TIMEOUT, FIRST_BYTE_TIMEOUT, RankDecision, type RoutedRequest } from '../request/route-state';
+import { CONNECT_TIMEOUT, FIRST_BYTE_TIMEOUT, type RouteState, type RoutedRequest } from '../request/route-state';
 import { lenientParser, unrelayable } from './upstream-response';
 
 /** One upstream's proxy and the connections it keeps. */
 export interface UpstreamProxy {
-  readonly handle: RequestHandler<IncomingMessage, ServerResponse>;
+  /** Sends one try of the request, whose state `route` is: the proxy's reports of it carry `route` back. */
+  send(req: RoutedRequest, res: ServerResponse, next: (error?: unknown) => void, route: RouteState): void;
   close(): void;
 }
 
@@ -18,18 +19,18 @@ export interface UpstreamProxy {
 export type TryFailure = 'refused' | 'connect_timeout' | 'timeout' | 'first_byte_timeout' | 'reset';
 
 /**
- * What the proxy reports of each try. It only relays; what follows (counting, outlier
- * detection, a retry, the error answer) is the pipeline's to decide.
+ * What the proxy reports of each try, with the state it was handed. It only relays; what
+ * follows (counting, outlier detection, a retry, the error answer) is the forwarder's to decide.
  */
 export interface TryOutcomes {
   /** The upstream began an answer the gateway can relay; it is relayed once this returns. */
-  answered(req: RoutedRequest, res: ServerResponse, answer: IncomingMessage): void;
+  answered(route: RouteState, req: RoutedRequest, res: ServerResponse, answer: IncomingMessage): void;
   /** The try failed (before any answer, or while answering: the phase tells). */
-  failed(req: RoutedRequest, res: ServerResponse, failure: TryFailure): void;
+  failed(route: RouteState, req: RoutedRequest, res: ServerResponse, failure: TryFailure): void;
   /** The upstream's answer broke off. */
-  cutShort(req: RoutedRequest, res: ServerResponse): void;
+  cutShort(route: RouteState, req: RoutedRequest, res: ServerResponse): void;
   /** The upstream answered with something the gateway cannot relay (the connection is dropped). */
-  refused(req: RoutedRequest, res: ServerResponse, why: string): void;
+  refused(route: RouteState, req: RoutedRequest, res: ServerResponse, why: string): void;
 }
 
 const CONNECT_FAILURES = new Set(['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN', 'EADDRNOTAVAIL']);
@@ -50,11 +51,14 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
   const stopIdleSweep = closeIdleSockets(agent, IDLE_SOCKET_MS);
   const { connectTimeoutMs, firstByteTimeoutMs } = config;
   const checkHeaders = lenientParser();
+  // http-proxy's events carry only `req` and `res`: each try's state is found by its request
+  // here, where `send` put it, not in a property of the request.
+  const routes = new WeakMap<IncomingMessage, RouteState>();
 
-  const refuse = (req: RoutedRequest, res: ServerResponse, upstreamSide: { destroy(): void }, why: string) => {
+  const refuse = (route: RouteState, req: RoutedRequest, res: ServerResponse, upstreamSide: { destroy(): void }, why: string) => {
     // The upstream connection cannot be trusted for another request.
     upstreamSide.destroy();
-    outcomes.refused(req, res, why);
+    outcomes.refused(route, req, res, why);
   };
 
   const handlers = {
@@ -64,34 +68,35 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
         proxyReq.destroy();
         return;
       }
-      const route = RankDecision.routeOf(req)!;
+      const route = routes.get(req)!;
       if (route.body !== undefined) proxyReq.write(route.body);
       route.armDeadlines(proxyReq, connectTimeoutMs, firstByteTimeoutMs);
       // Node's client hands a 101 with `Upgrade` only to an 'upgrade' listener and otherwise
       // drops the socket without an event, which would leave the client without an answer.
-      proxyReq.on('upgrade', (_answer: IncomingMessage, socket: Socket) => refuse(req, res, socket, 'switched protocols unasked (101)'));
+      proxyReq.on('upgrade', (_answer: IncomingMessage, socket: Socket) => refuse(route, req, res, socket, 'switched protocols unasked (101)'));
     },
     proxyRes(proxyRes: IncomingMessage, req: RoutedRequest, res: ServerResponse) {
       // Checked before http-proxy copies status and headers, which Node's server would throw
       // on, outside any handler, taking every other request down with the process.
+      const route = routes.get(req)!;
       const refusal = unrelayable(proxyRes, checkHeaders);
       if (refusal !== undefined) {
-        refuse(req, res, proxyRes, refusal);
+        refuse(route, req, res, proxyRes, refusal);
         return;
       }
       stripHopByHop(proxyRes.headers);
       // http-proxy would otherwise echo the client's `Connection` (stripped on the way up) or
       // default to keep-alive: the client connection's fate is what Node's server decided.
       proxyRes.headers.connection = res.shouldKeepAlive ? 'keep-alive' : 'close';
-      outcomes.answered(req, res, proxyRes);
-      proxyRes.on('error', () => outcomes.cutShort(req, res));
+      outcomes.answered(route, req, res, proxyRes);
+      proxyRes.on('error', () => outcomes.cutShort(route, req, res));
     },
     error(error: NodeJS.ErrnoException, req: RoutedRequest, res: ServerResponse | Socket) {
       if (!('writeHead' in res)) {
         res.destroy();
         return;
       }
-      outcomes.failed(req, res, classify(error));
+      outcomes.failed(routes.get(req)!, req, res, classify(error));
     },
   };
 
@@ -114,7 +119,10 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
     ],
   });
   return {
-    handle,
+    send(req, res, next, route) {
+      routes.set(req, route);
+      void handle(req, res, next);
+    },
     close: () => {
       stopIdleSweep();
       agent.destroy();

@@ -236,6 +236,8 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
   return {
     name: 'prefix-aware',
     usesPrompt: true,
+    namesIndex: true,
+    reportsMatchedShare: true,
     get matchedShare() {
       return matchedShare;
     },

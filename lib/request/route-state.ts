@@ -2,6 +2,7 @@ import type { ClientRequest, IncomingMessage, ServerResponse } from 'node:http';
 import type { BodyBudget, BodyLease } from './body-budget';
 import type { RouteEndpoint } from '../upstreams/endpoints';
 import { replaceValues, type JsonField } from './json-fields';
+import { NO_HINT, type BodyView, type HintVerdict } from './request-inputs';
 import type { HintOutcome, RouterMetrics } from '../observe/metrics';
 import type { Configuration } from '../options';
 import type { DecisionSource, DpRankDecision, PickContext } from '../types';
@@ -57,6 +58,12 @@ export class RouteState {
   upstreamRequest: ClientRequest | undefined = undefined;
   connectDeadline: NodeJS.Timeout | undefined = undefined;
   firstByteDeadline: NodeJS.Timeout | undefined = undefined;
+  /** Whether the caller may give a rank hint (`hints.trust`), judged once at the front. */
+  trusted = false;
+  /** The header hint's verdict, judged at the front before the client's copies are removed. */
+  headerHint: HintVerdict = NO_HINT;
+  /** The body's members routing reads, once read (`undefined` when routing does not need the body). */
+  view: BodyView | undefined = undefined;
   /** Whether the response's close is watched (one listener per request, see {@link watch}). */
   private watching = false;
 
@@ -66,10 +73,10 @@ export class RouteState {
    * The request takes its first endpoint; the slot is held until the response closes.
    * The trace context goes onto the request's headers here, before any proxy copies them.
    */
-  assign(req: RoutedRequest, res: ServerResponse, endpoint: RouteEndpoint, source: DecisionSource, hintOutcome: HintOutcome | undefined): void {
+  assign(req: RoutedRequest, res: ServerResponse, endpoint: RouteEndpoint, source: DecisionSource, hintOutcome: HintOutcome | undefined, note?: string): void {
     const { config } = this.reports;
     this.source = source;
-    this.hold(req, res, endpoint);
+    this.hold(req, res, endpoint, note);
     this.started = performance.now();
     this.watch(res);
     config.tracing.decided(req, endpoint, source, hintOutcome);
@@ -159,8 +166,12 @@ export class RouteState {
     res.on('close', () => this.closed(res));
   }
 
-  /** Takes `endpoint`'s slot and makes everything the request carries name it. */
-  private hold(req: RoutedRequest, res: ServerResponse, endpoint: RouteEndpoint): void {
+  /**
+   * Takes `endpoint`'s slot and makes everything the request carries name it. The decision
+   * header is written here only, once per endpoint held, with what the decision adds (`note`,
+   * e.g. `; index=exact`).
+   */
+  private hold(req: RoutedRequest, res: ServerResponse, endpoint: RouteEndpoint, note?: string): void {
     const { config, metrics } = this.reports;
     const source = this.source;
     endpoint.inflight++;
@@ -170,8 +181,8 @@ export class RouteState {
     else if (req.headers[header] !== undefined) delete req.headers[header];
     this.endpoint = endpoint;
     this.carryRank(req, endpoint);
-    req.dpRank = new RankDecision(endpoint, source, this);
-    if (config.exposeDecision) res.setHeader('x-dp-router-decision', endpoint.receipts[source]);
+    req.dpRank = new RankDecision(endpoint, source);
+    if (config.exposeDecision) res.setHeader(DECISION_HEADER, note === undefined ? endpoint.receipts[source] : endpoint.receipts[source] + note);
   }
 
   /**
@@ -210,10 +221,9 @@ function expire(proxyReq: ClientRequest, code: string): void {
 }
 
 /**
- * `req.dpRank`: the decision as users see it, and the router's way back to the request's
- * state. One property on the request rather than two, because Express gives every `req` its
- * app's prototype (`Object.setPrototypeOf`), after which V8 builds a new hidden class for each
- * property added to that request, request after request.
+ * `req.dpRank`: the decision as users see it, and nothing more: the router hands its state to
+ * each stage itself and never reads it back from the request. One class, so that every
+ * decision has the same hidden class.
  */
 export class RankDecision implements DpRankDecision {
   readonly upstream: string;
@@ -221,24 +231,19 @@ export class RankDecision implements DpRankDecision {
   readonly rank: number;
   readonly source: DecisionSource;
   readonly headerValue: string | undefined;
-  readonly #route: RouteState;
 
-  constructor(endpoint: RouteEndpoint, source: DecisionSource, route: RouteState) {
+  constructor(endpoint: RouteEndpoint, source: DecisionSource) {
     this.upstream = endpoint.upstream;
     this.url = endpoint.config.url;
     this.rank = endpoint.rank;
     this.source = source;
     this.headerValue = endpoint.headerValue;
-    this.#route = route;
     Object.freeze(this);
   }
-
-  /** The state behind `req.dpRank`, when the router set it. */
-  static routeOf(req: IncomingMessage): RouteState | undefined {
-    const decision = req.dpRank;
-    return decision !== undefined && #route in decision ? decision.#route : undefined;
-  }
 }
+
+/** The response header `exposeDecision` answers with. */
+export const DECISION_HEADER = 'x-dp-router-decision';
 
 export interface RoutedRequest extends IncomingMessage {
   /** Set by body parsers such as `express.json()`. */

@@ -118,6 +118,7 @@ export class EndpointTable {
   private healthyByRank = new Map<number, readonly RouteEndpoint[]>();
   private routable = '';
   private servers = new Map<string, UpstreamServer>();
+  private serverUrls = 0;
 
   constructor(upstreams: readonly UpstreamConfig[]) {
     this.reconfigure(upstreams);
@@ -131,6 +132,11 @@ export class EndpointTable {
   /** The upstreams as configured now. */
   get upstreams(): readonly UpstreamConfig[] {
     return this.configs;
+  }
+
+  /** How many distinct upstream servers (URLs) there are: a retry needs another one. */
+  get serverCount(): number {
+    return this.serverUrls;
   }
 
   /** The routable global ranks, for messages: `0, 2, 4, 6`. */
@@ -172,6 +178,7 @@ export class EndpointTable {
       }),
     );
     this.configs = upstreams;
+    this.serverUrls = new Set(upstreams.map((upstream) => upstream.url)).size;
     this.endpoints = next;
     this.servers = servers;
     this.byRank = new Map();

@@ -1,0 +1,308 @@
+import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
+import { hasBody } from '../request/body';
+import type { BodyReader, Next } from '../request/body-reader';
+import { sendError } from '../errors';
+import { hopByHopStripper } from '../request/hop-by-hop';
+import type { Terminal } from '../request/lifecycle';
+import type { RouterMetrics, UpstreamErrorKind } from '../observe/metrics';
+import type { Configuration, UpstreamConfig } from '../options';
+import { DECISION_HEADER, type RouteState, type RoutedRequest } from '../request/route-state';
+import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
+import type { OutlierDetector } from '../upstreams/outlier-detector';
+import type { PickContext } from '../types';
+import { clientGone, createUpstreamProxy, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
+
+/** What the forwarder works with, built before it. */
+export interface ForwarderParts {
+  readonly config: Configuration;
+  readonly table: EndpointTable;
+  readonly metrics: RouterMetrics;
+  readonly bodies: BodyReader;
+  readonly detector: OutlierDetector | undefined;
+}
+
+/**
+ * dpRouter's terminal: prepares the request for its upstream, holds its body for a retry, sends
+ * it through the upstream's proxy (created on first use, one per upstream, kept until
+ * `close()` so that requests in flight through a replaced one finish) and takes the proxy's
+ * reports of each try: an answer, or a failure that is retried on another server or answered.
+ */
+export class Forwarder implements Terminal, TryOutcomes {
+  private readonly config: Configuration;
+  private readonly table: EndpointTable;
+  private readonly metrics: RouterMetrics;
+  private readonly bodies: BodyReader;
+  private readonly detector: OutlierDetector | undefined;
+  /** The router's own rank header, set already, survives a client's `Connection` nomination; the upstream agent keeps connections alive. */
+  private readonly stripHopByHop: (headers: IncomingHttpHeaders) => void;
+  private readonly replaceForwarded: boolean;
+  /** By upstream name and URL: a proxy (and its keep-alive agent) per upstream server entry. */
+  private readonly proxies = new Map<string, UpstreamProxy>();
+  /** Endpoints kept across a reconfiguration hold the configuration they were built with. */
+  private readonly proxyOfConfig = new WeakMap<UpstreamConfig, UpstreamProxy>();
+
+  constructor(parts: ForwarderParts) {
+    this.config = parts.config;
+    this.table = parts.table;
+    this.metrics = parts.metrics;
+    this.bodies = parts.bodies;
+    this.detector = parts.detector;
+    this.stripHopByHop = hopByHopStripper([parts.config.header], 'keep-alive');
+    this.replaceForwarded = parts.config.xfwd === 'replace';
+  }
+
+  /** The first try: the request as the client sent it, made fit for its upstream. */
+  proceed(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
+    // Express strips the mount path from req.url; upstream must see the path the client sent.
+    // Stored only when it differs: a store to `req` costs far more than a read.
+    const originalUrl = req.originalUrl;
+    if (originalUrl !== undefined && req.url !== originalUrl) req.url = originalUrl;
+    const { headers } = req;
+    if (headers.upgrade !== undefined && WEBSOCKET.test(headers.upgrade)) {
+      // Stripped like any hop-by-hop header, the upgrade would reach the engine as a plain
+      // request to a WebSocket-only route and come back as a puzzling 404 or 403.
+      sendError(res, 501, 'NotImplementedError', 'The gateway does not proxy WebSocket upgrades; connect to the vLLM server directly for WebSocket endpoints.', 'upgrade');
+      return;
+    }
+    this.stripHopByHop(headers);
+    if (this.replaceForwarded) dropForwarded(headers);
+    this.holdForRetry(req, res, next, route);
+  }
+
+  /** Stops every proxy's agent and idle sweep. */
+  close(): void {
+    for (const proxy of this.proxies.values()) proxy.close();
+  }
+
+  /**
+   * What one request may hold for a retry: `retry.maxBodyBytes`, or nothing with a single
+   * server, where there is nowhere to retry and holding would only cost memory and latency.
+   */
+  retryBodyLimit(): number {
+    const { config } = this;
+    return config.retryAttempts > 1 && this.table.serverCount > 1 ? config.retryMaxBodyBytes : 0;
+  }
+
+  /**
+   * Holds the body so that a retry can replay it; the limit bounds what one request holds, the
+   * body budget what all do. Past the budget the body is streamed and the request not retried.
+   */
+  private holdForRetry(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
+    const limit = this.retryBodyLimit();
+    if (route.body === undefined && replayableSize(req, limit)) {
+      this.bodies.read(req, res, route, limit, 'replay', next, () => this.send(req, res, next, route));
+      return;
+    }
+    this.send(req, res, next, route);
+  }
+
+  /** Starts one try at the endpoint the request holds. */
+  private send(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
+    const endpoint = route.endpoint!;
+    route.sending();
+    const { detector } = this;
+    if (detector?.dispatched(endpoint, res)) {
+      // This request is the half-open endpoint's one trial; if the client leaves before it
+      // decides, the endpoint must be free for another trial.
+      res.once('close', () => detector.abandoned(endpoint, res));
+    }
+    this.proxyOf(endpoint).send(req, res, next, route);
+  }
+
+  /** The proxy of the upstream `endpoint` is reached through, created on first use. */
+  private proxyOf(endpoint: RouteEndpoint): UpstreamProxy {
+    const upstream = endpoint.config;
+    let proxy = this.proxyOfConfig.get(upstream);
+    if (proxy !== undefined) return proxy;
+    const key = `${upstream.name}\n${upstream.url}`;
+    proxy = this.proxies.get(key);
+    if (proxy === undefined) {
+      proxy = createUpstreamProxy(upstream, this.config, this);
+      this.proxies.set(key, proxy);
+    }
+    this.proxyOfConfig.set(upstream, proxy);
+    return proxy;
+  }
+
+  /** The upstream began to answer. */
+  answered(route: RouteState, req: RoutedRequest, _res: ServerResponse, answer: IncomingMessage): void {
+    route.responding();
+    const endpoint = route.endpoint!;
+    this.metrics.responded(endpoint, answer, route.started);
+    if (answer.statusCode !== undefined && answer.statusCode >= 500) {
+      this.metrics.upstreamError(endpoint, 'status_5xx');
+      this.detector?.failed(endpoint, 'request', req);
+    } else {
+      // Any answer below 500, a 4xx included, shows the endpoint alive: a client's bad
+      // request is never the endpoint's fault.
+      this.detector?.succeeded(endpoint);
+    }
+  }
+
+  /** The try failed: counted once against its endpoint, then retried elsewhere or answered. */
+  failed(route: RouteState, req: RoutedRequest, res: ServerResponse, failure: TryFailure): void {
+    route.clearDeadlines();
+    if (route.phase === 'responding') {
+      this.cutShort(route, req, res);
+      return;
+    }
+    // A client that left is not the upstream's fault, and there is no one to answer.
+    if (!route.settle() || clientGone(res)) return;
+    const endpoint = route.endpoint!;
+    this.metrics.upstreamError(endpoint, ERROR_KIND[failure]);
+    // A first-byte timeout may be the request's own doing (a long generation); the rest never reached an answer.
+    this.detector?.failed(endpoint, failure === 'first_byte_timeout' ? 'request' : 'connection', req);
+    // Not after a first-byte timeout: the engine may still be working on it, and the client
+    // has already waited the whole deadline.
+    if (failure !== 'first_byte_timeout' && this.retry(req, res, route, endpoint)) return;
+    answerFailure(req, res, failure);
+  }
+
+  /**
+   * The upstream failed after it began to answer (or the first of the two events that report
+   * it, for the request and the response, arrived): counted once as a reset. With nothing
+   * sent to the client yet it still gets a proper 502; mid-body only cutting the connection
+   * tells it the answer is incomplete.
+   */
+  cutShort(route: RouteState, req: RoutedRequest, res: ServerResponse): void {
+    if (!this.settleAsReset(route, req, res)) return;
+    if (res.headersSent) {
+      res.destroy();
+      return;
+    }
+    for (const name of res.getHeaderNames()) if (name !== DECISION_HEADER) res.removeHeader(name);
+    res.statusMessage = '';
+    sendError(res, 502, 'BadGatewayError', `The upstream${rankOf(req)} closed the connection before finishing its answer.`);
+  }
+
+  /**
+   * The upstream answered with something the gateway cannot relay (the proxy dropped that
+   * connection): the client gets a 502, and the endpoint is counted `reset`, as for an answer
+   * cut short: the upstream broke HTTP, it did not report a failure of its own.
+   */
+  refused(route: RouteState, req: RoutedRequest, res: ServerResponse, why: string): void {
+    route.clearDeadlines();
+    route.body = undefined;
+    if (this.settleAsReset(route, req, res)) sendError(res, 502, 'BadGatewayError', `The upstream${rankOf(req)} ${why}, which the gateway cannot relay.`);
+  }
+
+  /**
+   * Sends the request again to another server: a refused or reset connection belongs to the API
+   * server, which all the ranks it serves share, so the endpoints of an upstream URL that failed
+   * are not tried again for this request. The policy picks among the healthy endpoints left; a
+   * hint goes to the least loaded replica of the same rank elsewhere. Returns false when the
+   * request must not or cannot be retried, and the caller answers the error.
+   */
+  private retry(req: RoutedRequest, res: ServerResponse, route: RouteState, failed: RouteEndpoint): boolean {
+    if (route.attempt >= this.config.retryAttempts || res.headersSent) return false;
+    // Only what can be replayed byte for byte: a buffered body, or none at all.
+    if (route.body === undefined && hasBody(req)) return false;
+    const tried = (route.tried ??= []);
+    tried.push(failed);
+    const skip = (endpoint: RouteEndpoint) => failedBefore(endpoint, tried);
+    const next = route.source === 'hint' ? this.table.leastLoadedOfRank(failed.rank, skip) : this.pickAgain(req, route.context, skip);
+    if (next === undefined) return false;
+    route.moveTo(req, res, next);
+    undoForwardedHeaders(req);
+    // http-proxy-middleware calls `next` only on its own errors; the first try's `next` belongs
+    // to Express and has been handed on, so a retry answers them itself.
+    this.send(req, res, (error) => answerProxyFailure(res, error), route);
+    return true;
+  }
+
+  private pickAgain(req: RoutedRequest, picked: PickContext | undefined, skip: (endpoint: RouteEndpoint) => boolean): RouteEndpoint | undefined {
+    const candidates = this.table.healthy().filter((endpoint) => !skip(endpoint));
+    if (candidates.length === 0) return undefined;
+    const context: PickContext = picked ?? { path: req.url ?? '/', affinityKey: undefined, prompt: undefined };
+    const { policy } = this.config;
+    try {
+      const chosen = policy.pick(candidates, context) as RouteEndpoint;
+      return candidates.includes(chosen) ? chosen : undefined;
+    } catch {
+      // The policy's fault surfaces on first picks; a retry answers the upstream's error instead.
+      return undefined;
+    }
+  }
+
+  /**
+   * Settles the try as a reset, counted against its endpoint; false when it was settled
+   * already or the client left (a client that left is not the upstream's fault).
+   */
+  private settleAsReset(route: RouteState, req: RoutedRequest, res: ServerResponse): boolean {
+    if (!route.settle() || clientGone(res)) return false;
+    const endpoint = route.endpoint!;
+    this.metrics.upstreamError(endpoint, 'reset');
+    this.detector?.failed(endpoint, 'request', req);
+    return true;
+  }
+}
+
+/**
+ * Whether the body is worth holding for retries: declared by `Content-Length` (so its size is
+ * known, and taken from the budget, before a byte is read), not empty, within the limit, and
+ * still unread.
+ */
+function replayableSize(req: IncomingMessage, limit: number): boolean {
+  if (limit === 0 || req.readableEnded || req.headers['transfer-encoding'] !== undefined) return false;
+  const declared = req.headers['content-length'];
+  if (declared === undefined || declared === '0') return false;
+  const size = Number(declared);
+  return size > 0 && size <= limit;
+}
+
+const WEBSOCKET = /(?:^|[\s,])websocket(?:$|[\s,/])/i;
+
+/** What a client claims about earlier hops; http-proxy then sets the gateway's own view. */
+const FORWARDED = ['forwarded', 'x-forwarded-for', 'x-forwarded-host', 'x-forwarded-port', 'x-forwarded-proto'] as const;
+
+function dropForwarded(headers: IncomingHttpHeaders): void {
+  for (const name of FORWARDED) if (headers[name] !== undefined) delete headers[name];
+}
+
+/** The headers http-proxy's `xfwd` appends to on every try. */
+const FORWARDED_APPENDED = ['x-forwarded-for', 'x-forwarded-port', 'x-forwarded-proto'] as const;
+
+/** Removes the values http-proxy appended on the failed try, so the next one appends once. */
+function undoForwardedHeaders(req: IncomingMessage): void {
+  for (const name of FORWARDED_APPENDED) {
+    const value = req.headers[name];
+    if (typeof value !== 'string') continue;
+    const comma = value.lastIndexOf(',');
+    if (comma === -1) delete req.headers[name];
+    else req.headers[name] = value.slice(0, comma);
+  }
+}
+
+/** Whether the endpoint's upstream server already failed this request. */
+function failedBefore(endpoint: RouteEndpoint, tried: readonly RouteEndpoint[]): boolean {
+  for (const failed of tried) if (failed.config.url === endpoint.config.url) return true;
+  return false;
+}
+
+/** A try's failure as the metrics count it. */
+const ERROR_KIND: Readonly<Record<TryFailure, Exclude<UpstreamErrorKind, 'status_5xx'>>> = {
+  refused: 'connect',
+  connect_timeout: 'timeout',
+  timeout: 'timeout',
+  first_byte_timeout: 'timeout',
+  reset: 'reset',
+};
+
+/** The gateway's own answer to a try that failed and was not retried: 504 for a timeout, 502 otherwise. */
+function answerFailure(req: IncomingMessage, res: ServerResponse, failure: TryFailure): void {
+  const rank = rankOf(req);
+  if (failure === 'connect_timeout') sendError(res, 504, 'GatewayTimeoutError', `The upstream${rank} did not accept the connection in time.`);
+  else if (failure === 'timeout' || failure === 'first_byte_timeout') sendError(res, 504, 'GatewayTimeoutError', `The upstream${rank} did not answer in time.`);
+  else if (failure === 'refused') sendError(res, 502, 'BadGatewayError', `The upstream${rank} refused the connection.`);
+  else sendError(res, 502, 'BadGatewayError', `The upstream${rank} closed the connection.`);
+}
+
+function rankOf(req: IncomingMessage): string {
+  return req.dpRank ? ` for data-parallel rank ${req.dpRank.rank}` : '';
+}
+
+/** http-proxy-middleware failed before proxying a retry: answer here. */
+function answerProxyFailure(res: ServerResponse, error?: unknown): void {
+  if (error === undefined) return;
+  sendError(res, 502, 'BadGatewayError', 'The request could not be proxied to another upstream.');
+}

@@ -1,0 +1,97 @@
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { readBody } from './body';
+import type { BodyBudget } from './body-budget';
+import { sendError } from '../errors';
+import type { RouteState, RoutedRequest } from './route-state';
+
+/** Why a body is read: routing needs it (all of it, or the request is answered), or a retry may replay it. */
+export type BodyPurpose = 'routing' | 'replay';
+
+/** Express's `next`: called with an error for the code's own problems. */
+export type Next = (error?: unknown) => void;
+
+/**
+ * Reads request bodies into their request's state within a limit and the router's one body
+ * budget, for the lifecycle (routing reads) and the forwarder (retry bodies) alike, and answers
+ * what cannot be read: 413, 503 while the budget is full, 408 for a body that does not arrive.
+ */
+export class BodyReader {
+  /** Armed per request while its body arrives: created once, so that arming it allocates nothing. */
+  readonly timedOut: (req: IncomingMessage, res: ServerResponse, route: RouteState) => void;
+
+  constructor(
+    private readonly budget: BodyBudget,
+    private readonly bodyTimeoutMs: number,
+  ) {
+    this.timedOut = (req, res, route) => this.answerTimeout(req, res, route);
+  }
+
+  /**
+   * Reads the body into `route.body`, at most `limit` bytes, then calls `then`. What routing
+   * cannot read is answered; a body the budget cannot hold for a retry goes on unheld
+   * (`then(undefined)`), and is not retried. A client that left gets nothing.
+   */
+  read(req: RoutedRequest, res: ServerResponse, route: RouteState, limit: number, purpose: BodyPurpose, next: Next, then: (bytes: Buffer | undefined) => void): void {
+    const lease = route.leaseFrom(this.budget, res);
+    if (lease === undefined) return;
+    readBody(req, limit, lease).then((result) => {
+      if (!result.ok) {
+        if (result.failure === 'over_budget' && purpose === 'replay') {
+          then(undefined);
+        } else if (result.failure === 'too_large') {
+          res.setHeader('connection', 'close');
+          sendError(res, 413, 'RequestEntityTooLargeError', `Request body exceeds ${limit} bytes.`);
+        } else if (result.failure === 'over_budget') {
+          this.overBudget(req, res, Number(req.headers['content-length']) || 0);
+        }
+        return;
+      }
+      route.body = result.bytes;
+      // The client may have left while its body arrived.
+      if (res.destroyed) return;
+      then(result.bytes);
+    }, next);
+  }
+
+  /** The router's budget cannot hold this body now: 503 to retry later, or 413 when it never could. */
+  private overBudget(req: IncomingMessage, res: ServerResponse, bytes: number): void {
+    // The rest of the body is discarded as it arrives (nothing is held; `timeouts.bodyMs` bounds
+    // a trickle), so the connection stays usable and the client reads the answer, not a reset.
+    req.resume();
+    const { limit } = this.budget;
+    if (bytes > limit) {
+      sendError(res, 413, 'RequestEntityTooLargeError', `Request body exceeds the router's body budget of ${limit} bytes.`);
+    } else {
+      res.setHeader('retry-after', '1');
+      sendError(res, 503, 'ServiceUnavailableError', 'The router is holding as many request bodies as it may; retry shortly.');
+    }
+  }
+
+  /** The body still arriving at `timeouts.bodyMs`: answer 408, close, and stop any upstream request without blaming it. */
+  private answerTimeout(req: IncomingMessage, res: ServerResponse, route: RouteState): void {
+    if (req.complete || res.writableEnded || res.destroyed) return;
+    route.settle();
+    route.clearDeadlines();
+    route.upstreamRequest?.destroy();
+    if (!res.headersSent) res.setHeader('connection', 'close');
+    sendError(res, 408, 'RequestTimeoutError', `The request body did not arrive within ${this.bodyTimeoutMs} ms.`);
+  }
+}
+
+/** The stream was consumed before the router: forward the parser's result, re-encoded. Returns whether it did. */
+export function replayParsedBody(req: RoutedRequest, route: RouteState): boolean {
+  const bytes = encodeParsedBody(req.body);
+  if (bytes === undefined) return false;
+  req.headers['content-length'] = String(bytes.length);
+  delete req.headers['transfer-encoding'];
+  route.body = bytes;
+  return true;
+}
+
+/** `express.raw()` leaves a Buffer, `express.text()` a string, `express.json()` a value. */
+function encodeParsedBody(body: unknown): Buffer | undefined {
+  if (body === undefined) return undefined;
+  if (Buffer.isBuffer(body)) return body;
+  if (typeof body === 'string') return Buffer.from(body);
+  return Buffer.from(JSON.stringify(body));
+}

@@ -1,0 +1,249 @@
+import type { ServerResponse } from 'node:http';
+import { hasBody, isJson } from './body';
+import { replayParsedBody, type BodyReader, type Next } from './body-reader';
+import { sendError } from '../errors';
+import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
+import type { ExactLookup } from '../exact-prefix/index/exact-pick';
+import type { HintOutcome, RouterMetrics } from '../observe/metrics';
+import type { Configuration } from '../options';
+import type { PrefixPickContext } from '../policies/prefix-aware';
+import { NO_HINT, type BodyView, type JudgedHint, type RequestInputs } from './request-inputs';
+import { RouteState, type RouteReports, type RoutedRequest } from './route-state';
+import type { DecisionSource, PickContext } from '../types';
+
+export type { Next } from './body-reader';
+
+/**
+ * What follows a decision, injected at construction: dpRank's hand-on to the next middleware,
+ * or dpRouter's forwarder. When `proceed` is called `req.dpRank` and the rank header are set and
+ * `route` holds the endpoint (its slot is released when the response closes, whatever the
+ * terminal does).
+ */
+export interface Terminal {
+  proceed(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void;
+  /** Stops what the terminal owns (sockets, agents); the router's `close()` calls it first. */
+  close(): void;
+}
+
+/** The parts a lifecycle works with, built once per router before it. */
+export interface LifecycleParts {
+  readonly config: Configuration;
+  readonly table: EndpointTable;
+  readonly metrics: RouterMetrics;
+  readonly inputs: RequestInputs;
+  readonly bodies: BodyReader;
+  /** Exact prefix routing, with a tokenizer and upstreams with `kvEvents`. */
+  readonly exact: ExactLookup | undefined;
+}
+
+/**
+ * One request's way through the router. The methods are the stages in the order a request meets
+ * them, each calling the next:
+ *
+ *   handle    strip the client's rank headers, judge trust and a header hint
+ *   admit     admission (a hook: nothing waits yet)
+ *   readBody  read the body when routing needs it, within `maxBodyBytes` and the body budget
+ *   decide    judge a body hint; the hinted rank, a rejection, a 503, or the policy's pick
+ *             among {@link candidates}
+ *   assign    take the endpoint's slot, count, set the rank header, `req.dpRank` and the
+ *             decision header, trace, log; then the terminal
+ *
+ * Client mistakes are answered where they are found; only the code's own faults reach `next(error)`.
+ */
+export class RequestLifecycle {
+  /** The middleware: the first stage, bound. */
+  readonly handle: (req: RoutedRequest, res: ServerResponse, next: Next) => void;
+  private readonly reports: RouteReports;
+  private readonly config: Configuration;
+  private readonly table: EndpointTable;
+  private readonly metrics: RouterMetrics;
+  private readonly inputs: RequestInputs;
+  private readonly bodies: BodyReader;
+  /** Exact prefix routing, when the policy scores on a prefix index (`namesIndex`). */
+  private readonly exact: ExactLookup | undefined;
+  /** The decision header names the index that scored the rank (docs/exact-prefix-routing.md). */
+  private readonly namesIndex: boolean;
+  /** The span gets the pick's matched share: a traced router with a policy that reports it. */
+  private readonly reportsShare: boolean;
+  private warnedParsedBody = false;
+
+  constructor(
+    parts: LifecycleParts,
+    private readonly terminal: Terminal,
+  ) {
+    const { config } = parts;
+    this.config = config;
+    this.table = parts.table;
+    this.metrics = parts.metrics;
+    this.inputs = parts.inputs;
+    this.bodies = parts.bodies;
+    const { policy } = config;
+    this.exact = policy.namesIndex === true ? parts.exact : undefined;
+    this.namesIndex = config.exposeDecision && policy.namesIndex === true;
+    this.reportsShare = config.tracing.enabled && policy.reportsMatchedShare === true;
+    this.reports = { config, metrics: parts.metrics };
+    this.handle = (req, res, next) => this.front(req, res, next);
+  }
+
+  /** The front: the client's rank headers are judged, then removed, before anything else reads them. */
+  front(req: RoutedRequest, res: ServerResponse, next: Next): void {
+    const route = new RouteState(this.reports);
+    const { trust, hintHeader, header } = this.config;
+    try {
+      route.trusted = trust === true || (trust !== false && trust(req) === true);
+    } catch (error) {
+      next(error);
+      return;
+    }
+    const { headers } = req;
+    route.headerHint = this.inputs.headerHint(req, route.trusted);
+    // `delete` always takes V8's slow path, so only where there is something to remove.
+    if (headers[hintHeader] !== undefined) delete headers[hintHeader];
+    if (headers[header] !== undefined) delete headers[header];
+    // Node answered `100 Continue` itself before this handler ran; forwarding the expectation
+    // would only make http-proxy skip its `proxyReq` event, where timeouts are armed.
+    if (headers.expect !== undefined) delete headers.expect;
+    this.admit(req, res, next, route);
+  }
+
+  /**
+   * Admission: where a request may wait for capacity or be refused (429/503) before its body is
+   * read. Nothing is limited yet: every request goes on at once.
+   */
+  admit(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
+    this.readBody(req, res, next, route);
+  }
+
+  /** Reads the body when routing needs it (into `route.body`, its members into `route.view`), then decides. */
+  readBody(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
+    const { inputs } = this;
+    const wantsBody = inputs.wantsBody(req);
+    const bodied = hasBody(req);
+    // Each property of `req` read costs a lookup V8 cannot cache: a stream that has ended is
+    // complete, so `readableEnded` is read only for a complete body.
+    if (bodied && !req.complete) {
+      route.armBodyDeadline(req, res, this.config.bodyTimeoutMs, this.bodies.timedOut);
+    } else if (bodied && req.readableEnded) {
+      // A body parser ran first: the stream is spent, so its result is all there is to read
+      // and to forward.
+      if (replayParsedBody(req, route) && !this.warnedParsedBody) {
+        this.warnedParsedBody = true;
+        this.config.logger.warn(PARSED_BODY_NOTICE);
+      }
+      if (wantsBody) route.view = inputs.parsedBodyView(req, route.body);
+      this.decide(req, res, next, route);
+      return;
+    }
+    if (!wantsBody || !bodied || !isJson(req)) {
+      this.decide(req, res, next, route);
+      return;
+    }
+    this.bodies.read(req, res, route, this.config.maxBodyBytes, 'routing', next, (bytes) => {
+      if (bytes === undefined) return;
+      const view = inputs.viewOf(bytes, route.lease);
+      if (typeof view === 'string') {
+        sendError(res, 400, 'BadRequestError', view);
+        return;
+      }
+      route.view = view;
+      this.decide(req, res, next, route);
+    });
+  }
+
+  /** The hinted rank, a rejection, a 503, or the policy's pick among the candidates. */
+  decide(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
+    if (res.destroyed) return;
+    const { inputs, config } = this;
+    const body = route.view;
+    route.hintFields = inputs.hintFields(body);
+    const verdict = route.headerHint === NO_HINT ? inputs.bodyHint(body, route.trusted) : route.headerHint;
+    if (verdict.outcome !== 'none') this.metrics.hint(verdict.outcome);
+    if (verdict.outcome === 'accepted') {
+      // Judged available: the rank has a healthy replica.
+      this.assign(req, res, next, route, this.table.leastLoadedOfRank(verdict.rank!)!, 'hint', 'accepted', undefined);
+      return;
+    }
+    if (config.onInvalid === 'reject' && verdict.outcome !== 'none' && verdict.outcome !== 'untrusted') {
+      this.reject(res, verdict);
+      return;
+    }
+    const candidates = this.candidates(req, route);
+    if (candidates.length === 0) {
+      sendError(res, 503, 'ServiceUnavailableError', 'No healthy data-parallel endpoint is available.');
+      return;
+    }
+    const { policy } = config;
+    const affinityKey = policy.usesAffinityKey ? inputs.affinityKey(req, body, route.lease) : undefined;
+    const prompt = policy.usesPrompt && body !== undefined ? inputs.prompt(body, route.lease) : undefined;
+    const context: PickContext = { path: req.originalUrl ?? req.url ?? '/', affinityKey, prompt };
+    // A retry picks again among other candidates: without this pick's exact view of these.
+    route.context = context;
+    const picking: PrefixPickContext = this.exact !== undefined && prompt !== undefined ? this.withExact(context, body!, route, candidates) : context;
+    let chosen: RouteEndpoint;
+    try {
+      chosen = policy.pick(candidates, picking) as RouteEndpoint;
+    } catch (error) {
+      next(error);
+      return;
+    }
+    if (!candidates.includes(chosen)) {
+      next(new TypeError(`express-dp-router: policy '${policy.name}' returned an endpoint that was not among the candidates.`));
+      return;
+    }
+    const index = picking.exact?.source ?? 'approximate';
+    if (this.reportsShare && prompt !== undefined) config.tracing.prefixScored(req, index, policy.matchedShare ?? 0);
+    this.assign(req, res, next, route, chosen, 'assigned', verdict.outcome === 'none' ? undefined : verdict.outcome, this.namesIndex ? `; index=${index}` : undefined);
+  }
+
+  /**
+   * The endpoints the policy may pick from: the healthy ones. The one place a request's own
+   * restrictions (a model pool, say) narrow them; an empty list is answered 503.
+   */
+  candidates(_req: RoutedRequest, _route: RouteState): readonly RouteEndpoint[] {
+    return this.table.healthy();
+  }
+
+  /** The request takes its endpoint (`note` goes into the decision header), then goes to the terminal. */
+  assign(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, endpoint: RouteEndpoint, source: DecisionSource, outcome: HintOutcome | undefined, note: string | undefined): void {
+    route.assign(req, res, endpoint, source, outcome, note);
+    this.terminal.proceed(req, res, next, route);
+  }
+
+  /**
+   * The pick context with the exact index's view of the candidates, from the whole body (a
+   * chat's template fields count), decoded within the body budget and dropped after.
+   */
+  private withExact(context: PickContext, body: BodyView, route: RouteState, candidates: readonly RouteEndpoint[]): PrefixPickContext {
+    const exact = this.exact!;
+    if (body.members !== undefined) {
+      const found = exact.lookupRequest(context.path, body.bytes, candidates, body.members);
+      return found === undefined ? context : { ...context, exact: found };
+    }
+    const cost = BODY_DECODE_FACTOR * body.bytes.length;
+    const lease = route.lease;
+    if (lease !== undefined && !lease.grow(cost)) return context;
+    try {
+      const found = exact.lookupRequest(context.path, body.bytes, candidates);
+      return found === undefined ? context : { ...context, exact: found };
+    } finally {
+      lease?.shrink(cost);
+    }
+  }
+
+  private reject(res: ServerResponse, verdict: JudgedHint): void {
+    const name = verdict.param;
+    if (verdict.outcome === 'malformed') {
+      sendError(res, 400, 'BadRequestError', `${name} must be a single non-negative decimal rank without sign, spaces or leading zeros.`, name);
+    } else if (verdict.outcome === 'out_of_range') {
+      sendError(res, 400, 'BadRequestError', `${name} ${verdict.rank} is not a routable data-parallel rank (routable: ${this.table.routableRanks}).`, name);
+    } else {
+      sendError(res, 503, 'ServiceUnavailableError', `Data-parallel rank ${verdict.rank} has no healthy endpoint.`, name);
+    }
+  }
+}
+
+const PARSED_BODY_NOTICE =
+  'express-dp-router: the request body was already parsed (e.g. by express.json()); it is re-encoded to forward it. Mount the router before body parsers to forward the original bytes.';
+
+/** What decoding a whole body for the tokenizer may cost, per body byte: its text twice (UTF-16) and the values, with margin. */
+const BODY_DECODE_FACTOR = 4;

@@ -1,0 +1,105 @@
+import { Registry } from 'prom-client';
+import { createExactRouting, type ExactRouting } from './exact-prefix/exact-routing';
+import { loadTokenizer } from './exact-prefix/options';
+import { createMetrics, NO_METRICS, type RouterMetrics } from './observe/metrics';
+import type { Configuration, UpstreamConfig } from './options';
+import { BodyReader } from './request/body-reader';
+import { createRequestInputs, type RequestInputs } from './request/request-inputs';
+import { startHealthChecks, type HealthChecker } from './upstreams/health-checker';
+import { watchEngines, watchedUpstreams, type EngineWatch } from './upstreams/engine-watch';
+import { EndpointTable, type RouteEndpoint } from './upstreams/endpoints';
+import { OutlierDetector } from './upstreams/outlier-detector';
+
+/**
+ * Everything one router runs on, built from its configuration in one place, in dependency
+ * order, and closed in the reverse order: the endpoint table, the registry and metrics, the
+ * engine watch (discovery, load feedback), exact prefix routing, outlier detection and health
+ * checks (dpRouter only), and what the request path reads with (request inputs, the body
+ * reader). What is not configured is not built.
+ */
+export class RouterServices {
+  readonly table: EndpointTable;
+  readonly registry: Registry;
+  readonly metrics: RouterMetrics;
+  readonly exact: ExactRouting | undefined;
+  readonly detector: OutlierDetector | undefined;
+  readonly inputs: RequestInputs;
+  readonly bodies: BodyReader;
+  private readonly watch: EngineWatch;
+  private health: HealthChecker | undefined;
+  /** What `close()` stops, in the order it was started. */
+  private readonly started: Array<() => void | Promise<void>> = [];
+  private closed: Promise<void> | undefined;
+
+  constructor(readonly config: Configuration) {
+    const table = (this.table = new EndpointTable(config.upstreams));
+    this.registry = config.metrics?.registry ?? new Registry();
+    const metrics = (this.metrics = config.metrics ? createMetrics(this.registry, config.metrics.prefix, table, this.scraped()) : NO_METRICS);
+    this.started.push(() => metrics.close());
+    // Discovery replaces one upstream's ranks and keeps everything else as it is.
+    const watch = (this.watch = watchEngines(table, config.loadFeedback, metrics, (upstream, ranks) => this.discovered(upstream, ranks)));
+    this.started.push(() => watch.stop());
+    // Exact prefix routing: with a tokenizer, every upstream with `kvEvents` is subscribed to.
+    const exact = (this.exact =
+      config.tokenizer === undefined
+        ? undefined
+        : createExactRouting({
+            upstreams: config.upstreams,
+            tokenizer: loadTokenizer('prefixAware.tokenizer', config.tokenizer),
+            metrics: config.metrics,
+            warn: (message) => config.logger.warn(message),
+          }));
+    if (exact !== undefined) this.started.push(() => exact.close());
+    const detector = (this.detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection, { ejected: (endpoint) => this.ejected(endpoint as RouteEndpoint) }) : undefined);
+    if (detector !== undefined) this.started.push(() => detector.close());
+    this.health = config.healthCheck ? startHealthChecks(table, config.healthCheck) : undefined;
+    this.started.push(() => this.health?.stop());
+    this.inputs = createRequestInputs(config, table);
+    this.bodies = new BodyReader(config.bodyBudget, config.bodyTimeoutMs);
+  }
+
+  /**
+   * Replaces the upstreams: requests in flight finish where they are; every service follows
+   * (metric series, engine watch, exact streams, health checks).
+   */
+  reconfigure(upstreams: readonly UpstreamConfig[]): void {
+    const { config, table } = this;
+    const change = table.reconfigure(upstreams);
+    this.metrics.track(change, this.scraped());
+    this.watch.sync();
+    this.exact?.reconfigure(table.upstreams);
+    if (config.healthCheck) {
+      this.health?.stop();
+      this.health = startHealthChecks(table, config.healthCheck);
+    }
+  }
+
+  /** Stops every timer and socket, last started first; the same promise on every call. */
+  close(): Promise<void> {
+    this.closed ??= (async () => {
+      for (const stop of [...this.started].reverse()) await stop();
+    })();
+    return this.closed;
+  }
+
+  /** The upstreams the engine watch polls, for the scrape-failure series. */
+  private scraped(): string[] {
+    return watchedUpstreams(this.table.upstreams, this.config.loadFeedback);
+  }
+
+  private discovered(upstream: UpstreamConfig, ranks: readonly number[]): void {
+    const startRank = ranks[0];
+    const discovered: UpstreamConfig = { ...upstream, startRank, dataParallelSize: ranks[ranks.length - 1] - startRank + 1, ranks };
+    this.config.logger.warn(
+      `express-dp-router: upstream '${upstream.name}' serves ranks ${ranks.join(', ')} by its /metrics (was: ${upstream.ranks.join(', ')}); routing to those now.`,
+    );
+    this.reconfigure(this.table.upstreams.map((current) => (current.name === upstream.name ? discovered : current)));
+  }
+
+  private ejected(endpoint: RouteEndpoint): void {
+    const { config } = this;
+    this.metrics.ejected(endpoint);
+    config.tracing.ejected(endpoint);
+    config.logger.ejected(endpoint);
+  }
+}

@@ -18,6 +18,7 @@ import {
   type KvEventsOptions,
   type PrefixAwareRouterSettings,
   type RetryOptions,
+  type RequestBufferingOptions,
   type TimeoutOptions,
   type UpstreamOptions,
 } from '../lib';
@@ -177,7 +178,9 @@ const wrongValues: Array<[path: string, value: unknown]> = [
     outlierDetection: 'on',
     healthCheck: 'on',
     retries: 3,
+    requestBuffering: 'on',
   } satisfies WrongValues<DpRouterOptions>),
+  ...rows('requestBuffering', { maxBytes: 0 } satisfies WrongValues<RequestBufferingOptions>),
   ...rows('upstreams[0]', {
     url: 'ftp://127.0.0.1',
     name: '',

@@ -29,6 +29,7 @@ export type { BodyLimitOptions } from './request/body-budget';
 export type { OutlierDetectionOptions } from './upstreams/outlier-detector-options';
 export type { HealthCheckOptions } from './upstreams/health-checker-options';
 export type { RetryOptions } from './forward/retry-options';
+export type { RequestBufferingOptions } from './request/buffering-options';
 export type { MetricsOptions } from './observe/metrics';
 export type { Logger } from './observe/logger';
 export type { Middleware, RoutingHelpers } from './routing';

@@ -12,6 +12,7 @@ import { parseTokenizer } from './exact-prefix/options';
 import type { TokenizerSource } from './exact-prefix/events/source';
 import { parseAffinity, type AffinityOptions } from './policies/session-affinity-options';
 import { parseRetries, type RetryConfig, type RetryOptions } from './forward/retry-options';
+import { parseRequestBuffering, type BufferingConfig, type RequestBufferingOptions } from './request/buffering-options';
 import { parseTimeouts, type BodyTimeoutOptions, type TimeoutConfig, type TimeoutOptions } from './forward/timeout-options';
 import { createTracing, type Tracing } from './observe/tracing';
 import type { Policy, PolicyName } from './types';
@@ -72,6 +73,13 @@ interface ProxyOptions {
   healthCheck?: HealthCheckOptions | boolean;
   /** Retries of failed connections on another endpoint, or `false`. Default: on, with the defaults of {@link RetryOptions}. */
   retries?: RetryOptions | boolean;
+  /**
+   * Read a request body whole before opening the upstream connection (nginx's
+   * `proxy_request_buffering on`), so that slow clients hold the gateway's sockets, not the
+   * engine's; `false` streams every body routing does not read. Default: on, up to
+   * {@link RequestBufferingOptions.maxBytes} (1 MiB).
+   */
+  requestBuffering?: RequestBufferingOptions | boolean;
 }
 
 /** Options of {@link dpRouter}: those of `dpRank()`, the upstream timeouts, and the proxy's own. */
@@ -87,7 +95,7 @@ export type Options = DpRouterOptions;
 export type Mode = 'dpRank' | 'dpRouter';
 
 /** The options, validated and resolved once at creation. */
-export interface Configuration extends HintConfig, TimeoutConfig, RetryConfig {
+export interface Configuration extends HintConfig, TimeoutConfig, RetryConfig, BufferingConfig {
   readonly upstreams: readonly UpstreamConfig[];
   readonly policy: Policy;
   /** The outgoing rank header, lower-cased. */
@@ -132,7 +140,7 @@ const RANK_KEYS: KeysEnum<DpRankOptions> = {
   loadFeedback: true,
   logger: true,
 };
-const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true };
+const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true, requestBuffering: true };
 const ROUTER_KEYS: KeysEnum<DpRouterOptions> = { ...RANK_KEYS, ...PROXY_KEYS };
 
 /**
@@ -155,6 +163,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
   const { tokenizer, ...prefixAware } = parsePrefixAware('prefixAware', options.prefixAware);
   const tokenizerFiles = parseTokenizer('prefixAware.tokenizer', tokenizer);
   const policy = parsePolicy('policy', options.policy, { sessionAffinity, prefixAware });
+  const bodyBudget = parseMaxBufferedBytes('maxBufferedBytes', options.maxBufferedBytes);
   return {
     upstreams,
     policy,
@@ -164,12 +173,13 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
     ...affinity,
     ...parseTimeouts('timeouts', options.timeouts, proxying),
     maxBodyBytes: parseMaxBodyBytes('maxBodyBytes', options.maxBodyBytes),
-    bodyBudget: parseMaxBufferedBytes('maxBufferedBytes', options.maxBufferedBytes),
+    bodyBudget,
     exposeDecision: booleanOption('exposeDecision', options.exposeDecision, EXPOSE_DECISION),
     xfwd: parseXfwd('xfwd', proxy.xfwd),
     outlierDetection: proxying ? parseOutlierDetection('outlierDetection', proxy.outlierDetection) : undefined,
     healthCheck: parseHealthCheck('healthCheck', proxy.healthCheck),
     ...parseRetries('retries', proxying ? proxy.retries : false),
+    ...parseRequestBuffering('requestBuffering', proxying ? proxy.requestBuffering : false, bodyBudget),
     loadFeedback: parseLoadFeedback('loadFeedback', options.loadFeedback),
     logger: parseLogger('logger', options.logger),
     tracing: createTracing(policy.name),

@@ -77,7 +77,7 @@ const running = new Set<BenchChild>();
 
 async function count(id: string, build: LibraryBuild, upstreamUrl: string, outFile: string, requests: number, bytes: number, functions: boolean) {
   const callgrind = ['valgrind', '-q', '--tool=callgrind', '--instr-atstart=no', '--smc-check=all-non-file', '--separate-threads=yes', `--callgrind-out-file=${outFile}`];
-  const child: BenchChild = await startContender(id, upstreamUrl, build, undefined, functions ? ['--perf-basic-prof'] : [], callgrind);
+  const child: BenchChild = await startContender(id, upstreamUrl, build, undefined, functions ? ['--perf-basic-prof', '--no-logfile-per-isolate', `--logfile=${outFile}.v8.log`] : [], callgrind);
   running.add(child);
   const poster = createPoster(bytes);
   try {

@@ -77,6 +77,7 @@ const BODY = `{"model":"m","prompt":"${'slow '.repeat(20)}"}`;
 describe('request buffering (streamed mode)', () => {
   it('opens no upstream connection for 100 clients trickling their bodies, and forwards each body once it is complete', async () => {
     const upstream = await countingUpstream();
+    // The default body deadline (60 s), no less: only a body that never completes meets it.
     const gw = await gateway({}, upstream.url);
     const clients = Array.from({ length: 100 }, (_, index) => trickle(gw.url, BODY, index % 2 === 0 ? 'length' : 'chunked'));
     await waitFor(() => gw.seen.requests === 100, 60_000, () => `${gw.seen.requests} of 100 requests reached the gateway`);
@@ -85,7 +86,7 @@ describe('request buffering (streamed mode)', () => {
     expect(upstream.connections).toBe(1);
     for (const client of clients) client.finish();
     const statuses = await Promise.all(clients.map((client) => client.answered));
-    expect(statuses.every((status) => status === 'HTTP/1.1 200 OK')).toBe(true);
+    expect(statuses.filter((status) => status !== 'HTTP/1.1 200 OK')).toEqual([]);
     expect(upstream.bodies.filter((body) => body.toString() === BODY)).toHaveLength(100);
   }, 90_000);
 

@@ -180,7 +180,8 @@ describe('retries', () => {
 
   it('does not retry a chunked body it did not read', async () => {
     const live = await echo();
-    gateway = await startGateway(pair(await deadUrl(), live.url, { upstreams: [{ url: await deadUrl(), name: 'a' }, { url: live.url, name: 'b' }] }));
+    // Streamed, not buffered (`requestBuffering` would have read it whole, and then replay it).
+    gateway = await startGateway(pair(await deadUrl(), live.url, { upstreams: [{ url: await deadUrl(), name: 'a' }, { url: live.url, name: 'b' }], requestBuffering: false }));
     const status = await new Promise<number>((resolve) => {
       const outgoing = httpRequest(`${gateway!.url}/v1/completions`, { method: 'POST', agent: false, headers: { 'transfer-encoding': 'chunked' } });
       outgoing.on('response', (response) => {

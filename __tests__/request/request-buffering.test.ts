@@ -77,7 +77,6 @@ const BODY = `{"model":"m","prompt":"${'slow '.repeat(20)}"}`;
 describe('request buffering (streamed mode)', () => {
   it('opens no upstream connection for 100 clients trickling their bodies, and forwards each body once it is complete', async () => {
     const upstream = await countingUpstream();
-    // The default body deadline (60 s), no less: only a body that never completes meets it.
     const gw = await gateway({}, upstream.url);
     const clients = Array.from({ length: 100 }, (_, index) => trickle(gw.url, BODY, index % 2 === 0 ? 'length' : 'chunked'));
     await waitFor(() => gw.seen.requests === 100, 60_000, () => `${gw.seen.requests} of 100 requests reached the gateway`);

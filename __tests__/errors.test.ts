@@ -2,6 +2,7 @@ import { afterEach, describe, expect, it } from '@jest/globals';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import request from 'supertest';
+import { dpRouter, ERROR_CODES, OptionError, PolicyError } from '../lib';
 import { errorBody, sendError } from '../lib/errors';
 
 let server: Server | undefined;
@@ -39,5 +40,21 @@ describe('sendError', () => {
     const reader = response.body!.getReader();
     await reader.read();
     await expect(reader.read()).rejects.toThrow();
+  });
+});
+
+describe('error codes', () => {
+  it('gives every thrown error a stable code to match on, OptionError included', () => {
+    let thrown: unknown;
+    try {
+      dpRouter({ upstreams: [{ url: 'http://127.0.0.1:8000', dataParallelSize: 0 }] });
+    } catch (error) {
+      thrown = error;
+    }
+    expect(thrown).toBeInstanceOf(OptionError);
+    expect(thrown).toBeInstanceOf(TypeError);
+    expect(thrown).toMatchObject({ code: 'ERR_DPR_OPTION', path: 'upstreams[0].dataParallelSize' });
+    expect(ERROR_CODES).toEqual({ option: 'ERR_DPR_OPTION', policy: 'ERR_DPR_POLICY' });
+    expect(new PolicyError('mine', 'broke')).toMatchObject({ code: 'ERR_DPR_POLICY', policy: 'mine', message: "express-dp-router: policy 'mine' broke." });
   });
 });

@@ -45,10 +45,11 @@ describe('parseOptions', () => {
       exposeDecision: false,
       xfwd: false,
     });
-    expect(config.policy.name).toBe('least-outstanding');
+    expect(config.policy).toBe('least-outstanding');
+    expect(Object.isFrozen(config)).toBe(true);
     expect(config.metrics?.prefix).toBe('dp_router_');
-    expect(config.bodyBudget.limit).toBe(Math.min(512 * 1024 * 1024, Math.floor(getHeapStatistics().heap_size_limit / 4)));
-    expect(parse({ upstreams: [{ url }], maxBufferedBytes: 1024 }).bodyBudget.limit).toBe(1024);
+    expect(config.maxBufferedBytes).toBe(Math.min(512 * 1024 * 1024, Math.floor(getHeapStatistics().heap_size_limit / 4)));
+    expect(parse({ upstreams: [{ url }], maxBufferedBytes: 1024 }).maxBufferedBytes).toBe(1024);
   });
 
   it('resolves the failure-handling defaults: ejection and retries on, health checks off', () => {

@@ -1,29 +1,14 @@
+import { OptionError } from './errors';
+import { isRecord } from './guards';
 import type { Policy } from './types';
+
+export { OptionError } from './errors';
 
 /**
  * Small validators for every part's option parser. Each throws an {@link OptionError} that
  * names the option and says what would be accepted, so a wrong option fails at start-up, not
  * on traffic.
  */
-
-/**
- * A wrong option of `dpRouter()`, `dpRank()` or a policy factory. A `TypeError`, so that
- * `instanceof TypeError` holds; the message reads
- * ``express-dp-router: `<path>` <problem>. <fix>``.
- */
-export class OptionError extends TypeError {
-  /** Where the option sits, e.g. `'upstreams[1].dataParallelSize'` or `'sessionAffinity.loadFactor'`. */
-  readonly path: string;
-  /** What to change, e.g. ``Use e.g. `retries.attempts: 2`.``. */
-  readonly fix: string;
-
-  constructor(path: string, problem: string, fix: string) {
-    super(`express-dp-router: \`${path}\` ${problem}. ${fix}`);
-    this.name = 'OptionError';
-    this.path = path;
-    this.fix = fix;
-  }
-}
 
 /** Node's setTimeout ceiling; larger delays fire at once. */
 export const MAX_TIMER_MS = 2 ** 31 - 1;
@@ -54,9 +39,8 @@ export function shown(value: unknown): string {
   return String(value);
 }
 
-export function isPlainObject(value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value);
-}
+/** An object that is not an array (the options' sections). */
+export const isPlainObject = isRecord;
 
 /** Rejects keys the option object does not know, suggesting the closest known one. */
 export function rejectUnknownKeys(path: string, value: Record<string, unknown>, keys: KeysEnum<object>): void {

@@ -1,4 +1,4 @@
-import { BodyBudget, parseMaxBodyBytes, parseMaxBufferedBytes, type BodyLimitOptions } from './request/body-budget';
+import { parseMaxBodyBytes, parseMaxBufferedBytes, type BodyLimitOptions } from './request/body-budget';
 import { parseLoadFeedback, type LoadFeedbackConfig, type LoadFeedbackOptions } from './upstreams/engine-watch-options';
 import { parseHealthCheck, type HealthCheckConfig, type HealthCheckOptions } from './upstreams/health-checker-options';
 import { parseHints, type HintConfig, type HintOptions } from './request/hint-options';
@@ -6,7 +6,7 @@ import { parseLogger, type Logger, type RouterLogger } from './observe/logger';
 import { parseMetrics, type MetricsConfig, type MetricsOptions } from './observe/metrics';
 import { booleanOption, fail, headerNameOption, isPlainObject, rejectProxyOnly, rejectUnknownKeys, shown, type KeysEnum } from './option-checks';
 import { parseOutlierDetection, type OutlierDetectionConfig, type OutlierDetectionOptions } from './upstreams/outlier-detector-options';
-import { parsePolicy } from './policies/by-name';
+import { parsePolicy, type PolicySettings } from './policies/by-name';
 import { parsePrefixAware, type PrefixAwareRouterSettings } from './policies/prefix-aware-options';
 import { parseTokenizer } from './exact-prefix/options';
 import type { TokenizerSource } from './exact-prefix/events/source';
@@ -14,7 +14,6 @@ import { parseAffinity, type AffinityOptions } from './policies/session-affinity
 import { parseRetries, type RetryConfig, type RetryOptions } from './forward/retry-options';
 import { parseRequestBuffering, type BufferingConfig, type RequestBufferingOptions } from './request/buffering-options';
 import { parseTimeouts, type BodyTimeoutOptions, type TimeoutConfig, type TimeoutOptions } from './forward/timeout-options';
-import { createTracing, type Tracing } from './observe/tracing';
 import type { Policy, PolicyName } from './types';
 import { parseUpstreams, type UpstreamConfig, type UpstreamOptions } from './upstreams/upstream-options';
 
@@ -94,18 +93,25 @@ export type Options = DpRouterOptions;
 /** Which middleware the options are for. */
 export type Mode = 'dpRank' | 'dpRouter';
 
-/** The options, validated and resolved once at creation. */
+/**
+ * The options, validated and resolved once at creation into plain, frozen values: nothing here
+ * holds a socket, a timer or a policy's state (RouterServices builds those from it). The user's
+ * own objects (a Policy, a registry, a logger, a `trust` function) are kept as given.
+ */
 export interface Configuration extends HintConfig, TimeoutConfig, RetryConfig, BufferingConfig {
   readonly upstreams: readonly UpstreamConfig[];
-  readonly policy: Policy;
+  /** A built-in policy's name, or the user's Policy object. */
+  readonly policy: PolicyName | Policy;
+  /** What a built-in policy is built with (`affinity`, `prefixAware`). */
+  readonly policySettings: PolicySettings;
   /** The outgoing rank header, lower-cased. */
   readonly header: string;
   readonly metrics: MetricsConfig | undefined;
   readonly affinityHeader: string | undefined;
   readonly affinityBodyField: string | undefined;
   readonly maxBodyBytes: number;
-  /** The router's one body budget (`maxBufferedBytes`), shared by all its requests. */
-  readonly bodyBudget: BodyBudget;
+  /** The bound of the router's one body budget, shared by all its requests. */
+  readonly maxBufferedBytes: number;
   readonly exposeDecision: boolean;
   /** `'replace'` for `xfwd: true`; `false` when off (always, for `dpRank()`). */
   readonly xfwd: false | 'replace' | 'append';
@@ -116,8 +122,6 @@ export interface Configuration extends HintConfig, TimeoutConfig, RetryConfig, B
   /** Engine load polling; `undefined` when off. */
   readonly loadFeedback: LoadFeedbackConfig | undefined;
   readonly logger: RouterLogger;
-  /** OpenTelemetry reports, live when `@opentelemetry/api` is installed. */
-  readonly tracing: Tracing;
   /** The model's tokenizer for exact prefix routing (`prefixAware.tokenizer`), with the built-in prefix-aware policy only; loaded with the router. */
   readonly tokenizer: TokenizerSource | undefined;
 }
@@ -162,29 +166,29 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
   const { sessionAffinity, ...affinity } = parseAffinity('affinity', options.affinity);
   const { tokenizer, ...prefixAware } = parsePrefixAware('prefixAware', options.prefixAware);
   const tokenizerFiles = parseTokenizer('prefixAware.tokenizer', tokenizer);
-  const policy = parsePolicy('policy', options.policy, { sessionAffinity, prefixAware });
-  const bodyBudget = parseMaxBufferedBytes('maxBufferedBytes', options.maxBufferedBytes);
-  return {
+  const policy = parsePolicy('policy', options.policy);
+  const maxBufferedBytes = parseMaxBufferedBytes('maxBufferedBytes', options.maxBufferedBytes);
+  return Object.freeze({
     upstreams,
     policy,
+    policySettings: Object.freeze({ sessionAffinity, prefixAware }),
     ...hints,
     header: headerNameOption('header', options.header, HEADER),
     metrics: parseMetrics('metrics', options.metrics),
     ...affinity,
     ...parseTimeouts('timeouts', options.timeouts, proxying),
     maxBodyBytes: parseMaxBodyBytes('maxBodyBytes', options.maxBodyBytes),
-    bodyBudget,
+    maxBufferedBytes,
     exposeDecision: booleanOption('exposeDecision', options.exposeDecision, EXPOSE_DECISION),
     xfwd: parseXfwd('xfwd', proxy.xfwd),
     outlierDetection: proxying ? parseOutlierDetection('outlierDetection', proxy.outlierDetection) : undefined,
     healthCheck: parseHealthCheck('healthCheck', proxy.healthCheck),
     ...parseRetries('retries', proxying ? proxy.retries : false),
-    ...parseRequestBuffering('requestBuffering', proxying ? proxy.requestBuffering : false, bodyBudget),
+    ...parseRequestBuffering('requestBuffering', proxying ? proxy.requestBuffering : false, maxBufferedBytes),
     loadFeedback: parseLoadFeedback('loadFeedback', options.loadFeedback),
     logger: parseLogger('logger', options.logger),
-    tracing: createTracing(policy.name),
-    tokenizer: options.policy === 'prefix-aware' ? tokenizerFiles : undefined,
-  };
+    tokenizer: policy === 'prefix-aware' ? tokenizerFiles : undefined,
+  });
 }
 
 function parseXfwd(path: string, value: unknown): Configuration['xfwd'] {

@@ -1,7 +1,11 @@
 import { Registry } from 'prom-client';
 import { createExactRouting, type ExactRouting } from './exact-prefix/exact-routing';
 import { loadTokenizer } from './exact-prefix/options';
+import { createEvents, type RouterEvents } from './observe/events';
 import { createMetrics, NO_METRICS, type RouterMetrics } from './observe/metrics';
+import { createTracing, type Tracing } from './observe/tracing';
+import { buildPolicy } from './policies/by-name';
+import { BodyBudget } from './request/body-budget';
 import type { Configuration, UpstreamConfig } from './options';
 import { BodyReader } from './request/body-reader';
 import { createRequestInputs, type RequestInputs } from './request/request-inputs';
@@ -9,18 +13,25 @@ import { startHealthChecks, type HealthChecker } from './upstreams/health-checke
 import { watchEngines, watchedUpstreams, type EngineWatch } from './upstreams/engine-watch';
 import { EndpointTable, type RouteEndpoint } from './upstreams/endpoints';
 import { OutlierDetector } from './upstreams/outlier-detector';
+import type { Policy } from './types';
 
 /**
  * Everything one router runs on, built from its configuration in one place, in dependency
- * order, and closed in the reverse order: the endpoint table, the registry and metrics, the
- * engine watch (discovery, load feedback), exact prefix routing, outlier detection and health
- * checks (dpRouter only), and what the request path reads with (request inputs, the body
- * reader). What is not configured is not built.
+ * order, and closed in the reverse order: the policy, the endpoint table, the registry and
+ * metrics, tracing and the one event composite, the engine watch (discovery, load feedback),
+ * exact prefix routing, outlier detection and health checks (dpRouter only), and what the
+ * request path reads with (request inputs, the body budget and reader). What is not
+ * configured is not built.
  */
 export class RouterServices {
+  readonly policy: Policy;
   readonly table: EndpointTable;
   readonly registry: Registry;
   readonly metrics: RouterMetrics;
+  /** OpenTelemetry reports, live when `@opentelemetry/api` is installed. */
+  readonly tracing: Tracing;
+  /** Metrics, tracing and logs of each event, told once. */
+  readonly events: RouterEvents;
   readonly exact: ExactRouting | undefined;
   readonly detector: OutlierDetector | undefined;
   readonly inputs: RequestInputs;
@@ -32,10 +43,13 @@ export class RouterServices {
   private closed: Promise<void> | undefined;
 
   constructor(readonly config: Configuration) {
+    const policy = (this.policy = buildPolicy(config.policy, config.policySettings));
     const table = (this.table = new EndpointTable(config.upstreams));
     this.registry = config.metrics?.registry ?? new Registry();
     const metrics = (this.metrics = config.metrics ? createMetrics(this.registry, config.metrics.prefix, table, this.scraped()) : NO_METRICS);
     this.started.push(() => metrics.close());
+    this.tracing = createTracing(policy.name);
+    const events = (this.events = createEvents(metrics, this.tracing, config.logger, policy.name));
     // Discovery replaces one upstream's ranks and keeps everything else as it is.
     const watch = (this.watch = watchEngines(table, config.loadFeedback, metrics, (upstream, ranks) => this.discovered(upstream, ranks)));
     this.started.push(() => watch.stop());
@@ -50,12 +64,12 @@ export class RouterServices {
             warn: (message) => config.logger.warn(message),
           }));
     if (exact !== undefined) this.started.push(() => exact.close());
-    const detector = (this.detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection, { ejected: (endpoint) => this.ejected(endpoint as RouteEndpoint) }) : undefined);
+    const detector = (this.detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection, { ejected: (endpoint) => events.ejected(endpoint as RouteEndpoint) }) : undefined);
     if (detector !== undefined) this.started.push(() => detector.close());
     this.health = config.healthCheck ? startHealthChecks(table, config.healthCheck) : undefined;
     this.started.push(() => this.health?.stop());
-    this.inputs = createRequestInputs(config, table);
-    this.bodies = new BodyReader(config.bodyBudget, config.bodyTimeoutMs);
+    this.inputs = createRequestInputs(config, policy, table);
+    this.bodies = new BodyReader(new BodyBudget(config.maxBufferedBytes), config.bodyTimeoutMs);
   }
 
   /**
@@ -94,12 +108,5 @@ export class RouterServices {
       `express-dp-router: upstream '${upstream.name}' serves ranks ${ranks.join(', ')} by its /metrics (was: ${upstream.ranks.join(', ')}); routing to those now.`,
     );
     this.reconfigure(this.table.upstreams.map((current) => (current.name === upstream.name ? discovered : current)));
-  }
-
-  private ejected(endpoint: RouteEndpoint): void {
-    const { config } = this;
-    this.metrics.ejected(endpoint);
-    config.tracing.ejected(endpoint);
-    config.logger.ejected(endpoint);
   }
 }

@@ -58,6 +58,15 @@ export interface Policy {
 /** Where the chosen rank came from. */
 export type DecisionSource = 'hint' | 'assigned';
 
+/** What became of a rank hint (`dp_router_rank_hints_total{outcome}`). */
+export type HintOutcome = 'accepted' | 'untrusted' | 'malformed' | 'out_of_range' | 'unavailable';
+
+/** How a try at an upstream failed (`dp_router_upstream_errors_total{kind}`). */
+export type UpstreamErrorKind = 'connect' | 'timeout' | 'reset' | 'status_5xx';
+
+/** Which prefix index scored a pick. */
+export type IndexSource = 'exact' | 'approximate';
+
 /** The routing decision for one request, set as `req.dpRank`. */
 export interface DpRankDecision {
   /** The chosen upstream's name. */

@@ -4,17 +4,18 @@ import type { BodyReader, Next } from '../request/body-reader';
 import { sendError } from '../errors';
 import { hopByHopStripper } from '../request/hop-by-hop';
 import type { Terminal } from '../request/lifecycle';
-import type { RouterMetrics, UpstreamErrorKind } from '../observe/metrics';
+import type { RouterMetrics } from '../observe/metrics';
 import type { Configuration, UpstreamConfig } from '../options';
 import { DECISION_HEADER, type RouteState, type RoutedRequest } from '../request/route-state';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import type { OutlierDetector } from '../upstreams/outlier-detector';
-import type { PickContext } from '../types';
+import type { PickContext, Policy, UpstreamErrorKind } from '../types';
 import { clientGone, createUpstreamProxy, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
 
 /** What the forwarder works with, built before it. */
 export interface ForwarderParts {
   readonly config: Configuration;
+  readonly policy: Policy;
   readonly table: EndpointTable;
   readonly metrics: RouterMetrics;
   readonly bodies: BodyReader;
@@ -33,6 +34,7 @@ export class Forwarder implements Terminal, TryOutcomes {
   private readonly metrics: RouterMetrics;
   private readonly bodies: BodyReader;
   private readonly detector: OutlierDetector | undefined;
+  private readonly policy: Policy;
   /** The router's own rank header, set already, survives a client's `Connection` nomination; the upstream agent keeps connections alive. */
   private readonly stripHopByHop: (headers: IncomingHttpHeaders) => void;
   private readonly replaceForwarded: boolean;
@@ -47,6 +49,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     this.metrics = parts.metrics;
     this.bodies = parts.bodies;
     this.detector = parts.detector;
+    this.policy = parts.policy;
     this.stripHopByHop = hopByHopStripper([parts.config.header], 'keep-alive');
     this.replaceForwarded = parts.config.xfwd === 'replace';
   }
@@ -214,7 +217,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     const candidates = this.table.healthy().filter((endpoint) => !skip(endpoint));
     if (candidates.length === 0) return undefined;
     const context: PickContext = picked ?? { path: req.url ?? '/', affinityKey: undefined, prompt: undefined };
-    const { policy } = this.config;
+    const { policy } = this;
     try {
       const chosen = policy.pick(candidates, context) as RouteEndpoint;
       return candidates.includes(chosen) ? chosen : undefined;

@@ -1,6 +1,5 @@
-import type { HintOutcome } from './metrics';
 import { fail, pathOf, shown } from '../option-checks';
-import type { DecisionSource, Endpoint } from '../types';
+import type { DecisionSource, Endpoint, HintOutcome } from '../types';
 
 /**
  * Receives the router's logs, in pino's calling convention: `(fields, message)` for structured

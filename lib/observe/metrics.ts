@@ -1,7 +1,7 @@
 import type { IncomingMessage } from 'node:http';
 import { Counter, Gauge, Histogram, register, type Registry } from 'prom-client';
 import { fail, isPlainObject, pathOf, section, shown, type KeysEnum } from '../option-checks';
-import type { DecisionSource } from '../types';
+import type { DecisionSource, HintOutcome, UpstreamErrorKind } from '../types';
 
 /** Metrics settings. */
 export interface MetricsOptions {
@@ -36,10 +36,8 @@ export function parseMetrics(path: string, value: unknown): MetricsConfig | unde
   return { registry: registry as unknown as Registry, prefix };
 }
 
-/** What became of a client's rank hint. */
-export type HintOutcome = 'accepted' | 'untrusted' | 'malformed' | 'out_of_range' | 'unavailable';
-/** Why an upstream exchange failed. */
-export type UpstreamErrorKind = 'connect' | 'timeout' | 'reset' | 'status_5xx';
+// The domain types live in types.ts; re-exported for the modules that count them.
+export type { HintOutcome, UpstreamErrorKind } from '../types';
 
 export const HINT_OUTCOMES: readonly HintOutcome[] = ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable'];
 export const UPSTREAM_ERROR_KINDS: readonly UpstreamErrorKind[] = ['connect', 'timeout', 'reset', 'status_5xx'];

@@ -1,6 +1,5 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { HintOutcome } from './metrics';
-import type { DecisionSource, Endpoint } from '../types';
+import type { DecisionSource, Endpoint, HintOutcome } from '../types';
 
 /**
  * The part of `@opentelemetry/api` the router uses, typed here so that the package compiles

@@ -27,17 +27,22 @@ export const POLICY_NAMES: readonly PolicyName[] = [
 
 const POLICY: PolicyName = 'least-outstanding';
 
-/** The router's `policy` option: a built-in name (a fresh policy each time) or a Policy object as it is. */
-export function parsePolicy(path: string, value: unknown, settings: PolicySettings): Policy {
-  if (value === undefined) return policyByName(POLICY, settings);
+/** The router's `policy` option, checked: a built-in name (the policy is built with the router's services) or a Policy object as it is. */
+export function parsePolicy(path: string, value: unknown): PolicyName | Policy {
+  if (value === undefined) return POLICY;
   if (typeof value === 'string') {
     if (!POLICY_NAMES.includes(value as PolicyName)) {
       fail(path, `is ${shown(value)}, not a known policy`, `Use one of ${POLICY_NAMES.map((name) => `'${name}'`).join(', ')}, or a Policy object.`);
     }
-    return policyByName(value as PolicyName, settings);
+    return value as PolicyName;
   }
   if (isPolicy(value)) return value;
   return fail(path, `must be a policy name or an object with \`name\` and \`pick(candidates, ctx)\`, got ${shown(value)}`, `Use e.g. \`${path}: '${POLICY}'\`.`);
+}
+
+/** The policy a router runs: a fresh built-in one (each router gets its own cursors and indexes), or the user's object. */
+export function buildPolicy(policy: PolicyName | Policy, settings: PolicySettings): Policy {
+  return typeof policy === 'string' ? policyByName(policy, settings) : policy;
 }
 
 /** Builds a fresh built-in policy: each router gets its own cursors and indexes. */

@@ -25,10 +25,10 @@ export function parseMaxBodyBytes(path: string, value: unknown): number {
 }
 
 /** `maxBufferedBytes`: the router's one budget, shared by all its requests. */
-export function parseMaxBufferedBytes(path: string, value: unknown): BodyBudget {
+export function parseMaxBufferedBytes(path: string, value: unknown): number {
   // Small containers: a quarter of the heap leaves the rest of the process room.
   const fallback = Math.min(MAX_BUFFERED_BYTES, Math.floor(getHeapStatistics().heap_size_limit / 4));
-  return new BodyBudget(integerOption(path, value, fallback, 1, Number.MAX_SAFE_INTEGER));
+  return integerOption(path, value, fallback, 1, Number.MAX_SAFE_INTEGER);
 }
 
 /**

@@ -1,4 +1,3 @@
-import type { BodyBudget } from './body-budget';
 import { fail, integerOption, pathOf, toggle, type KeysEnum } from '../option-checks';
 
 /**
@@ -28,14 +27,14 @@ const MAX_BYTES = 1024 * 1024;
 const KEYS: KeysEnum<RequestBufferingOptions> = { maxBytes: true };
 
 /** `requestBuffering`: on by default (1 MiB); `false` streams every body it does not read anyway. */
-export function parseRequestBuffering(path: string, value: unknown, budget: BodyBudget): BufferingConfig {
+export function parseRequestBuffering(path: string, value: unknown, maxBufferedBytes: number): BufferingConfig {
   const buffering = toggle(path, value, KEYS, true);
   if (buffering === undefined) return { bufferMaxBytes: 0 };
   const maxPath = pathOf(path, 'maxBytes');
-  const fallback = Math.min(MAX_BYTES, budget.limit);
+  const fallback = Math.min(MAX_BYTES, maxBufferedBytes);
   const bufferMaxBytes = integerOption(maxPath, buffering.maxBytes, fallback, 1, 2 ** 31);
-  if (bufferMaxBytes > budget.limit) {
-    fail(maxPath, `is ${bufferMaxBytes}, more than maxBufferedBytes (${budget.limit}), which would never hold such a body`, `Lower \`${maxPath}\` or raise \`maxBufferedBytes\`.`);
+  if (bufferMaxBytes > maxBufferedBytes) {
+    fail(maxPath, `is ${bufferMaxBytes}, more than maxBufferedBytes (${maxBufferedBytes}), which would never hold such a body`, `Lower \`${maxPath}\` or raise \`maxBufferedBytes\`.`);
   }
   return { bufferMaxBytes };
 }

@@ -1,15 +1,16 @@
 import type { ServerResponse } from 'node:http';
 import { hasBody, isJson } from './body';
 import { replayParsedBody, type BodyReader, type Next } from './body-reader';
-import { sendError } from '../errors';
+import { PolicyError, sendError } from '../errors';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import type { ExactLookup } from '../exact-prefix/index/exact-pick';
-import type { HintOutcome, RouterMetrics } from '../observe/metrics';
+import type { RouterEvents } from '../observe/events';
+import type { RouterMetrics } from '../observe/metrics';
 import type { Configuration } from '../options';
 import type { PrefixPickContext } from '../policies/prefix-aware';
 import { NO_HINT, type BodyView, type JudgedHint, type RequestInputs } from './request-inputs';
 import { RouteState, type RouteReports, type RoutedRequest } from './route-state';
-import type { DecisionSource, PickContext } from '../types';
+import type { DecisionSource, HintOutcome, IndexSource, PickContext, Policy } from '../types';
 
 export type { Next } from './body-reader';
 
@@ -28,6 +29,10 @@ export interface Terminal {
 /** The parts a lifecycle works with, built once per router before it. */
 export interface LifecycleParts {
   readonly config: Configuration;
+  readonly policy: Policy;
+  readonly events: RouterEvents;
+  /** Whether tracing records anything (`@opentelemetry/api` installed). */
+  readonly tracing: { readonly enabled: boolean };
   readonly table: EndpointTable;
   readonly metrics: RouterMetrics;
   readonly inputs: RequestInputs;
@@ -58,6 +63,8 @@ export class RequestLifecycle {
   private readonly config: Configuration;
   private readonly table: EndpointTable;
   private readonly metrics: RouterMetrics;
+  private readonly events: RouterEvents;
+  private readonly policy: Policy;
   private readonly inputs: RequestInputs;
   private readonly bodies: BodyReader;
   /** Exact prefix routing, when the policy scores on a prefix index (`namesIndex`). */
@@ -78,11 +85,12 @@ export class RequestLifecycle {
     this.metrics = parts.metrics;
     this.inputs = parts.inputs;
     this.bodies = parts.bodies;
-    const { policy } = config;
+    this.events = parts.events;
+    const policy = (this.policy = parts.policy);
     this.exact = policy.namesIndex === true ? parts.exact : undefined;
     this.namesIndex = config.exposeDecision && policy.namesIndex === true;
-    this.reportsShare = config.tracing.enabled && policy.reportsMatchedShare === true;
-    this.reports = { config, metrics: parts.metrics };
+    this.reportsShare = parts.tracing.enabled && policy.reportsMatchedShare === true;
+    this.reports = { config, metrics: parts.metrics, events: parts.events };
     this.handle = (req, res, next) => this.front(req, res, next);
   }
 
@@ -166,7 +174,7 @@ export class RequestLifecycle {
     if (verdict.outcome !== 'none') this.metrics.hint(verdict.outcome);
     if (verdict.outcome === 'accepted') {
       // Judged available: the rank has a healthy replica.
-      this.assign(req, res, next, route, this.table.leastLoadedOfRank(verdict.rank!)!, 'hint', 'accepted', undefined);
+      this.assign(req, res, next, route, this.table.leastLoadedOfRank(verdict.rank!)!, 'hint', 'accepted', undefined, undefined);
       return;
     }
     if (config.onInvalid === 'reject' && verdict.outcome !== 'none' && verdict.outcome !== 'untrusted') {
@@ -178,7 +186,7 @@ export class RequestLifecycle {
       sendError(res, 503, 'ServiceUnavailableError', 'No healthy data-parallel endpoint is available.');
       return;
     }
-    const { policy } = config;
+    const { policy } = this;
     const affinityKey = policy.usesAffinityKey ? inputs.affinityKey(req, body, route.lease) : undefined;
     const prompt = policy.usesPrompt && body !== undefined ? inputs.prompt(body, route.lease) : undefined;
     const context: PickContext = { path: req.originalUrl ?? req.url ?? '/', affinityKey, prompt };
@@ -193,12 +201,12 @@ export class RequestLifecycle {
       return;
     }
     if (!candidates.includes(chosen)) {
-      next(new TypeError(`express-dp-router: policy '${policy.name}' returned an endpoint that was not among the candidates.`));
+      next(new PolicyError(policy.name, 'returned an endpoint that was not among the candidates'));
       return;
     }
     const index = picking.exact?.source ?? 'approximate';
-    if (this.reportsShare && prompt !== undefined) config.tracing.prefixScored(req, index, policy.matchedShare ?? 0);
-    this.assign(req, res, next, route, chosen, 'assigned', verdict.outcome === 'none' ? undefined : verdict.outcome, this.namesIndex ? `; index=${index}` : undefined);
+    const note = this.namesIndex ? `; index=${index}` : undefined;
+    this.assign(req, res, next, route, chosen, 'assigned', verdict.outcome === 'none' ? undefined : verdict.outcome, note, this.reportsShare && prompt !== undefined ? index : undefined);
   }
 
   /**
@@ -209,9 +217,24 @@ export class RequestLifecycle {
     return this.table.healthy();
   }
 
-  /** The request takes its endpoint (`note` goes into the decision header), then goes to the terminal. */
-  assign(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, endpoint: RouteEndpoint, source: DecisionSource, outcome: HintOutcome | undefined, note: string | undefined): void {
+  /**
+   * The request takes its endpoint (`note` goes into the decision header; `scored`: the index
+   * the policy's pick was scored on, reported with its matched share), then goes to the terminal.
+   */
+  assign(
+    req: RoutedRequest,
+    res: ServerResponse,
+    next: Next,
+    route: RouteState,
+    endpoint: RouteEndpoint,
+    source: DecisionSource,
+    outcome: HintOutcome | undefined,
+    note: string | undefined,
+    scored: IndexSource | undefined,
+  ): void {
     route.assign(req, res, endpoint, source, outcome, note);
+    // After the decision, on whose span it is recorded.
+    if (scored !== undefined) this.events.prefixScored(req, scored, this.policy.matchedShare ?? 0);
     this.terminal.proceed(req, res, next, route);
   }
 

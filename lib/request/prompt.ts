@@ -1,3 +1,4 @@
+import { isRecord } from '../guards';
 /**
  * Prompt text for prefix-aware routing, taken from an OpenAI-style body that the router
  * has already parsed.
@@ -76,8 +77,4 @@ function contentText(content: unknown): string | undefined {
     if (isRecord(part) && typeof part.text === 'string') texts.push(part.text);
   }
   return texts.length > 0 ? texts.join('\n') : undefined;
-}
-
-function isRecord(value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value);
 }

@@ -3,9 +3,10 @@ import type { BodyLease } from './body-budget';
 import type { EndpointTable } from '../upstreams/endpoints';
 import { atHeaderLimit, countHeaderLines, parseBodyRankHint, parseRankHint, type RankHintResult } from './hint';
 import { decodeField, fieldToken, scanFields, type JsonField } from './json-fields';
-import type { HintOutcome } from '../observe/metrics';
 import type { Configuration } from '../options';
+import type { HintOutcome, Policy } from '../types';
 import { extractPrompt } from './prompt';
+import { isRecord } from '../guards';
 
 /** A hint that was there: what became of it, its rank when it parsed, and the header or field it came in. */
 export type JudgedHint = { outcome: HintOutcome; rank?: number; param: string };
@@ -44,8 +45,8 @@ export type RequestInputs = ReturnType<typeof createRequestInputs>;
  * session key, its prompt. The body members it needs are found in one scan of the raw bytes and
  * decoded alone, within the request's share of the body budget.
  */
-export function createRequestInputs(config: Configuration, table: EndpointTable) {
-  const { hintHeader, hintBodyField, policy } = config;
+export function createRequestInputs(config: Configuration, policy: Policy, table: EndpointTable) {
+  const { hintHeader, hintBodyField } = config;
   const readsAffinityBody = policy.usesAffinityKey === true && config.affinityBodyField !== undefined;
   // The members routing reads, scanned for once per body; the same name asked twice shares a slot.
   const names: string[] = [];
@@ -193,7 +194,7 @@ export function createRequestInputs(config: Configuration, table: EndpointTable)
 
 /** A decoded body's members: a top-level value that is not an object has none. */
 function membersOf(body: unknown): Readonly<Record<string, unknown>> {
-  return typeof body === 'object' && body !== null && !Array.isArray(body) ? (body as Record<string, unknown>) : {};
+  return isRecord(body) ? body : {};
 }
 
 /** Only a non-empty string or a number can be a session key. */

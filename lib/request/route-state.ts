@@ -3,9 +3,10 @@ import type { BodyBudget, BodyLease } from './body-budget';
 import type { RouteEndpoint } from '../upstreams/endpoints';
 import { replaceValues, type JsonField } from './json-fields';
 import { NO_HINT, type BodyView, type HintVerdict } from './request-inputs';
-import type { HintOutcome, RouterMetrics } from '../observe/metrics';
+import type { RouterEvents } from '../observe/events';
+import type { RouterMetrics } from '../observe/metrics';
 import type { Configuration } from '../options';
-import type { DecisionSource, DpRankDecision, PickContext } from '../types';
+import type { DecisionSource, DpRankDecision, HintOutcome, PickContext } from '../types';
 
 /**
  * Where a request stands: `deciding` until it has an endpoint (and while its retry body is
@@ -21,8 +22,9 @@ export const FIRST_BYTE_TIMEOUT = 'DP_ROUTER_FIRST_BYTE_TIMEOUT';
 
 /** What every request reports to as it moves: the router's parts, resolved once. */
 export interface RouteReports {
-  readonly config: Pick<Configuration, 'header' | 'exposeDecision' | 'policy' | 'tracing' | 'logger'>;
+  readonly config: Pick<Configuration, 'header' | 'exposeDecision'>;
   readonly metrics: RouterMetrics;
+  readonly events: RouterEvents;
 }
 
 /**
@@ -76,22 +78,17 @@ export class RouteState {
    * The trace context goes onto the request's headers here, before any proxy copies them.
    */
   assign(req: RoutedRequest, res: ServerResponse, endpoint: RouteEndpoint, source: DecisionSource, hintOutcome: HintOutcome | undefined, note?: string): void {
-    const { config } = this.reports;
     this.source = source;
     this.hold(req, res, endpoint, note);
     this.started = performance.now();
     this.watch(res);
-    config.tracing.decided(req, endpoint, source, hintOutcome);
-    config.logger.decided(endpoint, source, config.policy.name, hintOutcome);
+    this.reports.events.decided(req, endpoint, source, hintOutcome);
   }
 
   /** A retry: the slot, the rank header, the body's hint field and `req.dpRank` move from the failed endpoint to `next`. */
   moveTo(req: RoutedRequest, res: ServerResponse, next: RouteEndpoint): void {
-    const { config, metrics } = this.reports;
     const failed = this.endpoint!;
-    metrics.retried(failed);
-    config.tracing.retried(req, failed, next);
-    config.logger.retried(failed, next);
+    this.reports.events.retried(req, failed, next);
     failed.inflight--;
     this.hold(req, res, next);
     this.attempt++;

@@ -12,6 +12,7 @@
 import type { Unpackr } from 'msgpackr';
 import { loadMsgpackr } from '../optional-deps';
 import { scanMsgpack, type MsgpackLimits, type ScanFailure } from './msgpack-scan';
+import { isRecord } from '../../guards';
 
 /**
  * An engine's block hash: an integer (a number when it is a safe integer, else a bigint) or
@@ -100,7 +101,7 @@ export function decodeKvEventBatch(payload: Uint8Array, limits: Readonly<Msgpack
   let rank: unknown;
   if (Array.isArray(raw)) {
     [ts, events, rank] = raw;
-  } else if (isRecord(raw)) {
+  } else if (isMap(raw)) {
     ts = raw.ts;
     events = raw.events;
     rank = raw.data_parallel_rank;
@@ -135,7 +136,7 @@ function decodeEvent(item: unknown): KvEvent | null {
       const at = order.indexOf(name);
       return at < 0 ? undefined : item[at + 1];
     };
-  } else if (isRecord(item)) {
+  } else if (isMap(item)) {
     tag = item.type;
     field = (name) => item[name];
   } else {
@@ -219,6 +220,7 @@ function isCount(value: unknown): value is number {
   return typeof value === 'number' && Number.isSafeInteger(value) && value >= 0;
 }
 
-function isRecord(value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value) && !(value instanceof Uint8Array);
+/** A msgpack map: an object that is neither an array nor binary. */
+function isMap(value: unknown): value is Record<string, unknown> {
+  return isRecord(value) && !(value instanceof Uint8Array);
 }

@@ -3,10 +3,9 @@
  * policy's and the request path's types reach it, and nothing here imports the optional
  * packages' types.
  */
-import type { Endpoint } from '../../types';
+import type { Endpoint, IndexSource } from '../../types';
 
-/** Which index scored the chosen endpoint. */
-export type IndexSource = 'exact' | 'approximate';
+export type { IndexSource } from '../../types';
 
 /**
  * One pick's exact view of the candidates, put into the pick context: per candidate the

@@ -7,6 +7,7 @@
  * transformers' `apply_chat_template` passes them.
  */
 import { loadJinjaPackage } from './tokenizer-files';
+import { isRecord } from '../../guards';
 
 /**
  * Why a request's prompt is not tokenized here (the caller routes it on the approximate index):
@@ -176,8 +177,4 @@ function tokenText(value: unknown): string | undefined {
   if (typeof value === 'string') return value;
   if (isRecord(value) && typeof value.content === 'string') return value.content;
   return undefined;
-}
-
-function isRecord(value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value);
 }

@@ -1,0 +1,44 @@
+import type { IncomingMessage } from 'node:http';
+import type { RouterLogger } from './logger';
+import type { RouterMetrics } from './metrics';
+import type { Tracing } from './tracing';
+import type { DecisionSource, Endpoint, HintOutcome, IndexSource } from '../types';
+
+/**
+ * What happens to requests and endpoints, told once by whoever sees it; {@link createEvents}
+ * fans each event out to metrics, tracing and logs. (Counts only metrics keep, such as a
+ * request's dispatch and end, go to the metrics directly.)
+ */
+export interface RouterEvents {
+  /** A request took its first endpoint (`hintOutcome`: what became of its hint, if it had one). */
+  decided(req: IncomingMessage, endpoint: Endpoint, source: DecisionSource, hintOutcome: HintOutcome | undefined): void;
+  /** The policy scored the pick on `index`, estimating the chosen endpoint holds `matchedShare` of the prompt. */
+  prefixScored(req: IncomingMessage, index: IndexSource, matchedShare: number): void;
+  /** The request is sent again, to `next`, after `failed` failed it. */
+  retried(req: IncomingMessage, failed: Endpoint & Parameters<RouterMetrics['retried']>[0], next: Endpoint): void;
+  /** The outlier detector took `endpoint` out of rotation. */
+  ejected(endpoint: Endpoint & Parameters<RouterMetrics['ejected']>[0]): void;
+}
+
+/** The one composite: each event goes to every sink that records it. */
+export function createEvents(metrics: RouterMetrics, tracing: Tracing, logger: RouterLogger, policy: string): RouterEvents {
+  return {
+    decided(req, endpoint, source, hintOutcome) {
+      tracing.decided(req, endpoint, source, hintOutcome);
+      logger.decided(endpoint, source, policy, hintOutcome);
+    },
+    prefixScored(req, index, matchedShare) {
+      tracing.prefixScored(req, index, matchedShare);
+    },
+    retried(req, failed, next) {
+      metrics.retried(failed);
+      tracing.retried(req, failed, next);
+      logger.retried(failed, next);
+    },
+    ejected(endpoint) {
+      metrics.ejected(endpoint);
+      tracing.ejected(endpoint);
+      logger.ejected(endpoint);
+    },
+  };
+}

@@ -20,6 +20,7 @@ import {
   type KvEventsOptions,
   type PrefixAwareRouterSettings,
   type RetryOptions,
+  type RequestBufferingOptions,
   type TimeoutOptions,
   type UpstreamOptions,
 } from '../lib';
@@ -188,7 +189,9 @@ const wrongValues: Array<[path: string, value: unknown]> = [
     retries: 3,
     disaggregation: 'on',
     admission: 'on',
+    requestBuffering: 'on',
   } satisfies WrongValues<DpRouterOptions>),
+  ...rows('requestBuffering', { maxBytes: 0 } satisfies WrongValues<RequestBufferingOptions>),
   ...rows('admission', { maxInflightPerRank: 0, queue: 5, tenant: 'x-tenant', priority: 'high', tokens: 5 } satisfies WrongValues<AdmissionOptions>),
   ...rows('admission.queue', { maxLength: -1, maxPerTenant: 0.5, timeoutMs: 0, starvationLimit: 0 } satisfies WrongValues<AdmissionQueueOptions>),
   ...rows('admission.priority', { header: 'a b', trust: 'yes', classes: ['High'] } satisfies WrongValues<AdmissionPriorityOptions>),

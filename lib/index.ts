@@ -32,6 +32,7 @@ export type { BodyLimitOptions } from './request/body-budget';
 export type { OutlierDetectionOptions } from './upstreams/outlier-detector-options';
 export type { HealthCheckOptions } from './upstreams/health-checker-options';
 export type { RetryOptions } from './forward/retry-options';
+export type { RequestBufferingOptions } from './request/buffering-options';
 export type { MetricsOptions } from './observe/metrics';
 export { redisTokenStore } from './admission/redis-store';
 export type { RedisTokenStoreOptions } from './admission/redis-store';

@@ -13,6 +13,7 @@ import type { TokenizerSource } from './exact-prefix/events/source';
 import { parseAdmission, type AdmissionOptions, type AdmissionSettings } from './admission/options';
 import { parseAffinity, type AffinityOptions } from './policies/session-affinity-options';
 import { parseRetries, type RetryConfig, type RetryOptions } from './forward/retry-options';
+import { parseRequestBuffering, type BufferingConfig, type RequestBufferingOptions } from './request/buffering-options';
 import { parseTimeouts, type BodyTimeoutOptions, type TimeoutConfig, type TimeoutOptions } from './forward/timeout-options';
 import type { Policy, PolicyName } from './types';
 import { parseUpstreams, type UpstreamConfig, type UpstreamEntry } from './upstreams/upstream-options';
@@ -81,6 +82,13 @@ interface ProxyOptions {
   disaggregation?: DisaggregationOptions;
   /** Capacity per endpoint, a fair queue across tenants, priorities and token budgets (docs/operating.md). Default: off. */
   admission?: AdmissionOptions;
+  /**
+   * Read a request body whole before opening the upstream connection (nginx's
+   * `proxy_request_buffering on`), so that slow clients hold the gateway's sockets, not the
+   * engine's; `false` streams every body routing does not read. Default: on, up to
+   * {@link RequestBufferingOptions.maxBytes} (1 MiB).
+   */
+  requestBuffering?: RequestBufferingOptions | boolean;
 }
 
 /** Options of {@link dpRouter}: those of `dpRank()`, the upstream timeouts, and the proxy's own. */
@@ -100,7 +108,7 @@ export type Mode = 'dpRank' | 'dpRouter';
  * holds a socket, a timer or a policy's state (RouterServices builds those from it). The user's
  * own objects (a Policy, a registry, a logger, a `trust` function) are kept as given.
  */
-export interface Configuration extends HintConfig, TimeoutConfig, RetryConfig {
+export interface Configuration extends HintConfig, TimeoutConfig, RetryConfig, BufferingConfig {
   /** The upstreams given by `url`: DNS entries add theirs once resolved. */
   readonly upstreams: readonly UpstreamConfig[];
   /** Every entry as given, DNS entries as templates. */
@@ -153,7 +161,7 @@ const RANK_KEYS: KeysEnum<DpRankOptions> = {
   loadFeedback: true,
   logger: true,
 };
-const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true, disaggregation: true, admission: true };
+const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true, disaggregation: true, admission: true, requestBuffering: true };
 const ROUTER_KEYS: KeysEnum<DpRouterOptions> = { ...RANK_KEYS, ...PROXY_KEYS };
 
 /**
@@ -179,6 +187,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
   requireTokenizerForKvEvents(upstreamSources, options.policy === 'prefix-aware', tokenizerFiles);
   const disaggregation = parseDisaggregation('disaggregation', proxy.disaggregation, upstreamSources);
   const upstreams = fixedUpstreams(upstreamSources);
+  const maxBufferedBytes = parseMaxBufferedBytes('maxBufferedBytes', options.maxBufferedBytes);
   return Object.freeze({
     upstreams: disaggregation === undefined ? upstreams : decodePool(upstreams),
     upstreamSources,
@@ -190,12 +199,13 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
     ...affinity,
     ...parseTimeouts('timeouts', options.timeouts, proxying),
     maxBodyBytes: parseMaxBodyBytes('maxBodyBytes', options.maxBodyBytes),
-    maxBufferedBytes: parseMaxBufferedBytes('maxBufferedBytes', options.maxBufferedBytes),
+    maxBufferedBytes,
     exposeDecision: booleanOption('exposeDecision', options.exposeDecision, EXPOSE_DECISION),
     xfwd: parseXfwd('xfwd', proxy.xfwd),
     outlierDetection: proxying ? parseOutlierDetection('outlierDetection', proxy.outlierDetection) : undefined,
     healthCheck: parseHealthCheck('healthCheck', proxy.healthCheck),
     ...parseRetries('retries', proxying ? proxy.retries : false),
+    ...parseRequestBuffering('requestBuffering', proxying ? proxy.requestBuffering : false, maxBufferedBytes),
     loadFeedback: parseLoadFeedback('loadFeedback', options.loadFeedback),
     logger: parseLogger('logger', options.logger),
     tokenizer: policy === 'prefix-aware' ? tokenizerFiles : undefined,

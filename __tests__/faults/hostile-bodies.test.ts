@@ -211,7 +211,8 @@ const errorOf = (answer: string) => JSON.parse(answer.slice(answer.indexOf('\r\n
 describe('slow request bodies', () => {
   it('answers 408 in vLLM shape to 20 bodies streamed past timeouts.bodyMs, closing each upstream request without blaming it', async () => {
     const counting = await countingUpstream();
-    gateway = await startGateway({ upstreams: [{ url: counting.url, dataParallelSize: 2 }], timeouts: { bodyMs: 500 }, outlierDetection: { consecutiveFailures: 1 } });
+    // Streamed (`requestBuffering: false`): the upstream requests are open while the bodies trickle.
+    gateway = await startGateway({ upstreams: [{ url: counting.url, dataParallelSize: 2 }], timeouts: { bodyMs: 500 }, outlierDetection: { consecutiveFailures: 1 }, requestBuffering: false });
     const answers = await Promise.all(Array.from({ length: 20 }, () => slowWriter(gateway!.url, '/v1/completions', 50)));
     for (const answer of answers) {
       expect(answer).toMatch(/^HTTP\/1\.1 408 /);

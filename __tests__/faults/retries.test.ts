@@ -170,7 +170,8 @@ describe('retries', () => {
 
   it('streams a body over retries.maxBodyBytes without retrying it', async () => {
     const live = await echo();
-    gateway = await startGateway(pair(await deadUrl(), live.url, { upstreams: [{ url: await deadUrl(), name: 'a' }, { url: live.url, name: 'b' }], retries: { maxBodyBytes: 16 } }));
+    // Streamed, not buffered: a body `requestBuffering` has read whole is replayed whatever its size.
+    gateway = await startGateway(pair(await deadUrl(), live.url, { upstreams: [{ url: await deadUrl(), name: 'a' }, { url: live.url, name: 'b' }], retries: { maxBodyBytes: 16 }, requestBuffering: false }));
     const small = await exchange(gateway.url, { body: '{"prompt":"x"}' });
     expect(small.status).toBe(200);
     const large = await exchange(gateway.url, { body: JSON.stringify({ prompt: 'x'.repeat(100) }) });
@@ -180,7 +181,8 @@ describe('retries', () => {
 
   it('does not retry a chunked body it did not read', async () => {
     const live = await echo();
-    gateway = await startGateway(pair(await deadUrl(), live.url, { upstreams: [{ url: await deadUrl(), name: 'a' }, { url: live.url, name: 'b' }] }));
+    // Streamed, not buffered (`requestBuffering` would have read it whole, and then replay it).
+    gateway = await startGateway(pair(await deadUrl(), live.url, { upstreams: [{ url: await deadUrl(), name: 'a' }, { url: live.url, name: 'b' }], requestBuffering: false }));
     const status = await new Promise<number>((resolve) => {
       const outgoing = httpRequest(`${gateway!.url}/v1/completions`, { method: 'POST', agent: false, headers: { 'transfer-encoding': 'chunked' } });
       outgoing.on('response', (response) => {

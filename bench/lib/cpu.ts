@@ -39,7 +39,7 @@ export interface BenchChild {
 }
 
 /**
- * Starts a TypeScript entry point as its own Node process (through tsx's loader), pinned to
+ * Starts an entry point as its own Node process (a `.ts` one through tsx's loader), pinned to
  * `core` when taskset is available, under `launcher` when given (e.g. valgrind), and waits
  * until it prints `READY <port>`.
  */
@@ -52,7 +52,8 @@ export async function startChild(
   nodeArgs: readonly string[] = [],
   launcher: readonly string[] = [],
 ): Promise<BenchChild> {
-  const node = [...launcher, process.execPath, ...nodeArgs, '--import', 'tsx', resolve(script), ...args];
+  const loader = script.endsWith('.ts') ? ['--import', 'tsx'] : [];
+  const node = [...launcher, process.execPath, ...nodeArgs, ...loader, resolve(script), ...args];
   const [command, ...commandArgs] = core === undefined ? node : ['taskset', '-c', String(core), ...node];
   const child = spawn(command, commandArgs, {
     cwd: resolve(__dirname, '..', '..'),
@@ -61,8 +62,8 @@ export async function startChild(
   });
   const port = await new Promise<number>((resolvePort, reject) => {
     const lines = createInterface({ input: child.stdout! });
-    // A loaded machine starts a contender under valgrind slowly: BENCH_READY_MS waits longer.
-    const readyMs = Number(process.env.BENCH_READY_MS) || 120_000;
+    // Under a launcher (valgrind) on a loaded machine, starting takes minutes; BENCH_READY_MS overrides.
+    const readyMs = Number(process.env.BENCH_READY_MS) || (launcher.length > 0 ? 900_000 : 120_000);
     const timer = setTimeout(() => reject(new Error(`${name}: no READY line within ${readyMs / 1000} s`)), readyMs);
     lines.on('line', (line) => {
       const match = /^READY (\d+)$/.exec(line.trim());
@@ -110,9 +111,18 @@ const USER_HZ = (() => {
  * spent descheduled left out, so it holds on a machine that other work shares.
  */
 export function processCpuMs(pid: number | undefined): number | undefined {
+  return cpuMsOf(pid, `/proc/${pid}/stat`);
+}
+
+/** CPU time of a process's main thread alone (JavaScript and the GC it runs), as {@link processCpuMs}. */
+export function mainThreadCpuMs(pid: number | undefined): number | undefined {
+  return cpuMsOf(pid, `/proc/${pid}/task/${pid}/stat`);
+}
+
+function cpuMsOf(pid: number | undefined, path: string): number | undefined {
   if (pid === undefined) return undefined;
   try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const stat = readFileSync(path, 'utf8');
     const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
     // After "pid (comm) ", field 3 (state) is index 0: utime is field 14, stime 15.
     return ((Number(fields[11]) + Number(fields[12])) * 1000) / USER_HZ;

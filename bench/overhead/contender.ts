@@ -6,25 +6,28 @@
  * kinds: `baseline` (Express + http-proxy-middleware with a keep-alive agent, what a user
  * would mount themselves), `baseline-json` (the same behind `express.json()` with
  * `fixRequestBody`), `router:<policy>` (Express + dpRouter with that policy, default
- * options), `router:<policy>+nometrics` / `+noretry` (the same with `metrics: false` /
- * `retries: false`, diagnostic), `+pino` (a pino logger at info, so the per-decision debug
+ * options), `router:<policy>+nometrics` / `+noretry` / `+nobuffer` (the same with `metrics: false` /
+ * `retries: false` / `requestBuffering: false`, diagnostic), `+pino` (a pino logger at info, so the per-decision debug
  * line is checked and skipped), `+otel` (the OpenTelemetry SDK registered and a recording
  * span made active per request, as the HTTP instrumentation would: the router traces) and
  * `+otelidle` (the same span, with a non-recording stand-in made active in its place: the
  * router finds nothing to record, so `+otel` against it is the router's own tracing work),
  * `+pools1` / `+pools2` (routing by model: one pool serving the request's model, or two),
  * and `bare-http` (a bare node:http proxy without Express, for context).
+ * The router comes from `DP_ROUTER_BENCH_LIB` (contender-process.ts sets it: the compiled
+ * package, or the sources under tsx); by default, the sources next to this file.
  * Prints `READY <port>`.
  */
 import { Agent, createServer, request as httpRequest } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import express from 'express';
 import { createProxyMiddleware, fixRequestBody } from 'http-proxy-middleware';
-import { dpRouter } from '../../lib/dp-router';
-import { prefixAware } from '../../lib/policies/prefix-aware';
-import { sessionAffinity } from '../../lib/policies/session-affinity';
-import type { Policy, PolicyName } from '../../lib/types';
+import type { PolicyName } from '../../lib/types';
 import { ROUTER_UPSTREAM } from './scenario';
+
+// A runtime require, so that the transpiled contender loads dist/ and never the sources.
+const library = process.env.DP_ROUTER_BENCH_LIB ?? `${__dirname}/../../lib`;
+const { dpRouter } = require(library) as typeof import('../../lib');
 
 const [kind, upstreamUrl] = process.argv.slice(2);
 if (!kind || !upstreamUrl) {
@@ -32,24 +35,10 @@ if (!kind || !upstreamUrl) {
   process.exit(2);
 }
 
-/** A built-in policy by name, or its factory where the name is not wired into dpRouter yet. */
-function policyFor(name: string): PolicyName | Policy {
-  try {
-    dpRouter({ upstreams: [{ url: upstreamUrl }], policy: name as PolicyName, metrics: false }).close();
-    return name as PolicyName;
-  } catch (error) {
-    if (!/not available yet/.test(String(error))) throw error;
-    if (name === 'prefix-aware') return prefixAware();
-    if (name === 'session-affinity') return sessionAffinity();
-    throw error;
-  }
-}
-
 if (kind === 'bare-http') startBareProxy(upstreamUrl);
 
 const app = express();
 app.disable('x-powered-by');
-let policySource = '';
 if (kind === 'bare-http') {
   // served by startBareProxy
 } else if (kind === 'baseline' || kind === 'baseline-json') {
@@ -82,8 +71,7 @@ if (kind === 'bare-http') {
   // `router:<policy>[+nometrics][+noretry]`: the flags (diagnostic, not in the default set)
   // switch off prom-client metrics or retries (whose body buffering) to isolate their share.
   const [name, ...flags] = kind.slice('router:'.length).split('+');
-  const policy = policyFor(name);
-  policySource = typeof policy === 'string' ? 'name' : 'factory';
+  const policy = name as PolicyName;
   const extra: Record<string, unknown> = {};
   let upstreams: unknown[] = [{ url: upstreamUrl, ...ROUTER_UPSTREAM }];
   for (const flag of flags) {
@@ -91,6 +79,7 @@ if (kind === 'bare-http') {
     else if (flag === 'noretry') extra.retries = false;
     // Admission configured with room to spare: what it costs when nothing waits.
     else if (flag === 'admission') extra.admission = { maxInflightPerRank: 1_000_000, tenant: { header: 'x-tenant-id' } };
+    else if (flag === 'nobuffer') extra.requestBuffering = false;
     else if (flag === 'pino') extra.logger = require('pino')({ level: 'info' }, require('pino').destination('/dev/null'));
     else if (flag === 'otel' || flag === 'otelidle') app.use(spanPerRequest(flag === 'otel'));
     // Routing by model: one pool serving the benchmark's model, or two (the request's model on ranks 0 and 2).
@@ -111,7 +100,6 @@ if (kind === 'bare-http') {
 
 if (kind !== 'bare-http') {
   const server = app.listen(0, '127.0.0.1', () => {
-    process.stdout.write(`POLICY_SOURCE ${policySource}\n`);
     process.stdout.write(`READY ${(server.address() as AddressInfo).port}\n`);
   });
   server.keepAliveTimeout = 60_000;

@@ -1,5 +1,5 @@
 /**
- * npx tsx bench/overhead/interleaved.ts [contenderA] [contenderB] [requests] [bytes] [rate]
+ * npx tsx bench/overhead/interleaved.ts [contenderA] [contenderB] [requests] [bytes] [rate] [--tsx]
  *
  * An A/B that holds on a noisy machine: both contenders run pinned to the same core and the
  * client alternates its requests between them, so whatever slows the machine down slows both
@@ -11,19 +11,26 @@
  * one's latency is taken from its due time; it adds p50 and p99 per contender and p99(B) −
  * p99(A). Half the baseline's saturated rate on one core leaves the shared core half busy:
  * that is the half-load latency comparison.
+ *
+ * CPU is reported for all threads of each contender (the figure to compare) and for its main
+ * thread alone. Contenders run the compiled package; `--tsx` runs the sources (diagnostic);
+ * `<contender>@<git-ref>` runs that revision's router (contender-process.ts).
  */
 import { join } from 'node:path';
-import { coreCount, hasTaskset, pinSelf, processCpuMs, startChild } from '../lib/cpu';
+import { coreCount, hasTaskset, mainThreadCpuMs, pinSelf, processCpuMs, startChild } from '../lib/cpu';
 import { fixed, median, quantileSorted } from '../lib/stats';
 import { createPoster } from './client';
-import { contenderKind } from './scenario';
+import { describeBuild, libraryBuildFrom, prepareLibrary, startContender } from './contender-process';
 
 async function main(): Promise<void> {
-  const [a = 'baseline+routeropts', b = 'router:round-robin', total = '60000', bytes = '256', rateArg] = process.argv.slice(2);
+  const { build, rest } = libraryBuildFrom(process.argv.slice(2));
+  const [a = 'baseline', b = 'router:round-robin', total = '60000', bytes = '256', rateArg] = rest;
   const rate = rateArg === undefined ? undefined : Number(rateArg);
+  prepareLibrary(build, [a, b]);
   const pinned = coreCount() >= 2 && hasTaskset() && pinSelf(0);
   const upstream = await startChild('upstream', join(__dirname, 'upstream.ts'), [], pinned ? 0 : undefined);
-  const contenders = await Promise.all([a, b].map((id) => startChild(id, join(__dirname, 'contender.ts'), [contenderKind(id), upstream.url], pinned ? 1 : undefined)));
+  const contenders = await Promise.all([a, b].map((id) => startContender(id, upstream.url, build, pinned ? 1 : undefined)));
+  console.log(`${a} vs ${b}, ${bytes} B, ${describeBuild(build)}${pinned ? ', both on core 1' : ', not pinned'}`);
   const poster = createPoster(Number(bytes));
   const portFor = (turn: number) => contenders[turn % 2].port;
 
@@ -47,33 +54,43 @@ async function main(): Promise<void> {
   };
   const block = async (count: number) => {
     const before = contenders.map((child) => processCpuMs(child.process.pid)!);
+    const beforeMain = contenders.map((child) => mainThreadCpuMs(child.process.pid)!);
     const latencies = rate === undefined ? undefined : await paced(count, rate);
     if (rate === undefined) await poster.run(count, portFor);
     const cpu = contenders.map((child, index) => ((processCpuMs(child.process.pid)! - before[index]) * 1000) / (count / 2));
-    return { cpu, latencies };
+    const main = contenders.map((child, index) => ((mainThreadCpuMs(child.process.pid)! - beforeMain[index]) * 1000) / (count / 2));
+    return { cpu, main, latencies };
   };
   await block(rate === undefined ? 4000 : Math.min(4000, rate * 2));
   const blockSize = 10000;
   const blocks = Math.max(1, Math.round(Number(total) / blockSize));
   const ratios: number[] = [];
+  const mainRatios: number[] = [];
   const costs: number[][] = [[], []];
+  const p50Added: number[] = [];
   const p99Added: number[] = [];
+  const signed = (ms: number) => `${ms >= 0 ? '+' : ''}${fixed(ms, 2)}`;
   for (let index = 0; index < blocks; index++) {
-    const { cpu, latencies } = await block(blockSize);
+    const { cpu, main, latencies } = await block(blockSize);
     costs[0].push(cpu[0]);
     costs[1].push(cpu[1]);
     ratios.push(cpu[1] / cpu[0]);
-    let line = `block ${index + 1}: ${a} ${cpu[0].toFixed(1)} µs/req, ${b} ${cpu[1].toFixed(1)} µs/req, ratio ${(cpu[1] / cpu[0]).toFixed(3)}`;
+    mainRatios.push(main[1] / main[0]);
+    let line = `block ${index + 1}: ${a} ${cpu[0].toFixed(1)} µs/req, ${b} ${cpu[1].toFixed(1)} µs/req, ratio ${(cpu[1] / cpu[0]).toFixed(3)} (main thread ${(main[1] / main[0]).toFixed(3)})`;
     if (latencies !== undefined) {
       const [p99a, p99b] = latencies.map((sorted) => quantileSorted(sorted, 0.99));
       const [p50a, p50b] = latencies.map((sorted) => quantileSorted(sorted, 0.5));
+      p50Added.push(p50b - p50a);
       p99Added.push(p99b - p99a);
       line += `; p50 ${fixed(p50a, 2)} / ${fixed(p50b, 2)} ms, p99 ${fixed(p99a, 2)} / ${fixed(p99b, 2)} ms`;
     }
     console.log(line);
   }
-  let summary = `median: ${a} ${median(costs[0]).toFixed(1)} µs/req, ${b} ${median(costs[1]).toFixed(1)} µs/req, ${b} / ${a} = ${median(ratios).toFixed(3)}`;
-  if (rate !== undefined) summary += `; at ${rate} req/s, p99 added by ${b}: ${p99Added.map((ms) => `${ms >= 0 ? '+' : ''}${fixed(ms, 2)}`).join(', ')} ms (median ${fixed(median(p99Added), 2)} ms)`;
+  let summary = `median: ${a} ${median(costs[0]).toFixed(1)} µs/req, ${b} ${median(costs[1]).toFixed(1)} µs/req, ${b} / ${a} = ${median(ratios).toFixed(3)} all threads, ${median(mainRatios).toFixed(3)} main thread`;
+  if (rate !== undefined) {
+    summary += `; at ${rate} req/s, p50 added by ${b}: ${p50Added.map(signed).join(', ')} ms (median ${signed(median(p50Added))} ms)`;
+    summary += `, p99 added: ${p99Added.map(signed).join(', ')} ms (median ${signed(median(p99Added))} ms)`;
+  }
   console.log(summary);
   poster.close();
   await Promise.all([...contenders, upstream].map((child) => child.stop()));

@@ -13,6 +13,7 @@
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
+import { describeBuild, prepareLibrary, startContender, type LibraryBuild } from './contender-process';
 import { coreCount, cpuPressure, hasTaskset, pinSelf, processCpuMs, startChild, type BenchChild } from '../lib/cpu';
 import { fixed, markdownTable, median, parseArgs } from '../lib/stats';
 import { runAutocannon, runPaced, type LoadResult, type LoadSpec, type RankExpectation, type RankTally } from './load';
@@ -40,7 +41,7 @@ function contenderFor(id: string): Contender {
   if (id === 'baseline+json') return { id, kind: contenderKind(id), headerOnly: false, expect: NO_RANK };
   if (id === 'bare-http') return { id, kind: 'bare-http', headerOnly: false, expect: NO_RANK };
   if (id === 'baseline+routeropts') return { id, kind: contenderKind(id), headerOnly: false, expect: NO_RANK };
-  const match = /^router:([a-z-]+)((?:\+(?:nometrics|noretry|pools1|pools2))*)$/.exec(id);
+  const match = /^router:([a-z-]+)((?:\+(?:nometrics|noretry|nobuffer|pools1|pools2|admission))*)(?:@\S+)?$/.exec(id);
   if (match) return { id, kind: id, headerOnly: match[2] === '' && HEADER_ONLY.includes(match[1]), expect: ROUTABLE };
   throw new Error(`unknown contender '${id}'`);
 }
@@ -68,6 +69,7 @@ interface Settings {
   contenders: string[];
   out: string;
   pin: boolean;
+  build: LibraryBuild;
 }
 
 const HELP = `npm run bench:overhead -- [options]
@@ -84,7 +86,8 @@ const HELP = `npm run bench:overhead -- [options]
   --contenders LIST      default: ${DEFAULT_CONTENDERS.join(',')}
                          also: bare-http, baseline+routeropts (the baseline with dpRouter's proxy settings), router:<policy>+nometrics, router:<policy>+noretry (or both)
   --out FILE             JSON result path (default bench/results/overhead-<time>.json)
-  --no-pin               do not pin processes to cores`;
+  --no-pin               do not pin processes to cores
+  --tsx                  run the router's TypeScript sources through tsx (diagnostic; default: the compiled package, dist/)`;
 
 function settingsFrom(argv: readonly string[]): Settings {
   const args = parseArgs(argv);
@@ -131,6 +134,7 @@ function settingsFrom(argv: readonly string[]): Settings {
     contenders,
     out: typeof out === 'string' ? resolve(out) : join(HERE, '..', 'results', `overhead-${stamp}.json`),
     pin: !args.has('no-pin'),
+    build: args.has('tsx') ? 'tsx' : 'dist',
   };
 }
 
@@ -197,6 +201,8 @@ async function main(): Promise<void> {
       : `cores: ${cores}; not pinned (${settings.pin ? 'taskset unavailable or one core' : '--no-pin'}): every process competes for every core`,
   );
 
+  prepareLibrary(settings.build, contenders.map((contender) => contender.id));
+  log(`router: ${describeBuild(settings.build)}`);
   const children: BenchChild[] = [];
   const stopAll = () => Promise.all(children.map((child) => child.stop()));
   process.once('SIGINT', () => void stopAll().then(() => process.exit(130)));
@@ -209,7 +215,7 @@ async function main(): Promise<void> {
         const child =
           contender.kind === 'direct'
             ? await startChild(contender.id, join(HERE, 'upstream.ts'), [], contenderCore)
-            : await startChild(contender.id, join(HERE, 'contender.ts'), [contender.kind, upstream.url], contenderCore);
+            : await startContender(contender.id, upstream.url, settings.build, contenderCore);
         children.push(child);
         processes.set(contender.id, child);
       }),

@@ -1,10 +1,11 @@
 /**
- * npx tsx bench/overhead/profile.ts <contender> [body-bytes] [seconds]
+ * npx tsx bench/overhead/profile.ts <contender> [body-bytes] [seconds] [--tsx]
  *
  * Where a contender's CPU goes: runs it under `--cpu-prof` at saturation (same layout as
  * bench:overhead) and prints the functions with the most self time, grouped by file, so a
  * per-request cost can be attributed (router code, prom-client, http-proxy, Express, Node).
  * e.g. npx tsx bench/overhead/profile.ts router:least-outstanding 256 5
+ * The contender runs the compiled package (dist/); `--tsx` the sources (diagnostic).
  */
 import { mkdtempSync, readdirSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -12,7 +13,8 @@ import { join } from 'node:path';
 import { coreCount, hasTaskset, pinSelf, startChild } from '../lib/cpu';
 import { fixed, markdownTable } from '../lib/stats';
 import { runAutocannon } from './load';
-import { completionBody, contenderKind, ROUTABLE_RANKS, VARIANTS } from './scenario';
+import { describeBuild, libraryBuildFrom, prepareLibrary, startContender } from './contender-process';
+import { completionBody, ROUTABLE_RANKS, VARIANTS } from './scenario';
 
 interface ProfileNode {
   id: number;
@@ -20,14 +22,13 @@ interface ProfileNode {
 }
 
 async function main(): Promise<void> {
-  const [id = 'router:least-outstanding', bytes = '256', seconds = '5'] = process.argv.slice(2);
+  const { build, rest } = libraryBuildFrom(process.argv.slice(2));
+  const [id = 'router:least-outstanding', bytes = '256', seconds = '5'] = rest;
+  prepareLibrary(build, [id]);
   const pinned = coreCount() >= 2 && hasTaskset() && pinSelf(0);
   const dir = mkdtempSync(join(tmpdir(), 'dp-router-prof-'));
   const upstream = await startChild('upstream', join(__dirname, 'upstream.ts'), [], pinned ? 0 : undefined);
-  const child = await startChild(id, join(__dirname, 'contender.ts'), [contenderKind(id), upstream.url], pinned ? 1 : undefined, {}, [
-    '--cpu-prof',
-    `--cpu-prof-dir=${dir}`,
-  ]);
+  const child = await startContender(id, upstream.url, build, pinned ? 1 : undefined, ['--cpu-prof', `--cpu-prof-dir=${dir}`]);
   try {
     const size = Number(bytes);
     const spec = {
@@ -38,7 +39,7 @@ async function main(): Promise<void> {
     };
     await runAutocannon(spec, 16, 1);
     const result = await runAutocannon(spec, 16, Number(seconds));
-    process.stdout.write(`${id}, ${bytes} B: ${fixed(result.rps, 0)} req/s, wrong rank ${result.rank.wrong}/${result.rank.checked}\n\n`);
+    process.stdout.write(`${id}, ${bytes} B, ${describeBuild(build)}: ${fixed(result.rps, 0)} req/s, wrong rank ${result.rank.wrong}/${result.rank.checked}\n\n`);
   } finally {
     await child.stop();
     await upstream.stop();
@@ -51,7 +52,7 @@ async function main(): Promise<void> {
   const byArea = new Map<string, number>();
   for (const sample of profile.samples) {
     const frame = nodes.get(sample)!.callFrame;
-    const where = frame.url.replace(/^file:\/\//, '').replace(/^.*\/node_modules\//, '~/').replace(/^.*\/work\/main\//, '');
+    const where = frame.url.replace(/^file:\/\//, '').replace(/^.*\/node_modules\//, '~/').replace(/^.*\/(?:dist\/cjs|bench\/results\/\.rev-\w+\/dist\/cjs)\//, 'lib/').replace(/^.*\/work\/[^/]+(?:\/[^/]+)?\/(?=lib\/)/, '');
     const name = `${frame.functionName || '(anonymous)'} ${where}:${frame.lineNumber + 1}`;
     byFunction.set(name, (byFunction.get(name) ?? 0) + 1);
     const area = where.startsWith('lib/')

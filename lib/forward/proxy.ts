@@ -70,6 +70,7 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
       }
       const route = routes.get(req)!;
       if (route.body !== undefined) proxyReq.write(route.body);
+      else if (route.bodyHead !== undefined) proxyReq.write(route.bodyHead);
       route.armDeadlines(proxyReq, connectTimeoutMs, firstByteTimeoutMs);
       // Node's client hands a 101 with `Upgrade` only to an 'upgrade' listener and otherwise
       // drops the socket without an event, which would leave the client without an answer.

@@ -13,7 +13,9 @@ export interface RetryOptions {
    * Bodies with a declared `Content-Length` up to this size are held in memory until the
    * upstream answers, so that a retry can replay them byte for byte. Larger bodies, and
    * chunked ones the router did not otherwise read, are streamed and not retried. With a
-   * single upstream server nothing is held: there is nowhere to retry. Default: `1_048_576` (1 MiB).
+   * single upstream server nothing is held: there is nowhere to retry. A body `requestBuffering`
+   * has read whole is held anyway until the answer begins, and is replayed whatever its size.
+   * Default: `1_048_576` (1 MiB).
    */
   maxBodyBytes?: number;
 }

@@ -4,8 +4,12 @@ import type { BodyBudget } from './body-budget';
 import { sendError } from '../errors';
 import type { RouteState, RoutedRequest } from './route-state';
 
-/** Why a body is read: routing needs it (all of it, or the request is answered), or a retry may replay it. */
-export type BodyPurpose = 'routing' | 'replay';
+/**
+ * Why a body is read: routing needs it (all of it, or the request is answered), a retry may
+ * replay it, or it is buffered before the upstream connection opens (`requestBuffering`: a
+ * body too large or over the budget is streamed, what was read of it first).
+ */
+export type BodyPurpose = 'routing' | 'replay' | 'buffer';
 
 /** Express's `next`: called with an error for the code's own problems. */
 export type Next = (error?: unknown) => void;
@@ -34,9 +38,12 @@ export class BodyReader {
   read(req: RoutedRequest, res: ServerResponse, route: RouteState, limit: number, purpose: BodyPurpose, next: Next, then: (bytes: Buffer | undefined) => void): void {
     const lease = route.leaseFrom(this.budget, res);
     if (lease === undefined) return;
-    readBody(req, limit, lease).then((result) => {
+    readBody(req, limit, lease, purpose === 'buffer').then((result) => {
       if (!result.ok) {
-        if (result.failure === 'over_budget' && purpose === 'replay') {
+        if (purpose === 'buffer' && result.failure !== 'aborted') {
+          route.bodyHead = result.read;
+          if (!res.destroyed) then(undefined);
+        } else if (result.failure === 'over_budget' && purpose === 'replay') {
           then(undefined);
         } else if (result.failure === 'too_large') {
           res.setHeader('connection', 'close');

@@ -5,15 +5,17 @@ import { isJsonMediaType } from './media-type';
 /** Why a body could not be read. */
 export type BodyFailure = 'too_large' | 'over_budget' | 'aborted';
 
-export type BodyResult = { ok: true; bytes: Buffer } | { ok: false; failure: BodyFailure };
+/** `read`: with `keepRead`, the bytes taken from the stream before it stopped (the stream is left paused, the rest unread). */
+export type BodyResult = { ok: true; bytes: Buffer } | { ok: false; failure: BodyFailure; read?: Buffer };
 
 /**
  * Reads a request body into one buffer, stopping at `limit` bytes. A declared
  * `content-length` over the limit fails before a byte is read. With a lease, the bytes are
  * taken from the router's body budget first: a declared length at once, a chunked body chunk
- * by chunk; what the budget cannot give fails as `over_budget`.
+ * by chunk; what the budget cannot give fails as `over_budget`. With `keepRead`, a chunked body
+ * that stops there returns what was taken from the stream, to be sent ahead of the rest.
  */
-export function readBody(req: IncomingMessage, limit: number, lease?: BodyLease): Promise<BodyResult> {
+export function readBody(req: IncomingMessage, limit: number, lease?: BodyLease, keepRead = false): Promise<BodyResult> {
   const declared = Number(req.headers['content-length']);
   if (declared > limit) return Promise.resolve({ ok: false, failure: 'too_large' });
   const reserved = lease !== undefined && declared > 0;
@@ -38,7 +40,8 @@ export function readBody(req: IncomingMessage, limit: number, lease?: BodyLease)
         else if (lease !== undefined && !reserved && !lease.grow(chunk.length)) failure = 'over_budget';
         if (failure !== undefined) {
           req.pause();
-          on.finish({ ok: false, failure });
+          // The chunk that did not fit is part of what was taken from the stream.
+          on.finish(keepRead ? { ok: false, failure, read: Buffer.concat([...chunks, chunk]) } : { ok: false, failure });
           return;
         }
         chunks.push(chunk);

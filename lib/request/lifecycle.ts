@@ -54,7 +54,8 @@ export interface LifecycleParts {
  *
  *   handle    strip the client's rank headers, judge trust and a header hint
  *   admit     admission (a hook: nothing waits yet)
- *   readBody  read the body when routing needs it, within `maxBodyBytes` and the body budget
+ *   readBody  read the body when routing needs it, within `maxBodyBytes` and the body budget;
+ *             otherwise buffer it (`requestBuffering`) so that no upstream connection waits on a slow client
  *   decide    judge a body hint; the hinted rank, a rejection, a 503, or the policy's pick
  *             among {@link candidates}
  *   assign    take the endpoint's slot, count, set the rank header, `req.dpRank` and the
@@ -154,7 +155,11 @@ export class RequestLifecycle {
     }
   }
 
-  /** Reads the body when routing needs it (into `route.body`, its members into `route.view`), then decides. */
+  /**
+   * Reads the body when routing needs it (into `route.body`, its members into `route.view`), or
+   * buffers it (`requestBuffering`, dpRouter), then decides: a rank is picked, and a connection
+   * opened, only for a request that has arrived.
+   */
   readBody(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
     const { inputs } = this;
     // Routing by model reads the body only once some upstream's models tell the pools apart.
@@ -176,7 +181,8 @@ export class RequestLifecycle {
       return;
     }
     if (!wantsBody || !bodied || !isJson(req)) {
-      this.decide(req, res, next, route);
+      if (bodied && this.config.bufferMaxBytes > 0) this.bodies.read(req, res, route, this.config.bufferMaxBytes, 'buffer', next, () => this.decide(req, res, next, route));
+      else this.decide(req, res, next, route);
       return;
     }
     this.bodies.read(req, res, route, this.config.maxBodyBytes, 'routing', next, (bytes) => {

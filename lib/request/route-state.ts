@@ -44,6 +44,8 @@ export class RouteState {
   source: DecisionSource = 'assigned';
   /** The body bytes to send upstream, when the router holds them. */
   body: Buffer | undefined = undefined;
+  /** The first bytes of a body streamed after buffering stopped (`requestBuffering`): sent ahead of the rest, never replayed. */
+  bodyHead: Buffer | undefined = undefined;
   /** The request's share of the router's body budget, once it holds body bytes. */
   lease: BodyLease | undefined = undefined;
   /** Where `body` carries the hint field (`hints.bodyField`), rewritten to the rank it is sent to. */

@@ -1,0 +1,40 @@
+import { fail, integerOption, pathOf, toggle, type KeysEnum } from '../option-checks';
+
+/**
+ * Request buffering, an option of `dpRouter()`: a request body the router would otherwise
+ * stream is read whole before the upstream connection is opened (nginx's
+ * `proxy_request_buffering on`), so that a client sending its body slowly holds a socket of the
+ * gateway, not one of vLLM's API server. Bodies the router reads anyway (body hints,
+ * `prefix-aware`, a body session key) are read whole already.
+ */
+export interface RequestBufferingOptions {
+  /**
+   * Largest body read before the upstream connection is opened; a larger one (by its
+   * `Content-Length`, or a chunked body once it passes this size) is streamed, its first bytes
+   * included. Buffered bodies count against `maxBufferedBytes`; one the budget cannot hold now
+   * is streamed. Default: `1_048_576` (1 MiB).
+   */
+  maxBytes?: number;
+}
+
+/** `requestBuffering`, resolved. */
+export interface BufferingConfig {
+  /** Largest body buffered before the upstream connection opens; 0 when buffering is off. */
+  readonly bufferMaxBytes: number;
+}
+
+const MAX_BYTES = 1024 * 1024;
+const KEYS: KeysEnum<RequestBufferingOptions> = { maxBytes: true };
+
+/** `requestBuffering`: on by default (1 MiB); `false` streams every body it does not read anyway. */
+export function parseRequestBuffering(path: string, value: unknown, maxBufferedBytes: number): BufferingConfig {
+  const buffering = toggle(path, value, KEYS, true);
+  if (buffering === undefined) return { bufferMaxBytes: 0 };
+  const maxPath = pathOf(path, 'maxBytes');
+  const fallback = Math.min(MAX_BYTES, maxBufferedBytes);
+  const bufferMaxBytes = integerOption(maxPath, buffering.maxBytes, fallback, 1, 2 ** 31);
+  if (bufferMaxBytes > maxBufferedBytes) {
+    fail(maxPath, `is ${bufferMaxBytes}, more than maxBufferedBytes (${maxBufferedBytes}), which would never hold such a body`, `Lower \`${maxPath}\` or raise \`maxBufferedBytes\`.`);
+  }
+  return { bufferMaxBytes };
+}

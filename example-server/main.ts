@@ -28,7 +28,10 @@ async function main(): Promise<void> {
     const { startTracing } = await import('./tracing');
     tracing = startTracing(settings.otlpEndpoint);
   }
-  const { startExampleGateway } = await import('./gateway');
+  // With require, not import(): under tsx an import() loads the gateway (and express) as ES
+  // modules, which the OpenTelemetry instrumentations, hooking require, never see.
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const { startExampleGateway } = require('./gateway') as typeof import('./gateway');
   const gateway = await startExampleGateway(settings, logger);
   logger.info({ otlpEndpoint: settings.otlpEndpoint }, gateway.summary);
 

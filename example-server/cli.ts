@@ -1,4 +1,5 @@
 import { Resolver } from 'node:dns';
+import { existsSync } from 'node:fs';
 import type { DnsUpstreamOptions, PolicyName, RankHeaderMode, UpstreamOptions } from '../lib';
 import { resolveKvEndpoints } from '../lib/exact-prefix/events/endpoints';
 import type { KvEventsOptions } from '../lib/exact-prefix/events/source';
@@ -97,8 +98,10 @@ Options:
                         --kv-events-config), e.g. tcp://10.0.0.5:5557,tcp://10.0.0.5:5558:
                         rank 0's ports, offset by the global rank as vLLM does
   --tokenizer PATH      the model's tokenizer (a directory with tokenizer.json and
-                        tokenizer_config.json): with --kv-events, prefix-aware routes
-                        on the engines' own KV-cache events. The embedded mock needs neither.
+                        tokenizer_config.json; it must exist): with --kv-events,
+                        prefix-aware routes on the engines' own KV-cache events. Only
+                        --policy prefix-aware (and --pd, --prefill/--decode) reads it:
+                        with another policy it is an error. The embedded mock needs neither.
   --policy NAME         least-outstanding | round-robin | random | power-of-two |
                         session-affinity | prefix-aware                  [least-outstanding]
   --trust-hints         honour valid client X-data-parallel-rank hints   [off]
@@ -216,7 +219,7 @@ const FLAGS: Readonly<Record<string, Flag>> = {
       s.kvEvents.set(parseUpstreamSpec(previous, s.settings.dpSize).url, kvEventsSpec(flag, raw));
     },
   },
-  '--tokenizer': { value: (s, raw) => (s.settings.tokenizer = raw) },
+  '--tokenizer': { value: (s, raw, flag) => (s.settings.tokenizer = existingPath(flag, raw)) },
   '--policy': { value: (s, raw, flag) => (s.settings.policy = choice(flag, raw, POLICIES)) },
   '--trust-hints': { switch: (s, on) => (s.settings.trustHints = on) },
   '--on-invalid': { value: (s, raw, flag) => (s.settings.onInvalid = choice(flag, raw, ['reassign', 'reject'] as const)) },
@@ -334,6 +337,11 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
   }
   if (state.dnsServers.length > 0 && state.dnsSpecs.length === 0) throw new UsageError('--dns-server is the server --upstream-dns asks: give an --upstream-dns too');
   disaggregate(state);
+  // Only prefix-aware reads a tokenizer (with --pd or --prefill/--decode, the prefill policy is
+  // prefix-aware): given to another policy, it would be loaded for nothing and silently unused.
+  if (settings.tokenizer !== undefined && settings.policy !== 'prefix-aware' && settings.disaggregation === undefined) {
+    throw new UsageError(`--tokenizer is read only by --policy prefix-aware (or --pd, --prefill and --decode), and the policy is ${settings.policy}: add --policy prefix-aware or drop --tokenizer`);
+  }
   if (kvEvents.size > 0 && settings.tokenizer === undefined) {
     throw new UsageError('--kv-events needs --tokenizer PATH: the router tokenizes prompts with the model\'s own tokenizer to look them up');
   }
@@ -435,6 +443,12 @@ function parseRankList(shownSpec: string, list: string): number[] {
     for (let rank = first; rank <= last; rank++) ranks.push(rank);
   }
   return ranks;
+}
+
+/** A path flag's value, refused when nothing is there: a typo fails at once, not at the first request. */
+function existingPath(flag: string, raw: string): string {
+  if (!existsSync(raw)) throw new UsageError(`${flag} ${JSON.stringify(raw)}: no such file or directory`);
+  return raw;
 }
 
 /** `ENDPOINT[,REPLAY_ENDPOINT]`, each a ZeroMQ endpoint the router connects to. */

@@ -1,5 +1,9 @@
 import { describe, expect, it } from '@jest/globals';
+import { join } from 'node:path';
 import { parseCommandLine, UsageError, type GatewaySettings } from '../../example-server/cli';
+
+/** A tokenizer directory that exists: the embedded mock's. */
+const TOKENIZER = join(__dirname, '../../example-server/mock-vllm/tokenizer');
 
 const parse = (...argv: string[]) => parseCommandLine(argv) as GatewaySettings;
 
@@ -38,19 +42,26 @@ describe('parseCommandLine', () => {
 
   it('gives --kv-events to the --upstream before it, with --tokenizer', () => {
     const { upstreams, tokenizer } = parse(
+      '--policy', 'prefix-aware',
       '--upstream', 'http://a:8000@0-3',
       '--kv-events', 'tcp://a:5557,tcp://a:5558',
       '--upstream', 'http://b:8000@4-7',
       '--upstream', 'http://c:8000@8',
       '--kv-events', 'tcp://c:6000',
-      '--tokenizer', '/models/llama',
+      '--tokenizer', TOKENIZER,
     );
     expect(upstreams.map((upstream) => upstream.kvEvents)).toEqual([
       { endpoint: 'tcp://a:5557', replayEndpoint: 'tcp://a:5558' },
       undefined,
       { endpoint: 'tcp://c:6000' },
     ]);
-    expect(tokenizer).toBe('/models/llama');
+    expect(tokenizer).toBe(TOKENIZER);
+  });
+
+  it('takes --tokenizer for prefix-aware and for disaggregation, whose prefill policy is prefix-aware', () => {
+    expect(parse('--policy', 'prefix-aware', '--tokenizer', TOKENIZER).tokenizer).toBe(TOKENIZER);
+    expect(parse('--pd', '--tokenizer', TOKENIZER).tokenizer).toBe(TOKENIZER);
+    expect(parse('--prefill', 'http://p:8000', '--decode', 'http://d:8000', '--tokenizer', TOKENIZER).tokenizer).toBe(TOKENIZER);
   });
 
   it('reads the log level from LOG_LEVEL, and --log-level over it, and the OTLP endpoint', () => {
@@ -162,6 +173,9 @@ describe('parseCommandLine', () => {
     [['--trust-hints', 'false'], /unknown option "false"/],
     [['--host='], /--host needs a value/],
     [['--tokenizer', ''], /--tokenizer needs a value/],
+    [['--policy', 'prefix-aware', '--tokenizer', '/nonexistent/model'], /^--tokenizer "\/nonexistent\/model": no such file or directory$/],
+    [['--tokenizer', TOKENIZER], /^--tokenizer is read only by --policy prefix-aware \(or --pd, --prefill and --decode\), and the policy is least-outstanding: add --policy prefix-aware or drop --tokenizer$/],
+    [['--policy', 'round-robin', '--upstream', 'http://a:8000', '--kv-events', 'tcp://a:5557', '--tokenizer', TOKENIZER], /--tokenizer is read only by --policy prefix-aware/],
     [['--upstream=', '--port', '1'], /--upstream needs a value/],
     [['--toString'], /unknown option "--toString"/],
     [['--constructor=1'], /unknown option "--constructor=1"/],

@@ -753,8 +753,12 @@ describe('example-server/Dockerfile', () => {
     }, 30_000);
 
     it('names a tokenizer it cannot load once, with the package named once', async () => {
-      const image = await runImage([...cmd(), '--policy', 'prefix-aware', '--upstream', 'http://127.0.0.1:1', '--kv-events', 'tcp://127.0.0.1:5557', '--tokenizer', '/nonexistent/model']);
-      expect(await image.exited).toBe(1);
+      // A directory that exists (the command line refuses a missing path) and holds no tokenizer.
+      const empty = mkdtempSync(path.join(tmpdir(), 'no-tokenizer-'));
+      const image = await runImage([...cmd(), '--policy', 'prefix-aware', '--upstream', 'http://127.0.0.1:1', '--kv-events', 'tcp://127.0.0.1:5557', '--tokenizer', empty]);
+      const code = await image.exited;
+      rmSync(empty, { recursive: true });
+      expect(code).toBe(1);
       expect(image.output.text.trim().split('\n')).toEqual([expect.stringMatching(/^express-dp-router: `prefixAware\.tokenizer` could not be loaded: /)]);
     });
 

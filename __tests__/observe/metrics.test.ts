@@ -117,14 +117,24 @@ describe('time to first token, retries and ejections through the router', () => 
     expect(await firstTokens()).toBe(1);
   });
 
-  it('times a stream to its first event, not its headers', async () => {
+  it.each([
+    ['nothing', 'text/event-stream; charset=utf-8', ''],
+    ['an SSE comment', 'text/event-stream; charset=utf-8', ': ping\n\n'],
+    ['a leading blank line', 'text/event-stream', '\n'],
+    ['CRLF blank lines and a comment', 'text/event-stream', '\r\n: keep-alive\r\n\r\n'],
+    ['a byte-order mark and a comment', 'text/event-stream', '\ufeff:\n\n'],
+    ['a capitalised media type', 'Text/Event-Stream', ''],
+    ['a capitalised media type and a comment', 'Text/Event-Stream; charset=UTF-8', ': ping\n\n'],
+  ])('times a stream to its first event, not its headers, after %s', async (_case, contentType, prelude) => {
     upstream = await startEchoUpstream();
-    // The headers go out at once and the first event a while later. Measured at the event, the
-    // time cannot be shorter than the pause, however slow the machine; at the headers it would be.
+    // The headers (and the prelude) go out at once and the first event a while later. Measured
+    // at the event, the time cannot be shorter than the pause, however slow the machine; at the
+    // headers or the prelude it would be.
     const pauseMs = 300;
     upstream.respond = (_req, res) => {
-      res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8' });
-      res.flushHeaders();
+      res.writeHead(200, { 'content-type': contentType });
+      if (prelude === '') res.flushHeaders();
+      else res.write(prelude);
       setTimeout(() => {
         res.write('data: {"choices":[{"text":"a"}]}\n\n');
         res.end('data: [DONE]\n\n');
@@ -136,7 +146,7 @@ describe('time to first token, retries and ejections through the router', () => 
       sent.on('error', reject);
       sent.end('{"stream":true}');
     });
-    expect(response.headers['content-type']).toMatch(/^text\/event-stream/);
+    expect(response.headers['content-type']).toMatch(/^text\/event-stream/i);
     response.resume();
     await new Promise((resolve) => response.once('end', resolve));
     const samples = parseExposition(await gateway.registry.metrics());

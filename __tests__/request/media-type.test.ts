@@ -1,5 +1,5 @@
 import { describe, expect, it } from '@jest/globals';
-import { isJsonMediaType } from '../../lib/request/media-type';
+import { isEventStreamMediaType, isJsonMediaType } from '../../lib/request/media-type';
 
 describe('isJsonMediaType', () => {
   it.each([
@@ -23,5 +23,21 @@ describe('isJsonMediaType', () => {
     ['json', false],
   ])('%p is JSON as vLLM reads it: %p', (value, expected) => {
     expect(isJsonMediaType(value)).toBe(expected);
+  });
+});
+
+describe('isEventStreamMediaType', () => {
+  it.each([
+    [undefined, false],
+    ['', false],
+    ['text/event-stream', true],
+    ['Text/Event-Stream', true],
+    ['TEXT/EVENT-STREAM; charset=UTF-8', true],
+    [' text/event-stream ;charset=utf-8', true],
+    ['text/event-streams', false],
+    ['text/plain; note=text/event-stream', false],
+    ['application/json', false],
+  ])('%p is an event stream: %p', (value, expected) => {
+    expect(isEventStreamMediaType(value)).toBe(expected);
   });
 });

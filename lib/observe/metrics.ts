@@ -1,6 +1,8 @@
 import type { IncomingMessage } from 'node:http';
 import { Counter, Gauge, Histogram, register, type Registry } from 'prom-client';
+import { onFirstEvent } from './first-event';
 import { fail, isPlainObject, pathOf, section, shown, type KeysEnum } from '../option-checks';
+import { isEventStreamMediaType } from '../request/media-type';
 import type { DecisionSource, HintOutcome, UpstreamErrorKind } from '../types';
 
 /** Metrics settings. */
@@ -185,10 +187,9 @@ export function createMetrics(
       if (status < 200 || status >= 300) return;
       const known = instruments.get(endpoint);
       if (known === undefined) return;
-      const contentType = response.headers['content-type'];
-      if (contentType !== undefined && contentType.startsWith('text/event-stream')) {
-        // The headers of a stream come before its first token: wait for the first event.
-        response.once('data', () => known.firstToken.observe((performance.now() - started) / 1000));
+      if (isEventStreamMediaType(response.headers['content-type'])) {
+        // The headers of a stream, and any keep-alive comment, come before its first token.
+        onFirstEvent(response, (at) => known.firstToken.observe((at - started) / 1000));
       } else {
         known.firstToken.observe((performance.now() - started) / 1000);
       }

@@ -12,9 +12,22 @@ const SUBTYPE = /^[!#$%&'*+.^_`|~0-9a-z-]+$/;
  */
 export function isJsonMediaType(value: string | undefined): boolean {
   if (value === undefined || value === '') return true;
-  const semicolon = value.indexOf(';');
-  const essence = (semicolon === -1 ? value : value.slice(0, semicolon)).trim().toLowerCase();
+  const essence = mediaTypeEssence(value);
   if (!essence.startsWith('application/')) return false;
   const subtype = essence.slice('application/'.length);
   return (subtype === 'json' || subtype.endsWith('+json')) && SUBTYPE.test(subtype);
+}
+
+/**
+ * Whether a `Content-Type` is `text/event-stream`, compared as RFC 9110 §8.3.1 says: type and
+ * subtype case-insensitively, parameters ignored (`Text/Event-Stream; charset=utf-8` is one).
+ */
+export function isEventStreamMediaType(value: string | undefined): boolean {
+  return value !== undefined && mediaTypeEssence(value) === 'text/event-stream';
+}
+
+/** The `type/subtype` of a media type, lower-cased, without parameters or surrounding space. */
+function mediaTypeEssence(value: string): string {
+  const semicolon = value.indexOf(';');
+  return (semicolon === -1 ? value : value.slice(0, semicolon)).trim().toLowerCase();
 }

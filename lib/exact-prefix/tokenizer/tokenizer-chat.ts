@@ -6,6 +6,8 @@
  * `chat_template_kwargs` and the tokenizer's special tokens (`bos_token`, `eos_token`, ...), as
  * transformers' `apply_chat_template` passes them.
  */
+import type * as HfJinja from '@huggingface/jinja';
+import { pythonStrip, renderPythonStrip } from './python-strip';
 import { loadJinjaPackage } from './tokenizer-files';
 import { isRecord } from '../../guards';
 
@@ -59,7 +61,8 @@ export interface RenderLimits {
 
 /** A compiled chat template. */
 export class ChatRenderer {
-  private readonly template: { render(items: Record<string, unknown>): string };
+  private readonly jinja: typeof HfJinja;
+  private readonly template: HfJinja.Template;
   private readonly specialTokens: Record<string, unknown>;
   /** Whether the template iterates over a message's content parts (vLLM's "openai" content format). */
   readonly partsFormat: boolean;
@@ -69,8 +72,8 @@ export class ChatRenderer {
     config: Record<string, unknown>,
     private readonly limits: RenderLimits = { maxMessages: Infinity, maxChars: Infinity },
   ) {
-    const { Template } = loadJinjaPackage();
-    this.template = new Template(chatTemplate);
+    this.jinja = loadJinjaPackage();
+    this.template = new this.jinja.Template(chatTemplate);
     this.specialTokens = specialTokensOf(config);
     this.partsFormat = PARTS_LOOP.test(chatTemplate);
   }
@@ -101,7 +104,7 @@ export class ChatRenderer {
     const kwargs = isRecord(body.chat_template_kwargs) ? body.chat_template_kwargs : {};
     let rendered: string;
     try {
-      rendered = this.template.render({
+      rendered = renderPythonStrip(this.jinja, this.template, {
         ...this.specialTokens,
         ...kwargs,
         messages: conversation,
@@ -197,9 +200,13 @@ function cutAfterFinalMessage(rendered: string, final: Record<string, unknown> |
   let content = final?.content;
   if (Array.isArray(content)) content = (content[content.length - 1] as { text?: string } | undefined)?.text ?? '';
   if (typeof content !== 'string') return INVALID;
-  const at = rendered.lastIndexOf(content.trim());
+  // transformers strips with Python's str.strip(), whose whitespace is not JavaScript's.
+  const stripped = pythonStrip(content);
+  const leftStripped = pythonStrip(content, 'start');
+  const at = rendered.lastIndexOf(stripped);
   if (at === -1) return TEMPLATE_ERROR;
-  const kept = rendered.slice(at, at + content.trimStart().length) === content.trimStart() ? content.trimStart() : content.trim();
+  // As transformers compares: the whole content, so content with leading space is cut stripped.
+  const kept = rendered.slice(at, at + leftStripped.length) === content ? leftStripped : stripped;
   return rendered.slice(0, at + kept.length);
 }
 

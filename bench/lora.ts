@@ -12,6 +12,7 @@
  */
 import { LoraPreference } from '../lib/pools/lora-preference';
 import { fixed, markdownTable } from './lib/stats';
+import { seededRng } from './routing/rng';
 
 const RANKS = 8;
 const ADAPTERS = 8;
@@ -25,23 +26,11 @@ interface SimEndpoint {
   readonly slots: string[];
 }
 
-/** A small seeded generator (mulberry32), so that every run sees the same requests. */
-function seeded(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 type Base = 'round-robin' | 'least-outstanding';
 type Mix = 'uniform' | 'skewed';
 
 function simulate(requests: number, base: Base, preferLoaded: boolean, mix: Mix) {
-  const random = seeded(42);
+  const random = seededRng(42);
   const endpoints: SimEndpoint[] = Array.from({ length: RANKS }, (_, rank) => ({ rank, load: 0, slots: [] }));
   const preference = new LoraPreference<SimEndpoint>(() => MAX_LORA);
   // Skewed: adapter i drawn with weight 1/(i+1) (a Zipf mix: the first takes a third of the traffic).

@@ -47,10 +47,14 @@ describe('rank discovery', () => {
       expect(sumSamples(samples, 'dp_router_requests_total', { rank: '0' })).toBe(0);
       expect(samples.some((sample) => sample.name === 'dp_router_requests_total' && sample.labels.rank === '0')).toBe(false);
       expect(sumSamples(samples, 'dp_router_requests_total', { upstream: 'node-b' })).toBe(8);
-      // Three more polls of the same report: none warns again.
+      // Three more polls of the same report: none warns again. (`discover` also reads the
+      // models the server lists, and says so once.)
       const before = polls(mock);
       await waitFor(() => polls(mock) >= before + 3);
-      expect(warnings).toEqual(["express-dp-router: upstream 'node-b' serves ranks 4, 5, 6, 7 by its /metrics (was: 0); routing to those now."]);
+      expect(warnings).toEqual([
+        "express-dp-router: upstream 'node-b' serves ranks 4, 5, 6, 7 by its /metrics (was: 0); routing to those now.",
+        "express-dp-router: upstream 'node-b' serves mock-model by its /v1/models; routing those models to it.",
+      ]);
     }
   });
 

@@ -24,9 +24,6 @@ export function createModelRouting(table: EndpointTable, warn: (message: string)
   let watch: ModelWatch | undefined;
   const lora = new LoraPreference<RouteEndpoint>((endpoint) => watch?.maxLora(endpoint.upstream) ?? DEFAULT_MAX_LORA);
   watch = watchModels(pools, table.upstreams, (upstream) => {
-    // Learning the models of an upstream configured without any is what `discover` is for; only
-    // a list that the configuration named and the server contradicts is worth a warning.
-    if (table.upstreams.find((candidate) => candidate.name === upstream)?.models === undefined) return;
     const models = pools.modelsOf(upstream);
     const shown = models.length > 8 ? `${models.slice(0, 8).join(', ')} and ${models.length - 8} more` : models.join(', ');
     warn(`express-dp-router: upstream '${upstream}' serves ${shown} by its /v1/models; routing those models to it.`);

@@ -40,6 +40,8 @@ export interface RoutingHelpers {
 export interface HelperParts {
   readonly registry: Registry;
   readonly table: { snapshot(): EndpointSnapshot[] };
+  /** Throws for entries the router cannot take, before anything changes. */
+  checkSources(upstreams: readonly UpstreamConfig[]): void;
   /** `setUpstreams()`: the entries, validated. */
   setSources(upstreams: readonly UpstreamConfig[]): void;
   close(): Promise<void>;
@@ -70,6 +72,7 @@ export function routerOf(services: HelperParts, lifecycle: { readonly handle: un
     endpoints: terminal.snapshot === undefined ? () => table.snapshot() : () => [...table.snapshot(), ...terminal.snapshot!()],
     setUpstreams: (upstreams) => {
       const parsed = parseUpstreams('upstreams', upstreams);
+      services.checkSources(parsed);
       services.setSources(terminal.reconfigure?.(parsed) ?? parsed);
     },
     close: () => {

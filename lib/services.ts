@@ -93,12 +93,16 @@ export class RouterServices {
     this.admission = this.startAdmission();
   }
 
+  /** Throws for entries this router cannot take (`kvEvents` under prefix-aware without a tokenizer), before anything changes. */
+  checkSources(sources: readonly UpstreamConfig[]): void {
+    requireTokenizerForKvEvents(sources, this.config.policy === 'prefix-aware', this.config.tokenizer);
+  }
+
   /**
    * `setUpstreams()`: the entries, validated. Without DNS entries they are the upstreams;
    * with them, DNS discovery follows the entries and applies what their names resolve to.
    */
   setSources(sources: readonly UpstreamConfig[]): void {
-    requireTokenizerForKvEvents(sources, this.config.policy === 'prefix-aware', this.config.tokenizer);
     if (this.dns === undefined && !hasDnsEntries(sources)) this.reconfigure(sources);
     else (this.dns ??= this.startDns([])).set(sources);
   }

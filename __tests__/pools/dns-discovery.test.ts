@@ -145,7 +145,11 @@ describe('upstreams found by DNS', () => {
     expect(gateway.router.endpoints().map(({ upstream }) => upstream)).toEqual(['127.0.0.2']);
 
     await dns.stop();
-    await waitFor(async () => (await resolutions(gateway.registry))['up.test failed'] >= 3);
+    // Both names are asked on their own timers: wait until each has failed at least once.
+    await waitFor(async () => {
+      const counts = await resolutions(gateway.registry);
+      return counts['up.test failed'] >= 3 && counts['missing.test failed'] >= 1;
+    });
     expect(log.lines.filter((line) => line.includes("resolving 'up.test' failed"))).toHaveLength(1);
     expect(log.lines.filter((line) => line.includes("resolving 'missing.test' failed"))).toHaveLength(1);
     expect(gateway.router.endpoints().map(({ upstream }) => upstream)).toEqual(['127.0.0.2']);

@@ -8,6 +8,7 @@ import type { Terminal } from '../request/lifecycle';
 import type { RouterMetrics } from '../observe/metrics';
 import type { Configuration, UpstreamConfig } from '../options';
 import { DECISION_HEADER, type RouteState, type RoutedRequest } from '../request/route-state';
+import { bareContext, safePick } from '../policies/safe-pick';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import type { OutlierDetector } from '../upstreams/outlier-detector';
 import type { PickContext, Policy, UpstreamErrorKind } from '../types';
@@ -229,15 +230,8 @@ export class Forwarder implements Terminal, TryOutcomes {
     const picked = route.context;
     const candidates = this.models.retryCandidates(route.model).filter((endpoint) => !skip(endpoint));
     if (candidates.length === 0) return undefined;
-    const context: PickContext = picked ?? { path: req.url ?? '/', affinityKey: undefined, prompt: undefined };
-    const { policy } = this;
-    try {
-      const chosen = policy.pick(candidates, context) as RouteEndpoint;
-      return candidates.includes(chosen) ? chosen : undefined;
-    } catch {
-      // The policy's fault surfaces on first picks; a retry answers the upstream's error instead.
-      return undefined;
-    }
+    // The policy's fault surfaces on first picks; a retry answers the upstream's error instead.
+    return safePick(this.policy, candidates, picked ?? bareContext(req.url ?? '/'));
   }
 
   /**

@@ -2,6 +2,7 @@ import type { ServerResponse } from 'node:http';
 import { hasBody, isJson } from './body';
 import { replayParsedBody, type BodyReader, type Next } from './body-reader';
 import { PolicyError, sendError } from '../errors';
+import { bareContext, safePick } from '../policies/safe-pick';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import type { ExactLookup } from '../exact-prefix/index/exact-pick';
 import type { RouterEvents } from '../observe/events';
@@ -344,13 +345,7 @@ export class RequestLifecycle {
     const { pool } = route;
     const free = pool === undefined ? anywhere : anywhere.filter((endpoint) => pool.includes(endpoint));
     if (free.length === 0) return undefined;
-    const context = route.context ?? { path: '/', affinityKey: undefined, prompt: undefined };
-    try {
-      const picked = this.policy.pick(free, context) as RouteEndpoint;
-      return free.includes(picked) ? picked : free[0];
-    } catch {
-      return free[0];
-    }
+    return safePick(this.policy, free, route.context ?? bareContext('/')) ?? free[0];
   }
 
   /**

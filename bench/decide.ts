@@ -198,7 +198,7 @@ function measureHandler(policy: 'least-outstanding' | 'round-robin', metrics: bo
       upstreams: [{ url: 'http://127.0.0.1:8000', dataParallelSize: 8, ranks: [0, 2, 4, 6] }],
       policy,
       metrics: metrics ? { registry: new Registry() } : false,
-    }),
+    }, 'dpRank'),
   );
   const lifecycle = new RequestLifecycle(services, { proceed: (_req, _res, next) => next(), close: () => undefined });
   const res = new EventEmitter() as unknown as ServerResponse & EventEmitter;

@@ -185,7 +185,7 @@ export function buildScenarios(seed: number, small: boolean): Scenario[] {
   ].map((scenario) => (scenario.name === 'rolling-restart' ? { ...scenario, description: `${scenario.description}; replicas restarted one by one at 1/4, 1/2, 3/4 of the run` } : scenario.name === 'bypass' ? { ...scenario, description: `${scenario.description}; ${BYPASS_SHARE * 100} % sent by another client to a random rank` } : scenario));
 }
 
-function runScenario(scenario: Scenario, contender: ScenarioContender): ScenarioResult {
+export function runScenario(scenario: Scenario, contender: ScenarioContender): ScenarioResult {
   const ranks = Array.from({ length: RANKS }, (_, i) => new SimRank(i, scenario.rankCacheBlocks));
   const caches = publishEvents(ranks, scenario.rankCacheBlocks);
   let current: SimRequest | undefined;

@@ -24,7 +24,6 @@ export function hashPromptBlocks(prompt: string, blockChars: number, count: numb
  * `16 × nextPowerOfTwo(maxBlocks)` bytes (512 KiB for the default `maxBlocksPerEndpoint`).
  */
 export class BlockIndex {
-  lastCandidatePick = 0;
   /** New blocks recorded lately (halved as the policy's total passes its bound). */
   recentBlocks = 0;
   private current: HashSet32;

@@ -97,7 +97,6 @@ export class PrefillCostModel {
 export class PendingPrefill {
   /** The sum of the queued requests' own blocks. */
   blocks = 0;
-  lastCandidatePick = 0;
   private own = new Float64Array(8);
   private ahead = new Float64Array(8);
   private loads = new Float64Array(8);

@@ -1,8 +1,9 @@
-import { endpointHash, randomKey32, rendezvousWeight } from '../hash';
+import { randomKey32, rendezvousWeight } from '../hash';
 import type { ExactPick } from '../exact-prefix/index/exact-pick';
 import type { Endpoint, PickContext, Policy } from '../types';
 import { BlockIndex, hashPromptBlocks } from './prefix-aware-index';
-import { PendingPrefill, PrefillCostModel } from './prefix-aware-ttft';
+import { PrefillCostModel } from './prefix-aware-ttft';
+import { type EndpointState, EndpointStates } from './prefix-aware-state';
 import { parsePrefixAwarePolicy, type PrefixAwareOptions } from './prefix-aware-options';
 import { DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK, type SessionAffinitySettings } from './session-affinity-options';
 
@@ -102,25 +103,13 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
   // One key for every index of this policy: slots are unpredictable to clients, and the
   // content hashes themselves stay deterministic (replicas may place prefixes by them).
   const slotKey = randomKey32();
-  const indexes = new Map<string, BlockIndex>();
+  /** Per endpoint: its block index, its pending prefill, its rendezvous identity. */
+  const states = new EndpointStates();
   let blockHashes = new Int32Array(256);
-  /** Each candidate's index during one pick (looked up once), reused across picks. */
-  const candidateIndexes: Array<BlockIndex | undefined> = [];
-  /**
-   * Rendezvous identities (`endpointHash`) of `hashedCandidates`, by position: the router
-   * passes the same endpoints in the same order until the healthy set changes, so they are
-   * hashed again only then. Checked once per pick that needs them (`hashesCheckedAt`).
-   */
-  let positionHashes = new Int32Array(0);
-  let hashedCandidates: Endpoint[] = [];
-  let hashesCheckedAt = -1;
   /** Each candidate's cost during one pick (Infinity when skipped), reused across picks. */
   let candidateCosts = new Float64Array(0);
   /** Each candidate's queue during one pick, in blocks, reused across picks. */
   let candidateQueues = new Float64Array(0);
-  /** Each candidate's pending prefill during one pick (looked up once), reused across picks. */
-  const candidatePending: Array<PendingPrefill | undefined> = [];
-  const pendings = new Map<string, PendingPrefill>();
   const costModel = new PrefillCostModel();
   let picks = 0;
   /** Running mean of the uncached blocks of routed requests; negative until the first. */
@@ -135,42 +124,18 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     return hashPromptBlocks(prompt, blockChars, count, blockHashes);
   }
 
-  function forgetAbsentEndpoints(): void {
-    for (const [key, index] of indexes) {
-      if (picks - index.lastCandidatePick > FORGET_AFTER_PICKS) {
-        recentTotal -= index.recentBlocks;
-        indexes.delete(key);
-      }
-    }
-    for (const [key, pending] of pendings) if (picks - pending.lastCandidatePick > FORGET_AFTER_PICKS) pendings.delete(key);
-  }
-
-  /** The rendezvous weight of `candidates[at]` for `lead`. */
-  function weightAt(candidates: readonly Endpoint[], at: number, lead: number): number {
-    if (hashesCheckedAt !== picks) {
-      hashesCheckedAt = picks;
-      if (!sameAsHashed(candidates)) {
-        positionHashes = new Int32Array(candidates.length);
-        for (let i = 0; i < candidates.length; i++) positionHashes[i] = endpointHash(candidates[i].key);
-        hashedCandidates = candidates.slice();
-      }
-    }
-    return rendezvousWeight(lead, positionHashes[at]);
-  }
-
-  function sameAsHashed(candidates: readonly Endpoint[]): boolean {
-    if (hashedCandidates.length !== candidates.length) return false;
-    for (let i = 0; i < candidates.length; i++) if (hashedCandidates[i] !== candidates[i]) return false;
-    return true;
+  /** The rendezvous weight of `candidates[at]` for `lead`, during a pick. */
+  function weightAt(at: number, lead: number): number {
+    return rendezvousWeight(lead, states.cachedAt(at).hash);
   }
 
   /** The candidate's queue before this request, in blocks of prefill (see {@link PendingPrefill}). */
-  function queueAt(candidate: Endpoint, at: number, ratio: number, work: number): number {
-    const pending = candidatePending[at];
-    const own = pending === undefined ? 0 : pending.blocks;
+  function queueAt(candidate: Endpoint, state: EndpointState, ratio: number, work: number): number {
+    const load = candidate.load;
+    const inflight = candidate.inflight;
     // Load the router did not send (other gateways', by load feedback) is priced at a typical request.
-    const external = candidate.load > candidate.inflight ? candidate.load - candidate.inflight : 0;
-    return own + external * work + (ratio + LOAD_WEIGHT * work) * candidate.load;
+    const external = load > inflight ? load - inflight : 0;
+    return state.pending.blocks + external * work + (ratio + LOAD_WEIGHT * work) * load;
   }
 
   /**
@@ -184,24 +149,14 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     let minLoad = Infinity;
     let totalLoad = 0;
     let candidateRecent = 0;
-    candidateIndexes.length = candidates.length;
-    candidatePending.length = candidates.length;
     for (let at = 0; at < candidates.length; at++) {
       const candidate = candidates[at];
-      if (candidate.load < minLoad) minLoad = candidate.load;
-      totalLoad += candidate.load;
-      const index = indexes.get(candidate.key);
-      candidateIndexes[at] = index;
-      if (index !== undefined) {
-        index.lastCandidatePick = picks;
-        candidateRecent += index.recentBlocks;
-      }
-      const pending = pendings.get(candidate.key);
-      candidatePending[at] = pending;
-      if (pending !== undefined) {
-        pending.lastCandidatePick = picks;
-        pending.settle(candidate, costModel);
-      }
+      const load = candidate.load;
+      if (load < minLoad) minLoad = load;
+      totalLoad += load;
+      const state = states.at(candidate, at, picks);
+      if (state.index !== undefined) candidateRecent += state.index.recentBlocks;
+      state.pending.settle(candidate, costModel);
     }
     const work = typicalWork < 0 ? blockCount : typicalWork;
     // A unit of load is worth at most one more typical request: a fit on few or skewed samples must not outweigh the cache.
@@ -220,8 +175,9 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     const exactLead = exact === undefined ? 0 : Math.min(LEAD_BLOCKS, exact.promptBlocks);
     for (let at = 0; at < candidates.length; at++) {
       const candidate = candidates[at];
-      const index = candidateIndexes[at];
-      let cost = queueAt(candidate, at, ratio, work);
+      const state = states.cachedAt(at);
+      const index = state.index;
+      let cost = queueAt(candidate, state, ratio, work);
       const held = exact === undefined ? -1 : exact.matched[at];
       if (held >= 0) {
         candidateQueues[at] = cost;
@@ -258,16 +214,13 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       let bestWeight = -1;
       for (let at = 0; at < candidates.length; at++) {
         if (candidateCosts[at] !== bestCost) continue;
-        const weight = weightAt(candidates, at, lead);
+        const weight = weightAt(at, lead);
         if (weight > bestWeight) {
           bestWeight = weight;
           bestAt = at;
         }
       }
     }
-    // Let go of the indexes until the next pick.
-    candidateIndexes.fill(undefined);
-    candidatePending.fill(undefined);
     return bestAt;
   }
 
@@ -290,7 +243,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       // The least loaded candidate is always within the bound (unless a load is NaN), and the
       // shortest queue within its own.
       if (candidates[at].load > loadCap || candidateQueues[at] > queueCap) continue;
-      const weight = weightAt(candidates, at, lead);
+      const weight = weightAt(at, lead);
       if (weight > chosenWeight) {
         chosen = at;
         chosenWeight = weight;
@@ -315,16 +268,16 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       const blockCount = prompt === undefined ? 0 : hashBlocks(prompt);
       matchedShare = 0;
       if (blockCount === 0) return fallback.pick(candidates, ctx);
-      if (++picks % FORGET_AFTER_PICKS === 0) forgetAbsentEndpoints();
+      if (++picks % FORGET_AFTER_PICKS === 0) recentTotal -= states.forget(picks, FORGET_AFTER_PICKS);
       const exact = (ctx as PrefixPickContext).exact;
       const chosenAt = choose(candidates, blockCount, exact);
       const chosen = candidates[chosenAt];
-
-      let index = indexes.get(chosen.key);
+      const state = states.cachedAt(chosenAt);
+      let index = state.index;
       if (index === undefined) {
         index = new BlockIndex(maxBlocks, slotKey);
-        index.lastCandidatePick = picks;
-        indexes.set(chosen.key, index);
+        state.index = index;
+        states.indexed++;
       }
       // The approximate index learns from every pick, so that it is warm when a rank falls back to it.
       const uncached = exact?.chose(chosenAt) === 'exact'
@@ -332,24 +285,19 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
         : blockCount - index.leadingRun(blockHashes, blockCount, 0);
       typicalWork = typicalWork < 0 ? uncached : typicalWork + (uncached - typicalWork) * WORK_SMOOTHING;
       matchedShare = 1 - uncached / blockCount;
-      let pending = pendings.get(chosen.key);
-      if (pending === undefined) {
-        pending = new PendingPrefill();
-        pending.lastCandidatePick = picks;
-        pending.settle(chosen, costModel);
-        pendings.set(chosen.key, pending);
-      }
+      const pending = state.pending;
       const external = chosen.load > chosen.inflight ? chosen.load - chosen.inflight : 0;
       pending.push(uncached, pending.blocks + external * (typicalWork < 0 ? uncached : typicalWork) + uncached, chosen.load);
       const added = index.record(blockHashes, blockCount);
       index.recentBlocks += added;
       recentTotal += added;
       // "Recent" is about the last one to two caches' worth of new blocks per endpoint.
-      if (recentTotal > maxBlocks * indexes.size) {
+      if (recentTotal > maxBlocks * states.indexed) {
         recentTotal = 0;
-        for (const held of indexes.values()) {
-          held.recentBlocks /= 2;
-          recentTotal += held.recentBlocks;
+        for (const held of states.values()) {
+          if (held.index === undefined) continue;
+          held.index.recentBlocks /= 2;
+          recentTotal += held.index.recentBlocks;
         }
       }
       return chosen;

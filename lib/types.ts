@@ -53,6 +53,12 @@ export interface Policy {
   readonly reportsMatchedShare?: boolean;
   /** With `reportsMatchedShare`: the share of the last picked prompt the chosen endpoint was estimated to hold. */
   readonly matchedShare?: number;
+  /**
+   * The policy reads each candidate's first-token totals (`firstTokens`, `firstTokenSeconds`,
+   * see `FirstTokenTotals`), which dpRouter then keeps for every endpoint from its answers'
+   * first events; without it they stay 0 and cost nothing per request.
+   */
+  readonly learnsFirstTokens?: boolean;
 }
 
 /** Where the chosen rank came from. */

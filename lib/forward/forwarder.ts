@@ -12,6 +12,7 @@ import { bareContext, safePick } from '../policies/safe-pick';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import type { OutlierDetector } from '../upstreams/outlier-detector';
 import type { PickContext, Policy, UpstreamErrorKind } from '../types';
+import { countFirstToken } from '../observe/first-event';
 import { clientGone, createUpstreamProxy, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
 import type { ModelRouting } from '../pools/model-routing';
 
@@ -43,6 +44,8 @@ export class Forwarder implements Terminal, TryOutcomes {
   private readonly policy: Policy;
   private readonly models: ModelRouting;
   private readonly admission: Admission | undefined;
+  /** Whether the policy learns from each endpoint's first tokens (`learnsFirstTokens`). */
+  private readonly countsFirstTokens: boolean;
   /** The router's own rank header, set already, survives a client's `Connection` nomination; the upstream agent keeps connections alive. */
   private readonly stripHopByHop: (headers: IncomingHttpHeaders) => void;
   private readonly replaceForwarded: boolean;
@@ -60,6 +63,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     this.policy = parts.policy;
     this.models = parts.models;
     this.admission = parts.admission;
+    this.countsFirstTokens = parts.policy.learnsFirstTokens === true;
     this.stripHopByHop = hopByHopStripper([parts.config.header], 'keep-alive');
     this.replaceForwarded = parts.config.xfwd === 'replace';
   }
@@ -142,6 +146,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     route.responding();
     const endpoint = route.endpoint!;
     this.metrics.responded(endpoint, answer, route.started);
+    if (this.countsFirstTokens) countFirstToken(endpoint, answer, route.started);
     if (route.ticket !== undefined && this.admission!.counts) this.admission!.count(route.ticket, req, answer);
     if (answer.statusCode !== undefined && answer.statusCode >= 500) {
       this.metrics.upstreamError(endpoint, 'status_5xx');

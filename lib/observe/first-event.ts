@@ -1,4 +1,6 @@
+import type { IncomingMessage } from 'node:http';
 import type { Readable } from 'node:stream';
+import { isEventStreamMediaType } from '../request/media-type';
 
 const LF = 0x0a;
 const CR = 0x0d;
@@ -58,4 +60,26 @@ export function onFirstEvent(stream: Readable, found: (at: number) => void): voi
     }
   };
   stream.on('data', scan);
+}
+
+/** An endpoint's running first-token totals, as a policy with `learnsFirstTokens` reads them (`FirstTokenTotals`). */
+export interface FirstTokenCounts {
+  firstTokens: number;
+  firstTokenSeconds: number;
+}
+
+/**
+ * Adds one first token to `endpoint`'s totals when the 2xx event stream `answer`, dispatched
+ * at `started` (`performance.now()`), delivers its first real event (see {@link onFirstEvent}).
+ * Other answers are not counted: a non-streamed completion's first byte comes with its last,
+ * which says how long the generation took, not how long the prefill waited; such a request
+ * counts as waiting until it finishes.
+ */
+export function countFirstToken(endpoint: FirstTokenCounts, answer: IncomingMessage, started: number): void {
+  const status = answer.statusCode ?? 0;
+  if (status < 200 || status >= 300 || !isEventStreamMediaType(answer.headers['content-type'])) return;
+  onFirstEvent(answer, (at) => {
+    endpoint.firstTokens++;
+    endpoint.firstTokenSeconds += (at - started) / 1000;
+  });
 }

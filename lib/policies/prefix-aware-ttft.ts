@@ -1,13 +1,13 @@
 import type { Endpoint } from '../types';
 
 /**
- * What a router that measures time to first token adds to an endpoint, for `prefix-aware`'s
- * prediction: running totals since the endpoint was created, so that a policy reading them at
- * its next pick learns every answer in between. Optional: without them the policy counts a
- * request's prefill as waiting until the request leaves `inflight`.
+ * What dpRouter keeps on each endpoint for a policy with `learnsFirstTokens` (`prefix-aware`):
+ * running totals since the endpoint was created, so that a policy reading them at its next pick
+ * learns every answer in between. Optional: without them (dpRank, a non-streamed answer) the
+ * policy counts a request's prefill as waiting until the request leaves `inflight`.
  */
 export interface FirstTokenTotals {
-  /** 2xx answers whose first token (first event of a stream) arrived, of requests this router dispatched here. */
+  /** 2xx event streams whose first event arrived, of requests this router dispatched here. */
   readonly firstTokens?: number;
   /** The sum of their times from dispatch to first token, in seconds. */
   readonly firstTokenSeconds?: number;

@@ -156,7 +156,8 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       totalLoad += load;
       const state = states.at(candidate, at, picks);
       if (state.index !== undefined) candidateRecent += state.index.recentBlocks;
-      state.pending.settle(candidate, costModel);
+      // Only an endpoint this policy has sent to (it has an index) has prefill pending.
+      if (state.index !== undefined) state.pending.settle(candidate, costModel);
     }
     const work = typicalWork < 0 ? blockCount : typicalWork;
     // A unit of load is worth at most one more typical request: a fit on few or skewed samples must not outweigh the cache.
@@ -257,6 +258,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     usesPrompt: true,
     namesIndex: true,
     reportsMatchedShare: true,
+    learnsFirstTokens: true,
     get matchedShare() {
       return matchedShare;
     },
@@ -278,6 +280,8 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
         index = new BlockIndex(maxBlocks, slotKey);
         state.index = index;
         states.indexed++;
+        // Answers from before this policy sent anything here are not in its queue.
+        state.pending.settle(chosen, costModel);
       }
       // The approximate index learns from every pick, so that it is warm when a rank falls back to it.
       const uncached = exact?.chose(chosenAt) === 'exact'

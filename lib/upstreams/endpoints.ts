@@ -80,6 +80,12 @@ export class RouteEndpoint implements Endpoint {
   readonly circuit = new Circuit();
   /** Whether the upstream passes its active health check (always, when checks are off); written by the health checker alone. */
   probeUp = true;
+  /**
+   * First events of 2xx event streams from this endpoint, and the sum of their times from
+   * dispatch in seconds (`FirstTokenTotals`): counted only for a policy with `learnsFirstTokens`.
+   */
+  firstTokens = 0;
+  firstTokenSeconds = 0;
 
   /** `server` is shared by every endpoint reached through the same URL (see {@link EndpointTable}). */
   constructor(

@@ -205,8 +205,13 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
           candidateCosts[at] = Infinity;
           continue;
         }
-        if (holds) cost += MISS_WEIGHT * (blockCount - (index as BlockIndex).leadingRun(blockHashes, blockCount, 0));
-        else cost += MISS_WEIGHT * blockCount;
+        if (holds) {
+          // To win or tie, the run must reach `toBeat` blocks: one probe tells when it cannot.
+          const toBeat = bestCost === Infinity ? 0 : Math.ceil(blockCount - (bestCost - cost) / MISS_WEIGHT - 1e-9);
+          cost += MISS_WEIGHT * (blockCount - (index as BlockIndex).leadingRun(blockHashes, blockCount, toBeat));
+        } else {
+          cost += MISS_WEIGHT * blockCount;
+        }
       }
       candidateCosts[at] = cost;
       if (cost < bestCost) {

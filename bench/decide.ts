@@ -295,6 +295,9 @@ function main(): void {
     const ns = pickCell('prefix-aware', count, 8192).nsPerPick;
     targets.push({ name: `prefix-aware < 20 µs per pick on an 8 KB prompt, ${count} endpoints`, pass: ns < 20_000, figure: fmt(ns) });
   }
+  // Issue 27's bound on the decision cost of predicted time to first token.
+  const issue27 = pickCell('prefix-aware', 64, 8192).nsPerPick;
+  targets.push({ name: 'prefix-aware ≤ 30 µs per pick at 64 endpoints on an 8 KB prompt (issue 27)', pass: issue27 <= 30_000, figure: fmt(issue27) });
   out += '\n\n## Targets\n\n';
   for (const target of targets) out += `${target.pass ? 'PASS' : 'MISS'} ${target.name}: ${target.figure}\n`;
 

@@ -40,23 +40,6 @@ describe('prefixAware: predicted time to first token', () => {
     expect(policy.pick(candidates, ctx(system + text('q2', 1)))).toBe(home);
   });
 
-  it("counts each waiting request's fixed cost, not only its uncached blocks", () => {
-    const policy = prefixAware();
-    const candidates = endpoints(3, 8);
-    const system = text('system', 16);
-    const home = policy.pick(candidates, ctx(system + text('q0', 1)));
-    const answered = home as Measured;
-    answered.firstTokens += 1;
-    answered.firstTokenSeconds += 0.1;
-    // Six one-block requests wait there: 6 blocks of prefill, but six scheduling steps too.
-    for (let i = 0; i < 6; i++) policy.pick([home], ctx(text(`short ${i}`, 1)));
-    // Going home saves 16 blocks; six waiting requests cost more than that.
-    expect(policy.pick(candidates, ctx(system + text('q1', 1)))).not.toBe(home);
-    answered.firstTokens += 6;
-    answered.firstTokenSeconds += 0.1;
-    expect(policy.pick(candidates, ctx(system + text('q2', 1)))).toBe(home);
-  });
-
   it('counts a request as waiting until it leaves in-flight when first tokens are not reported', () => {
     const policy = prefixAware();
     const candidates = endpoints(3, 4).map(({ firstTokens, firstTokenSeconds, ...plain }) => plain);

@@ -110,18 +110,15 @@ describe('prefixAware', () => {
   it('bounds a new prefix by load, spilling along the same order in every instance', () => {
     const candidates = endpoints(8);
     const prompts = Array.from({ length: 16 }, (_, i) => text(`hot ${i}`, 12));
-    // The load bound alone: at the default slack (2 prompts) the queue a load of 4 stands for
-    // (4 typical requests) would pass the first choice over before the bound does.
-    const policy = () => prefixAware({ placementSlack: 4 });
     for (const prompt of prompts) {
-      const first = policy().pick(candidates, ctx(prompt)) as MutableEndpoint;
+      const first = prefixAware().pick(candidates, ctx(prompt)) as MutableEndpoint;
       // The mean load is 1.25, the least 0: the bound is max(⌈1.25 × 1.25⌉, 0 + 4) = 4.
       setLoad(first, 10);
-      const spills = [policy(), policy()].map((instance) => instance.pick(candidates, ctx(prompt)));
+      const spills = [prefixAware(), prefixAware()].map((policy) => policy.pick(candidates, ctx(prompt)));
       expect(spills[0]).not.toBe(first);
       expect(spills[1]).toBe(spills[0]);
       setLoad(first, 4); // within the bound: stays
-      expect(policy().pick(candidates, ctx(prompt))).toBe(first);
+      expect(prefixAware().pick(candidates, ctx(prompt))).toBe(first);
       setLoad(first, 0);
     }
   });

@@ -41,7 +41,7 @@ export interface PrefixAwareSettings {
    * prompts: it goes to the first endpoint of its rendezvous order (the same in every gateway
    * replica) whose predicted wait is within `placementSlack × its own prefill` of the shortest.
    * `0` places every new prefix on the shortest queue (replicas then disagree); a large value
-   * places by the hash alone. Default: `2`.
+   * places by the hash alone. Default: `4`.
    */
   placementSlack?: number;
 }
@@ -76,7 +76,7 @@ const BLOCK_CHARS = 64;
 const MAX_BLOCKS_PER_ENDPOINT = 32_768;
 const MAX_BLOCKS_PER_REQUEST = 16_384;
 const CONTENT_BALANCE = 1;
-const PLACEMENT_SLACK = 2;
+const PLACEMENT_SLACK = 4;
 /** 1 MiB of text per block: far past any KV block, and it keeps block arithmetic in integers. */
 const MAX_BLOCK_CHARS = 1 << 20;
 /** The index's tables are `16 × nextPowerOfTwo(maxBlocksPerEndpoint)` bytes: 256 MiB per endpoint at most. */

@@ -150,11 +150,6 @@ export class PendingPrefill {
     this.blocks += own;
   }
 
-  /** How many requests are waiting. */
-  get requests(): number {
-    return this.count;
-  }
-
   private shift(): void {
     this.blocks -= this.own[this.head];
     this.head = (this.head + 1) % this.own.length;

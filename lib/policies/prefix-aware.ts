@@ -67,13 +67,6 @@ const LOAD_WEIGHT = 1;
 const MISS_WEIGHT = 2;
 
 /**
- * What each waiting request costs beyond its uncached blocks, in blocks of prefill: its
- * scheduling step and first decode step (vLLM: a few milliseconds, about 3 blocks of 16 tokens
- * at ~10 K prompt tokens/s), so that ten short waiting requests count for more than one.
- */
-const REQUEST_BLOCKS = 3;
-
-/**
  * Routes a prompt to the endpoint where it is likely to get its first token soonest, counting
  * what the KV cache saves. The prompt is cut into fixed-size character blocks, chain-hashed
  * (a block's hash covers all text before it, as vLLM's block hashes do) and matched against a
@@ -81,8 +74,7 @@ const REQUEST_BLOCKS = 3;
  * first token is, in blocks of prefill:
  *
  * - its **queue**: the uncached blocks of the requests this policy sent there that have not
- *   given their first token (see {@link PendingPrefill}) and 3 blocks for each of them
- *   (`REQUEST_BLOCKS`: a request's fixed cost), load it did not send (other gateways',
+ *   given their first token (see {@link PendingPrefill}), load it did not send (other gateways',
  *   by load feedback) at a typical request's blocks each, and `b × load` with `b` learned online
  *   from the measured times to first token ({@link PrefillCostModel}) plus one typical request
  *   per unit of load (`LOAD_WEIGHT`);
@@ -143,8 +135,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     const inflight = candidate.inflight;
     // Load the router did not send (other gateways', by load feedback) is priced at a typical request.
     const external = load > inflight ? load - inflight : 0;
-    const pending = state.pending;
-    return pending.blocks + REQUEST_BLOCKS * pending.requests + external * work + (ratio + LOAD_WEIGHT * work) * load;
+    return state.pending.blocks + external * work + (ratio + LOAD_WEIGHT * work) * load;
   }
 
   /**

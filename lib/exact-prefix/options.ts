@@ -3,6 +3,8 @@
  * validated once at creation.
  */
 import { fail, section, shown, type KeysEnum } from '../option-checks';
+import { parsePrefixAware, type PrefixAwareConfig } from '../policies/prefix-aware-options';
+import type { Policy, PolicyName } from '../types';
 import { resolveKvEndpoints } from './events/endpoints';
 import type { KvEventsOptions, TokenizerSource } from './events/source';
 import { PromptTokenizer } from './tokenizer/tokenizer';
@@ -37,6 +39,26 @@ function endpointOption(path: string, value: unknown, ranks: readonly number[]):
     fail(path, problem.replace(/\.$/, ''), "vLLM's `--kv-events-config` binds `tcp://*:PORT`; connect to its host.");
   }
   return Array.isArray(value) ? [...value] : (value as string);
+}
+
+/** The router's `prefixAware`, resolved: the policy's settings and the tokenizer's files as given. */
+export interface PrefixAwareRouterConfig extends PrefixAwareConfig {
+  /** `undefined` when not given; loaded (with the built-in `prefix-aware` policy only) by the router's services. */
+  readonly tokenizer: TokenizerSource | undefined;
+}
+
+/** The router's `prefixAware` option: checked whatever the policy, the tokenizer's form included. */
+export function parseRouterPrefixAware(path: string, value: unknown): PrefixAwareRouterConfig {
+  const { tokenizer, ...settings } = parsePrefixAware(path, value);
+  return { ...settings, tokenizer: parseTokenizer(`${path}.tokenizer`, tokenizer) };
+}
+
+/**
+ * The tokenizer exact prefix routing loads for a pool picked by `policy`: only the built-in
+ * `'prefix-aware'`, named as a string, routes on KV events; `undefined` for any other.
+ */
+export function exactTokenizer(policy: PolicyName | Policy, prefixAware: PrefixAwareRouterConfig): TokenizerSource | undefined {
+  return policy === 'prefix-aware' ? prefixAware.tokenizer : undefined;
 }
 
 /** `prefixAware.tokenizer`'s form, checked whatever the policy; `undefined` when not given. */

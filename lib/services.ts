@@ -1,6 +1,7 @@
 import { Registry } from 'prom-client';
 import { createExactRouting, type ExactRouting } from './exact-prefix/exact-routing';
-import { exactTokenizer, loadTokenizer, requireTokenizerForKvEvents, unusedKvEventsNotice } from './exact-prefix/options';
+import { loadTokenizer } from './exact-prefix/load-tokenizer';
+import { exactTokenizer, requireTokenizerForKvEvents, unusedKvEventsNotice } from './exact-prefix/options';
 import { createEvents, type RouterEvents } from './observe/events';
 import { createMetrics, NO_METRICS, type RouterMetrics } from './observe/metrics';
 import { createTracing, type Tracing } from './observe/tracing';

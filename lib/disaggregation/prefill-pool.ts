@@ -1,6 +1,7 @@
 import type { Registry } from 'prom-client';
 import { createExactRouting, type ExactRouting } from '../exact-prefix/exact-routing';
-import { exactTokenizer, loadTokenizer } from '../exact-prefix/options';
+import { exactTokenizer } from '../exact-prefix/options';
+import { loadTokenizer } from '../exact-prefix/load-tokenizer';
 import { createMetrics, NO_METRICS, type RouterMetrics } from '../observe/metrics';
 import type { Tracing } from '../observe/tracing';
 import type { Configuration } from '../options';

@@ -1,13 +1,13 @@
 /**
  * The options of exact prefix routing: `upstreams[].kvEvents` and `prefixAware.tokenizer`,
- * validated once at creation.
+ * validated once at creation. The public option types reach this module: it must not import
+ * the tokenizer, whose declarations name the optional packages' types (load-tokenizer.ts does).
  */
 import { fail, section, shown, type KeysEnum } from '../option-checks';
 import { parsePrefixAware, type PrefixAwareConfig } from '../policies/prefix-aware-options';
 import type { Policy, PolicyName } from '../types';
 import { resolveKvEndpoints } from './events/endpoints';
 import type { KvEventsOptions, TokenizerSource } from './events/source';
-import { PromptTokenizer } from './tokenizer/tokenizer';
 
 export type { KvEventsOptions, TokenizerSource } from './events/source';
 
@@ -69,15 +69,6 @@ export function parseTokenizer(path: string, value: unknown): TokenizerSource | 
     fail(path, `must be a path or two paths, got ${shown(value)}`, "Use the model's directory holding tokenizer.json and tokenizer_config.json, e.g. `tokenizer: '/models/llama-3.1-8b'`.");
   }
   return typeof value === 'string' ? value : [value[0], value[1]];
-}
-
-/** Loads `prefixAware.tokenizer` at the router's creation, so that a wrong path fails then. */
-export function loadTokenizer(path: string, source: TokenizerSource): PromptTokenizer {
-  try {
-    return PromptTokenizer.load(source);
-  } catch (error) {
-    return fail(path, `could not be loaded: ${(error as Error).message}`, "Point it at the model's tokenizer.json and tokenizer_config.json (the files the engine serves).");
-  }
 }
 
 /**

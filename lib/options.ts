@@ -8,8 +8,7 @@ import { booleanOption, fail, headerNameOption, isPlainObject, rejectProxyOnly, 
 import { parseOutlierDetection, type OutlierDetectionConfig, type OutlierDetectionOptions } from './upstreams/outlier-detector-options';
 import { parsePolicy } from './policies/by-name';
 import type { PrefixAwareRouterSettings } from './policies/prefix-aware-options';
-import { requireTokenizerForKvEvents } from './exact-prefix/options';
-import { parseRouterPrefixAware, type PrefixAwareRouterConfig } from './exact-prefix/prefix-aware-settings';
+import { parseRouterPrefixAware, requireTokenizerForKvEvents, type PrefixAwareRouterConfig } from './exact-prefix/options';
 import { parseAdmission, type AdmissionOptions, type AdmissionSettings } from './admission/options';
 import { parseAffinity, type AffinityConfig, type AffinityOptions } from './policies/session-affinity-options';
 import { parseRetries, type RetryConfig, type RetryOptions } from './forward/retry-options';

@@ -1,7 +1,7 @@
 import type { Registry } from 'prom-client';
 import { createExactRouting, type ExactRouting } from '../exact-prefix/exact-routing';
-import { loadTokenizer, type TokenizerSource } from '../exact-prefix/options';
-import { exactTokenizer } from '../exact-prefix/prefix-aware-settings';
+import { loadTokenizer } from '../exact-prefix/load-tokenizer';
+import { exactTokenizer, type TokenizerSource } from '../exact-prefix/options';
 import { createEvents, type RouterEvents } from '../observe/events';
 import { createMetrics, NO_METRICS, type RouterMetrics } from '../observe/metrics';
 import type { Tracing } from '../observe/tracing';

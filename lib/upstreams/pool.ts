@@ -1,6 +1,7 @@
 import type { Registry } from 'prom-client';
 import { createExactRouting, type ExactRouting } from '../exact-prefix/exact-routing';
 import { loadTokenizer } from '../exact-prefix/load-tokenizer';
+import type { PromptTokenizer } from '../exact-prefix/tokenizer/tokenizer';
 import { exactTokenizer, type TokenizerSource } from '../exact-prefix/options';
 import { createEvents, type RouterEvents } from '../observe/events';
 import { createMetrics, NO_METRICS, type RouterMetrics } from '../observe/metrics';
@@ -35,6 +36,18 @@ export interface PoolParts {
 }
 
 const NOT_SCRAPED = (): string[] => [];
+
+/** The router's tokenizer, loaded once whichever of its pools route on it (the decode pool and the prefill pool share it). */
+const tokenizers = new WeakMap<Configuration, PromptTokenizer>();
+
+function tokenizerOf(config: Configuration, source: TokenizerSource): PromptTokenizer {
+  let tokenizer = tokenizers.get(config);
+  if (tokenizer === undefined) {
+    tokenizer = loadTokenizer('prefixAware.tokenizer', source);
+    tokenizers.set(config, tokenizer);
+  }
+  return tokenizer;
+}
 
 /**
  * A pool's policy, built from its setting (a fresh built-in one, or the user's object), and the
@@ -81,7 +94,7 @@ export class UpstreamPool {
         ? undefined
         : createExactRouting({
             upstreams: table.upstreams,
-            tokenizer: loadTokenizer('prefixAware.tokenizer', tokenizer),
+            tokenizer: tokenizerOf(config, tokenizer),
             metrics: config.metrics,
             warn: (message) => config.logger.warn(message),
           }));

@@ -20,17 +20,18 @@
  *   find a silent peer) and synced. An idle engine publishes nothing and stays fresh.
  * - A batch whose `data_parallel_rank` is not the connection's rank is refused and counted.
  * - Work is shared with request handling (cooperative.ts): the stream yields to I/O between
- *   messages and within one past a work slice. `maxMessageSize` is set on the socket, so an
+ *   messages, and within one past a work slice, while it decodes the payload as well as while
+ *   it applies the events. `maxMessageSize` is set on the socket, so an
  *   oversized frame is never received: libzmq drops the connection, and the socket is
  *   replaced (libzmq does not reconnect after that) and synced again.
  */
 import type * as Zeromq from 'zeromq';
-import { DEFAULT_KV_LIMITS, decodeKvEventBatch, type KvBlockStored, type KvEvent } from './decode';
+import { DEFAULT_KV_LIMITS, decodeKvEventBatchCooperatively, type KvBlockStored, type KvEvent } from './decode';
 import type { KvEventSink } from '../index/exact-index';
 import { resolveKvEndpoints } from './endpoints';
-import type { MsgpackLimits } from './msgpack-scan';
+import type { MsgpackLimits } from './msgpack-reader';
 import { loadZeromq } from '../optional-deps';
-import { WORK_SLICE, spend, yieldToIo } from './cooperative';
+import { WORK_SLICE, spend, spendDecoded, yieldToIo } from './cooperative';
 import { readSeq, replayFrom } from './replay-client';
 
 export type KvEventType = 'stored' | 'removed' | 'cleared' | 'invalid';
@@ -329,8 +330,8 @@ export function createKvEventSubscriber(options: KvSubscriberOptions): KvEventSu
 
   async function apply(stream: RankStream, seq: number, payload: Uint8Array): Promise<void> {
     stream.lastSeq = seq;
-    const decoded = decodeKvEventBatch(payload, limits);
-    await spend(Math.ceil(payload.length / 256));
+    const decoded = await decodeKvEventBatchCooperatively(payload, limits, spendDecoded);
+    if (closed) return;
     const rank = stream.rank;
     if (!decoded.ok) {
       // Whatever it held (a removal, say) is missed: the rank starts over.

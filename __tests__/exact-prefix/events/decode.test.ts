@@ -202,7 +202,7 @@ describe('decodeKvEventBatch', () => {
         while (!reader.step(3));
         expect(reader.result()).toEqual({ ok: true, value: unpackr.unpack(bytes) });
       }),
-      { numRuns: 150 },
+      { numRuns: 100 },
     );
   });
 

@@ -5,7 +5,7 @@ import { KvExactIndex } from '../../../lib/exact-prefix/index/exact-index';
 import { createKvEventSubscriber, type KvEventSubscriber, type KvSubscriberOptions } from '../../../lib/exact-prefix/events/subscriber';
 import { WORK_SLICE, DECODED_VALUES_PER_UNIT, yieldCount } from '../../../lib/exact-prefix/events/cooperative';
 import { Recorder } from '../helpers';
-import { RawEngine, batch, seqFrame, storedEvent } from './raw-engine';
+import { RawEngine, batch, honestReplay, seqFrame, storedEvent } from './raw-engine';
 
 const closers: Array<() => Promise<void>> = [];
 afterEach(async () => {
@@ -189,4 +189,64 @@ describe('the KV-event subscriber under a hostile or broken engine', () => {
     expect(probe.answers()).toBeGreaterThan(answered);
     expect(probe.worst()).toBeLessThan(1_000);
   }, 90_000);
+
+  it('three gateway replicas over 8 ranks: replayable gaps twice leave no rank wedged or stale (item 22.17)', async () => {
+    const RANKS = [0, 1, 2, 3, 4, 5, 6, 7];
+    const engines = await Promise.all(RANKS.map((rank) => engine(rank)));
+    // A ROUTER answers one request at a time, and slowly (a large buffer): with three replicas
+    // asking at once, the last one's replay passes its deadline and its answer comes late, on
+    // the DEALER the next replay would use.
+    for (const one of engines) {
+      one.replay = async (router, identity, from, buffer) => {
+        await sleep(120);
+        await honestReplay(router, identity, from, buffer);
+      };
+    }
+    const replicas = [0, 1, 2].map(() => {
+      const index = new KvExactIndex({ ranks: RANKS });
+      const recorder = new Recorder();
+      const sub = createKvEventSubscriber({
+        upstream: 'raw',
+        ranks: RANKS,
+        endpoint: engines.map((one) => one.endpoint),
+        replayEndpoint: engines.map((one) => one.replayEndpoint),
+        sink: index,
+        listener: recorder,
+        replayTimeoutMs: 300,
+      });
+      closers.push(() => sub.close());
+      return { index, recorder, sub };
+    });
+    const blocks = RANKS.map(() => 0);
+    const store = (rank: number, drop = false) => engines[rank].publish(chainBlock(blocks[rank]++, rank), drop);
+    const everywhere = (check: (replica: (typeof replicas)[number], rank: number) => boolean) => replicas.every((replica) => RANKS.every((rank) => check(replica, rank)));
+    /** Empty batches on every rank until `condition` holds: the engines' next steps. */
+    const settle = async (condition: () => boolean, what: string) => {
+      for (let i = 0; i < 400 && !condition(); i++) {
+        await Promise.all(engines.map((one) => one.publish(batch([], one.rank))));
+        await sleep(25);
+      }
+      if (!condition()) throw new Error(`never: ${what}`);
+    };
+    const following = () => everywhere((replica, rank) => replica.sub.isFresh(rank) && replica.index.blockCount(rank) === blocks[rank]);
+    await settle(() => everywhere((replica, rank) => replica.sub.isFresh(rank)), 'every rank fresh on every replica');
+    for (const rank of RANKS) for (let i = 0; i < 5; i++) await store(rank);
+    await settle(following, 'the first blocks indexed');
+    for (let round = 0; round < 2; round++) {
+      // Every rank: 3 batches dropped from PUB (kept for replay), then one live.
+      for (const rank of RANKS) {
+        for (let i = 0; i < 3; i++) await store(rank, true);
+        await store(rank);
+      }
+      await settle(following, `round ${round} repaired`);
+    }
+    // The ranks publish again: every replica's index follows every engine.
+    for (const rank of RANKS) for (let i = 0; i < 2; i++) await store(rank);
+    await settle(following, 'the index following every engine again');
+    for (const replica of replicas) {
+      const matched = Array.from(replica.index.match(chainPrompt(blocks[0])).matchedBlocks);
+      expect(matched).toEqual(RANKS.map((rank) => Math.min(blocks[rank], blocks[0])));
+    }
+  }, 60_000);
 });
+

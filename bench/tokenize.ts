@@ -10,7 +10,9 @@
  * - `PromptTokenizer` + `KvExactIndex.match()` per chat request of 2k and 8k tokens: cold (a
  *   system prompt never seen), warm (the system prompt seen before, a new user message of
  *   about 60 tokens), and repeated (the same request again);
- * - `tokenizer: 'upstream'`: a round trip to the embedded mock's `/tokenize` per request.
+ * - `tokenizer: 'upstream'`: a round trip to the embedded mock's `/tokenize` per request;
+ * - the new-text budget (`maxUncachedChars`, 65,536 UTF-16 units) tokenized whole, as prose
+ *   and as CJK text (seeded ideographs with punctuation), one encode each.
  *
  * `--tokenizer` defaults to the mock's fixture (a 400-token vocabulary, so its texts run to
  * about 2.5 characters a token); a real model's directory (tokenizer.json +
@@ -169,7 +171,39 @@ async function main(): Promise<void> {
   } finally {
     await mock.close();
   }
+  out.push(`\n## The new-text budget (maxUncachedChars, 65,536 UTF-16 units) tokenized whole, CPU\n`);
+  out.push(markdownTable(['text', 'tokens', 'median ms CPU'], budgetRows()));
   process.stdout.write(`${out.join('\n')}\n`);
+}
+
+/** Seeded CJK text: ideographs from the common block, with a full stop or comma now and then. */
+function cjk(seed: number, chars: number): string {
+  let state = seed * 2654435761 + 7;
+  const next = () => ((state = (Math.imul(state, 1103515245) + 12345) >>> 0) / 2 ** 32);
+  let text = '';
+  while (text.length < chars) {
+    const p = next();
+    text += p < 0.05 ? '。' : p < 0.1 ? '，' : String.fromCharCode(0x4e00 + Math.floor(next() * next() * 0x5000));
+  }
+  return text.slice(0, chars);
+}
+
+function budgetRows(): string[][] {
+  const tokenizer = PromptTokenizer.load(DIR, { maxUncachedChars: Infinity });
+  const BUDGET = 65_536;
+  return [
+    ['English-like prose', prose(11, BUDGET)],
+    ['CJK', cjk(11, BUDGET)],
+  ].map(([name, text]) => {
+    const times: number[] = [];
+    let tokens = 0;
+    for (let i = 0; i < (QUICK ? 3 : 7); i++) {
+      const { ms, value } = timeCpu(() => tokenizer.encodeWhole(text, false));
+      times.push(ms);
+      tokens = value.length;
+    }
+    return [name, `${tokens}`, fixed(median(times), 0)];
+  });
 }
 
 void main();

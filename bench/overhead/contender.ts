@@ -13,13 +13,18 @@
  * `+otelidle` (the same span, with a non-recording stand-in made active in its place: the
  * router finds nothing to record, so `+otel` against it is the router's own tracing work),
  * `+pools1` / `+pools2` (routing by model: one pool serving the request's model, or two),
+ * `+exact` (with `prefix-aware`: exact prefix routing, the mock's tokenizer and a KV-event
+ * publisher per rank in this process: exact-contender.ts),
  * and `bare-http` (a bare node:http proxy without Express, for context).
  * The router comes from `DP_ROUTER_BENCH_LIB` (contender-process.ts sets it: the compiled
  * package, or the sources under tsx); by default, the sources next to this file.
  * Prints `READY <port>`.
  */
 import { Agent, createServer, request as httpRequest } from 'node:http';
+import { existsSync, rmSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
 import express from 'express';
 import { createProxyMiddleware, fixRequestBody } from 'http-proxy-middleware';
 import type { PolicyName } from '../../lib/types';
@@ -90,6 +95,9 @@ if (kind === 'bare-http') {
         { url: upstreamUrl, name: 'other-pool', dataParallelSize: 8, ranks: [4, 6], models: ['other'] },
       ];
     }
+    // Exact prefix routing: the mock's tokenizer files and a KV-event publisher per rank in this
+    // process, so that every request is tokenized and looked up (exact-contender.ts).
+    else if (flag === 'exact') extra.prefixAware = exactRouting(upstreams as Array<Record<string, unknown>>);
     else throw new Error(`unknown router flag '+${flag}'`);
   }
   app.use(dpRouter({ upstreams: upstreams as never, policy, ...extra }));
@@ -147,4 +155,71 @@ function spanPerRequest(recording: boolean): express.RequestHandler {
     const current = recording ? span : api.trace.wrapSpanContext(span.spanContext());
     api.context.with(api.trace.setSpan(api.context.active(), current), next);
   };
+}
+
+/**
+ * `+exact`: each upstream gets `kvEvents` naming a ZeroMQ PUB per served rank, bound here (no
+ * replay endpoint, so a rank is fresh once connected), and the router gets the mock vLLM's
+ * tokenizer files. Every rank publishes one stored block a second: the router takes a rank
+ * that published nothing for 10 s after a request with new blocks as stale and stops
+ * tokenizing for it. The agreement check's `/tokenize` reaches the benchmark's upstream, whose
+ * answer carries no tokens: it counts as no check, as an unreachable `/tokenize` does.
+ */
+function exactRouting(upstreams: Array<Record<string, unknown>>): { tokenizer: string } {
+  const zmq = require('zeromq') as typeof import('zeromq');
+  const { Packr } = require('msgpackr') as typeof import('msgpackr');
+  const packr = new Packr({ useRecords: false, variableMapSize: true });
+  const root = repositoryRoot();
+  const seqFrame = (seq: number) => {
+    const frame = Buffer.alloc(8);
+    frame.writeBigInt64BE(BigInt(seq));
+    return frame;
+  };
+  let upstreamAt = 0;
+  for (const upstream of upstreams) {
+    const ranks = upstream.ranks as number[];
+    // ipc endpoints are known before the sockets bind (binding is asynchronous, the router is
+    // created now); the router's SUB sockets connect once they exist.
+    const paths = ranks.map((rank) => join(tmpdir(), `dp-router-bench-${process.pid}-${upstreamAt}-${rank}.ipc`));
+    upstreamAt++;
+    const publishers = paths.map((path) => {
+      const publisher = new zmq.Publisher({ linger: 0 });
+      process.on('exit', () => rmSync(path, { force: true }));
+      return { publisher, bound: publisher.bind(`ipc://${path}`) };
+    });
+    upstream.kvEvents = { endpoint: paths.map((path) => `ipc://${path}`) };
+    void Promise.all(publishers.map(({ bound }) => bound)).then(
+      () => {
+        let block = 0;
+        let seq = 0;
+        setInterval(() => {
+          for (const [at, { publisher }] of publishers.entries()) {
+            const rank = ranks[at];
+            const hash = 1_000_000 * (rank + 1) + (block++ % 1000);
+            const payload = packr.pack([Date.now() / 1000, [['BlockStored', [hash], null, Array.from({ length: 16 }, (_, i) => i + 1), 16, null, 'GPU']], rank]);
+            // A send still queued from the last second (a slow machine) throws: this one is skipped.
+            try {
+              publisher.send(['', seqFrame(seq), payload]).catch(() => undefined);
+            } catch {
+              // The rank sees a gap, and clears its index (no replay endpoint), as after any loss.
+            }
+          }
+          seq++;
+        }, 1000).unref();
+      },
+      (error: unknown) => {
+        process.stderr.write(`+exact: cannot bind the KV-event publishers: ${String(error)}\n`);
+        process.exit(1);
+      },
+    );
+  }
+  return { tokenizer: join(root, 'example-server', 'mock-vllm', 'tokenizer') };
+}
+
+/** The checkout this contender runs from (it runs from bench/overhead/ or from bench/results/.contender/). */
+function repositoryRoot(): string {
+  for (let dir = __dirname; dir !== dirname(dir); dir = dirname(dir)) {
+    if (existsSync(join(dir, 'example-server', 'mock-vllm', 'tokenizer', 'tokenizer.json'))) return dir;
+  }
+  throw new Error('+exact: example-server/mock-vllm/tokenizer not found above the contender');
 }

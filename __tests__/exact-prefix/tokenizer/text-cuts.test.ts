@@ -83,6 +83,14 @@ describe('PromptTokenizer cutting completions prompts between words', () => {
     expect(after.hits - before.hits).toBeGreaterThanOrEqual(Math.floor(shared.length / (2 * CHUNK_CHARS)));
   });
 
+  it('counts the budget in UTF-8 bytes, so CJK text (3 bytes a character) takes its cost out of it (item 22.15)', () => {
+    const tokenizer = new PromptTokenizer(files, { maxUncachedChars: 1000, selfCheckRequests: 0 });
+    // 400 characters, 1,200 bytes: counted in UTF-16 units it fitted, and CJK cost ~3× per unit.
+    expect(tokenizer.tokenize('completions', { prompt: '我们今天去公园'.repeat(57).slice(0, 400) })).toEqual({ refused: 'too_long' });
+    expect('prompts' in tokenizer.tokenize('completions', { prompt: '我们今天去公园'.repeat(57).slice(0, 300) })).toBe(true);
+    expect('prompts' in tokenizer.tokenize('completions', { prompt: 'x'.repeat(990) })).toBe(true);
+  });
+
   it('keeps the word cache and the chunks within cacheBytes', () => {
     const small = new PromptTokenizer(files, { cacheBytes: 64 * 1024, selfCheckRequests: 0 });
     for (let i = 0; i < 100; i++) small.tokenize('completions', { prompt: `request ${i}: ${'word' + i + ' '}`.repeat(120) });

@@ -39,14 +39,14 @@ export interface PromptTokenizerOptions {
   /** Requests whose cut-and-cached tokenization is compared with whole-text tokenization before it is trusted. Default 32. */
   selfCheckRequests?: number;
   /**
-   * The most text a request may bring that is not in the cache yet, in UTF-16 units; a request
-   * with more is refused as `too_long`. Tokenizing runs on the event loop (see
+   * The most text a request may bring that is not in the cache yet, counted in UTF-8 bytes (an
+   * ASCII character is 1, a CJK one 3: what byte-level BPE works through); a request with more
+   * is refused as `too_long`. Tokenizing runs on the event loop (see
    * bench/tokenize.ts and docs/exact-prefix-routing.md for its cost), so this bounds what one
    * request, hostile or not, can cost every other. What was tokenized before the budget ran
    * out stays cached, so a long shared prefix is taken in over a few requests; a single piece
    * of text with no cut in it (between two added tokens, and with no word boundary at least
-   * every 256 characters) longer than this never is. Default 65,536. CJK text costs several
-   * times more per character than English: lower this for CJK-heavy traffic.
+   * every 256 characters) longer than this never is. Default 65,536.
    */
   maxUncachedChars?: number;
   /**
@@ -254,13 +254,23 @@ export class PromptTokenizer {
       this.hits++;
       return cached;
     }
-    if (text.length > this.budget) throw OVER_BUDGET;
-    this.budget -= text.length;
+    if (this.budget !== Infinity) this.charge(text);
     this.misses++;
     // A piece holds no added token only while cutting at them.
     const ids = this.segmenting && !addSpecialTokens && this.words !== undefined ? this.wordIds(text) : this.encodeWhole(text, addSpecialTokens);
     this.cache.set(key, ids);
     return ids;
+  }
+
+  /**
+   * Takes what tokenizing `text` costs out of the request's budget: its UTF-8 bytes, which are
+   * what byte-level BPE merges (a CJK character is 3 bytes, and cost as much as 3 ASCII ones).
+   */
+  private charge(text: string): void {
+    // A UTF-16 unit is at least one byte: past the budget in units, it is past it in bytes.
+    const cost = text.length > this.budget ? Infinity : Buffer.byteLength(text, 'utf8');
+    if (cost > this.budget) throw OVER_BUDGET;
+    this.budget -= cost;
   }
 
   private wordIds(text: string): number[] {

@@ -2,6 +2,7 @@ import { describe, expect, it } from '@jest/globals';
 import fc from 'fast-check';
 import { MOCK_TOKENIZER_DIR } from '../../../example-server/mock-vllm/tokenize';
 import { CHUNK_CHARS, forEachChunk, nextTextCut } from '../../../lib/exact-prefix/tokenizer/text-cuts';
+import { PieceCache } from '../../../lib/exact-prefix/tokenizer/piece-cache';
 import { PromptTokenizer, readTokenizerFiles } from '../../../lib/exact-prefix/tokenizer/tokenizer';
 
 const files = readTokenizerFiles(MOCK_TOKENIZER_DIR);
@@ -35,7 +36,7 @@ describe('text cuts', () => {
       fc.property(mixedText, mixedText, mixedText, (shared, tailA, tailB) => {
         const cutsOf = (text: string) => {
           const ends: number[] = [];
-          forEachChunk(text, (start, end) => {
+          forEachChunk(text, CHUNK_CHARS, (start, end) => {
             expect(start === 0 || end - start <= text.length).toBe(true);
             ends.push(end);
           });
@@ -120,5 +121,26 @@ describe('PromptTokenizer cutting completions prompts between words', () => {
     const text = "It's a prompt: 12345 words, 我们今天去公园。 ".repeat(20);
     expect(prompt(tokenizer.tokenize('completions', { prompt: text }))).toEqual(tokenizer.encodeWhole(text, true));
     expect(tokenizer.stats()).toMatchObject({ wordCache: false, cuttingText: true });
+  });
+});
+
+describe('PieceCache', () => {
+  it('evicts, past its bytes, the first entry not hit since the hand passed, and counts what it holds', () => {
+    const cache = new PieceCache(4 * 200);
+    const ids = Array.from({ length: 10 }, (_, i) => i);
+    // Each entry: 20 units of text (40 bytes) + 10 ids (80) + 80 = 200 bytes.
+    const key = (name: string) => name.padEnd(20, '.');
+    cache.set(key('a'), ids);
+    cache.set(key('b'), ids);
+    cache.set(key('c'), ids);
+    cache.set(key('d'), ids);
+    expect(cache.get(key('a'))).toBe(ids);
+    cache.set(key('e'), ids);
+    // a was hit (a second chance), so b went.
+    expect(['a', 'b', 'c', 'd', 'e'].map((name) => cache.get(key(name)) !== undefined)).toEqual([true, false, true, true, true]);
+    expect(cache.heldBytes).toBe(800);
+    // Setting a key again replaces its entry, counted once.
+    cache.set(key('e'), ids);
+    expect(cache.heldBytes).toBe(800);
   });
 });

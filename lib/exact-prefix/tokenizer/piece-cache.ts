@@ -1,6 +1,9 @@
 /**
  * The tokenizer's cache of pieces of text (between added tokens, or between text cuts) and
- * their token ids: LRU, bounded by what it really holds in bytes.
+ * their token ids, bounded by what it really holds in bytes. Eviction is CLOCK (second chance):
+ * a hit sets a bit and moves nothing, and one hand goes round the map. An LRU kept by deleting
+ * and re-inserting every hit left a hole per hit at the map's head that each eviction scan
+ * walked again: at 24,000 entries a request of 33 hits cost 3.9 ms, growing with the cache.
  */
 
 // A cached piece costs its text (2 bytes a UTF-16 unit), its ids (8 bytes each in a packed
@@ -11,12 +14,17 @@ interface CachedPiece {
   /** The map's key, a string of its own (never a slice of a request's text). */
   readonly key: string;
   readonly ids: number[];
+  readonly bytes: number;
+  /** Hit since the hand last passed. */
+  used: boolean;
 }
 
-/** Pieces of text and their ids, least recently used evicted first past `maxBytes`. */
+/** Pieces of text and their ids; past `maxBytes`, the first the hand finds unused since it last passed goes. */
 export class PieceCache {
   private readonly map = new Map<string, CachedPiece>();
   private held = 0;
+  /** The CLOCK hand: a live iterator, so deletions and insertions behind it cost it nothing. */
+  private hand: Iterator<CachedPiece> | undefined;
 
   constructor(private readonly maxBytes: number) {}
 
@@ -29,9 +37,7 @@ export class PieceCache {
   get(key: string): number[] | undefined {
     const cached = this.map.get(key);
     if (cached === undefined) return undefined;
-    // Re-inserted under the entry's own key: `key` may be a slice of a long request.
-    this.map.delete(cached.key);
-    this.map.set(cached.key, cached);
+    cached.used = true;
     return cached.ids;
   }
 
@@ -43,18 +49,34 @@ export class PieceCache {
     // strings point into their parent), so 60 requests of a short new piece before 2 MB of
     // text held 118 MiB while the cache counted 27 KB.
     const own = ownString(key);
-    this.map.set(own, { key: own, ids });
+    const old = this.map.get(own);
+    if (old !== undefined) this.held -= old.bytes;
+    this.map.set(own, { key: own, ids, bytes, used: false });
     this.held += bytes;
-    for (const [old, entry] of this.map) {
-      if (this.held <= this.maxBytes) return;
-      this.map.delete(old);
-      this.held -= pieceBytes(old, entry.ids);
-    }
+    while (this.held > this.maxBytes) this.evictOne();
   }
 
   clear(): void {
     this.map.clear();
     this.held = 0;
+    this.hand = undefined;
+  }
+
+  private evictOne(): void {
+    let next = this.hand?.next();
+    if (next === undefined || next.done === true) {
+      // Round again from the start (holes left behind are compacted by the map's own rehashing).
+      this.hand = this.map.values();
+      next = this.hand.next();
+      if (next.done === true) return;
+    }
+    const entry = next.value;
+    if (entry.used) {
+      entry.used = false;
+      return;
+    }
+    this.map.delete(entry.key);
+    this.held -= entry.bytes;
   }
 }
 

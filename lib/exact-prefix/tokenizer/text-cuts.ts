@@ -13,12 +13,16 @@
  * prefix space, a pattern that reaches across) is found out on samples at load and on the first
  * requests (tokenizer.ts), and then not cut.
  *
- * Cuts are at least {@link CHUNK_CHARS} apart and each depends only on the text up to the
- * character after it, so two prompts sharing a prefix are cut alike along it.
+ * Chunks are cut at least {@link CHUNK_CHARS} apart, and a chunk not in the cache again at
+ * least {@link FINE_CHARS} apart; each cut depends only on the text up to the character after
+ * it, so two prompts sharing a prefix are cut alike along it, and the second tokenizes only
+ * what follows the last fine cut before they part.
  */
 
-/** The least length of a piece between two cuts, in UTF-16 units. */
+/** The least length of a chunk between two cuts, in UTF-16 units. */
 export const CHUNK_CHARS = 256;
+/** The least length of a finer piece, within a chunk the cache does not hold. */
+export const FINE_CHARS = 32;
 
 // A letter (astral ones too) followed by a break; the cut is after the letter.
 const CUT = /\p{L}(?=[ \n\p{P}])/gu;
@@ -37,11 +41,11 @@ export function nextTextCut(text: string, from: number): number {
   return -1;
 }
 
-/** The pieces of `text` between its cuts, each at least {@link CHUNK_CHARS} long but the last; `visit(start, end)` per piece. */
-export function forEachChunk(text: string, visit: (start: number, end: number) => void): void {
+/** The pieces of `text` between its cuts, each at least `least` long but the last; `visit(start, end)` per piece. */
+export function forEachChunk(text: string, least: number, visit: (start: number, end: number) => void): void {
   let start = 0;
   while (start < text.length) {
-    const cut = text.length - start > CHUNK_CHARS ? nextTextCut(text, start + CHUNK_CHARS) : -1;
+    const cut = text.length - start > least ? nextTextCut(text, start + least) : -1;
     const end = cut === -1 || cut >= text.length ? text.length : cut;
     visit(start, end);
     start = end;

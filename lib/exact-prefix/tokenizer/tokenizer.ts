@@ -25,8 +25,8 @@ import type { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 import { ChatRenderer, TOO_LONG, isRefused, laxBool, type Refused } from './tokenizer-chat';
 import { loadTokenizersPackage, readTokenizerFiles, type TokenizerFiles } from './tokenizer-files';
 import { PieceCache } from './piece-cache';
-import { CHUNK_CHARS, forEachChunk, nextTextCut } from './text-cuts';
-import { CUT_SAMPLES, SAMPLE_MESSAGES, SAMPLE_TEXTS } from './tokenizer-samples';
+import { CHUNK_CHARS, FINE_CHARS, forEachChunk } from './text-cuts';
+import { SAMPLE_MESSAGES, SAMPLE_TEXTS, textCutsAgreeOn, wordsAgreeOn } from './tokenizer-samples';
 import { WordEncoder } from './word-encoder';
 
 export type { Refused, RenderRefusal } from './tokenizer-chat';
@@ -239,11 +239,27 @@ export class PromptTokenizer {
     return ids;
   }
 
-  /** A piece between added tokens: cached whole, or, when long, chunk by chunk between words. */
+  /**
+   * A piece between added tokens: cached whole, or, when long, chunk by chunk between words;
+   * a chunk the cache does not hold is looked up in finer pieces, so that only what follows
+   * the last one another prompt brought is tokenized.
+   */
   private pushPiece(ids: number[], text: string): void {
-    if (text.length > CHUNK_CHARS) this.cuttingText ??= this.textCutsAgree();
-    if (!this.cuttingText || text.length <= CHUNK_CHARS) return pushAll(ids, this.cachedPiece(text, false));
-    forEachChunk(text, (start, end) => pushAll(ids, this.cachedPiece(end - start === text.length ? text : text.slice(start, end), false)));
+    if (text.length <= FINE_CHARS) return pushAll(ids, this.cachedPiece(text, false));
+    this.cuttingText ??= this.textCutsAgree();
+    if (!this.cuttingText) return pushAll(ids, this.cachedPiece(text, false));
+    forEachChunk(text, CHUNK_CHARS, (start, end) => {
+      const chunk = end - start === text.length ? text : text.slice(start, end);
+      const cached = this.cache.get(chunk);
+      if (cached !== undefined) {
+        this.hits++;
+        return pushAll(ids, cached);
+      }
+      const from = ids.length;
+      forEachChunk(chunk, FINE_CHARS, (at, to) => pushAll(ids, this.cachedPiece(to - at === chunk.length ? chunk : chunk.slice(at, to), false)));
+      // The whole chunk too, so that the next prompt sharing it takes it in one lookup.
+      if (chunk.length > FINE_CHARS) this.cache.set(chunk, ids.slice(from));
+    });
   }
 
   private cachedPiece(text: string, addSpecialTokens: boolean): number[] {
@@ -320,32 +336,14 @@ export class PromptTokenizer {
 
   /** The word cache gives the library's tokens on the samples. */
   private wordsAgree(): boolean {
-    try {
-      const agree = [...SAMPLE_TEXTS, ...CUT_SAMPLES].every((text) => {
-        const ids: number[] = [];
-        this.words!.encode(text, ids);
-        return sameIds(ids, this.encodeWhole(text, false));
-      });
-      this.words!.clear();
-      return agree;
-    } catch {
-      // The library's insides were not what the encoder expects.
-      return false;
-    }
+    const agree = wordsAgreeOn(this.words!, (text) => this.encodeWhole(text, false));
+    this.words!.clear();
+    return agree;
   }
 
   /** Cutting at every text cut of the samples, piece by piece, gives the whole text's tokens. */
   private textCutsAgree(): boolean {
-    return CUT_SAMPLES.every((text) => {
-      const ids: number[] = [];
-      let start = 0;
-      for (let cut = nextTextCut(text, 1); cut !== -1 && cut < text.length; cut = nextTextCut(text, cut + 1)) {
-        pushAll(ids, this.encodeWhole(text.slice(start, cut), false));
-        start = cut;
-      }
-      pushAll(ids, this.encodeWhole(text.slice(start), false));
-      return sameIds(ids, this.encodeWhole(text, false));
-    });
+    return textCutsAgreeOn((text) => this.encodeWhole(text, false));
   }
 }
 
@@ -395,5 +393,7 @@ function sameIds(a: readonly number[], b: readonly number[]): boolean {
 }
 
 function pushAll(target: number[], ids: readonly number[]): void {
-  for (let i = 0; i < ids.length; i++) target.push(ids[i]);
+  // One native push for a piece's ids (a chunk holds a few hundred at most), not one call per id.
+  if (ids.length <= 16_384) target.push(...ids);
+  else for (let i = 0; i < ids.length; i++) target.push(ids[i]);
 }

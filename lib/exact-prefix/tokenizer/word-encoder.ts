@@ -17,7 +17,7 @@ import { ownString } from './piece-cache';
 const MAX_CACHED_WORD = 64;
 const ENTRY_OVERHEAD_BYTES = 80;
 
-type Step = { pre_tokenize(text: string[] | string, options?: unknown): string[] };
+type Step = { pre_tokenize_text(text: string, options?: unknown): string[] };
 type ByteStep = { pre_tokenize_text(text: string, options?: unknown): string[] };
 
 /** The library's internals this reads, all present in @huggingface/tokenizers 0.2. */
@@ -81,8 +81,9 @@ export class WordEncoder {
   encode(text: string, into: number[]): void {
     if (text.length === 0) return;
     const normalized = this.normalize === null ? text : this.normalize(text);
-    let words: string[] = [normalized];
-    for (const split of this.splits) words = split.pre_tokenize(words);
+    // pre_tokenize_text, not pre_tokenize: the same pieces without an array flattened per step.
+    let words = this.splits[0].pre_tokenize_text(normalized);
+    for (let at = 1; at < this.splits.length; at++) words = words.flatMap((word) => this.splits[at].pre_tokenize_text(word));
     for (const word of words) {
       if (word.length === 0) continue;
       let ids = this.words.get(word);

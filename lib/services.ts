@@ -1,6 +1,7 @@
 import { Registry } from 'prom-client';
 import { createExactRouting, type ExactRouting } from './exact-prefix/exact-routing';
-import { loadTokenizer, requireTokenizerForKvEvents, unusedKvEventsNotice } from './exact-prefix/options';
+import { loadTokenizer } from './exact-prefix/load-tokenizer';
+import { exactTokenizer, requireTokenizerForKvEvents, unusedKvEventsNotice } from './exact-prefix/options';
 import { createEvents, type RouterEvents } from './observe/events';
 import { createMetrics, NO_METRICS, type RouterMetrics } from './observe/metrics';
 import { createTracing, type Tracing } from './observe/tracing';
@@ -17,7 +18,8 @@ import { OutlierDetector } from './upstreams/outlier-detector';
 import type { Policy } from './types';
 import { startDnsDiscovery, type DnsDiscovery } from './pools/dns-discovery';
 import { createModelRouting, type ModelRouting } from './pools/model-routing';
-import { hasDnsEntries } from './pools/upstream-sources';
+import { fixedUpstreams, hasDnsEntries } from './pools/upstream-sources';
+import { decodePool } from './disaggregation/options';
 import { Admission } from './admission/admission';
 import { createAdmissionMetrics } from './admission/metrics';
 
@@ -56,8 +58,10 @@ export class RouterServices {
   private closed: Promise<void> | undefined;
 
   constructor(readonly config: Configuration) {
-    const policy = (this.policy = buildPolicy(config.policy, config.policySettings));
-    const table = (this.table = new EndpointTable(config.upstreams));
+    const policy = (this.policy = buildPolicy(config.policy, config));
+    // The entries given by `url`; with disaggregation, the decode pool (the prefill pool is the terminal's).
+    const fixed = fixedUpstreams(config.upstreams);
+    const table = (this.table = new EndpointTable(config.disaggregation === undefined ? fixed : decodePool(fixed)));
     this.registry = config.metrics?.registry ?? new Registry();
     const metrics = (this.metrics = config.metrics ? createMetrics(this.registry, config.metrics.prefix, table, this.scraped()) : NO_METRICS);
     this.started.push(() => metrics.close());
@@ -67,17 +71,18 @@ export class RouterServices {
     const watch = (this.watch = watchEngines(table, config.loadFeedback, metrics, (upstream, ranks) => this.discovered(upstream, ranks)));
     this.started.push(() => watch.stop());
     // Exact prefix routing: with a tokenizer, every upstream with `kvEvents` is subscribed to.
+    const tokenizer = exactTokenizer(config.policy, config.prefixAware);
     const exact = (this.exact =
-      config.tokenizer === undefined
+      tokenizer === undefined
         ? undefined
         : createExactRouting({
-            upstreams: config.upstreams,
-            tokenizer: loadTokenizer('prefixAware.tokenizer', config.tokenizer),
+            upstreams: table.upstreams,
+            tokenizer: loadTokenizer('prefixAware.tokenizer', tokenizer),
             metrics: config.metrics,
             warn: (message) => config.logger.warn(message),
           }));
     if (exact !== undefined) this.started.push(() => exact.close());
-    const unusedKvEvents = unusedKvEventsNotice(config.upstreams, exact !== undefined, policy.name);
+    const unusedKvEvents = unusedKvEventsNotice(table.upstreams, exact !== undefined, policy.name);
     if (unusedKvEvents !== undefined) config.logger.warn(unusedKvEvents);
     const detector = (this.detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection, { ejected: (endpoint) => events.ejected(endpoint as RouteEndpoint) }) : undefined);
     if (detector !== undefined) this.started.push(() => detector.close());
@@ -85,17 +90,18 @@ export class RouterServices {
     this.health = config.healthCheck ? startHealthChecks(table, config.healthCheck, this.healthChanged) : undefined;
     this.started.push(() => this.health?.stop());
     this.inputs = createRequestInputs(config, policy, table);
-    this.bodies = new BodyReader(new BodyBudget(config.maxBufferedBytes), config.bodyTimeoutMs);
+    this.bodies = new BodyReader(new BodyBudget(config.maxBufferedBytes), config.timeouts.bodyMs);
     const models = (this.models = createModelRouting(table, (message) => config.logger.warn(message)));
     this.started.push(() => models.stop());
-    if (hasDnsEntries(config.upstreamSources)) this.dns = this.startDns(config.upstreamSources);
+    if (hasDnsEntries(config.upstreams)) this.dns = this.startDns(config.upstreams);
     this.started.push(() => this.dns?.stop());
     this.admission = this.startAdmission();
   }
 
   /** Throws for entries this router cannot take (`kvEvents` under prefix-aware without a tokenizer), before anything changes. */
   checkSources(sources: readonly UpstreamConfig[]): void {
-    requireTokenizerForKvEvents(sources, this.config.policy === 'prefix-aware', this.config.tokenizer);
+    const { policy, prefixAware } = this.config;
+    requireTokenizerForKvEvents(sources, policy === 'prefix-aware', prefixAware.tokenizer);
   }
 
   /**

@@ -84,15 +84,28 @@ describe('rank discovery', () => {
 });
 
 describe('load feedback', () => {
-  /** Keeps `count` slow requests running on `rank` directly at the mock, bypassing the gateway. */
-  function occupy(mock: MockVllm, rank: number, count: number): Array<Promise<Response>> {
-    return Array.from({ length: count }, () =>
+  /**
+   * Keeps `count` requests running on `rank` directly at the mock, bypassing the gateway, until
+   * released: they ask for more tokens than any test waits for, so that a slow machine cannot let
+   * them finish while the test still counts on them.
+   */
+  function occupy(mock: MockVllm, rank: number, count: number): { release: () => Promise<void> } {
+    const abort = new AbortController();
+    const requests = Array.from({ length: count }, () =>
       fetch(`${mock.url}/v1/completions`, {
         method: 'POST',
         headers: { 'content-type': 'application/json', 'x-data-parallel-rank': String(rank) },
-        body: JSON.stringify({ model: 'mock-model', prompt: 'batch job', max_tokens: 40 }),
-      }),
+        body: JSON.stringify({ model: 'mock-model', prompt: 'batch job', max_tokens: 4000 }),
+        signal: abort.signal,
+      }).then((answer) => answer.text()).catch(() => undefined),
     );
+    return {
+      release: async () => {
+        abort.abort();
+        await Promise.all(requests);
+        await waitFor(() => mock.stats().perRank[rank].running === 0);
+      },
+    };
   }
 
   async function ranksChosen(gateway: TestGateway, count: number): Promise<string[]> {
@@ -115,7 +128,7 @@ describe('load feedback', () => {
     await pollApplied(mock);
     expect((await ranksChosen(blind, 8)).filter((rank) => rank === '0')).toHaveLength(2);
     expect((await ranksChosen(informed, 8)).filter((rank) => rank === '0')).toHaveLength(0);
-    await Promise.all(batch);
+    await batch.release();
   });
 
   it('falls back to local counts when a poll fails, and counts it', async () => {
@@ -134,6 +147,6 @@ describe('load feedback', () => {
     mock.fault = undefined;
     // Until the next poll, 400 ms on, only this gateway's own (idle) counts steer.
     expect((await ranksChosen(gateway, 4)).sort()).toEqual(['0', '0', '1', '1']);
-    await Promise.all(batch);
+    await batch.release();
   });
 });

@@ -1,6 +1,7 @@
 import type { Registry } from 'prom-client';
 import { createExactRouting, type ExactRouting } from '../exact-prefix/exact-routing';
-import { loadTokenizer } from '../exact-prefix/options';
+import { exactTokenizer } from '../exact-prefix/options';
+import { loadTokenizer } from '../exact-prefix/load-tokenizer';
 import { createMetrics, NO_METRICS, type RouterMetrics } from '../observe/metrics';
 import type { Tracing } from '../observe/tracing';
 import type { Configuration } from '../options';
@@ -12,6 +13,7 @@ import { startHealthChecks, type HealthChecker } from '../upstreams/health-check
 import { OutlierDetector } from '../upstreams/outlier-detector';
 import type { UpstreamConfig } from '../upstreams/upstream-options';
 import { createDisaggregationMetrics, type DisaggregationMetrics } from './metrics';
+import { prefillPool } from './options';
 import { PrefillClient } from './prefill-client';
 
 /** The header a trusted caller names the prefill rank with (the rank header names the decode rank). */
@@ -41,8 +43,9 @@ export class PrefillPool {
     tracing: Tracing,
   ) {
     const settings = config.disaggregation!;
-    const policy = (this.policy = buildPolicy(settings.prefillPolicy, config.policySettings));
-    const table = (this.table = new EndpointTable(settings.prefillUpstreams));
+    const policy = (this.policy = buildPolicy(settings.prefillPolicy, config));
+    const upstreams = prefillPool(config.upstreams);
+    const table = (this.table = new EndpointTable(upstreams));
     const prefix = config.metrics?.prefix;
     this.metrics = prefix === undefined ? NO_METRICS : createMetrics(registry, prefix, table, []);
     this.legMetrics = prefix === undefined ? undefined : createDisaggregationMetrics(registry, prefix, table.all);
@@ -54,13 +57,14 @@ export class PrefillPool {
     this.detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection, { ejected: (endpoint) => ejected(endpoint as RouteEndpoint) }) : undefined;
     this.health = config.healthCheck ? startHealthChecks(table, config.healthCheck) : undefined;
     // The prefill leg's hint is a header of its own; a body hint field names the decode rank.
-    this.inputs = createRequestInputs({ ...config, hintHeader: PREFILL_HINT_HEADER, hintBodyField: undefined }, policy, table);
+    this.inputs = createRequestInputs({ hints: { ...config.hints, header: PREFILL_HINT_HEADER, bodyField: undefined }, affinity: config.affinity }, policy, table);
+    const tokenizer = exactTokenizer(settings.prefillPolicy, config.prefixAware);
     this.exact =
-      settings.tokenizer === undefined || !settings.prefillUpstreams.some((upstream) => upstream.kvEvents !== undefined)
+      tokenizer === undefined || !upstreams.some((upstream) => upstream.kvEvents !== undefined)
         ? undefined
         : createExactRouting({
-            upstreams: settings.prefillUpstreams,
-            tokenizer: loadTokenizer('prefixAware.tokenizer', settings.tokenizer),
+            upstreams,
+            tokenizer: loadTokenizer('prefixAware.tokenizer', tokenizer),
             metrics: config.metrics,
             warn: (message) => config.logger.warn(message),
           });
@@ -71,7 +75,7 @@ export class PrefillPool {
     const key = `${endpoint.config.name}\n${endpoint.config.url}`;
     let client = this.clients.get(key);
     if (client === undefined) {
-      client = new PrefillClient(endpoint.config, this.config.connectTimeoutMs, this.config.firstByteTimeoutMs);
+      client = new PrefillClient(endpoint.config, this.config.timeouts.connectMs, this.config.timeouts.firstByteMs);
       this.clients.set(key, client);
     }
     return client;

@@ -9,6 +9,7 @@ import type { RouterEvents } from '../observe/events';
 import type { Tracing } from '../observe/tracing';
 import type { RouterMetrics } from '../observe/metrics';
 import type { Configuration } from '../options';
+import type { HintConfig } from './hint-options';
 import type { PrefixPickContext } from '../policies/prefix-aware';
 import { NO_HINT, type BodyView, type JudgedHint, type RequestInputs } from './request-inputs';
 import { RouteState, type RouteReports, type RoutedRequest } from './route-state';
@@ -69,6 +70,10 @@ export class RequestLifecycle {
   readonly handle: (req: RoutedRequest, res: ServerResponse, next: Next) => void;
   private readonly reports: RouteReports;
   private readonly config: Configuration;
+  private readonly hints: HintConfig;
+  private readonly bodyTimeoutMs: number;
+  /** `requestBuffering.maxBytes`: 0 when off. */
+  private readonly bufferMaxBytes: number;
   private readonly table: EndpointTable;
   private readonly metrics: RouterMetrics;
   private readonly events: RouterEvents;
@@ -92,6 +97,9 @@ export class RequestLifecycle {
   ) {
     const { config } = parts;
     this.config = config;
+    this.hints = config.hints;
+    this.bodyTimeoutMs = config.timeouts.bodyMs;
+    this.bufferMaxBytes = config.requestBuffering.maxBytes;
     this.table = parts.table;
     this.metrics = parts.metrics;
     this.inputs = parts.inputs;
@@ -116,7 +124,8 @@ export class RequestLifecycle {
       return;
     }
     const route = new RouteState(this.reports);
-    const { trust, hintHeader, header } = this.config;
+    const { trust, header: hintHeader } = this.hints;
+    const { header } = this.config;
     try {
       route.trusted = trust === true || (trust !== false && trust(req) === true);
     } catch (error) {
@@ -169,7 +178,7 @@ export class RequestLifecycle {
     // Each property of `req` read costs a lookup V8 cannot cache: a stream that has ended is
     // complete, so `readableEnded` is read only for a complete body.
     if (bodied && !req.complete) {
-      route.armBodyDeadline(req, res, this.config.bodyTimeoutMs, this.bodies.timedOut);
+      route.armBodyDeadline(req, res, this.bodyTimeoutMs, this.bodies.timedOut);
     } else if (bodied && req.readableEnded) {
       // A body parser ran first: the stream is spent, so its result is all there is to read
       // and to forward.
@@ -182,7 +191,7 @@ export class RequestLifecycle {
       return;
     }
     if (!wantsBody || !bodied || !isJson(req)) {
-      if (bodied && this.config.bufferMaxBytes > 0) this.bodies.read(req, res, route, this.config.bufferMaxBytes, 'buffer', next, () => this.decide(req, res, next, route));
+      if (bodied && this.bufferMaxBytes > 0) this.bodies.read(req, res, route, this.bufferMaxBytes, 'buffer', next, () => this.decide(req, res, next, route));
       else this.decide(req, res, next, route);
       return;
     }
@@ -201,7 +210,7 @@ export class RequestLifecycle {
   /** The hinted rank, a rejection, a 503, or the policy's pick among the candidates. */
   decide(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
     if (res.destroyed) return;
-    const { inputs, config } = this;
+    const { inputs } = this;
     const body = route.view;
     if (body !== undefined && this.models.active && !this.choosePool(req, res, route, body)) return;
     route.hintFields = inputs.hintFields(body);
@@ -213,7 +222,7 @@ export class RequestLifecycle {
       this.assign(req, res, next, route, hinted, 'hint', 'accepted', undefined, undefined);
       return;
     }
-    if (config.onInvalid === 'reject' && verdict.outcome !== 'none' && verdict.outcome !== 'untrusted' && verdict.outcome !== 'accepted') {
+    if (this.hints.onInvalid === 'reject' && verdict.outcome !== 'none' && verdict.outcome !== 'untrusted' && verdict.outcome !== 'accepted') {
       this.reject(res, verdict);
       return;
     }

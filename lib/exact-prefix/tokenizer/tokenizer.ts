@@ -23,7 +23,7 @@
  */
 import type { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 import { ChatRenderer, TOO_LONG, isRefused, laxBool, type Refused } from './tokenizer-chat';
-import { loadTokenizersPackage, readTokenizerFiles, type TokenizerFiles } from './tokenizer-files';
+import { addedTokens, alternation, chatTemplateOf, loadTokenizersPackage, readTokenizerFiles, type TokenizerFiles } from './tokenizer-files';
 import { PieceCache } from './piece-cache';
 import { CHUNK_CHARS, FINE_CHARS, forEachChunk } from './text-cuts';
 import { SAMPLE_MESSAGES, SAMPLE_TEXTS, textCutsAgreeOn, wordsAgreeOn } from './tokenizer-samples';
@@ -230,11 +230,11 @@ export class PromptTokenizer {
     for (let match = splitter.exec(text); match !== null; match = splitter.exec(text)) {
       const id = this.addedIds.get(match[0]);
       if (id === undefined) continue;
-      if (match.index > last) this.pushPiece(ids, text.slice(last, match.index));
+      if (match.index > last) this.pushPiece(ids, text.slice(last, match.index), true);
       ids.push(id);
       last = splitter.lastIndex;
     }
-    if (last < text.length) this.pushPiece(ids, last === 0 ? text : text.slice(last));
+    if (last < text.length) this.pushPiece(ids, last === 0 ? text : text.slice(last), false);
     if (addSpecialTokens) pushAll(ids, this.specialSuffix);
     return ids;
   }
@@ -242,12 +242,24 @@ export class PromptTokenizer {
   /**
    * A piece between added tokens: cached whole, or, when long, chunk by chunk between words;
    * a chunk the cache does not hold is looked up in finer pieces, so that only what follows
-   * the last one another prompt brought is tokenized.
+   * the last one another prompt brought is tokenized. A piece between two added tokens (a chat
+   * message) is also kept whole: a system prompt comes back as it was, in one lookup.
    */
-  private pushPiece(ids: number[], text: string): void {
+  private pushPiece(ids: number[], text: string, between: boolean): void {
     if (text.length <= FINE_CHARS) return pushAll(ids, this.cachedPiece(text, false));
     this.cuttingText ??= this.textCutsAgree();
     if (!this.cuttingText) return pushAll(ids, this.cachedPiece(text, false));
+    const whole = between ? this.cache.get(text) : undefined;
+    if (whole !== undefined) {
+      this.hits++;
+      return pushAll(ids, whole);
+    }
+    const from = ids.length;
+    this.pushChunks(ids, text);
+    if (between) this.cache.set(text, ids.slice(from));
+  }
+
+  private pushChunks(ids: number[], text: string): void {
     forEachChunk(text, CHUNK_CHARS, (start, end) => {
       const chunk = end - start === text.length ? text : text.slice(start, end);
       const cached = this.cache.get(chunk);
@@ -345,40 +357,6 @@ export class PromptTokenizer {
   private textCutsAgree(): boolean {
     return textCutsAgreeOn((text) => this.encodeWhole(text, false));
   }
-}
-
-/**
- * Every added token (so a cut never falls inside a longer one that overlaps it), each with its
- * id when it is a safe cut point: matched verbatim in the raw text with no strip, word or
- * normalizer rule that could reach across the cut; `undefined` otherwise.
- */
-function addedTokens(tokenizer: Record<string, unknown>): Map<string, number | undefined> {
-  const tokens = new Map<string, number | undefined>();
-  const added = tokenizer.added_tokens;
-  if (!Array.isArray(added)) return tokens;
-  for (const token of added as Array<Record<string, unknown>>) {
-    if (typeof token.content !== 'string' || token.content === '' || !Number.isSafeInteger(token.id)) continue;
-    const clean = token.normalized !== true && token.lstrip !== true && token.rstrip !== true && token.single_word !== true;
-    tokens.set(token.content, clean ? (token.id as number) : undefined);
-  }
-  return tokens;
-}
-
-/** Longest first, so the leftmost match is also the longest, as the tokenizer's own matcher takes it. */
-function alternation(literals: string[]): RegExp {
-  const sorted = literals.sort((a, b) => b.length - a.length);
-  return new RegExp(sorted.map((literal) => literal.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')).join('|'), 'g');
-}
-
-function chatTemplateOf(config: Record<string, unknown>): string | undefined {
-  const template = config.chat_template;
-  if (typeof template === 'string') return template;
-  // The list form names several templates; vLLM's default is the one named "default".
-  if (Array.isArray(template)) {
-    const named = template.find((entry) => entry?.name === 'default') as { template?: unknown } | undefined;
-    if (typeof named?.template === 'string') return named.template;
-  }
-  return undefined;
 }
 
 function isTokenIds(values: unknown[]): values is number[] {

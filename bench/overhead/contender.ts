@@ -21,7 +21,8 @@
  * Prints `READY <port>`.
  */
 import { Agent, createServer, request as httpRequest } from 'node:http';
-import { existsSync, rmSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -97,6 +98,8 @@ if (kind === 'bare-http') {
     }
     // Exact prefix routing: the mock's tokenizer files and a KV-event publisher per rank in this
     // process, so that every request is tokenized and looked up (exact-contender.ts).
+    // Diagnostic: the decision header on every answer (`; index=exact` tells whether +exact scored it).
+    else if (flag === 'decision') extra.exposeDecision = true;
     else if (flag === 'exact') extra.prefixAware = exactRouting(upstreams as Array<Record<string, unknown>>);
     else throw new Error(`unknown router flag '+${flag}'`);
   }
@@ -158,62 +161,58 @@ function spanPerRequest(recording: boolean): express.RequestHandler {
 }
 
 /**
- * `+exact`: each upstream gets `kvEvents` naming a ZeroMQ PUB per served rank, bound here (no
- * replay endpoint, so a rank is fresh once connected), and the router gets the mock vLLM's
- * tokenizer files. Every rank publishes one stored block a second: the router takes a rank
- * that published nothing for 10 s after a request with new blocks as stale and stops
- * tokenizing for it. The agreement check's `/tokenize` reaches the benchmark's upstream, whose
- * answer carries no tokens: it counts as no check, as an unreachable `/tokenize` does.
+ * `+exact`: each upstream gets `kvEvents` naming a ZeroMQ PUB per served rank (no replay
+ * endpoint, so a rank is fresh once connected), and the router gets the mock vLLM's tokenizer
+ * files. The publishers run in a child process of their own, as an engine's do (under valgrind
+ * one in the contender's own process answered ZMTP heartbeats too late: its subscriptions
+ * dropped, and the contender routed approximately): ipc sockets in the temporary directory,
+ * each publishing one stored block a second, since a rank that published nothing for 10 s after
+ * a request with new blocks is taken as stale. The child ends with this process (its stdin
+ * closes). The agreement check's `/tokenize` reaches the benchmark's upstream, whose answer
+ * carries no tokens: it counts as no check, as an unreachable `/tokenize` does.
  */
 function exactRouting(upstreams: Array<Record<string, unknown>>): { tokenizer: string } {
-  const zmq = require('zeromq') as typeof import('zeromq');
-  const { Packr } = require('msgpackr') as typeof import('msgpackr');
-  const packr = new Packr({ useRecords: false, variableMapSize: true });
   const root = repositoryRoot();
-  const seqFrame = (seq: number) => {
-    const frame = Buffer.alloc(8);
-    frame.writeBigInt64BE(BigInt(seq));
-    return frame;
-  };
-  let upstreamAt = 0;
-  for (const upstream of upstreams) {
+  const sockets: Array<{ path: string; rank: number }> = [];
+  for (const [at, upstream] of upstreams.entries()) {
     const ranks = upstream.ranks as number[];
-    // ipc endpoints are known before the sockets bind (binding is asynchronous, the router is
-    // created now); the router's SUB sockets connect once they exist.
-    const paths = ranks.map((rank) => join(tmpdir(), `dp-router-bench-${process.pid}-${upstreamAt}-${rank}.ipc`));
-    upstreamAt++;
-    const publishers = paths.map((path) => {
-      const publisher = new zmq.Publisher({ linger: 0 });
-      process.on('exit', () => rmSync(path, { force: true }));
-      return { publisher, bound: publisher.bind(`ipc://${path}`) };
-    });
+    const paths = ranks.map((rank) => join(tmpdir(), `dp-router-bench-${process.pid}-${at}-${rank}.ipc`));
+    ranks.forEach((rank, i) => sockets.push({ path: paths[i], rank }));
     upstream.kvEvents = { endpoint: paths.map((path) => `ipc://${path}`) };
-    void Promise.all(publishers.map(({ bound }) => bound)).then(
-      () => {
-        let block = 0;
-        let seq = 0;
-        setInterval(() => {
-          for (const [at, { publisher }] of publishers.entries()) {
-            const rank = ranks[at];
-            const hash = 1_000_000 * (rank + 1) + (block++ % 1000);
-            const payload = packr.pack([Date.now() / 1000, [['BlockStored', [hash], null, Array.from({ length: 16 }, (_, i) => i + 1), 16, null, 'GPU']], rank]);
-            // A send still queued from the last second (a slow machine) throws: this one is skipped.
-            try {
-              publisher.send(['', seqFrame(seq), payload]).catch(() => undefined);
-            } catch {
-              // The rank sees a gap, and clears its index (no replay endpoint), as after any loss.
-            }
-          }
-          seq++;
-        }, 1000).unref();
-      },
-      (error: unknown) => {
-        process.stderr.write(`+exact: cannot bind the KV-event publishers: ${String(error)}\n`);
-        process.exit(1);
-      },
-    );
   }
+  const child = spawn(process.execPath, ['-e', publisherSource(), JSON.stringify(sockets)], { cwd: root, stdio: ['pipe', 'ignore', 'inherit'] });
+  child.on('exit', (code) => {
+    if (code !== 0 && code !== null) process.exit(1);
+  });
+  process.on('exit', () => child.kill());
   return { tokenizer: join(root, 'example-server', 'mock-vllm', 'tokenizer') };
+}
+
+/** The engines' side of `+exact` (a function: hoisted, as the flags are read before the module's constants): binds a PUB per socket and publishes a stored block a second on each. */
+function publisherSource(): string {
+  return `
+const zmq = require('zeromq');
+const { Packr } = require('msgpackr');
+const { rmSync } = require('node:fs');
+const packr = new Packr({ useRecords: false, variableMapSize: true });
+const sockets = JSON.parse(process.argv[1]);
+const publishers = sockets.map(({ path, rank }) => ({ rank, path, pub: new zmq.Publisher({ linger: 0 }), seq: 0, block: 0 }));
+process.stdin.on('end', () => process.exit(0));
+process.stdin.resume();
+process.on('SIGTERM', () => process.exit(0));
+process.on('exit', () => publishers.forEach(({ path }) => rmSync(path, { force: true })));
+Promise.all(publishers.map(({ pub, path }) => pub.bind('ipc://' + path))).then(() => {
+  setInterval(() => {
+    for (const one of publishers) {
+      const frame = Buffer.alloc(8);
+      frame.writeBigInt64BE(BigInt(one.seq++));
+      const hash = 1000000 * (one.rank + 1) + (one.block++ % 1000);
+      const payload = packr.pack([Date.now() / 1000, [['BlockStored', [hash], null, Array.from({ length: 16 }, (_, i) => i + 1), 16, null, 'GPU']], one.rank]);
+      try { one.pub.send(['', frame, payload]).catch(() => undefined); } catch {}
+    }
+  }, 1000);
+}, (error) => { process.stderr.write('+exact publishers: ' + String(error) + '\\n'); process.exit(1); });
+`;
 }
 
 /** The checkout this contender runs from (it runs from bench/overhead/ or from bench/results/.contender/). */

@@ -9,7 +9,10 @@
  *   its budget;
  * - lookup: `match()` for 2k- and 8k-token prompts over 8 ranks, when one rank holds the
  *   whole prompt (the worst case: a key per block) and when none holds any of it;
- * - memory: heap bytes per indexed block, 1,000,000 blocks, both hash kinds.
+ * - memory: heap bytes per indexed block, 1,000,000 blocks, both hash kinds;
+ * - the longest event-loop pause while payloads at the decoder's bounds arrive back to back,
+ *   decoded whole, cooperatively (what the subscriber does) or in a worker thread
+ *   (kv-events-pause.ts), in CPU time; `--pause` runs this section alone.
  */
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
@@ -17,9 +20,11 @@ import { decodeKvEventBatch, type KvEvent } from '../lib/exact-prefix/events/dec
 import { KvExactIndex } from '../lib/exact-prefix/index/exact-index';
 import { encodeKvBatch, type KvLayout, type MockKvEvent, type PyBlockHash } from '../example-server/mock-vllm/kv-events';
 import { fixed, markdownTable, median, parseArgs } from './lib/stats';
+import { boundPayloads, measurePauses, type PauseFigures } from './kv-events-pause';
 
 const args = parseArgs(process.argv.slice(2));
 const QUICK = args.has('quick');
+const PAUSE_ONLY = args.has('pause');
 const BLOCK = 16;
 const RANKS = [0, 1, 2, 3, 4, 5, 6, 7];
 
@@ -129,18 +134,47 @@ function memory(kind: 'bytes' | 'int'): number {
   return (after - before) / count;
 }
 
-const ingestRows = (['bytes', 'int'] as const).map((kind) => {
-  const layout: KvLayout = kind === 'bytes' ? 'map' : 'v0.10';
-  const { blocksPerSecond, decodeShare } = ingestion(kind, layout);
-  return [`${layout} layout, ${kind === 'bytes' ? '32-byte' : 'int64'} hashes`, fixed(blocksPerSecond / 1000, 0), `${fixed(decodeShare * 100, 0)} %`, blocksPerSecond >= 200_000 ? 'PASS' : 'MISS'];
-});
-process.stdout.write(`\n## Ingestion (decode + index), one thread\n\n${markdownTable(['stream', 'k blocks/s', 'decode share', '≥ 200k/s'], ingestRows)}\n`);
+async function main(): Promise<void> {
+  if (!PAUSE_ONLY) tables();
+  await pauses();
+}
 
-const lookupRows = [2048, 8192].flatMap((tokens) => [true, false].map((hit) => [`${tokens} tokens (${tokens / BLOCK} blocks), ${hit ? 'one rank holds all' : 'no rank holds any'}`, fixed(lookup(tokens, hit), 1)]));
-process.stdout.write(`\n## Lookup over 8 ranks\n\n${markdownTable(['prompt', 'µs per match()'], lookupRows)}\n`);
+function tables(): void {
+  const ingestRows = (['bytes', 'int'] as const).map((kind) => {
+    const layout: KvLayout = kind === 'bytes' ? 'map' : 'v0.10';
+    const { blocksPerSecond, decodeShare } = ingestion(kind, layout);
+    return [`${layout} layout, ${kind === 'bytes' ? '32-byte' : 'int64'} hashes`, fixed(blocksPerSecond / 1000, 0), `${fixed(decodeShare * 100, 0)} %`, blocksPerSecond >= 200_000 ? 'PASS' : 'MISS'];
+  });
+  process.stdout.write(`\n## Ingestion (decode + index), one thread\n\n${markdownTable(['stream', 'k blocks/s', 'decode share', '≥ 200k/s'], ingestRows)}\n`);
 
-const memoryRows = (['bytes', 'int'] as const).map((kind) => {
-  const perBlock = memory(kind);
-  return [kind === 'bytes' ? '32-byte hashes' : 'int64 hashes', fixed(perBlock, 0), fixed((perBlock * 1e6) / 2 ** 20, 0)];
-});
-process.stdout.write(`\n## Memory\n\n${markdownTable(['engine hashes', 'bytes per block', 'MiB per million blocks'], memoryRows)}\n`);
+  const lookupRows = [2048, 8192].flatMap((tokens) => [true, false].map((hit) => [`${tokens} tokens (${tokens / BLOCK} blocks), ${hit ? 'one rank holds all' : 'no rank holds any'}`, fixed(lookup(tokens, hit), 1)]));
+  process.stdout.write(`\n## Lookup over 8 ranks\n\n${markdownTable(['prompt', 'µs per match()'], lookupRows)}\n`);
+
+  const memoryRows = (['bytes', 'int'] as const).map((kind) => {
+    const perBlock = memory(kind);
+    return [kind === 'bytes' ? '32-byte hashes' : 'int64 hashes', fixed(perBlock, 0), fixed((perBlock * 1e6) / 2 ** 20, 0)];
+  });
+  process.stdout.write(`\n## Memory\n\n${markdownTable(['engine hashes', 'bytes per block', 'MiB per million blocks'], memoryRows)}\n`);
+}
+
+async function pauses(): Promise<void> {
+  const payloads = boundPayloads(QUICK ? 4 : 12);
+  const modes = [
+    ['decoded whole on the event loop', 'whole'],
+    ['decoded in slices (the subscriber)', 'cooperative'],
+    ['decoded in a worker thread', 'worker'],
+  ] as const;
+  const rows: string[][] = [];
+  for (const applying of [false, true]) {
+    for (const [name, mode] of modes) {
+      // Three runs of each, interleaved; the median of each figure.
+      const runs: PauseFigures[] = [];
+      for (let run = 0; run < 3; run++) runs.push(await measurePauses(mode, payloads, applying));
+      const pick = (key: 'maxPauseMs' | 'p99PauseMs' | 'cpuPerPayloadMs') => fixed(median(runs.map((figures) => figures[key])), 1);
+      rows.push([`${name}${applying ? ', then applied' : ''}`, pick('maxPauseMs'), pick('p99PauseMs'), pick('cpuPerPayloadMs')]);
+    }
+  }
+  process.stdout.write(`\n## Event-loop pauses, payloads at the bounds back to back (120k blocks, ~240k values, 1.2 MB each; CPU ms)\n\n${markdownTable(['decode', 'longest pause', 'p99 pause', 'CPU per payload, all threads'], rows)}\n`);
+}
+
+void main();

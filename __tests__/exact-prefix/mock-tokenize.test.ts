@@ -2,6 +2,10 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import request from 'supertest';
 import { startMockVllm, type MockVllm } from '../../example-server/mock-vllm';
 import { mockTokenizer } from '../../example-server/mock-vllm/tokenize';
+import { isPythonSpace, pythonStrFunctions, rewriteForPython, split, strip } from '../../example-server/mock-vllm/python-str';
+import { loadJinjaPackage } from '../../lib/exact-prefix/tokenizer/tokenizer-files';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 
 let mock: MockVllm;
 beforeAll(async () => {
@@ -56,3 +60,44 @@ describe('mock vLLM POST /tokenize', () => {
     await request(mock.url).get('/tokenize').expect(405);
   });
 });
+
+// Python's answers, computed by CPython and jinja2 (how: the fixture's `about`).
+const python = JSON.parse(readFileSync(join(__dirname, 'fixtures', 'python-str.json'), 'utf8')) as {
+  isspace: number[];
+  cases: Array<Record<'text' | 'strip' | 'lstrip' | 'rstrip' | 'stripXY', string> & Record<'split' | 'split1' | 'splitComma' | 'splitComma1', string[]>>;
+  template: string;
+  templateRenders: string[];
+  chat: Array<{ content: string; rendered: string }>;
+};
+
+describe("the mock's /tokenize trims and splits as Python does (its own code, not the router's)", () => {
+  it("holds exactly Python's str.isspace() set", () => {
+    const spaces: number[] = [];
+    for (let point = 0; point <= 0x10ffff; point++) if (isPythonSpace(point)) spaces.push(point);
+    expect(spaces).toEqual(python.isspace);
+  });
+
+  it.each(python.cases.map((one) => [JSON.stringify(one.text), one] as const))('strips and splits %s as CPython', (_name, one) => {
+    expect(strip(one.text)).toBe(one.strip);
+    expect(strip(one.text, null, 'left')).toBe(one.lstrip);
+    expect(strip(one.text, null, 'right')).toBe(one.rstrip);
+    expect(strip(one.text, 'xy')).toBe(one.stripXY);
+    expect(split(one.text)).toEqual(one.split);
+    expect(split(one.text, null, 1)).toEqual(one.split1);
+    expect(split(one.text, ',')).toEqual(one.splitComma);
+    expect(split(one.text, ',', 1)).toEqual(one.splitComma1);
+  });
+
+  it("renders trim, strip, lstrip, rstrip and split in a template as jinja2 does", () => {
+    const template = new (loadJinjaPackage().Template)(python.template);
+    rewriteForPython(template.parsed);
+    expect(python.cases.map((one) => template.render({ ...pythonStrFunctions, x: one.text }))).toEqual(python.templateRenders);
+  });
+
+  it.each(python.chat.map((one) => [JSON.stringify(one.content), one] as const))('tokenizes a message of %s as vLLM renders it (jinja2)', async (_name, one) => {
+    const chat = await request(mock.url).post('/tokenize').send({ messages: [{ role: 'user', content: one.content }] }).expect(200);
+    const rendered = await request(mock.url).post('/tokenize').send({ prompt: one.rendered, add_special_tokens: false }).expect(200);
+    expect(chat.body.tokens).toEqual(rendered.body.tokens);
+  });
+});
+

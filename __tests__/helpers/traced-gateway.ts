@@ -23,6 +23,8 @@ export interface SeenByUpstream {
   url: string;
   /** Every raw `traceparent` line, in order. */
   traceparents: string[];
+  /** Every raw `tracestate` line, in order. */
+  tracestates: string[];
 }
 
 /** A finished span, as the test reads it. */
@@ -52,10 +54,13 @@ async function main(): Promise<void> {
   const seen: SeenByUpstream[] = [];
   const upstream = createServer((req, res) => {
     const traceparents: string[] = [];
+    const tracestates: string[] = [];
     for (let index = 0; index < req.rawHeaders.length; index += 2) {
-      if (req.rawHeaders[index].toLowerCase() === 'traceparent') traceparents.push(req.rawHeaders[index + 1]);
+      const name = req.rawHeaders[index].toLowerCase();
+      if (name === 'traceparent') traceparents.push(req.rawHeaders[index + 1]);
+      if (name === 'tracestate') tracestates.push(req.rawHeaders[index + 1]);
     }
-    seen.push({ url: req.url ?? '', traceparents });
+    seen.push({ url: req.url ?? '', traceparents, tracestates });
     req.resume();
     req.on('end', () => {
       res.writeHead(200, { 'content-type': 'application/json' });
@@ -99,7 +104,9 @@ async function main(): Promise<void> {
     answers[name] = response.status;
   };
   await send('assigned', '/v1/completions?case=assigned');
-  await send('hinted', '/v1/completions?case=hinted', { 'x-data-parallel-rank': '1', traceparent: '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01' });
+  await send('hinted', '/v1/completions?case=hinted', { 'x-data-parallel-rank': '1', traceparent: '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', tracestate: 'vendor=caller' });
+  // A `tracestate` with no `traceparent` belongs to no trace: the gateway starts its own.
+  await send('state-only', '/v1/completions?case=state-only', { tracestate: 'vendor=stray' });
   await send('retried', '/retried/v1/completions?case=retried');
   await send('failing', '/failing/v1/completions?case=failing');
   // Eight 64-character blocks: new on the first request, all held by its rank on the second.

@@ -69,6 +69,15 @@ describe('OpenTelemetry with the real SDK and the HTTP and Express instrumentati
     expect(gatewaySpan('assigned').attributes['dp_router.index']).toBeUndefined();
   });
 
+  it("replaces a client's tracestate with the gateway's context when tracing (item 22.16)", () => {
+    const seen = (name: string) => run.seen.find((request) => request.url.endsWith(`case=${name}`))!;
+    // Continued trace: the caller's trace state travels in the gateway's own context, once.
+    expect(seen('hinted').tracestates).toEqual(['vendor=caller']);
+    // No trace to continue: the stray state is not forwarded beside the gateway's traceparent.
+    expect(seen('state-only').traceparents).toHaveLength(1);
+    expect(seen('state-only').tracestates).toEqual([]);
+  });
+
   it('continues a caller’s trace and records the hint outcome', () => {
     const span = gatewaySpan('hinted');
     expect(span.traceId).toBe('0af7651916cd43dd8448eb211c80319c');

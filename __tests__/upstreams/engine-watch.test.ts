@@ -134,7 +134,8 @@ describe('load feedback', () => {
   it('falls back to local counts when a poll fails, and counts it', async () => {
     const mock = await startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 25 });
     started.push(mock);
-    const gateway = await startGateway({ upstreams: [{ url: mock.url, name: 'm', dataParallelSize: 2 }], loadFeedback: { intervalMs: 400, timeoutMs: 50, weight: 1 } });
+    // A timeout a loaded machine's own polls stay within, and an interval the four requests below fit in.
+    const gateway = await startGateway({ upstreams: [{ url: mock.url, name: 'm', dataParallelSize: 2 }], loadFeedback: { intervalMs: 1000, timeoutMs: 250, weight: 1 } });
     started.push(gateway);
     const failures = () => metricValue(gateway.registry, 'dp_router_upstream_scrape_failures_total', { upstream: 'm' });
     const batch = occupy(mock, 0, 4);
@@ -142,10 +143,15 @@ describe('load feedback', () => {
     await pollApplied(mock);
     expect(await ranksChosen(gateway, 4)).toEqual(['1', '1', '1', '1']);
 
+    // The failure counted must be the stalled poll's, the last before the next one.
+    const before = await failures();
+    const seen = polls(mock);
     mock.fault = { kind: 'stall' };
-    await waitFor(async () => (await failures()) === 1, 2000);
+    await waitFor(() => polls(mock) > seen, 3000);
     mock.fault = undefined;
-    // Until the next poll, 400 ms on, only this gateway's own (idle) counts steer.
+    await waitFor(async () => (await failures()) > before, 2000);
+    expect(await failures()).toBe(before + 1);
+    // Until the next poll, 1 s on, only this gateway's own (idle) counts steer.
     expect((await ranksChosen(gateway, 4)).sort()).toEqual(['0', '0', '1', '1']);
     await batch.release();
   });

@@ -1,15 +1,17 @@
 /**
  * The mock's own `/tokenize`, computed as vLLM computes it and independently of the router:
  * `@huggingface/tokenizers` and `@huggingface/jinja` used directly on the fixture's files, with
- * pydantic's lax coercion of the boolean fields (vLLM's request models). Nothing of the
- * router's tokenizing (PromptTokenizer, its chat renderer) is used, so the router's
- * tokenizer-agreement tests can fail.
+ * pydantic's lax coercion of the boolean fields (vLLM's request models), and Python's string
+ * trimming and splitting in templates (python-str.ts, as jinja2 does). Nothing of the
+ * router's tokenizing (PromptTokenizer, its chat renderer, its Python strip) is used, so the
+ * router's tokenizer-agreement tests can fail.
  */
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 // The packages are optional (loaded on the first `/tokenize`, as the router loads them): only
 // their loader is shared with lib/, none of its tokenizing.
 import { loadJinjaPackage, loadTokenizersPackage } from '../../lib/exact-prefix/tokenizer/tokenizer-files';
+import { pythonStrFunctions, rewriteForPython } from './python-str';
 
 /** A tokenizer directory loaded for `/tokenize`. */
 export interface VllmTokenizer {
@@ -39,6 +41,7 @@ export function loadVllmTokenizer(dir: string): VllmTokenizer {
   const { Template } = loadJinjaPackage();
   const tokenizer = new Tokenizer(json, config);
   const template = typeof config.chat_template === 'string' ? new Template(config.chat_template) : undefined;
+  if (template !== undefined) rewriteForPython(template.parsed);
   const special = { bos_token: config.bos_token, eos_token: config.eos_token };
   const flag = (request: Record<string, unknown>, name: string, fallback: boolean): boolean | { error: string; param: string } => {
     if (request[name] === undefined || request[name] === null) return fallback;
@@ -62,7 +65,7 @@ export function loadVllmTokenizer(dir: string): VllmTokenizer {
           content: Array.isArray(message.content) ? (message.content as Array<{ text?: string }>).map((part) => part.text ?? '').join('\n') : (message.content ?? ''),
         }));
         const kwargs = typeof request.chat_template_kwargs === 'object' && request.chat_template_kwargs !== null ? request.chat_template_kwargs : {};
-        const text = template.render({ ...special, ...kwargs, messages, add_generation_prompt: addGenerationPrompt, continue_final_message: continueFinal, tools: request.tools ?? null, documents: request.documents ?? null });
+        const text = template.render({ ...special, ...kwargs, ...pythonStrFunctions, messages, add_generation_prompt: addGenerationPrompt, continue_final_message: continueFinal, tools: request.tools ?? null, documents: request.documents ?? null });
         return tokenizer.encode(text, { add_special_tokens: addSpecial as boolean }).ids;
       }
       if (typeof request.prompt !== 'string') return { error: '`prompt` must be a string (or send `messages`).', param: 'prompt' };

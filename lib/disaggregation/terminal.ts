@@ -194,8 +194,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
         tried.push(prefill);
         const again = source === 'hint' ? this.pool.table.leastLoadedOfRank(prefill.rank, (endpoint) => tried.some((failed) => failed.config.url === endpoint.config.url)) : this.pick(req, res, next, route, path, bytes, tried);
         if (again !== undefined && again !== null) {
-          this.pool.metrics.retried(prefill);
-          this.tracing.retried(req, prefill, again);
+          this.pool.events.retried(req, prefill, again);
           this.nixl(req, res, next, route, path, bytes, again, source, tried);
           return;
         }

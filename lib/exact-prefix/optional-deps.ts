@@ -1,25 +1,18 @@
 /**
- * The KV-event transport and codec are optional peer dependencies: they are loaded on first
- * use, so an install without them works until `kvEvents` is configured.
+ * The KV-event transport is an optional peer dependency: it is loaded on first use, so an
+ * install without it works until `kvEvents` is configured. (The payloads are decoded by the
+ * router's own MessagePack reader, events/msgpack-reader.ts.)
  */
 import type * as Zeromq from 'zeromq';
-import type * as Msgpackr from 'msgpackr';
 
-const INSTALL = 'npm install zeromq msgpackr';
+const INSTALL = 'npm install zeromq';
 
 let zeromq: typeof Zeromq | undefined;
-let msgpackr: typeof Msgpackr | undefined;
 
 /** `zeromq`, or an Error naming the install command. */
 export function loadZeromq(): typeof Zeromq {
   zeromq ??= load<typeof Zeromq>('zeromq');
   return zeromq;
-}
-
-/** `msgpackr`, or an Error naming the install command. */
-export function loadMsgpackr(): typeof Msgpackr {
-  msgpackr ??= load<typeof Msgpackr>('msgpackr');
-  return msgpackr;
 }
 
 function load<T>(name: string): T {

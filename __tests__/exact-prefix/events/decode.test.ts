@@ -1,6 +1,8 @@
 import { describe, expect, it } from '@jest/globals';
 import fc from 'fast-check';
-import { DEFAULT_KV_LIMITS, decodeKvEventBatch } from '../../../lib/exact-prefix/events/decode';
+import { Packr, Unpackr } from 'msgpackr';
+import { DECODE_CHUNK, DEFAULT_KV_LIMITS, decodeKvEventBatch, decodeKvEventBatchCooperatively } from '../../../lib/exact-prefix/events/decode';
+import { MsgpackReader } from '../../../lib/exact-prefix/events/msgpack-reader';
 import { encodeKvBatch, type KvLayout, type MockKvBatch } from '../../../example-server/mock-vllm/kv-events';
 import { fixture } from '../helpers';
 
@@ -174,5 +176,49 @@ describe('decodeKvEventBatch', () => {
     );
     // A loose bound: one unbounded allocation (a 2^32-element array) would be gigabytes.
     expect(process.memoryUsage().heapUsed - before).toBeLessThan(256 * 1024 * 1024);
+  });
+
+  it('decodes what msgpackr decodes, for any value msgspec could write (a differential check)', () => {
+    const packr = new Packr({ useRecords: false, variableMapSize: true });
+    const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: 'auto' as 'bigint' });
+    const leaf = fc.oneof(
+      fc.integer(),
+      fc.bigInt({ min: -(2n ** 63n), max: 2n ** 64n - 1n }),
+      fc.double({ noNaN: true }),
+      fc.string({ unit: 'binary', maxLength: 40 }),
+      fc.uint8Array({ maxLength: 24 }).map((bytes) => Buffer.from(bytes)),
+      fc.constantFrom(null, true, false),
+    );
+    const value = fc.letrec((tie) => ({
+      any: fc.oneof({ depthSize: 'small' }, leaf, tie('array'), tie('map')),
+      array: fc.array(tie('any'), { maxLength: 12 }),
+      map: fc.dictionary(fc.string({ maxLength: 8 }).filter((key) => key !== '__proto__'), tie('any'), { maxKeys: 8 }),
+    })).any;
+    fc.assert(
+      fc.property(value, (input) => {
+        const bytes = packr.pack(input);
+        const reader = new MsgpackReader(bytes, { ...DEFAULT_KV_LIMITS, maxDepth: 64 });
+        // A budget of 3 values a step: resuming is exercised at every kind of boundary.
+        while (!reader.step(3));
+        expect(reader.result()).toEqual({ ok: true, value: unpackr.unpack(bytes) });
+      }),
+      { numRuns: 100 },
+    );
+  });
+
+  it('decodes a payload at the bounds in slices of at most 2 × DECODE_CHUNK values, with the same result (item 22.3)', async () => {
+    const blocks = 60_000;
+    const hashes = Array.from({ length: blocks }, (_, i) => 2 ** 40 + i);
+    const payload = new Packr({ useRecords: false }).pack([1.5, [['BlockStored', hashes, null, hashes.map((h) => h % 100), 1, null, 'GPU']], 0]);
+    const slices: number[] = [];
+    const result = await decodeKvEventBatchCooperatively(payload, DEFAULT_KV_LIMITS, (values) => {
+      slices.push(values);
+      return undefined;
+    });
+    expect(result).toEqual(decodeKvEventBatch(payload));
+    expect(result.ok).toBe(true);
+    // ~240k values read, then 240k hashes and tokens checked: one pause point every chunk.
+    expect(slices.length).toBeGreaterThanOrEqual((4 * blocks) / DECODE_CHUNK - 2);
+    expect(Math.max(...slices)).toBeLessThanOrEqual(2 * DECODE_CHUNK);
   });
 });

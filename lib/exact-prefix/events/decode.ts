@@ -9,9 +9,7 @@
  * Every combination is accepted; fields a later release appends are ignored by earlier
  * readers, as msgspec does. Nothing here throws: a bad payload is a typed failure.
  */
-import type { Unpackr } from 'msgpackr';
-import { loadMsgpackr } from '../optional-deps';
-import { scanMsgpack, type MsgpackLimits, type ScanFailure } from './msgpack-scan';
+import { MsgpackReader, type MsgpackFailure, type MsgpackLimits } from './msgpack-reader';
 import { isRecord } from '../../guards';
 
 /**
@@ -61,16 +59,15 @@ export interface KvEventBatch {
   invalidEvents: number;
 }
 
-export type KvDecodeFailure = ScanFailure | 'malformed' | 'not_a_batch';
+export type KvDecodeFailure = MsgpackFailure | 'not_a_batch';
 
 export type KvDecodeResult = { ok: true; batch: KvEventBatch } | { ok: false; reason: KvDecodeFailure };
 
 /**
  * Default bounds: a batch is one engine step's events; a 128k-token prefill stored in one
- * step is about 0.7 MB and 140k values, so these leave room for it. Decoding runs on the
- * event loop at about 2.5 values a microsecond (a payload is decoded whole; its events are
- * then applied in slices), so the value bound is what bounds one pause: ~100 ms at most on
- * a loaded machine. 2M values (the earlier bound) paused request handling 1.5 s.
+ * step is about 0.7 MB and 140k values, so these leave room for it. A payload at these bounds
+ * takes ~10 ms (idle core) to ~45 ms (cold, or loaded) to decode: the subscriber decodes it in
+ * slices (decodeKvEventBatchCooperatively), so the bound limits memory, not the longest pause.
  */
 export const DEFAULT_KV_LIMITS: Readonly<MsgpackLimits> = Object.freeze({
   maxBytes: 2 * 1024 * 1024,
@@ -82,22 +79,47 @@ export const DEFAULT_KV_LIMITS: Readonly<MsgpackLimits> = Object.freeze({
 const MAX_HASH_BYTES = 64;
 const MAX_TOKEN_ID = 0xffffffff;
 
-// Records off (plain MessagePack), maps as plain objects (msgpackr renames a `__proto__`
-// key), 64-bit integers as numbers when safe and bigints otherwise, so hashes stay exact.
-let unpackr: Unpackr | undefined;
+/**
+ * Values decoded or checked between two points where a cooperative decode may yield:
+ * ~0.1–0.3 ms of work on an idle core.
+ */
+export const DECODE_CHUNK = 4_096;
 
-/** Decodes one payload frame. Never throws, except when msgpackr is not installed. */
+/** Decodes one payload frame whole, without yielding (tests, benchmarks). Never throws. */
 export function decodeKvEventBatch(payload: Uint8Array, limits: Readonly<MsgpackLimits> = DEFAULT_KV_LIMITS): KvDecodeResult {
-  const scan = scanMsgpack(payload, limits);
-  if (scan !== null) return { ok: false, reason: scan };
-  // 'auto' (numbers when safe, bigints past 2^53) is in msgpackr's code but not its types.
-  unpackr ??= new (loadMsgpackr().Unpackr)({ useRecords: false, mapsAsObjects: true, int64AsType: 'auto' as 'bigint' });
-  let raw: unknown;
-  try {
-    raw = unpackr.unpack(payload);
-  } catch {
-    return { ok: false, reason: 'malformed' };
+  const steps = decodeSteps(payload, limits);
+  for (;;) {
+    const next = steps.next();
+    if (next.done === true) return next.value;
   }
+}
+
+/**
+ * Decodes one payload frame, calling `pause(values)` after every 1 to 2 × DECODE_CHUNK values
+ * decoded or checked and waiting whenever it returns a promise: the subscriber passes the stream's
+ * work budget (cooperative.ts), so request handling runs between slices of one payload.
+ */
+export async function decodeKvEventBatchCooperatively(
+  payload: Uint8Array,
+  limits: Readonly<MsgpackLimits>,
+  pause: (values: number) => Promise<void> | undefined,
+): Promise<KvDecodeResult> {
+  const steps = decodeSteps(payload, limits);
+  for (;;) {
+    const next = steps.next();
+    if (next.done === true) return next.value;
+    const wait = pause(next.value);
+    if (wait !== undefined) await wait;
+  }
+}
+
+/** The decode, as a generator yielding the values done since its last yield. */
+function* decodeSteps(payload: Uint8Array, limits: Readonly<MsgpackLimits>): Generator<number, KvDecodeResult, void> {
+  const reader = new MsgpackReader(payload, limits);
+  while (!reader.step(DECODE_CHUNK)) yield DECODE_CHUNK;
+  const read = reader.result();
+  if (!read.ok) return read;
+  const raw = read.value;
   let ts: unknown;
   let events: unknown;
   let rank: unknown;
@@ -115,12 +137,66 @@ export function decodeKvEventBatch(payload: Uint8Array, limits: Readonly<Msgpack
   if (rank !== null && !isCount(rank)) return { ok: false, reason: 'not_a_batch' };
   const out: KvEvent[] = [];
   let invalidEvents = 0;
+  let done = 0;
   for (const item of events) {
-    const event = decodeEvent(item);
+    const fields = eventFields(item);
+    let event: KvEvent | null = null;
+    if (fields !== null && (fields.tag === 'BlockStored' || fields.tag === 'BlockRemoved')) {
+      // An event's arrays are checked element by element: a large one in chunks, yielding
+      // between them (small ones whole, without a generator's cost).
+      const rawHashes = fieldOf(fields, 'block_hashes');
+      let hashes: EngineBlockHash[] | null = null;
+      if (Array.isArray(rawHashes)) {
+        const into: EngineBlockHash[] = new Array(rawHashes.length);
+        const check = (from: number, to: number) => convertHashes(rawHashes, into, from, to);
+        if (rawHashes.length <= DECODE_CHUNK) {
+          if (check(0, rawHashes.length)) hashes = into;
+          done += rawHashes.length;
+        } else if (yield* inChunks(rawHashes.length, check)) {
+          hashes = into;
+        }
+        if (done >= DECODE_CHUNK) {
+          yield done;
+          done = 0;
+        }
+      }
+      if (fields.tag === 'BlockRemoved') {
+        event = decodeRemoved(fields, hashes);
+      } else {
+        const tokens = fieldOf(fields, 'token_ids');
+        let tokensValid = false;
+        if (hashes !== null && Array.isArray(tokens)) {
+          const check = (from: number, to: number) => validTokens(tokens, from, to);
+          if (tokens.length <= DECODE_CHUNK) {
+            tokensValid = check(0, tokens.length);
+            done += tokens.length;
+          } else {
+            tokensValid = yield* inChunks(tokens.length, check);
+          }
+        }
+        event = decodeStored(fields, hashes, tokensValid);
+      }
+    } else if (fields !== null && fields.tag === 'AllBlocksCleared') {
+      event = { type: 'cleared' };
+    }
     if (event === null) invalidEvents++;
     else out.push(event);
+    if (++done >= DECODE_CHUNK) {
+      yield done;
+      done = 0;
+    }
   }
   return { ok: true, batch: { ts, dataParallelRank: rank as number | null, events: out, invalidEvents } };
+}
+
+/** Runs `check` over [0, length) a chunk at a time, yielding each chunk's size after it; false at the first chunk that fails. */
+function* inChunks(length: number, check: (from: number, to: number) => boolean): Generator<number, boolean, void> {
+  for (let from = 0; from < length; from += DECODE_CHUNK) {
+    const to = Math.min(length, from + DECODE_CHUNK);
+    if (!check(from, to)) return false;
+    yield to - from;
+  }
+  return true;
 }
 
 // Field order of each event in the array layout, after the tag (vLLM's declaration order;
@@ -128,75 +204,73 @@ export function decodeKvEventBatch(payload: Uint8Array, limits: Readonly<Msgpack
 const STORED_FIELDS = ['block_hashes', 'parent_block_hash', 'token_ids', 'block_size', 'lora_id', 'medium', 'lora_name', 'extra_keys', 'group_idx'] as const;
 const REMOVED_FIELDS = ['block_hashes', 'medium', 'group_idx'] as const;
 
-function decodeEvent(item: unknown): KvEvent | null {
-  let tag: unknown;
-  let field: (name: string) => unknown;
-  if (Array.isArray(item)) {
-    tag = item[0];
-    field = (name) => {
-      const order: readonly string[] = tag === 'BlockStored' ? STORED_FIELDS : REMOVED_FIELDS;
-      const at = order.indexOf(name);
-      return at < 0 ? undefined : item[at + 1];
-    };
-  } else if (isMap(item)) {
-    tag = item.type;
-    field = (name) => item[name];
-  } else {
-    return null;
-  }
-  switch (tag) {
-    case 'BlockStored':
-      return decodeStored(field, Array.isArray(item) ? item.length - 1 : -1);
-    case 'BlockRemoved': {
-      const blockHashes = hashList(field('block_hashes'));
-      const medium = optionalString(field('medium'));
-      const groupIdx = optionalCount(field('group_idx'));
-      if (blockHashes === null || medium === undefined || groupIdx === undefined) return null;
-      return { type: 'removed', blockHashes, medium, groupIdx };
-    }
-    case 'AllBlocksCleared':
-      return { type: 'cleared' };
-    default:
-      return null;
-  }
+/** An event's tag and where its fields are: an array in field order, or a map. */
+interface EventFields {
+  tag: unknown;
+  item: unknown[] | Record<string, unknown>;
+  /** Field names in array order; null for a map. */
+  order: readonly string[] | null;
 }
 
-function decodeStored(field: (name: string) => unknown, arrayFields: number): KvBlockStored | null {
+function eventFields(item: unknown): EventFields | null {
+  if (Array.isArray(item)) return { tag: item[0], item, order: item[0] === 'BlockStored' ? STORED_FIELDS : REMOVED_FIELDS };
+  if (isMap(item)) return { tag: item.type, item, order: null };
+  return null;
+}
+
+// Plain functions, not a closure per event: a payload may hold 100k events.
+function fieldOf({ item, order }: EventFields, name: string): unknown {
+  if (order === null) return (item as Record<string, unknown>)[name];
+  const at = order.indexOf(name);
+  return at < 0 ? undefined : (item as unknown[])[at + 1];
+}
+
+function decodeRemoved(fields: EventFields, blockHashes: EngineBlockHash[] | null): KvBlockRemoved | null {
+  const medium = optionalString(fieldOf(fields, 'medium'));
+  const groupIdx = optionalCount(fieldOf(fields, 'group_idx'));
+  if (blockHashes === null || medium === undefined || groupIdx === undefined) return null;
+  return { type: 'removed', blockHashes, medium, groupIdx };
+}
+
+/** `blockHashes` converted and `tokensValid` (each token an id) checked by the caller. */
+function decodeStored(fields: EventFields, blockHashes: EngineBlockHash[] | null, tokensValid: boolean): KvBlockStored | null {
   // The array layout always carries the four leading fields; a map may omit the parent.
-  if (arrayFields >= 0 && arrayFields < 4) return null;
-  const blockHashes = hashList(field('block_hashes'));
-  const parentRaw = field('parent_block_hash');
+  if (fields.order !== null && (fields.item as unknown[]).length - 1 < 4) return null;
+  const parentRaw = fieldOf(fields, 'parent_block_hash');
   const parentBlockHash = parentRaw === undefined || parentRaw === null ? null : blockHash(parentRaw);
-  const tokenIds = field('token_ids');
-  const blockSize = field('block_size');
-  const loraId = optionalCount(field('lora_id'));
-  const loraName = optionalString(field('lora_name'));
-  const medium = optionalString(field('medium'));
-  const groupIdx = optionalCount(field('group_idx'));
-  if (blockHashes === null || parentBlockHash === undefined || !isCount(blockSize) || blockSize === 0) return null;
+  const tokenIds = fieldOf(fields, 'token_ids') as number[];
+  const blockSize = fieldOf(fields, 'block_size');
+  const loraId = optionalCount(fieldOf(fields, 'lora_id'));
+  const loraName = optionalString(fieldOf(fields, 'lora_name'));
+  const medium = optionalString(fieldOf(fields, 'medium'));
+  const groupIdx = optionalCount(fieldOf(fields, 'group_idx'));
+  if (blockHashes === null || !tokensValid || parentBlockHash === undefined || !isCount(blockSize) || blockSize === 0) return null;
   if (loraId === undefined || loraName === undefined || medium === undefined || groupIdx === undefined) return null;
-  if (!Array.isArray(tokenIds) || tokenIds.length !== blockHashes.length * blockSize) return null;
-  for (const token of tokenIds) {
-    if (typeof token !== 'number' || !Number.isInteger(token) || token < 0 || token > MAX_TOKEN_ID) return null;
-  }
-  const extraRaw = field('extra_keys');
+  if (tokenIds.length !== blockHashes.length * blockSize) return null;
+  const extraRaw = fieldOf(fields, 'extra_keys');
   let extraKeyed: boolean[] | null = null;
   if (extraRaw !== undefined && extraRaw !== null) {
     if (!Array.isArray(extraRaw) || extraRaw.length !== blockHashes.length) return null;
     extraKeyed = extraRaw.map((entry) => entry !== null);
   }
-  return { type: 'stored', blockHashes, parentBlockHash, tokenIds: tokenIds as number[], blockSize, loraId, loraName, medium, extraKeyed, groupIdx };
+  return { type: 'stored', blockHashes, parentBlockHash, tokenIds, blockSize, loraId, loraName, medium, extraKeyed, groupIdx };
 }
 
-function hashList(value: unknown): EngineBlockHash[] | null {
-  if (!Array.isArray(value)) return null;
-  const out: EngineBlockHash[] = new Array(value.length);
-  for (let i = 0; i < value.length; i++) {
-    const hash = blockHash(value[i]);
-    if (hash === undefined) return null;
-    out[i] = hash;
+function convertHashes(raw: unknown[], into: EngineBlockHash[], from: number, to: number): boolean {
+  for (let i = from; i < to; i++) {
+    const hash = blockHash(raw[i]);
+    if (hash === undefined) return false;
+    into[i] = hash;
   }
-  return out;
+  return true;
+}
+
+function validTokens(tokens: unknown[], from: number, to: number): boolean {
+  for (let i = from; i < to; i++) {
+    const token = tokens[i];
+    if (typeof token !== 'number' || !Number.isInteger(token) || token < 0 || token > MAX_TOKEN_ID) return false;
+  }
+  return true;
 }
 
 function blockHash(value: unknown): EngineBlockHash | undefined {

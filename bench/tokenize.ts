@@ -10,9 +10,13 @@
  * - `PromptTokenizer` + `KvExactIndex.match()` per chat request of 2k and 8k tokens: cold (a
  *   system prompt never seen), warm (the system prompt seen before, a new user message of
  *   about 60 tokens), and repeated (the same request again);
- * - `tokenizer: 'upstream'`: a round trip to the embedded mock's `/tokenize` per request;
- * - the new-text budget (`maxUncachedChars`, 65,536 UTF-16 units) tokenized whole, as prose
- *   and as CJK text (seeded ideographs with punctuation), one encode each.
+ * - `PromptTokenizer.tokenize('completions')` per request of an 8 KB prompt: cold, and sharing
+ *   all but a new 48-character tail with the one before (cut between words, chunks cached);
+ * - the new-text budget `maxUncachedChars` (65,536 UTF-8 bytes) spent whole in one request:
+ *   English-like prose, CJK prose with its punctuation, and a CJK run with none (one
+ *   pre-tokenizer word), with the library alone and through `PromptTokenizer`, and the 65,536
+ *   CJK characters the budget let through when it counted UTF-16 units;
+ * - `tokenizer: 'upstream'`: a round trip to the embedded mock's `/tokenize` per request.
  *
  * `--tokenizer` defaults to the mock's fixture (a 400-token vocabulary, so its texts run to
  * about 2.5 characters a token); a real model's directory (tokenizer.json +
@@ -33,6 +37,7 @@ const DIR = typeof args.get('tokenizer') === 'string' ? (args.get('tokenizer') a
 const RUST = args.get('rust');
 const SIZES = [2048, 8192];
 const RUNS = QUICK ? 5 : 21;
+const CJK = '的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年得就那要下以生会自着去之过家学对可她里后小么心多天而能好都然没日于起还发成事只作当想看文无开手十用主行方又如前所本见经头面公同三已老从动两长';
 
 function cpuMs(): number {
   const usage = process.cpuUsage();
@@ -146,6 +151,9 @@ async function main(): Promise<void> {
   out.push(markdownTable(['prompt tokens (measured)', 'case', 'median ms CPU', 'max ms'], rows));
   out.push(`\ncache after the run: ${JSON.stringify(tokenizer.stats())}\n`);
 
+  out.push(completionsRows(files, charsPerToken));
+  out.push(budgetRows(files, js));
+
   // The upstream's /tokenize instead: a round trip per request.
   const mock = await startMockVllm({ dataParallelSize: 1 });
   try {
@@ -171,39 +179,84 @@ async function main(): Promise<void> {
   } finally {
     await mock.close();
   }
-  out.push(`\n## The new-text budget (maxUncachedChars, 65,536 UTF-16 units) tokenized whole, CPU\n`);
-  out.push(markdownTable(['text', 'tokens', 'median ms CPU'], budgetRows()));
   process.stdout.write(`${out.join('\n')}\n`);
 }
 
-/** Seeded CJK text: ideographs from the common block, with a full stop or comma now and then. */
-function cjk(seed: number, chars: number): string {
-  let state = seed * 2654435761 + 7;
+
+/** An 8 KB completions prompt: cold, then again with a new 48-character tail each time. */
+function completionsRows(files: ReturnType<typeof readTokenizerFiles>, charsPerToken: number): string {
+  const tokenizer = new PromptTokenizer(files, { selfCheckRequests: 0 });
+  const shared = prose(77, 8192 - 48);
+  const tail = (i: number) => ` question ${i}: what comes next`.padEnd(48, ' and then');
+  const run = (text: string) =>
+    timeCpu(() => {
+      const outcome = tokenizer.tokenize('completions', { prompt: text });
+      if ('refused' in outcome) throw new Error(outcome.refused);
+      return outcome.prompts[0].length;
+    });
+  const cold = Array.from({ length: RUNS }, (_, i) => run(prose(500 + i, 8192)));
+  run(shared + tail(0));
+  const warm = Array.from({ length: RUNS }, (_, i) => run(shared + tail(1 + i)));
+  const rows = [
+    ['cold: a prompt never seen', cold],
+    ['shared: the same 8,144 characters, a new 48-character tail', warm],
+  ].map(([name, samples]) => {
+    const ms = (samples as Array<{ ms: number }>).map((sample) => sample.ms);
+    return [`8192 (${Math.round(8192 / charsPerToken)})`, name as string, fixed(median(ms), 3), fixed(Math.max(...ms), 3)];
+  });
+  return `\n## PromptTokenizer.tokenize('completions'), per request\n\n${markdownTable(['prompt chars (≈ tokens)', 'case', 'median ms CPU', 'max ms'], rows)}\n\ncache after the run: ${JSON.stringify(tokenizer.stats())}\n`;
+}
+
+
+/** Seeded CJK text: with punctuation every ~17 characters (prose), or none (one long word to the pre-tokenizer). */
+function cjk(seed: number, chars: number, punctuated: boolean): string {
+  let state = seed * 2654435761 + 1;
   const next = () => ((state = (Math.imul(state, 1103515245) + 12345) >>> 0) / 2 ** 32);
   let text = '';
   while (text.length < chars) {
-    const p = next();
-    text += p < 0.05 ? '。' : p < 0.1 ? '，' : String.fromCharCode(0x4e00 + Math.floor(next() * next() * 0x5000));
+    text += CJK[Math.floor(next() * CJK.length)];
+    if (punctuated && next() < 0.06) text += next() < 0.6 ? '，' : '。';
   }
   return text.slice(0, chars);
 }
 
-function budgetRows(): string[][] {
-  const tokenizer = PromptTokenizer.load(DIR, { maxUncachedChars: Infinity });
+/**
+ * The budget (65,536 UTF-8 bytes of new text) spent whole in one request: 65,536 characters of
+ * English, 21,845 of CJK (3 bytes each). The library's cost for 65,536 CJK characters, which the
+ * budget let through when it counted UTF-16 units, is shown for comparison.
+ */
+function budgetRows(files: ReturnType<typeof readTokenizerFiles>, js: { encode(text: string, options: { add_special_tokens: boolean }): { ids: number[] } }): string {
   const BUDGET = 65_536;
-  return [
-    ['English-like prose', prose(11, BUDGET)],
-    ['CJK', cjk(11, BUDGET)],
-  ].map(([name, text]) => {
-    const times: number[] = [];
+  const runs = QUICK ? 1 : 3;
+  const kinds: Array<[string, (seed: number) => string, boolean]> = [
+    ['English-like prose, 65,536 characters', (seed) => prose(seed, BUDGET), true],
+    ['CJK prose with punctuation, 21,845 characters', (seed) => cjk(seed, Math.floor(BUDGET / 3), true), true],
+    ['CJK, no punctuation (one word), 21,845 characters', (seed) => cjk(seed, Math.floor(BUDGET / 3), false), true],
+    ['CJK prose with punctuation, 65,536 characters (refused now)', (seed) => cjk(seed, BUDGET, true), false],
+  ];
+  const rows: string[][] = [];
+  for (const [name, make, fits] of kinds) {
+    const library: number[] = [];
+    const router: number[] = [];
     let tokens = 0;
-    for (let i = 0; i < (QUICK ? 3 : 7); i++) {
-      const { ms, value } = timeCpu(() => tokenizer.encodeWhole(text, false));
-      times.push(ms);
-      tokens = value.length;
+    for (let i = 0; i < runs; i++) {
+      const text = make(3000 + i);
+      const lib = timeCpu(() => js.encode(text, { add_special_tokens: false }).ids.length);
+      library.push(lib.ms);
+      tokens = lib.value;
+      // A fresh tokenizer each time: nothing of the text is cached.
+      const tokenizer = new PromptTokenizer(files, { selfCheckRequests: 0 });
+      tokenizer.tokenize('completions', { prompt: 'warm up the checks. '.repeat(20) });
+      router.push(
+        timeCpu(() => {
+          const outcome = tokenizer.tokenize('completions', { prompt: text, add_special_tokens: false });
+          if (('refused' in outcome) === fits) throw new Error(`${name}: ${'refused' in outcome ? outcome.refused : 'not refused'}`);
+        }).ms,
+      );
     }
-    return [name, `${tokens}`, fixed(median(times), 0)];
-  });
+    rows.push([name, `${tokens}`, fixed(median(library), 1), fixed(median(router), 1), fixed(Math.max(...router), 1)]);
+  }
+  return `\n## The new-text budget spent whole: 65,536 UTF-8 bytes in one request, nothing cached\n\n${markdownTable(['text', 'tokens', 'library encode, median ms CPU', 'PromptTokenizer, median ms CPU', 'PromptTokenizer, max ms'], rows)}\n`;
 }
 
 void main();

@@ -13,13 +13,19 @@
  * `+otelidle` (the same span, with a non-recording stand-in made active in its place: the
  * router finds nothing to record, so `+otel` against it is the router's own tracing work),
  * `+pools1` / `+pools2` (routing by model: one pool serving the request's model, or two),
+ * `+exact` (with `prefix-aware`: exact prefix routing, the mock's tokenizer and a KV-event
+ * publisher per rank in this process: exact-contender.ts),
  * and `bare-http` (a bare node:http proxy without Express, for context).
  * The router comes from `DP_ROUTER_BENCH_LIB` (contender-process.ts sets it: the compiled
  * package, or the sources under tsx); by default, the sources next to this file.
  * Prints `READY <port>`.
  */
 import { Agent, createServer, request as httpRequest } from 'node:http';
+import { spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
 import express from 'express';
 import { createProxyMiddleware, fixRequestBody } from 'http-proxy-middleware';
 import type { PolicyName } from '../../lib/types';
@@ -90,6 +96,11 @@ if (kind === 'bare-http') {
         { url: upstreamUrl, name: 'other-pool', dataParallelSize: 8, ranks: [4, 6], models: ['other'] },
       ];
     }
+    // Exact prefix routing: the mock's tokenizer files and a KV-event publisher per rank in this
+    // process, so that every request is tokenized and looked up (exact-contender.ts).
+    // Diagnostic: the decision header on every answer (`; index=exact` tells whether +exact scored it).
+    else if (flag === 'decision') extra.exposeDecision = true;
+    else if (flag === 'exact') extra.prefixAware = exactRouting(upstreams as Array<Record<string, unknown>>);
     else throw new Error(`unknown router flag '+${flag}'`);
   }
   app.use(dpRouter({ upstreams: upstreams as never, policy, ...extra }));
@@ -147,4 +158,67 @@ function spanPerRequest(recording: boolean): express.RequestHandler {
     const current = recording ? span : api.trace.wrapSpanContext(span.spanContext());
     api.context.with(api.trace.setSpan(api.context.active(), current), next);
   };
+}
+
+/**
+ * `+exact`: each upstream gets `kvEvents` naming a ZeroMQ PUB per served rank (no replay
+ * endpoint, so a rank is fresh once connected), and the router gets the mock vLLM's tokenizer
+ * files. The publishers run in a child process of their own, as an engine's do (under valgrind
+ * one in the contender's own process answered ZMTP heartbeats too late: its subscriptions
+ * dropped, and the contender routed approximately): ipc sockets in the temporary directory,
+ * each publishing one stored block a second, since a rank that published nothing for 10 s after
+ * a request with new blocks is taken as stale. The child ends with this process (its stdin
+ * closes). The agreement check's `/tokenize` reaches the benchmark's upstream, whose answer
+ * carries no tokens: it counts as no check, as an unreachable `/tokenize` does.
+ */
+function exactRouting(upstreams: Array<Record<string, unknown>>): { tokenizer: string } {
+  const root = repositoryRoot();
+  const sockets: Array<{ path: string; rank: number }> = [];
+  for (const [at, upstream] of upstreams.entries()) {
+    const ranks = upstream.ranks as number[];
+    const paths = ranks.map((rank) => join(tmpdir(), `dp-router-bench-${process.pid}-${at}-${rank}.ipc`));
+    ranks.forEach((rank, i) => sockets.push({ path: paths[i], rank }));
+    upstream.kvEvents = { endpoint: paths.map((path) => `ipc://${path}`) };
+  }
+  const child = spawn(process.execPath, ['-e', publisherSource(), JSON.stringify(sockets)], { cwd: root, stdio: ['pipe', 'ignore', 'inherit'] });
+  child.on('exit', (code) => {
+    if (code !== 0 && code !== null) process.exit(1);
+  });
+  process.on('exit', () => child.kill());
+  return { tokenizer: join(root, 'example-server', 'mock-vllm', 'tokenizer') };
+}
+
+/** The engines' side of `+exact` (a function: hoisted, as the flags are read before the module's constants): binds a PUB per socket and publishes a stored block a second on each. */
+function publisherSource(): string {
+  return `
+const zmq = require('zeromq');
+const { Packr } = require('msgpackr');
+const { rmSync } = require('node:fs');
+const packr = new Packr({ useRecords: false, variableMapSize: true });
+const sockets = JSON.parse(process.argv[1]);
+const publishers = sockets.map(({ path, rank }) => ({ rank, path, pub: new zmq.Publisher({ linger: 0 }), seq: 0, block: 0 }));
+process.stdin.on('end', () => process.exit(0));
+process.stdin.resume();
+process.on('SIGTERM', () => process.exit(0));
+process.on('exit', () => publishers.forEach(({ path }) => rmSync(path, { force: true })));
+Promise.all(publishers.map(({ pub, path }) => pub.bind('ipc://' + path))).then(() => {
+  setInterval(() => {
+    for (const one of publishers) {
+      const frame = Buffer.alloc(8);
+      frame.writeBigInt64BE(BigInt(one.seq++));
+      const hash = 1000000 * (one.rank + 1) + (one.block++ % 1000);
+      const payload = packr.pack([Date.now() / 1000, [['BlockStored', [hash], null, Array.from({ length: 16 }, (_, i) => i + 1), 16, null, 'GPU']], one.rank]);
+      try { one.pub.send(['', frame, payload]).catch(() => undefined); } catch {}
+    }
+  }, 1000);
+}, (error) => { process.stderr.write('+exact publishers: ' + String(error) + '\\n'); process.exit(1); });
+`;
+}
+
+/** The checkout this contender runs from (it runs from bench/overhead/ or from bench/results/.contender/). */
+function repositoryRoot(): string {
+  for (let dir = __dirname; dir !== dirname(dir); dir = dirname(dir)) {
+    if (existsSync(join(dir, 'example-server', 'mock-vllm', 'tokenizer', 'tokenizer.json'))) return dir;
+  }
+  throw new Error('+exact: example-server/mock-vllm/tokenizer not found above the contender');
 }

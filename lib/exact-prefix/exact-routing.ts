@@ -22,7 +22,7 @@
  */
 import { Counter, Gauge, type Registry } from 'prom-client';
 import type { Endpoint } from '../types';
-import { KvExactIndex } from './index/exact-index';
+import { KvExactIndex, type BlockKeys } from './index/exact-index';
 import { ExactPick, type ExactLookup } from './index/exact-pick';
 import type { KvEventsOptions } from './events/source';
 import { createKvEventSubscriber, type KvEventSubscriber, type KvEventType, type KvGapOutcome } from './events/subscriber';
@@ -217,8 +217,9 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
     const model = typeof body.model === 'string' ? body.model : undefined;
     const matched = new Int32Array(candidates.length).fill(-1);
     let promptBlocks = 0;
-    // One lookup per upstream, shared by its candidates.
+    // One lookup per upstream, shared by its candidates; its block keys kept for the speculation.
     const found = new Map<UpstreamStream, Int32Array>();
+    const keysOf = new Map<UpstreamStream, BlockKeys>();
     for (let at = 0; at < candidates.length; at++) {
       const candidate = candidates[at];
       const stream = streams.get(candidate.upstream);
@@ -226,7 +227,9 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
       let blocks = found.get(stream);
       if (blocks === undefined) {
         const loraName = model !== undefined && stream.index.isAdapter(model) ? model : undefined;
-        const match = stream.index.match(tokens, { now: now(), loraName });
+        const keys: BlockKeys = { size: 0, loraName: undefined, values: [] };
+        keysOf.set(stream, keys);
+        const match = stream.index.match(tokens, { now: now(), loraName, keys });
         if (match.promptBlocks === 0) continue;
         blocks = match.matchedBlocks;
         // Upstreams with another block size are counted in the first one's blocks.
@@ -242,7 +245,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
       const stream = streams.get(chosen.upstream)!;
       const time = now();
       const loraName = model !== undefined && stream.index.isAdapter(model) ? model : undefined;
-      stream.index.speculate(chosen.rank, tokens, time + speculativeMs, { loraName });
+      stream.index.speculate(chosen.rank, tokens, time + speculativeMs, { loraName, keys: keysOf.get(stream) });
       if (matched[at] < promptBlocks && !stream.awaiting.has(chosen.rank)) stream.awaiting.set(chosen.rank, time);
       stream.agreement.offer(kind, body, tokens);
     });

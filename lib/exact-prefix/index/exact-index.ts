@@ -16,7 +16,10 @@
  */
 import type { KvEvent } from '../events/decode';
 import type { EngineBlockHash } from '../events/decode';
+import { DOMAIN_BLOCK, keysFor, nextKey, type BlockKeys } from './block-keys';
 import { chainHash, engineHashKey, processHashKey, type HashKey } from './keyed-hash';
+
+export type { BlockKeys } from './block-keys';
 
 /** What receives decoded events: the subscriber's view of an index. */
 export interface KvEventSink {
@@ -83,7 +86,10 @@ export interface KvMatchOptions {
   loraName?: string;
   /** The clock speculative entries are judged by (ms). Default `Date.now()`. */
   now?: number;
+  /** Where the router keys of the prompt's blocks are kept as far as they are computed, for {@link KvExactIndex.speculate} to take up. */
+  keys?: BlockKeys;
 }
+
 
 /**
  * Heap bytes per indexed block (router-key entry, keyed-engine-hash entry, entry object),
@@ -95,7 +101,6 @@ export const KV_INDEX_BYTES_PER_BLOCK = 170;
 
 const DOMAIN_ROOT = 1;
 const DOMAIN_LORA = 2;
-const DOMAIN_BLOCK = 3;
 
 /** The exact index; pure and synchronous. */
 export class KvExactIndex implements KvEventSink {
@@ -209,9 +214,10 @@ export class KvExactIndex implements KvEventSink {
     if (promptBlocks === 0 || (this.size === 0 && this.speculativeCount === 0)) return { blockSize: size, promptBlocks, matchedBlocks };
     const now = options?.now ?? Date.now();
     let chain = options?.loraName === undefined ? this.baseRoot : this.loraRoot(options.loraName);
+    const keys = options?.keys === undefined ? undefined : keysFor(options.keys, size, options.loraName);
     const states = this.states;
     for (let b = 0; b < promptBlocks; b++) {
-      chain = chainHash(this.key, DOMAIN_BLOCK, chain, tokens, b * size, size);
+      chain = nextKey(this.key, keys, chain, tokens, b, size);
       let any = false;
       for (let r = 0; r < states.length; r++) {
         if (matchedBlocks[r] !== b) continue;
@@ -235,7 +241,7 @@ export class KvExactIndex implements KvEventSink {
    * should follow it rather than scatter. Needs the block size, so does nothing before the
    * first stored event.
    */
-  speculate(rank: number, tokens: ArrayLike<number>, expiresAt: number, options?: { loraName?: string }): void {
+  speculate(rank: number, tokens: ArrayLike<number>, expiresAt: number, options?: { loraName?: string; keys?: BlockKeys }): void {
     const at = this.position.get(rank);
     if (at === undefined) return;
     const state = this.states[at];
@@ -243,8 +249,9 @@ export class KvExactIndex implements KvEventSink {
     if (size === 0) return;
     const promptBlocks = Math.floor(tokens.length / size);
     let chain = options?.loraName === undefined ? this.baseRoot : this.loraRoot(options.loraName);
+    const keys = options?.keys === undefined ? undefined : keysFor(options.keys, size, options.loraName);
     for (let b = 0; b < promptBlocks; b++) {
-      chain = chainHash(this.key, DOMAIN_BLOCK, chain, tokens, b * size, size);
+      chain = nextKey(this.key, keys, chain, tokens, b, size);
       if (state.blocks.has(chain)) continue;
       if (!state.speculative.has(chain)) this.speculativeCount++;
       // Re-inserted so the map stays in expiry order (every entry gets the same lifetime).

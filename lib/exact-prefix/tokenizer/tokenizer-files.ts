@@ -1,5 +1,6 @@
 /**
- * The model's tokenizer files, and the optional packages that read them: loaded on first use,
+ * The model's tokenizer files (and what tokenizer.ts reads from them: added tokens, the chat
+ * template), and the optional packages that read them: loaded on first use,
  * so an install without them works until `prefixAware.tokenizer` is configured.
  */
 import { readFileSync, statSync } from 'node:fs';
@@ -88,4 +89,39 @@ export function loadJinjaPackage(): typeof HfJinja {
 
 function load<T>(name: string): T {
   return requireOptional<T>(name, 'Tokenizing prompts needs', INSTALL);
+}
+
+/**
+ * Every added token (so a cut never falls inside a longer one that overlaps it), each with its
+ * id when it is a safe cut point: matched verbatim in the raw text with no strip, word or
+ * normalizer rule that could reach across the cut; `undefined` otherwise.
+ */
+export function addedTokens(tokenizer: Record<string, unknown>): Map<string, number | undefined> {
+  const tokens = new Map<string, number | undefined>();
+  const added = tokenizer.added_tokens;
+  if (!Array.isArray(added)) return tokens;
+  for (const token of added as Array<Record<string, unknown>>) {
+    if (typeof token.content !== 'string' || token.content === '' || !Number.isSafeInteger(token.id)) continue;
+    const clean = token.normalized !== true && token.lstrip !== true && token.rstrip !== true && token.single_word !== true;
+    tokens.set(token.content, clean ? (token.id as number) : undefined);
+  }
+  return tokens;
+}
+
+/** Longest first, so the leftmost match is also the longest, as the tokenizer's own matcher takes it. */
+export function alternation(literals: string[]): RegExp {
+  const sorted = literals.sort((a, b) => b.length - a.length);
+  return new RegExp(sorted.map((literal) => literal.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')).join('|'), 'g');
+}
+
+/** The chat template `tokenizer_config.json` names (vLLM's default of a named list). */
+export function chatTemplateOf(config: Record<string, unknown>): string | undefined {
+  const template = config.chat_template;
+  if (typeof template === 'string') return template;
+  // The list form names several templates; vLLM's default is the one named "default".
+  if (Array.isArray(template)) {
+    const named = template.find((entry) => entry?.name === 'default') as { template?: unknown } | undefined;
+    if (typeof named?.template === 'string') return named.template;
+  }
+  return undefined;
 }

@@ -10,35 +10,43 @@
  *
  * Shared prefixes are not tokenized again: the text is cut at the tokenizer's added tokens
  * (`<|eot_id|>`, `<|im_start|>`, ...), which the tokenizer itself splits on before any other
- * step, so each piece between them tokenizes on its own to the same ids; pieces are cached
- * (LRU, bounded in bytes). A chat template puts such tokens around every message, so a system
- * prompt seen before costs one map lookup. Whether cutting is exact for this tokenizer (a
- * normalizer or pre-tokenizer could treat the start of the text specially) is checked on a
- * sample at load and on the first requests against whole-text tokenization; on any difference
- * the cache keeps whole texts only.
+ * step, so each piece between them tokenizes on its own to the same ids; a long piece (a
+ * completions prompt, a long message) is cut again between words every 256 characters or so
+ * (text-cuts.ts); pieces are cached (LRU, bounded in bytes). A chat template puts added tokens
+ * around every message, so a system prompt seen before costs a few map lookups, and a
+ * completions prompt that starts like an earlier one is tokenized from its last shared cut
+ * only. A byte-level BPE tokenizer's new text goes through a cache of words
+ * (word-encoder.ts). Whether cutting is exact for this tokenizer (a normalizer or
+ * pre-tokenizer could treat the start of the text specially) is checked on samples at load and
+ * on the first requests against whole-text tokenization; on any difference the cache keeps
+ * whole texts only.
  */
 import type { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 import { ChatRenderer, TOO_LONG, isRefused, laxBool, type Refused } from './tokenizer-chat';
-import { loadTokenizersPackage, readTokenizerFiles, type TokenizerFiles } from './tokenizer-files';
+import { addedTokens, alternation, chatTemplateOf, loadTokenizersPackage, readTokenizerFiles, type TokenizerFiles } from './tokenizer-files';
+import { PieceCache } from './piece-cache';
+import { CHUNK_CHARS, FINE_CHARS, forEachChunk } from './text-cuts';
+import { SAMPLE_MESSAGES, SAMPLE_TEXTS, textCutsAgreeOn, wordsAgreeOn } from './tokenizer-samples';
+import { WordEncoder } from './word-encoder';
 
 export type { Refused, RenderRefusal } from './tokenizer-chat';
 export { readTokenizerFiles, type TokenizerFiles } from './tokenizer-files';
 
 /** Options of {@link PromptTokenizer}. */
 export interface PromptTokenizerOptions {
-  /** Memory held by the prefix cache (token ids and the text they came from). Default 32 MiB. */
+  /** Memory held by the prefix cache (token ids and the text they came from; an eighth of it for the word cache). Default 32 MiB. */
   cacheBytes?: number;
   /** Requests whose cut-and-cached tokenization is compared with whole-text tokenization before it is trusted. Default 32. */
   selfCheckRequests?: number;
   /**
-   * The most text a request may bring that is not in the cache yet, in UTF-16 units; a request
-   * with more is refused as `too_long`. Tokenizing runs on the event loop (about 1.7 µs a
-   * token cold, see bench/tokenize.ts), so this bounds what one request, hostile or not, can
-   * cost every other. What was tokenized before the budget ran out stays cached, so a long
-   * shared prefix is taken in over a few requests; a single piece of text (between two added
-   * tokens) longer than this never is. Default 65,536 (about 16k tokens of English, ~25 ms;
-   * CJK text costs far more per character: 65,536 CJK characters were measured at ~500 ms, so
-   * lower this for CJK-heavy traffic).
+   * The most text a request may bring that is not in the cache yet, counted in UTF-8 bytes (an
+   * ASCII character is 1, a CJK one 3: what byte-level BPE works through); a request with more
+   * is refused as `too_long`. Tokenizing runs on the event loop (see
+   * bench/tokenize.ts and docs/exact-prefix-routing.md for its cost), so this bounds what one
+   * request, hostile or not, can cost every other. What was tokenized before the budget ran
+   * out stays cached, so a long shared prefix is taken in over a few requests; a single piece
+   * of text with no cut in it (between two added tokens, and with no word boundary at least
+   * every 256 characters) longer than this never is. Default 65,536.
    */
   maxUncachedChars?: number;
   /**
@@ -63,6 +71,10 @@ export interface PromptTokenizerStats {
   cachedBytes: number;
   /** False once cutting at added tokens was found to change the tokens. */
   segmenting: boolean;
+  /** Whether long pieces are cut between words too (true until the check on samples at the first long piece, or a request, finds it changes the tokens). */
+  cuttingText: boolean;
+  /** Whether new text goes through the word cache (a byte-level BPE tokenizer; true until the check on samples at its first use finds a difference). */
+  wordCache: boolean;
 }
 
 const DEFAULT_CACHE_BYTES = 32 * 1024 * 1024;
@@ -71,9 +83,6 @@ const DEFAULT_MAX_MESSAGES = 4_096;
 const RENDER_CHARS_PER_BUDGET = 16;
 /** Thrown inside one tokenize() call when its budget runs out; never escapes it. */
 const OVER_BUDGET = new Error('over budget');
-// A cached piece costs its text (2 bytes a UTF-16 unit), its ids (8 bytes each in a packed
-// array) and a map entry.
-const ENTRY_OVERHEAD_BYTES = 80;
 
 /** Tokenizes requests' prompts with one model's tokenizer; pure and synchronous. */
 export class PromptTokenizer {
@@ -83,17 +92,20 @@ export class PromptTokenizer {
   private readonly addedIds: Map<string, number | undefined>;
   private readonly specialPrefix: number[];
   private readonly specialSuffix: number[];
-  private readonly cacheBytes: number;
   private readonly maxUncachedChars: number;
   /** What the request being tokenized may still spend; unlimited outside tokenize(). */
   private budget = Infinity;
-  private readonly cache = new Map<string, CachedPiece>();
+  private readonly cache: PieceCache;
   private readonly onSegmentMismatch: ((text: string) => void) | undefined;
   private selfChecks: number;
   private segmenting: boolean;
+  /** Whether long pieces are cut between words; checked on samples at the first long piece. */
+  private cuttingText: boolean | undefined;
+  private words: WordEncoder | undefined;
+  /** Whether the word cache was checked on samples (at its first use). */
+  private wordsChecked = false;
   private hits = 0;
   private misses = 0;
-  private heldBytes = 0;
 
   /** Loads a tokenizer from a directory holding `tokenizer.json` (+ `tokenizer_config.json`), the first file, or both paths. */
   static load(path: string | readonly [string, string], options: PromptTokenizerOptions = {}): PromptTokenizer {
@@ -103,7 +115,8 @@ export class PromptTokenizer {
   constructor(files: TokenizerFiles, options: PromptTokenizerOptions = {}) {
     const { Tokenizer } = loadTokenizersPackage();
     this.tokenizer = new Tokenizer(files.tokenizer, files.config);
-    this.cacheBytes = options.cacheBytes ?? DEFAULT_CACHE_BYTES;
+    const cacheBytes = options.cacheBytes ?? DEFAULT_CACHE_BYTES;
+    this.cache = new PieceCache(cacheBytes - Math.floor(cacheBytes / 8));
     this.maxUncachedChars = options.maxUncachedChars ?? DEFAULT_MAX_UNCACHED_CHARS;
     const template = chatTemplateOf(files.config);
     // Cached text is cheap to tokenize but not to render: what a request may hold in all is
@@ -115,6 +128,9 @@ export class PromptTokenizer {
     this.addedIds = addedTokens(files.tokenizer);
     this.splitter = this.addedIds.size === 0 ? undefined : alternation([...this.addedIds.keys()]);
     [this.specialPrefix, this.specialSuffix] = this.postProcessorTokens();
+    // The word cache treats a piece as plain text: no added token may be left in one.
+    const clean = [...this.addedIds.values()].every((id) => id !== undefined);
+    this.words = clean ? WordEncoder.of(this.tokenizer, files.tokenizer, Math.floor(cacheBytes / 8)) : undefined;
     this.segmenting = this.splitter !== undefined && this.cutsAgree();
   }
 
@@ -189,7 +205,8 @@ export class PromptTokenizer {
 
   /** Cache counters. */
   stats(): PromptTokenizerStats {
-    return { hits: this.hits, misses: this.misses, cachedBytes: this.heldBytes, segmenting: this.segmenting };
+    const cachedBytes = this.cache.heldBytes + (this.words?.heldBytes ?? 0);
+    return { hits: this.hits, misses: this.misses, cachedBytes, segmenting: this.segmenting, cuttingText: this.segmenting && this.cuttingText !== false, wordCache: this.segmenting && this.words !== undefined };
   }
 
   private completionPrompts(prompt: unknown, special: boolean): TokenizeOutcome {
@@ -213,13 +230,48 @@ export class PromptTokenizer {
     for (let match = splitter.exec(text); match !== null; match = splitter.exec(text)) {
       const id = this.addedIds.get(match[0]);
       if (id === undefined) continue;
-      if (match.index > last) pushAll(ids, this.cachedPiece(text.slice(last, match.index), false));
+      if (match.index > last) this.pushPiece(ids, text.slice(last, match.index), true);
       ids.push(id);
       last = splitter.lastIndex;
     }
-    if (last < text.length) pushAll(ids, this.cachedPiece(last === 0 ? text : text.slice(last), false));
+    if (last < text.length) this.pushPiece(ids, last === 0 ? text : text.slice(last), false);
     if (addSpecialTokens) pushAll(ids, this.specialSuffix);
     return ids;
+  }
+
+  /**
+   * A piece between added tokens: cached whole, or, when long, chunk by chunk between words;
+   * a chunk the cache does not hold is looked up in finer pieces, so that only what follows
+   * the last one another prompt brought is tokenized. A piece between two added tokens (a chat
+   * message) is also kept whole: a system prompt comes back as it was, in one lookup.
+   */
+  private pushPiece(ids: number[], text: string, between: boolean): void {
+    if (text.length <= FINE_CHARS) return pushAll(ids, this.cachedPiece(text, false));
+    this.cuttingText ??= this.textCutsAgree();
+    if (!this.cuttingText) return pushAll(ids, this.cachedPiece(text, false));
+    const whole = between ? this.cache.get(text) : undefined;
+    if (whole !== undefined) {
+      this.hits++;
+      return pushAll(ids, whole);
+    }
+    const from = ids.length;
+    this.pushChunks(ids, text);
+    if (between) this.cache.set(text, ids.slice(from));
+  }
+
+  private pushChunks(ids: number[], text: string): void {
+    forEachChunk(text, CHUNK_CHARS, (start, end) => {
+      const chunk = end - start === text.length ? text : text.slice(start, end);
+      const cached = this.cache.get(chunk);
+      if (cached !== undefined) {
+        this.hits++;
+        return pushAll(ids, cached);
+      }
+      const from = ids.length;
+      forEachChunk(chunk, FINE_CHARS, (at, to) => pushAll(ids, this.cachedPiece(to - at === chunk.length ? chunk : chunk.slice(at, to), false)));
+      // The whole chunk too, so that the next prompt sharing it takes it in one lookup.
+      if (chunk.length > FINE_CHARS) this.cache.set(chunk, ids.slice(from));
+    });
   }
 
   private cachedPiece(text: string, addSpecialTokens: boolean): number[] {
@@ -228,40 +280,44 @@ export class PromptTokenizer {
     const cached = this.cache.get(key);
     if (cached !== undefined) {
       this.hits++;
-      // Re-inserted under the entry's own key: `key` may be a slice of a long request.
-      this.cache.delete(cached.key);
-      this.cache.set(cached.key, cached);
-      return cached.ids;
+      return cached;
     }
-    if (text.length > this.budget) throw OVER_BUDGET;
-    this.budget -= text.length;
+    if (this.budget !== Infinity) this.charge(text);
     this.misses++;
-    const ids = this.encodeWhole(text, addSpecialTokens);
-    const bytes = pieceBytes(key, ids);
-    if (bytes <= this.cacheBytes / 4) {
-      // A copy: a slice() would keep the whole rendered prompt it came from alive (V8's
-      // sliced strings point into their parent), so 60 requests of a short new piece before
-      // 2 MB of text held 118 MiB while the cache counted 27 KB.
-      const own = ownString(key);
-      this.cache.set(own, { key: own, ids });
-      this.heldBytes += bytes;
-      this.evict();
-    }
+    // A piece holds no added token only while cutting at them.
+    const ids = this.segmenting && !addSpecialTokens && this.words !== undefined ? this.wordIds(text) : this.encodeWhole(text, addSpecialTokens);
+    this.cache.set(key, ids);
     return ids;
   }
 
-  private evict(): void {
-    for (const [key, entry] of this.cache) {
-      if (this.heldBytes <= this.cacheBytes) return;
-      this.cache.delete(key);
-      this.heldBytes -= pieceBytes(key, entry.ids);
+  /**
+   * Takes what tokenizing `text` costs out of the request's budget: its UTF-8 bytes, which are
+   * what byte-level BPE merges (a CJK character is 3 bytes, and cost as much as 3 ASCII ones).
+   */
+  private charge(text: string): void {
+    // A UTF-16 unit is at least one byte: past the budget in units, it is past it in bytes.
+    const cost = text.length > this.budget ? Infinity : Buffer.byteLength(text, 'utf8');
+    if (cost > this.budget) throw OVER_BUDGET;
+    this.budget -= cost;
+  }
+
+  private wordIds(text: string): number[] {
+    if (!this.wordsChecked) {
+      this.wordsChecked = true;
+      if (!this.wordsAgree()) {
+        this.words = undefined;
+        return this.encodeWhole(text, false);
+      }
     }
+    const ids: number[] = [];
+    this.words!.encode(text, ids);
+    return ids;
   }
 
   private stopSegmenting(text: string): void {
     this.segmenting = false;
     this.cache.clear();
-    this.heldBytes = 0;
+    this.words?.clear();
     this.onSegmentMismatch?.(text);
   }
 
@@ -286,66 +342,21 @@ export class PromptTokenizer {
       (text) => sameIds(this.encodeCut(text, false), this.encodeWhole(text, false)) && sameIds(this.encodeCut(text, true), this.encodeWhole(text, true)),
     );
     this.cache.clear();
-    this.heldBytes = this.hits = this.misses = 0;
+    this.hits = this.misses = 0;
     return agree;
   }
-}
 
-const SAMPLE_MESSAGES = [
-  { role: 'system', content: '  You are a helpful assistant.\n\n' },
-  { role: 'user', content: 'Héllo wörld!  12345 tokens\t\ttabs, 🚀 emoji; "quotes" and \'apostrophes\' ' },
-  { role: 'assistant', content: ' Sure.\n' },
-  { role: 'user', content: '\n\nAgain   ' },
-];
-const SAMPLE_TEXTS = ['', ' leading space', 'trailing space ', 'line\n\nbreaks\r\n', '  ', 'naïve café 123 4567'];
-
-/**
- * Every added token (so a cut never falls inside a longer one that overlaps it), each with its
- * id when it is a safe cut point: matched verbatim in the raw text with no strip, word or
- * normalizer rule that could reach across the cut; `undefined` otherwise.
- */
-function addedTokens(tokenizer: Record<string, unknown>): Map<string, number | undefined> {
-  const tokens = new Map<string, number | undefined>();
-  const added = tokenizer.added_tokens;
-  if (!Array.isArray(added)) return tokens;
-  for (const token of added as Array<Record<string, unknown>>) {
-    if (typeof token.content !== 'string' || token.content === '' || !Number.isSafeInteger(token.id)) continue;
-    const clean = token.normalized !== true && token.lstrip !== true && token.rstrip !== true && token.single_word !== true;
-    tokens.set(token.content, clean ? (token.id as number) : undefined);
+  /** The word cache gives the library's tokens on the samples. */
+  private wordsAgree(): boolean {
+    const agree = wordsAgreeOn(this.words!, (text) => this.encodeWhole(text, false));
+    this.words!.clear();
+    return agree;
   }
-  return tokens;
-}
 
-/** Longest first, so the leftmost match is also the longest, as the tokenizer's own matcher takes it. */
-function alternation(literals: string[]): RegExp {
-  const sorted = literals.sort((a, b) => b.length - a.length);
-  return new RegExp(sorted.map((literal) => literal.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')).join('|'), 'g');
-}
-
-function chatTemplateOf(config: Record<string, unknown>): string | undefined {
-  const template = config.chat_template;
-  if (typeof template === 'string') return template;
-  // The list form names several templates; vLLM's default is the one named "default".
-  if (Array.isArray(template)) {
-    const named = template.find((entry) => entry?.name === 'default') as { template?: unknown } | undefined;
-    if (typeof named?.template === 'string') return named.template;
+  /** Cutting at every text cut of the samples, piece by piece, gives the whole text's tokens. */
+  private textCutsAgree(): boolean {
+    return textCutsAgreeOn((text) => this.encodeWhole(text, false));
   }
-  return undefined;
-}
-
-interface CachedPiece {
-  /** The map's key, a string of its own (never a slice of a request's text). */
-  readonly key: string;
-  readonly ids: number[];
-}
-
-function pieceBytes(key: string, ids: readonly number[]): number {
-  return key.length * 2 + ids.length * 8 + ENTRY_OVERHEAD_BYTES;
-}
-
-/** A flat copy of `text` that shares no storage with it (a JSON round trip is exact, lone surrogates included). */
-function ownString(text: string): string {
-  return JSON.parse(JSON.stringify(text)) as string;
 }
 
 function isTokenIds(values: unknown[]): values is number[] {
@@ -360,5 +371,7 @@ function sameIds(a: readonly number[], b: readonly number[]): boolean {
 }
 
 function pushAll(target: number[], ids: readonly number[]): void {
-  for (let i = 0; i < ids.length; i++) target.push(ids[i]);
+  // One native push for a piece's ids (a chunk holds a few hundred at most), not one call per id.
+  if (ids.length <= 16_384) target.push(...ids);
+  else for (let i = 0; i < ids.length; i++) target.push(ids[i]);
 }

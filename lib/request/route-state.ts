@@ -6,7 +6,7 @@ import { NO_HINT, type BodyView, type HintVerdict } from './request-inputs';
 import type { RouterEvents } from '../observe/events';
 import type { RouterMetrics } from '../observe/metrics';
 import type { Configuration } from '../options';
-import type { DecisionSource, DpRankDecision, HintOutcome, PickContext } from '../types';
+import type { DecisionSource, HintOutcome, PickContext } from '../types';
 import type { AdmissionTicket } from '../admission/admission';
 
 /**
@@ -198,7 +198,7 @@ export class RouteState {
     else if (req.headers[header] !== undefined) delete req.headers[header];
     this.endpoint = endpoint;
     this.carryRank(req, endpoint);
-    req.dpRank = new RankDecision(endpoint, source);
+    req.dpRank = endpoint.decisions[source];
     if (config.exposeDecision) res.setHeader(DECISION_HEADER, note === undefined ? endpoint.receipts[source] : endpoint.receipts[source] + note);
   }
 
@@ -239,28 +239,6 @@ export class RouteState {
 function expire(proxyReq: ClientRequest, code: string): void {
   const what = code === CONNECT_TIMEOUT ? 'connect' : 'first byte';
   proxyReq.destroy(Object.assign(new Error(`upstream ${what} timeout`), { code }));
-}
-
-/**
- * `req.dpRank`: the decision as users see it, and nothing more: the router hands its state to
- * each stage itself and never reads it back from the request. One class, so that every
- * decision has the same hidden class.
- */
-export class RankDecision implements DpRankDecision {
-  readonly upstream: string;
-  readonly url: string;
-  readonly rank: number;
-  readonly source: DecisionSource;
-  readonly headerValue: string | undefined;
-
-  constructor(endpoint: RouteEndpoint, source: DecisionSource) {
-    this.upstream = endpoint.upstream;
-    this.url = endpoint.config.url;
-    this.rank = endpoint.rank;
-    this.source = source;
-    this.headerValue = endpoint.headerValue;
-    Object.freeze(this);
-  }
 }
 
 /** The response header `exposeDecision` answers with. */

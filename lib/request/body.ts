@@ -60,6 +60,23 @@ export function readBody(req: IncomingMessage, limit: number, lease?: BodyLease,
   });
 }
 
+/**
+ * The whole body, when the HTTP parser has already put all of it in the stream's buffer (it
+ * arrived with the headers, and the parser ran on after the request's first handler returned):
+ * taken at once, with no listeners, closures or promise, its bytes taken from the lease first.
+ * `undefined` when it has not all arrived, is empty, is over `limit`, or the lease cannot hold
+ * it: {@link readBody} then reads it and answers each of those.
+ */
+export function arrivedBody(req: IncomingMessage, limit: number, lease: BodyLease | undefined): Buffer | undefined {
+  // Never flowing or piped: nobody else has taken bytes from the stream.
+  if (!req.complete || req.readableFlowing !== null) return undefined;
+  const size = req.readableLength;
+  if (size === 0 || size > limit) return undefined;
+  if (lease !== undefined && !lease.grow(size)) return undefined;
+  // All that is buffered, in one Buffer; the stream then ends, as a read to its end would.
+  return req.read(size) as Buffer;
+}
+
 /** Whether a request carries a body at all (so reading it cannot block on a GET). */
 export function hasBody(req: IncomingMessage): boolean {
   return req.headers['transfer-encoding'] !== undefined || (req.headers['content-length'] !== undefined && req.headers['content-length'] !== '0');

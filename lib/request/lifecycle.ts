@@ -1,6 +1,6 @@
 import type { ServerResponse } from 'node:http';
 import { hasBody, isJson } from './body';
-import { replayParsedBody, type BodyReader, type Next } from './body-reader';
+import { replayParsedBody, type AfterBody, type BodyReader, type Next } from './body-reader';
 import { PolicyError, sendError } from '../errors';
 import { bareContext, safePick } from '../policies/safe-pick';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
@@ -85,6 +85,10 @@ export class RequestLifecycle {
   /** The span gets the pick's matched share: a traced router with a policy that reports it. */
   private readonly reportsShare: boolean;
   private warnedParsedBody = false;
+  /** After a buffered body: decide. Made once, so that a read allocates no closure. */
+  private readonly buffered: AfterBody;
+  /** After a body routing reads: its members into `route.view` (400 for one that is not JSON), then decide. */
+  private readonly routed: AfterBody;
 
   constructor(
     parts: LifecycleParts,
@@ -106,6 +110,17 @@ export class RequestLifecycle {
     const admission = (this.admission = parts.admission);
     this.reports = { config, metrics: parts.metrics, events: parts.events, freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint) };
     this.handle = (req, res, next) => this.front(req, res, next);
+    this.buffered = (req, res, next, route) => this.decide(req, res, next, route);
+    this.routed = (req, res, next, route, bytes) => {
+      if (bytes === undefined) return;
+      const view = this.inputs.viewOf(bytes, route.lease);
+      if (typeof view === 'string') {
+        sendError(res, 400, 'BadRequestError', view);
+        return;
+      }
+      route.view = view;
+      this.decide(req, res, next, route);
+    };
   }
 
   /** The front: the client's rank headers are judged, then removed, before anything else reads them. */
@@ -162,13 +177,19 @@ export class RequestLifecycle {
    * opened, only for a request that has arrived.
    */
   readBody(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
-    const { inputs } = this;
     // Routing by model reads the body only once some upstream's models tell the pools apart.
-    const wantsBody = inputs.wantsBody(req) || this.models.active;
+    const wantsBody = this.inputs.wantsBody(req) || this.models.active;
     const bodied = hasBody(req);
     // Each property of `req` read costs a lookup V8 cannot cache: a stream that has ended is
     // complete, so `readableEnded` is read only for a complete body.
     if (bodied && !req.complete) {
+      const routes = wantsBody && isJson(req);
+      if (routes || this.config.bufferMaxBytes > 0) {
+        // This handler runs inside the HTTP parser, before it reads on: a body sent with its
+        // headers is in the stream's buffer one tick later, and taken from there at once.
+        process.nextTick(afterParse, this, req, res, next, route, routes);
+        return;
+      }
       route.armBodyDeadline(req, res, this.config.bodyTimeoutMs, this.bodies.timedOut);
     } else if (bodied && req.readableEnded) {
       // A body parser ran first: the stream is spent, so its result is all there is to read
@@ -177,25 +198,27 @@ export class RequestLifecycle {
         this.warnedParsedBody = true;
         this.config.logger.warn(PARSED_BODY_NOTICE);
       }
-      if (wantsBody) route.view = inputs.parsedBodyView(req, route.body);
+      if (wantsBody) route.view = this.inputs.parsedBodyView(req, route.body);
       this.decide(req, res, next, route);
       return;
-    }
-    if (!wantsBody || !bodied || !isJson(req)) {
-      if (bodied && this.config.bufferMaxBytes > 0) this.bodies.read(req, res, route, this.config.bufferMaxBytes, 'buffer', next, () => this.decide(req, res, next, route));
-      else this.decide(req, res, next, route);
+    } else if (bodied) {
+      this.takeBody(req, res, next, route, wantsBody && isJson(req));
       return;
     }
-    this.bodies.read(req, res, route, this.config.maxBodyBytes, 'routing', next, (bytes) => {
-      if (bytes === undefined) return;
-      const view = inputs.viewOf(bytes, route.lease);
-      if (typeof view === 'string') {
-        sendError(res, 400, 'BadRequestError', view);
-        return;
-      }
-      route.view = view;
-      this.decide(req, res, next, route);
-    });
+    this.decide(req, res, next, route);
+  }
+
+  /**
+   * Reads the body for routing (`routes`: a JSON body routing needs) or buffers it, once the
+   * parser has had its turn; a body still arriving gets its deadline (`timeouts.bodyMs`).
+   */
+  takeBody(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, routes: boolean): void {
+    // The client left during the parser's turn: its response's close releases what it held.
+    if (req.destroyed) return;
+    if (!req.complete) route.armBodyDeadline(req, res, this.config.bodyTimeoutMs, this.bodies.timedOut);
+    if (routes) this.bodies.read(req, res, route, this.config.maxBodyBytes, 'routing', next, this.routed);
+    else if (this.config.bufferMaxBytes > 0) this.bodies.read(req, res, route, this.config.bufferMaxBytes, 'buffer', next, this.buffered);
+    else this.decide(req, res, next, route);
   }
 
   /** The hinted rank, a rejection, a 503, or the policy's pick among the candidates. */
@@ -379,6 +402,11 @@ export class RequestLifecycle {
       sendError(res, 503, 'ServiceUnavailableError', `Data-parallel rank ${verdict.rank} has no healthy endpoint.`, name);
     }
   }
+}
+
+/** The lifecycle's next step once the parser has had its turn (a function, so that `process.nextTick` takes it with arguments and no closure). */
+function afterParse(lifecycle: RequestLifecycle, req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, routes: boolean): void {
+  lifecycle.takeBody(req, res, next, route, routes);
 }
 
 const PARSED_BODY_NOTICE =

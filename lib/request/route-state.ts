@@ -21,6 +21,11 @@ export type Phase = 'deciding' | 'waiting' | 'responding' | 'settled';
 export const CONNECT_TIMEOUT = 'DP_ROUTER_CONNECT_TIMEOUT';
 export const FIRST_BYTE_TIMEOUT = 'DP_ROUTER_FIRST_BYTE_TIMEOUT';
 
+/** Whoever keeps a try's state by its response (dpRouter's proxy): told when the response closes. */
+export interface TryKeeper {
+  forget(res: ServerResponse): void;
+}
+
 /** What every request reports to as it moves: the router's parts, resolved once. */
 export interface RouteReports {
   readonly config: Pick<Configuration, 'header' | 'exposeDecision'>;
@@ -67,6 +72,8 @@ export class RouteState {
   tried: RouteEndpoint[] | undefined = undefined;
   /** dpRouter's proxy: the current try's upstream request and its deadlines. */
   upstreamRequest: ClientRequest | undefined = undefined;
+  /** dpRouter's proxy the current try went through; it keeps the try until the response closes. */
+  sentVia: TryKeeper | undefined = undefined;
   connectDeadline: NodeJS.Timeout | undefined = undefined;
   firstByteDeadline: NodeJS.Timeout | undefined = undefined;
   /** Whether the caller may give a rank hint (`hints.trust`), judged once at the front. */
@@ -229,6 +236,7 @@ export class RouteState {
       return;
     }
     this.clearDeadlines();
+    this.sentVia?.forget(res);
     if (!res.writableFinished) this.upstreamRequest?.destroy();
     held.inflight--;
     this.reports.metrics.finished(held, (performance.now() - this.started) / 1000);

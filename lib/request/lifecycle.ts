@@ -109,7 +109,11 @@ export class RequestLifecycle {
     this.reportsShare = parts.tracing.enabled && policy.reportsMatchedShare === true;
     const admission = (this.admission = parts.admission);
     this.reports = { config, metrics: parts.metrics, events: parts.events, freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint) };
-    this.handle = (req, res, next) => this.front(req, res, next);
+    const lifecycle = this;
+    // Named, for stack traces and Express's OpenTelemetry spans (`middleware - expressDpRouter`).
+    this.handle = function expressDpRouter(req, res, next) {
+      lifecycle.front(req, res, next);
+    };
     this.buffered = (req, res, next, route) => this.decide(req, res, next, route);
     this.routed = (req, res, next, route, bytes) => {
       if (bytes === undefined) return;

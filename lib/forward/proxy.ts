@@ -12,6 +12,8 @@ import { lenientParser, unrelayable } from './upstream-response';
 export interface UpstreamProxy {
   /** Sends one try of the request, whose state `route` is: the proxy's reports of it carry `route` back. */
   send(req: RoutedRequest, res: ServerResponse, next: (error?: unknown) => void, route: RouteState): void;
+  /** Tries whose response has not closed yet (each is kept until then). */
+  readonly keeping: number;
   close(): void;
 }
 
@@ -142,6 +144,9 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
       route.sentVia = keeper;
       routes.set(res, route);
       void handle(req, res, next);
+    },
+    get keeping() {
+      return routes.size;
     },
     close: () => {
       stopIdleSweep();

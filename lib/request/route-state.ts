@@ -201,8 +201,9 @@ export class RouteState {
     endpoint.inflight++;
     metrics.dispatched(endpoint, source);
     const { header } = config;
-    if (endpoint.headerValue !== undefined) req.headers[header] = endpoint.headerValue;
-    else if (req.headers[header] !== undefined) delete req.headers[header];
+    const { headers } = req;
+    if (endpoint.headerValue !== undefined) headers[header] = endpoint.headerValue;
+    else if (headers[header] !== undefined) delete headers[header];
     this.endpoint = endpoint;
     this.carryRank(req, endpoint);
     req.dpRank = endpoint.decisions[source];

@@ -106,7 +106,7 @@ export class Forwarder implements Terminal, TryOutcomes {
   private holdForRetry(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
     const limit = this.retryBodyLimit();
     if (route.body === undefined && replayableSize(req, limit)) {
-      this.bodies.read(req, res, route, limit, 'replay', next, this.replayable);
+      this.bodies.read(req, res, route, limit, 'replay', next, this.replayable, true);
       return;
     }
     this.send(req, res, next, route);

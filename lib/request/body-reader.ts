@@ -40,12 +40,14 @@ export class BodyReader {
   /**
    * Reads the body into `route.body`, at most `limit` bytes, then calls `then`. What routing
    * cannot read is answered; a body the budget cannot hold for a retry goes on unheld
-   * (`then(…, undefined)`), and is not retried. A client that left gets nothing.
+   * (`then(…, undefined)`), and is not retried. A client that left gets nothing. With
+   * `takeArrived`, a body all in the stream's buffer already is taken at once (its stream ends
+   * later, when the parser completes the message: only for a caller that forwards it itself).
    */
-  read(req: RoutedRequest, res: ServerResponse, route: RouteState, limit: number, purpose: BodyPurpose, next: Next, then: AfterBody): void {
+  read(req: RoutedRequest, res: ServerResponse, route: RouteState, limit: number, purpose: BodyPurpose, next: Next, then: AfterBody, takeArrived = false): void {
     const lease = route.leaseFrom(this.budget, res);
     if (lease === undefined) return;
-    const arrived = arrivedBody(req, limit, lease);
+    const arrived = takeArrived ? arrivedBody(req, limit, lease) : undefined;
     if (arrived !== undefined) {
       route.body = arrived;
       then(req, res, next, route, arrived);

@@ -26,6 +26,12 @@ export type { Next } from './body-reader';
  */
 export interface Terminal {
   proceed(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void;
+  /**
+   * The request goes on to other code (dpRank's caller), which may expect a body the router
+   * read to have ended (`req.readableEnded`, as http-proxy-middleware's `fixRequestBody` does):
+   * such a body is read to its end, never taken from the buffer ahead of it.
+   */
+  readonly handsOn?: boolean;
   /** Stops what the terminal owns (sockets, agents); the router's `close()` calls it first. */
   close(): void;
 }
@@ -89,6 +95,8 @@ export class RequestLifecycle {
   private readonly buffered: AfterBody;
   /** After a body routing reads: its members into `route.view` (400 for one that is not JSON), then decide. */
   private readonly routed: AfterBody;
+  /** Whether a body all in the stream's buffer is taken at once, without waiting for its end (not for a terminal that {@link Terminal.handsOn}). */
+  private readonly takesArrived: boolean;
 
   constructor(
     parts: LifecycleParts,
@@ -109,6 +117,7 @@ export class RequestLifecycle {
     this.reportsShare = parts.tracing.enabled && policy.reportsMatchedShare === true;
     const admission = (this.admission = parts.admission);
     this.reports = { config, metrics: parts.metrics, events: parts.events, freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint) };
+    this.takesArrived = terminal.handsOn !== true;
     const lifecycle = this;
     // Named, for stack traces and Express's OpenTelemetry spans (`middleware - expressDpRouter`).
     this.handle = function expressDpRouter(req, res, next) {
@@ -188,14 +197,15 @@ export class RequestLifecycle {
     // complete, so `readableEnded` is read only for a complete body.
     if (bodied && !req.complete) {
       const routes = wantsBody && isJson(req);
-      if (routes || this.config.bufferMaxBytes > 0) {
+      if (this.takesArrived && (routes || this.config.bufferMaxBytes > 0)) {
         // This handler runs inside the HTTP parser, before it reads on: a body sent with its
         // headers is in the stream's buffer one tick later, and taken from there at once
         // (arrivedBody).
         process.nextTick(afterParse, this, req, res, next, route, routes);
         return;
       }
-      route.armBodyDeadline(req, res, this.config.bodyTimeoutMs, this.bodies.timedOut);
+      this.takeBody(req, res, next, route, routes);
+      return;
     } else if (bodied && req.readableEnded) {
       // A body parser ran first: the stream is spent, so its result is all there is to read
       // and to forward.
@@ -221,8 +231,8 @@ export class RequestLifecycle {
     // A client that left during the parser's turn is found by the read (`res.destroyed`); its
     // response's close, still to come, clears the deadline.
     if (!req.complete) route.armBodyDeadline(req, res, this.config.bodyTimeoutMs, this.bodies.timedOut);
-    if (routes) this.bodies.read(req, res, route, this.config.maxBodyBytes, 'routing', next, this.routed);
-    else if (this.config.bufferMaxBytes > 0) this.bodies.read(req, res, route, this.config.bufferMaxBytes, 'buffer', next, this.buffered);
+    if (routes) this.bodies.read(req, res, route, this.config.maxBodyBytes, 'routing', next, this.routed, this.takesArrived);
+    else if (this.config.bufferMaxBytes > 0) this.bodies.read(req, res, route, this.config.bufferMaxBytes, 'buffer', next, this.buffered, this.takesArrived);
     else this.decide(req, res, next, route);
   }
 

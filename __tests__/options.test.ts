@@ -33,19 +33,15 @@ describe('parseOptions', () => {
     const config = parse({ upstreams: [{ url }] });
     expect(config).toMatchObject({
       upstreams: [{ name: 'http://127.0.0.1:8000', url, startRank: 0, dataParallelSize: 1, ranks: [0], rankHeader: 'global', discoverIntervalMs: undefined }],
-      trust: false,
-      onInvalid: 'reassign',
-      hintHeader: 'x-data-parallel-rank',
-      hintBodyField: undefined,
+      hints: { trust: false, onInvalid: 'reassign', header: 'x-data-parallel-rank', bodyField: undefined },
       header: 'x-data-parallel-rank',
-      affinityHeader: 'x-session-id',
-      affinityBodyField: 'user',
-      connectTimeoutMs: 10_000,
-      firstByteTimeoutMs: 600_000,
+      affinity: { header: 'x-session-id', bodyField: 'user', loadFactor: 1.25, loadSlack: 4, keyLoadFactor: 1, maxSessions: 65_536 },
+      prefixAware: { blockChars: 64, maxBlocksPerEndpoint: 32_768, maxBlocksPerRequest: 16_384, tokenizer: undefined },
+      timeouts: { connectMs: 10_000, firstByteMs: 600_000, bodyMs: 60_000 },
       maxBodyBytes: 16 * 1024 * 1024,
-      bodyTimeoutMs: 60_000,
       exposeDecision: false,
       xfwd: false,
+      requestBuffering: { maxBytes: 1024 * 1024 },
     });
     expect(config.policy).toBe('least-outstanding');
     expect(Object.isFrozen(config)).toBe(true);
@@ -54,15 +50,29 @@ describe('parseOptions', () => {
     expect(parse({ upstreams: [{ url }], maxBufferedBytes: 1024 }).maxBufferedBytes).toBe(1024);
   });
 
+  it('is shaped like the options: one frozen part per option, nothing else', () => {
+    const config = parse({ upstreams: [{ url }], hints: { trust: true }, timeouts: { connectMs: 5 }, retries: { attempts: 3 }, requestBuffering: { maxBytes: 10 } });
+    const optionKeys = ['upstreams', 'policy', 'hints', 'header', 'metrics', 'affinity', 'prefixAware', 'timeouts', 'maxBodyBytes', 'maxBufferedBytes', 'exposeDecision', 'loadFeedback', 'logger'];
+    const proxyKeys = ['xfwd', 'outlierDetection', 'healthCheck', 'retries', 'disaggregation', 'admission', 'requestBuffering'];
+    expect(Object.keys(config).sort()).toEqual([...optionKeys, ...proxyKeys].sort());
+    expect(Object.keys(parseOptions({ upstreams: [{ url }] }, 'dpRank')).sort()).toEqual([...optionKeys, ...proxyKeys].sort());
+    expect(config).toMatchObject({ hints: { trust: true }, timeouts: { connectMs: 5 }, retries: { attempts: 3 }, requestBuffering: { maxBytes: 10 } });
+    for (const part of [config.upstreams, config.upstreams[0], config.hints, config.affinity, config.prefixAware, config.timeouts, config.retries, config.requestBuffering, config.metrics, config.outlierDetection]) {
+      expect(Object.isFrozen(part)).toBe(true);
+    }
+    // The user's own objects are kept as given, not frozen.
+    const registry = new Registry();
+    expect(Object.isFrozen(parse({ upstreams: [{ url }], metrics: { registry } }).metrics!.registry)).toBe(false);
+  });
+
   it('resolves the failure-handling defaults: ejection and retries on, health checks off', () => {
     expect(parse({ upstreams: [{ url }] })).toMatchObject({
       outlierDetection: { consecutiveFailures: 5, baseEjectionMs: 10_000, maxEjectionMs: 300_000, maxEjectionPercent: 50 },
       healthCheck: undefined,
-      retryAttempts: 2,
-      retryMaxBodyBytes: 1024 * 1024,
+      retries: { attempts: 2, maxBodyBytes: 1024 * 1024 },
     });
     const off = parse({ upstreams: [{ url }], outlierDetection: false, retries: false, healthCheck: false });
-    expect(off).toMatchObject({ outlierDetection: undefined, healthCheck: undefined, retryAttempts: 1 });
+    expect(off).toMatchObject({ outlierDetection: undefined, healthCheck: undefined, retries: { attempts: 1, maxBodyBytes: 0 } });
     expect(parse({ upstreams: [{ url }], healthCheck: true }).healthCheck).toEqual({
       path: '/health',
       intervalMs: 5_000,
@@ -325,7 +335,7 @@ describe('dpRank options', () => {
 
   it('takes the body timeout, which it uses, and leaves the proxy parts off', () => {
     const config = parseOptions({ upstreams: [{ url }], timeouts: { bodyMs: 5_000 } }, 'dpRank');
-    expect(config).toMatchObject({ bodyTimeoutMs: 5_000, outlierDetection: undefined, healthCheck: undefined, retryAttempts: 1, retryMaxBodyBytes: 0, xfwd: false });
+    expect(config).toMatchObject({ timeouts: { bodyMs: 5_000 }, outlierDetection: undefined, healthCheck: undefined, retries: { attempts: 1, maxBodyBytes: 0 }, requestBuffering: { maxBytes: 0 }, xfwd: false });
     const misspelt = thrown(() => parseOptions({ upstreams: [{ url }], timeouts: { bodyMS: 5_000 } } as Options, 'dpRank'));
     expect(misspelt.message).toMatch(/`timeouts\.bodyMS` is not an option\. Did you mean `bodyMs`\?/);
   });
@@ -333,7 +343,7 @@ describe('dpRank options', () => {
 
 describe('header options', () => {
   it('turns the affinity header off with false, and refuses false for the rank headers', () => {
-    expect(parse({ upstreams: [{ url }], affinity: { header: false } }).affinityHeader).toBeUndefined();
+    expect(parse({ upstreams: [{ url }], affinity: { header: false } }).affinity.header).toBeUndefined();
     expect(() => parse({ upstreams: [{ url }], hints: { header: false } })).toThrow(/`hints\.header` must be a header name, got false\. Use e\.g\. `hints\.header: 'x-data-parallel-rank'`/);
     expect(() => parse({ upstreams: [{ url }], header: false })).toThrow(/`header` must be a header name, got false/);
   });

@@ -1,24 +1,22 @@
 import { parseMaxBodyBytes, parseMaxBufferedBytes, type BodyLimitOptions } from './request/body-budget';
 import { parseLoadFeedback, type LoadFeedbackConfig, type LoadFeedbackOptions } from './upstreams/engine-watch-options';
 import { parseHealthCheck, type HealthCheckConfig, type HealthCheckOptions } from './upstreams/health-checker-options';
-import { parseHints, type HintConfig, type HintOptions } from './request/hint-options';
+import { parseHints, RANK_HEADER, type HintConfig, type HintOptions } from './request/hint-options';
 import { parseLogger, type Logger, type RouterLogger } from './observe/logger';
 import { parseMetrics, type MetricsConfig, type MetricsOptions } from './observe/metrics';
 import { booleanOption, fail, headerNameOption, isPlainObject, rejectProxyOnly, rejectUnknownKeys, shown, type KeysEnum } from './option-checks';
 import { parseOutlierDetection, type OutlierDetectionConfig, type OutlierDetectionOptions } from './upstreams/outlier-detector-options';
-import { parsePolicy, type PolicySettings } from './policies/by-name';
-import { parsePrefixAware, type PrefixAwareRouterSettings } from './policies/prefix-aware-options';
-import { parseTokenizer, requireTokenizerForKvEvents } from './exact-prefix/options';
-import type { TokenizerSource } from './exact-prefix/events/source';
+import { parsePolicy } from './policies/by-name';
+import type { PrefixAwareRouterSettings } from './policies/prefix-aware-options';
+import { parseRouterPrefixAware, requireTokenizerForKvEvents, type PrefixAwareRouterConfig } from './exact-prefix/options';
 import { parseAdmission, type AdmissionOptions, type AdmissionSettings } from './admission/options';
-import { parseAffinity, type AffinityOptions } from './policies/session-affinity-options';
+import { parseAffinity, type AffinityConfig, type AffinityOptions } from './policies/session-affinity-options';
 import { parseRetries, type RetryConfig, type RetryOptions } from './forward/retry-options';
 import { parseRequestBuffering, type BufferingConfig, type RequestBufferingOptions } from './request/buffering-options';
 import { parseTimeouts, type BodyTimeoutOptions, type TimeoutConfig, type TimeoutOptions } from './forward/timeout-options';
 import type { Policy, PolicyName } from './types';
 import { parseUpstreams, type UpstreamConfig, type UpstreamEntry } from './upstreams/upstream-options';
-import { fixedUpstreams } from './pools/upstream-sources';
-import { decodePool, parseDisaggregation, type DisaggregationConfig, type DisaggregationOptions } from './disaggregation/options';
+import { parseDisaggregation, type DisaggregationConfig, type DisaggregationOptions } from './disaggregation/options';
 
 export type { HealthCheckConfig, LoadFeedbackConfig, OutlierDetectionConfig, UpstreamConfig };
 
@@ -104,46 +102,51 @@ export type Options = DpRouterOptions;
 export type Mode = 'dpRank' | 'dpRouter';
 
 /**
- * The options, validated and resolved once at creation into plain, frozen values: nothing here
- * holds a socket, a timer or a policy's state (RouterServices builds those from it). The user's
- * own objects (a Policy, a registry, a logger, a `trust` function) are kept as given.
+ * The options, validated and resolved once at creation into plain, frozen values shaped like
+ * the options: one key per option, each holding that part's resolved settings, defaults
+ * filled in. Nothing here holds a socket, a timer or a policy's state (RouterServices builds
+ * those from it). The user's own objects (a Policy, a registry, a logger, a `trust` function)
+ * are kept as given.
  */
-export interface Configuration extends HintConfig, TimeoutConfig, RetryConfig, BufferingConfig {
-  /** The upstreams given by `url`: DNS entries add theirs once resolved. */
+export interface Configuration {
+  /** Every entry as given, DNS entries as templates; the services start from those given by `url`. */
   readonly upstreams: readonly UpstreamConfig[];
-  /** Every entry as given, DNS entries as templates. */
-  readonly upstreamSources: readonly UpstreamConfig[];
-  /** A built-in policy's name, or the user's Policy object. */
+  /** A built-in policy's name (built by the services), or the user's Policy object. */
   readonly policy: PolicyName | Policy;
-  /** What a built-in policy is built with (`affinity`, `prefixAware`). */
-  readonly policySettings: PolicySettings;
+  readonly hints: HintConfig;
   /** The outgoing rank header, lower-cased. */
   readonly header: string;
+  /** `undefined` when off. */
   readonly metrics: MetricsConfig | undefined;
-  readonly affinityHeader: string | undefined;
-  readonly affinityBodyField: string | undefined;
+  /** Where the session key is found, and the `session-affinity` policy's bounds. */
+  readonly affinity: AffinityConfig;
+  /** The `prefix-aware` policy's settings and the tokenizer's files for exact prefix routing. */
+  readonly prefixAware: PrefixAwareRouterConfig;
+  /** For `dpRank()`, the body timeout alone is an option; the others keep their defaults. */
+  readonly timeouts: TimeoutConfig;
   readonly maxBodyBytes: number;
   /** The bound of the router's one body budget, shared by all its requests. */
   readonly maxBufferedBytes: number;
   readonly exposeDecision: boolean;
+  /** Engine load polling; `undefined` when off. */
+  readonly loadFeedback: LoadFeedbackConfig | undefined;
+  readonly logger: RouterLogger;
   /** `'replace'` for `xfwd: true`; `false` when off (always, for `dpRank()`). */
   readonly xfwd: false | 'replace' | 'append';
   /** Passive ejection settings; `undefined` when off (always, for `dpRank()`). */
   readonly outlierDetection: OutlierDetectionConfig | undefined;
   /** Active health check settings; `undefined` when off (always, for `dpRank()`). */
   readonly healthCheck: HealthCheckConfig | undefined;
-  /** Engine load polling; `undefined` when off. */
-  readonly loadFeedback: LoadFeedbackConfig | undefined;
-  readonly logger: RouterLogger;
-  /** The model's tokenizer for exact prefix routing (`prefixAware.tokenizer`), with the built-in prefix-aware policy only; loaded with the router. */
-  readonly tokenizer: TokenizerSource | undefined;
-  /** Prefill/decode disaggregation; `undefined` when off. `upstreams` is then the decode pool. */
-  readonly disaggregation: (DisaggregationConfig & { readonly tokenizer: TokenizerSource | undefined }) | undefined;
+  /** One attempt and no body held when off (always, for `dpRank()`). */
+  readonly retries: RetryConfig;
+  /** Prefill/decode disaggregation; `undefined` when off. */
+  readonly disaggregation: DisaggregationConfig | undefined;
   /** Admission control; `undefined` when off (always, for `dpRank()`). */
   readonly admission: AdmissionSettings | undefined;
+  /** `maxBytes` 0 when off (always, for `dpRank()`). */
+  readonly requestBuffering: BufferingConfig;
 }
 
-const HEADER = 'X-data-parallel-rank';
 const EXPOSE_DECISION = false;
 
 const RANK_KEYS: KeysEnum<DpRankOptions> = {
@@ -178,40 +181,46 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
   rejectUnknownKeys('', options, proxying ? ROUTER_KEYS : RANK_KEYS);
   const proxy: ProxyOptions = proxying ? (options as DpRouterOptions) : {};
   // In this order, so that the first wrong option is reported first.
-  const upstreamSources = parseUpstreams('upstreams', options.upstreams);
+  const upstreams = parseUpstreams('upstreams', options.upstreams);
   const hints = parseHints('hints', options.hints);
-  const { sessionAffinity, ...affinity } = parseAffinity('affinity', options.affinity);
-  const { tokenizer, ...prefixAware } = parsePrefixAware('prefixAware', options.prefixAware);
-  const tokenizerFiles = parseTokenizer('prefixAware.tokenizer', tokenizer);
+  const affinity = parseAffinity('affinity', options.affinity);
+  const prefixAware = parseRouterPrefixAware('prefixAware', options.prefixAware);
   const policy = parsePolicy('policy', options.policy);
-  requireTokenizerForKvEvents(upstreamSources, options.policy === 'prefix-aware', tokenizerFiles);
-  const disaggregation = parseDisaggregation('disaggregation', proxy.disaggregation, upstreamSources);
-  const upstreams = fixedUpstreams(upstreamSources);
+  requireTokenizerForKvEvents(upstreams, policy === 'prefix-aware', prefixAware.tokenizer);
+  const disaggregation = parseDisaggregation('disaggregation', proxy.disaggregation, upstreams);
   const maxBufferedBytes = parseMaxBufferedBytes('maxBufferedBytes', options.maxBufferedBytes);
-  return Object.freeze({
-    upstreams: disaggregation === undefined ? upstreams : decodePool(upstreams),
-    upstreamSources,
+  const settings: Configuration = {
+    upstreams,
     policy,
-    policySettings: Object.freeze({ sessionAffinity, prefixAware }),
-    ...hints,
-    header: headerNameOption('header', options.header, HEADER),
+    hints,
+    header: headerNameOption('header', options.header, RANK_HEADER),
     metrics: parseMetrics('metrics', options.metrics),
-    ...affinity,
-    ...parseTimeouts('timeouts', options.timeouts, proxying),
+    affinity,
+    prefixAware,
+    timeouts: parseTimeouts('timeouts', options.timeouts, proxying),
     maxBodyBytes: parseMaxBodyBytes('maxBodyBytes', options.maxBodyBytes),
     maxBufferedBytes,
     exposeDecision: booleanOption('exposeDecision', options.exposeDecision, EXPOSE_DECISION),
     xfwd: parseXfwd('xfwd', proxy.xfwd),
     outlierDetection: proxying ? parseOutlierDetection('outlierDetection', proxy.outlierDetection) : undefined,
     healthCheck: parseHealthCheck('healthCheck', proxy.healthCheck),
-    ...parseRetries('retries', proxying ? proxy.retries : false),
-    ...parseRequestBuffering('requestBuffering', proxying ? proxy.requestBuffering : false, maxBufferedBytes),
+    retries: parseRetries('retries', proxying ? proxy.retries : false),
+    requestBuffering: parseRequestBuffering('requestBuffering', proxying ? proxy.requestBuffering : false, maxBufferedBytes),
     loadFeedback: parseLoadFeedback('loadFeedback', options.loadFeedback),
     logger: parseLogger('logger', options.logger),
-    tokenizer: policy === 'prefix-aware' ? tokenizerFiles : undefined,
-    disaggregation: disaggregation && { ...disaggregation, tokenizer: disaggregation.prefillPrefixAware ? tokenizerFiles : undefined },
+    disaggregation,
     admission: parseAdmission('admission', proxy.admission),
-  });
+  };
+  for (const part of OWN_PARTS) freezePart(settings[part]);
+  for (const upstream of upstreams) Object.freeze(upstream);
+  return Object.freeze(settings);
+}
+
+/** The parts parsing made (the user's objects inside them, a registry or a store, stay as given). */
+const OWN_PARTS = ['upstreams', 'hints', 'metrics', 'affinity', 'prefixAware', 'timeouts', 'loadFeedback', 'outlierDetection', 'healthCheck', 'retries', 'requestBuffering', 'disaggregation', 'admission'] as const satisfies ReadonlyArray<keyof Configuration>;
+
+function freezePart(part: object | undefined): void {
+  if (part !== undefined) Object.freeze(part);
 }
 
 function parseXfwd(path: string, value: unknown): Configuration['xfwd'] {

@@ -1,33 +1,32 @@
 import { Registry } from 'prom-client';
-import { createExactRouting, type ExactRouting } from './exact-prefix/exact-routing';
-import { loadTokenizer, requireTokenizerForKvEvents, unusedKvEventsNotice } from './exact-prefix/options';
-import { createEvents, type RouterEvents } from './observe/events';
-import { createMetrics, NO_METRICS, type RouterMetrics } from './observe/metrics';
+import type { ExactRouting } from './exact-prefix/exact-routing';
+import { requireTokenizerForKvEvents, unusedKvEventsNotice } from './exact-prefix/options';
+import type { RouterEvents } from './observe/events';
+import type { RouterMetrics } from './observe/metrics';
 import { createTracing, type Tracing } from './observe/tracing';
-import { buildPolicy } from './policies/by-name';
 import { BodyBudget } from './request/body-budget';
 import type { Configuration, UpstreamConfig } from './options';
 import { BodyReader } from './request/body-reader';
-import { createRequestInputs, type RequestInputs } from './request/request-inputs';
-import { startHealthChecks, type HealthChange, type HealthChecker } from './upstreams/health-checker';
-import { healthLog } from './upstreams/health-log';
+import type { RequestInputs } from './request/request-inputs';
 import { watchEngines, watchedUpstreams, type EngineWatch } from './upstreams/engine-watch';
-import { EndpointTable, type RouteEndpoint } from './upstreams/endpoints';
-import { OutlierDetector } from './upstreams/outlier-detector';
+import type { EndpointTable } from './upstreams/endpoints';
+import type { OutlierDetector } from './upstreams/outlier-detector';
+import { poolPolicy, UpstreamPool } from './upstreams/pool';
 import type { Policy } from './types';
 import { startDnsDiscovery, type DnsDiscovery } from './pools/dns-discovery';
 import { createModelRouting, type ModelRouting } from './pools/model-routing';
-import { hasDnsEntries } from './pools/upstream-sources';
+import { fixedUpstreams, hasDnsEntries } from './pools/upstream-sources';
+import { decodePool } from './disaggregation/options';
 import { Admission } from './admission/admission';
 import { createAdmissionMetrics } from './admission/metrics';
 
 /**
  * Everything one router runs on, built from its configuration in one place, in dependency
- * order, and closed in the reverse order: the policy, the endpoint table, the registry and
- * metrics, tracing and the one event composite, the engine watch (discovery, load feedback),
- * exact prefix routing, outlier detection and health checks (dpRouter only), and what the
- * request path reads with (request inputs, the body budget and reader). What is not
- * configured is not built.
+ * order, and closed in the reverse order: the registry and tracing, the upstreams' pool (its
+ * policy, endpoint table, metrics, the one event composite, exact prefix routing, outlier
+ * detection and health checks: {@link UpstreamPool}), the engine watch (discovery, load
+ * feedback), what the request path reads with (the body budget and reader), model pools, DNS
+ * discovery and admission. What is not configured is not built.
  */
 export class RouterServices {
   readonly policy: Policy;
@@ -49,53 +48,52 @@ export class RouterServices {
   private readonly watch: EngineWatch;
   /** Upstreams found by DNS; started with the first DNS entry. */
   private dns: DnsDiscovery | undefined;
-  private health: HealthChecker | undefined;
-  private readonly healthChanged: HealthChange;
+  /** The upstreams' own services (policy, table, metrics, events, exact routing, detection, health checks, inputs). */
+  private readonly pool: UpstreamPool;
   /** What `close()` stops, in the order it was started. */
   private readonly started: Array<() => void | Promise<void>> = [];
   private closed: Promise<void> | undefined;
 
   constructor(readonly config: Configuration) {
-    const policy = (this.policy = buildPolicy(config.policy, config.policySettings));
-    const table = (this.table = new EndpointTable(config.upstreams));
+    const { policy, tokenizer } = poolPolicy(config.policy, config);
     this.registry = config.metrics?.registry ?? new Registry();
-    const metrics = (this.metrics = config.metrics ? createMetrics(this.registry, config.metrics.prefix, table, this.scraped()) : NO_METRICS);
-    this.started.push(() => metrics.close());
     this.tracing = createTracing(policy.name);
-    const events = (this.events = createEvents(metrics, this.tracing, config.logger, policy.name));
-    // Discovery replaces one upstream's ranks and keeps everything else as it is.
-    const watch = (this.watch = watchEngines(table, config.loadFeedback, metrics, (upstream, ranks) => this.discovered(upstream, ranks)));
-    this.started.push(() => watch.stop());
-    // Exact prefix routing: with a tokenizer, every upstream with `kvEvents` is subscribed to.
-    const exact = (this.exact =
-      config.tokenizer === undefined
-        ? undefined
-        : createExactRouting({
-            upstreams: config.upstreams,
-            tokenizer: loadTokenizer('prefixAware.tokenizer', config.tokenizer),
-            metrics: config.metrics,
-            warn: (message) => config.logger.warn(message),
-          }));
-    if (exact !== undefined) this.started.push(() => exact.close());
-    const unusedKvEvents = unusedKvEventsNotice(config.upstreams, exact !== undefined, policy.name);
+    // The entries given by `url`; with disaggregation, the decode pool (the prefill pool is the terminal's).
+    const fixed = fixedUpstreams(config.upstreams);
+    const pool = (this.pool = new UpstreamPool({
+      config,
+      policy,
+      tokenizer,
+      upstreams: config.disaggregation === undefined ? fixed : decodePool(fixed),
+      registry: this.registry,
+      tracing: this.tracing,
+      scraped: (upstreams) => watchedUpstreams(upstreams, config.loadFeedback),
+    }));
+    this.started.push(() => pool.close());
+    this.policy = policy;
+    const table = (this.table = pool.table);
+    this.metrics = pool.metrics;
+    this.events = pool.events;
+    this.exact = pool.exact;
+    this.detector = pool.detector;
+    this.inputs = pool.inputs;
+    const unusedKvEvents = unusedKvEventsNotice(table.upstreams, pool.exact !== undefined, policy.name);
     if (unusedKvEvents !== undefined) config.logger.warn(unusedKvEvents);
-    const detector = (this.detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection, { ejected: (endpoint) => events.ejected(endpoint as RouteEndpoint) }) : undefined);
-    if (detector !== undefined) this.started.push(() => detector.close());
-    this.healthChanged = healthLog(config);
-    this.health = config.healthCheck ? startHealthChecks(table, config.healthCheck, this.healthChanged) : undefined;
-    this.started.push(() => this.health?.stop());
-    this.inputs = createRequestInputs(config, policy, table);
-    this.bodies = new BodyReader(new BodyBudget(config.maxBufferedBytes), config.bodyTimeoutMs);
+    // Discovery replaces one upstream's ranks and keeps everything else as it is.
+    const watch = (this.watch = watchEngines(table, config.loadFeedback, pool.metrics, (upstream, ranks) => this.discovered(upstream, ranks)));
+    this.started.push(() => watch.stop());
+    this.bodies = new BodyReader(new BodyBudget(config.maxBufferedBytes), config.timeouts.bodyMs);
     const models = (this.models = createModelRouting(table, (message) => config.logger.warn(message)));
     this.started.push(() => models.stop());
-    if (hasDnsEntries(config.upstreamSources)) this.dns = this.startDns(config.upstreamSources);
+    if (hasDnsEntries(config.upstreams)) this.dns = this.startDns(config.upstreams);
     this.started.push(() => this.dns?.stop());
     this.admission = this.startAdmission();
   }
 
   /** Throws for entries this router cannot take (`kvEvents` under prefix-aware without a tokenizer), before anything changes. */
   checkSources(sources: readonly UpstreamConfig[]): void {
-    requireTokenizerForKvEvents(sources, this.config.policy === 'prefix-aware', this.config.tokenizer);
+    const { policy, prefixAware } = this.config;
+    requireTokenizerForKvEvents(sources, policy === 'prefix-aware', prefixAware.tokenizer);
   }
 
   /**
@@ -129,16 +127,9 @@ export class RouterServices {
    * (metric series, engine watch, exact streams, health checks).
    */
   reconfigure(upstreams: readonly UpstreamConfig[]): void {
-    const { config, table } = this;
-    const change = table.reconfigure(upstreams);
-    this.metrics.track(change, this.scraped());
+    const change = this.pool.reconfigure(upstreams);
     this.watch.sync();
-    this.exact?.reconfigure(table.upstreams);
-    this.models.reconfigure(table.upstreams, change.removed);
-    if (config.healthCheck) {
-      this.health?.stop();
-      this.health = startHealthChecks(table, config.healthCheck, this.healthChanged);
-    }
+    this.models.reconfigure(this.table.upstreams, change.removed);
     // New endpoints have room for requests waiting already.
     for (const endpoint of change.added) this.admission?.freed(endpoint);
   }
@@ -149,11 +140,6 @@ export class RouterServices {
       for (const stop of [...this.started].reverse()) await stop();
     })();
     return this.closed;
-  }
-
-  /** The upstreams the engine watch polls, for the scrape-failure series. */
-  private scraped(): string[] {
-    return watchedUpstreams(this.table.upstreams, this.config.loadFeedback);
   }
 
   private discovered(upstream: UpstreamConfig, ranks: readonly number[]): void {

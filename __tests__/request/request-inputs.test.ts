@@ -18,7 +18,7 @@ const url = 'http://127.0.0.1:1';
 function inputsOf(options: Partial<Options>): { inputs: RequestInputs; table: EndpointTable } {
   const config = parseOptions({ upstreams: [{ url, dataParallelSize: 8, ranks: [0, 2, 4, 6] }], ...options } as Options, 'dpRank');
   const table = new EndpointTable(config.upstreams);
-  return { inputs: createRequestInputs(config, buildPolicy(config.policy, config.policySettings), table), table };
+  return { inputs: createRequestInputs(config, buildPolicy(config.policy, config), table), table };
 }
 
 /** Sends one request to a real server and returns what `read` made of the request there. */

@@ -26,6 +26,7 @@ async function start(handle: (req: IncomingMessage, res: ServerResponse, reports
     prefixScored: () => told.push('scored'),
     retried: (_req, failed, next) => told.push(`retried ${failed.key} → ${next.key}`),
     ejected: (endpoint) => told.push(`ejected ${endpoint.key}`),
+    healthChanged: (endpoints, up) => told.push(`health ${endpoints.length} ${up}`),
   };
   const reports: RouteReports = { config: services.config, metrics: services.metrics, events, freed: undefined };
   const server = await serve((req, res) => handle(req, res, reports, services));

@@ -84,15 +84,28 @@ describe('rank discovery', () => {
 });
 
 describe('load feedback', () => {
-  /** Keeps `count` slow requests running on `rank` directly at the mock, bypassing the gateway. */
-  function occupy(mock: MockVllm, rank: number, count: number): Array<Promise<Response>> {
-    return Array.from({ length: count }, () =>
+  /**
+   * Keeps `count` requests running on `rank` directly at the mock, bypassing the gateway, until
+   * released: they ask for more tokens than any test waits for, so that a slow machine cannot let
+   * them finish while the test still counts on them.
+   */
+  function occupy(mock: MockVllm, rank: number, count: number): { release: () => Promise<void> } {
+    const abort = new AbortController();
+    const requests = Array.from({ length: count }, () =>
       fetch(`${mock.url}/v1/completions`, {
         method: 'POST',
         headers: { 'content-type': 'application/json', 'x-data-parallel-rank': String(rank) },
-        body: JSON.stringify({ model: 'mock-model', prompt: 'batch job', max_tokens: 40 }),
-      }),
+        body: JSON.stringify({ model: 'mock-model', prompt: 'batch job', max_tokens: 4000 }),
+        signal: abort.signal,
+      }).then((answer) => answer.text()).catch(() => undefined),
     );
+    return {
+      release: async () => {
+        abort.abort();
+        await Promise.all(requests);
+        await waitFor(() => mock.stats().perRank[rank].running === 0);
+      },
+    };
   }
 
   async function ranksChosen(gateway: TestGateway, count: number): Promise<string[]> {
@@ -115,13 +128,14 @@ describe('load feedback', () => {
     await pollApplied(mock);
     expect((await ranksChosen(blind, 8)).filter((rank) => rank === '0')).toHaveLength(2);
     expect((await ranksChosen(informed, 8)).filter((rank) => rank === '0')).toHaveLength(0);
-    await Promise.all(batch);
+    await batch.release();
   });
 
   it('falls back to local counts when a poll fails, and counts it', async () => {
     const mock = await startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 25 });
     started.push(mock);
-    const gateway = await startGateway({ upstreams: [{ url: mock.url, name: 'm', dataParallelSize: 2 }], loadFeedback: { intervalMs: 400, timeoutMs: 50, weight: 1 } });
+    // A timeout a loaded machine's own polls stay within, and an interval the four requests below fit in.
+    const gateway = await startGateway({ upstreams: [{ url: mock.url, name: 'm', dataParallelSize: 2 }], loadFeedback: { intervalMs: 1000, timeoutMs: 250, weight: 1 } });
     started.push(gateway);
     const failures = () => metricValue(gateway.registry, 'dp_router_upstream_scrape_failures_total', { upstream: 'm' });
     const batch = occupy(mock, 0, 4);
@@ -129,11 +143,16 @@ describe('load feedback', () => {
     await pollApplied(mock);
     expect(await ranksChosen(gateway, 4)).toEqual(['1', '1', '1', '1']);
 
+    // The failure counted must be the stalled poll's, the last before the next one.
+    const before = await failures();
+    const seen = polls(mock);
     mock.fault = { kind: 'stall' };
-    await waitFor(async () => (await failures()) === 1, 2000);
+    await waitFor(() => polls(mock) > seen, 3000);
     mock.fault = undefined;
-    // Until the next poll, 400 ms on, only this gateway's own (idle) counts steer.
+    await waitFor(async () => (await failures()) > before, 2000);
+    expect(await failures()).toBe(before + 1);
+    // Until the next poll, 1 s on, only this gateway's own (idle) counts steer.
     expect((await ranksChosen(gateway, 4)).sort()).toEqual(['0', '0', '1', '1']);
-    await Promise.all(batch);
+    await batch.release();
   });
 });

@@ -75,4 +75,36 @@ describe('health check transitions in the log', () => {
       `express-dp-router: upstream 'b' failed 1 health check in a row (GET /health): ranks 2, 3 out of rotation`,
     ]);
   });
+
+  it("tells the prefill pool's changes too, each upstream once whichever pools it serves", async () => {
+    const prefill = await echo();
+    const both = await echo();
+    const decode = await echo();
+    let healthy = true;
+    for (const upstream of [prefill, both]) {
+      upstream.respond = (req, res) => {
+        res.writeHead(req.url === '/health' && !healthy ? 503 : 200);
+        res.end('{}');
+      };
+    }
+    const warnings: string[] = [];
+    const gateway = await startGateway({
+      upstreams: [
+        { url: prefill.url, name: 'p', role: 'prefill' },
+        { url: both.url, name: 'b', role: 'both' },
+        { url: decode.url, name: 'd', role: 'decode' },
+      ],
+      disaggregation: { prefillPolicy: 'round-robin' },
+      healthCheck: { intervalMs: 10, unhealthyThreshold: 1 },
+      logger: { warn: (message) => warnings.push(message) },
+    });
+    started.push(gateway);
+    healthy = false;
+    // Both pools probe 'b': once each has taken it out, every line there will be is written.
+    await waitFor(() => gateway.router.endpoints().every((endpoint) => endpoint.upstream === 'd' || !endpoint.healthy));
+    expect(warnings.sort()).toEqual([
+      `express-dp-router: upstream 'b' failed 1 health check in a row (GET /health): ranks 0 out of rotation`,
+      `express-dp-router: upstream 'p' failed 1 health check in a row (GET /health): ranks 0 out of rotation`,
+    ]);
+  });
 });

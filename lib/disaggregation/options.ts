@@ -33,14 +33,12 @@ export interface DisaggregationConfig {
   /** A built-in policy's name or the user's Policy: built with the router's services. */
   readonly prefillPolicy: PolicyName | Policy;
   readonly onPrefillFailure: PrefillFailureMode;
-  /** The prefill pool: upstreams of role `'prefill'` or `'both'`. */
-  readonly prefillUpstreams: readonly UpstreamConfig[];
-  /** Whether the prefill policy is the built-in prefix-aware one, which routes on KV events given a tokenizer. */
-  readonly prefillPrefixAware: boolean;
 }
 
 const CONNECTORS: readonly Connector[] = ['nixl', 'mooncake'];
 const FAILURE_MODES: readonly PrefillFailureMode[] = ['decode-only', 'fail'];
+const PREFILL_POLICY: PolicyName = 'prefix-aware';
+const ON_PREFILL_FAILURE: PrefillFailureMode = 'decode-only';
 const KEYS: KeysEnum<DisaggregationOptions> = { connector: true, prefillPolicy: true, onPrefillFailure: true };
 
 /**
@@ -61,13 +59,10 @@ export function parseDisaggregation(path: string, value: unknown, upstreams: rea
   const connector = oneOf(`${path}.connector`, options.connector, CONNECTORS, 'nixl');
   checkPools(path, upstreams);
   checkBootstrapPorts(upstreams, connector);
-  const prefillPolicy = parsePolicy(`${path}.prefillPolicy`, options.prefillPolicy ?? 'prefix-aware');
   return {
     connector,
-    prefillPolicy,
-    onPrefillFailure: oneOf(`${path}.onPrefillFailure`, options.onPrefillFailure, FAILURE_MODES, 'decode-only'),
-    prefillUpstreams: prefillPool(upstreams),
-    prefillPrefixAware: options.prefillPolicy === undefined || options.prefillPolicy === 'prefix-aware',
+    prefillPolicy: parsePolicy(`${path}.prefillPolicy`, options.prefillPolicy ?? PREFILL_POLICY),
+    onPrefillFailure: oneOf(`${path}.onPrefillFailure`, options.onPrefillFailure, FAILURE_MODES, ON_PREFILL_FAILURE),
   };
 }
 

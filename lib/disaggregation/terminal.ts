@@ -66,8 +66,9 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
     this.bodies = parts.bodies;
     this.tracing = parts.tracing;
     this.pool = new PrefillPool(config, parts.registry, parts.tracing);
-    this.bootstrap = config.disaggregation!.connector === 'mooncake' ? new BootstrapDirectory(config.connectTimeoutMs) : undefined;
-    this.rankField = config.hintBodyField === undefined ? undefined : Buffer.from(config.hintBodyField);
+    this.bootstrap = config.disaggregation!.connector === 'mooncake' ? new BootstrapDirectory(config.timeouts.connectMs) : undefined;
+    const { bodyField } = config.hints;
+    this.rankField = bodyField === undefined ? undefined : Buffer.from(bodyField);
   }
 
   proceed(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
@@ -115,7 +116,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
     if (verdict.outcome === 'accepted') {
       prefill = pool.table.leastLoadedOfRank(verdict.rank!);
       source = 'hint';
-    } else if (config.onInvalid === 'reject' && verdict.outcome !== 'none' && verdict.outcome !== 'untrusted') {
+    } else if (config.hints.onInvalid === 'reject' && verdict.outcome !== 'none' && verdict.outcome !== 'untrusted') {
       this.reject(res, verdict);
       return;
     } else {
@@ -189,12 +190,11 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
         return;
       }
       const failure = judged;
-      if ((failure === 'refused' || failure === 'connect_timeout' || failure === 'reset') && tried.length + 1 < this.config.retryAttempts) {
+      if ((failure === 'refused' || failure === 'connect_timeout' || failure === 'reset') && tried.length + 1 < this.config.retries.attempts) {
         tried.push(prefill);
         const again = source === 'hint' ? this.pool.table.leastLoadedOfRank(prefill.rank, (endpoint) => tried.some((failed) => failed.config.url === endpoint.config.url)) : this.pick(req, res, next, route, path, bytes, tried);
         if (again !== undefined && again !== null) {
-          this.pool.metrics.retried(prefill);
-          this.tracing.retried(req, prefill, again);
+          this.pool.events.retried(req, prefill, again);
           this.nixl(req, res, next, route, path, bytes, again, source, tried);
           return;
         }

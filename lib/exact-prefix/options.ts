@@ -1,11 +1,13 @@
 /**
  * The options of exact prefix routing: `upstreams[].kvEvents` and `prefixAware.tokenizer`,
- * validated once at creation.
+ * validated once at creation. The public option types reach this module: it must not import
+ * the tokenizer, whose declarations name the optional packages' types (load-tokenizer.ts does).
  */
 import { fail, section, shown, type KeysEnum } from '../option-checks';
+import { parsePrefixAware, type PrefixAwareConfig } from '../policies/prefix-aware-options';
+import type { Policy, PolicyName } from '../types';
 import { resolveKvEndpoints } from './events/endpoints';
 import type { KvEventsOptions, TokenizerSource } from './events/source';
-import { PromptTokenizer } from './tokenizer/tokenizer';
 
 export type { KvEventsOptions, TokenizerSource } from './events/source';
 
@@ -39,6 +41,26 @@ function endpointOption(path: string, value: unknown, ranks: readonly number[]):
   return Array.isArray(value) ? [...value] : (value as string);
 }
 
+/** The router's `prefixAware`, resolved: the policy's settings and the tokenizer's files as given. */
+export interface PrefixAwareRouterConfig extends PrefixAwareConfig {
+  /** `undefined` when not given; loaded (with the built-in `prefix-aware` policy only) by the router's services. */
+  readonly tokenizer: TokenizerSource | undefined;
+}
+
+/** The router's `prefixAware` option: checked whatever the policy, the tokenizer's form included. */
+export function parseRouterPrefixAware(path: string, value: unknown): PrefixAwareRouterConfig {
+  const { tokenizer, ...settings } = parsePrefixAware(path, value);
+  return { ...settings, tokenizer: parseTokenizer(`${path}.tokenizer`, tokenizer) };
+}
+
+/**
+ * The tokenizer exact prefix routing loads for a pool picked by `policy`: only the built-in
+ * `'prefix-aware'`, named as a string, routes on KV events; `undefined` for any other.
+ */
+export function exactTokenizer(policy: PolicyName | Policy, prefixAware: PrefixAwareRouterConfig): TokenizerSource | undefined {
+  return policy === 'prefix-aware' ? prefixAware.tokenizer : undefined;
+}
+
 /** `prefixAware.tokenizer`'s form, checked whatever the policy; `undefined` when not given. */
 export function parseTokenizer(path: string, value: unknown): TokenizerSource | undefined {
   if (value === undefined) return undefined;
@@ -47,15 +69,6 @@ export function parseTokenizer(path: string, value: unknown): TokenizerSource | 
     fail(path, `must be a path or two paths, got ${shown(value)}`, "Use the model's directory holding tokenizer.json and tokenizer_config.json, e.g. `tokenizer: '/models/llama-3.1-8b'`.");
   }
   return typeof value === 'string' ? value : [value[0], value[1]];
-}
-
-/** Loads `prefixAware.tokenizer` at the router's creation, so that a wrong path fails then. */
-export function loadTokenizer(path: string, source: TokenizerSource): PromptTokenizer {
-  try {
-    return PromptTokenizer.load(source);
-  } catch (error) {
-    return fail(path, `could not be loaded: ${(error as Error).message}`, "Point it at the model's tokenizer.json and tokenizer_config.json (the files the engine serves).");
-  }
 }
 
 /**

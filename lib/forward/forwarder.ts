@@ -7,6 +7,7 @@ import { hopByHopStripper } from '../request/hop-by-hop';
 import type { Terminal } from '../request/lifecycle';
 import type { RouterMetrics } from '../observe/metrics';
 import type { Configuration, UpstreamConfig } from '../options';
+import type { RetryConfig } from './retry-options';
 import { DECISION_HEADER, type RouteState, type RoutedRequest } from '../request/route-state';
 import { bareContext, safePick } from '../policies/safe-pick';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
@@ -36,6 +37,7 @@ export interface ForwarderParts {
  */
 export class Forwarder implements Terminal, TryOutcomes {
   private readonly config: Configuration;
+  private readonly retries: RetryConfig;
   private readonly table: EndpointTable;
   private readonly metrics: RouterMetrics;
   private readonly bodies: BodyReader;
@@ -55,6 +57,7 @@ export class Forwarder implements Terminal, TryOutcomes {
 
   constructor(parts: ForwarderParts) {
     this.config = parts.config;
+    this.retries = parts.config.retries;
     this.table = parts.table;
     this.metrics = parts.metrics;
     this.bodies = parts.bodies;
@@ -95,8 +98,8 @@ export class Forwarder implements Terminal, TryOutcomes {
    * server, where there is nowhere to retry and holding would only cost memory and latency.
    */
   retryBodyLimit(): number {
-    const { config } = this;
-    return config.retryAttempts > 1 && this.table.serverCount > 1 ? config.retryMaxBodyBytes : 0;
+    const { retries } = this;
+    return retries.attempts > 1 && this.table.serverCount > 1 ? retries.maxBodyBytes : 0;
   }
 
   /**
@@ -211,7 +214,7 @@ export class Forwarder implements Terminal, TryOutcomes {
    * request must not or cannot be retried, and the caller answers the error.
    */
   private retry(req: RoutedRequest, res: ServerResponse, route: RouteState, failed: RouteEndpoint): boolean {
-    if (route.attempt >= this.config.retryAttempts || res.headersSent) return false;
+    if (route.attempt >= this.retries.attempts || res.headersSent) return false;
     // Only what can be replayed byte for byte: a buffered body, or none at all.
     if (route.body === undefined && hasBody(req)) return false;
     const tried = (route.tried ??= []);

@@ -51,7 +51,7 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
   // Without an agent http-proxy sends `Connection: close` and opens a socket per request.
   const agent = upstream.url.startsWith('https:') ? new HttpsAgent(agentOptions) : new HttpAgent(agentOptions);
   const stopIdleSweep = closeIdleSockets(agent, IDLE_SOCKET_MS);
-  const { connectTimeoutMs, firstByteTimeoutMs } = config;
+  const { connectMs: connectTimeoutMs, firstByteMs: firstByteTimeoutMs } = config.timeouts;
   const checkHeaders = lenientParser();
   // http-proxy's events carry only `req` and `res`: each try's state is found by its response
   // here, where `send` put it (not in a property of the request), until the response closes

@@ -23,15 +23,15 @@ export interface RetryOptions {
 /** `retries`, resolved. */
 export interface RetryConfig {
   /** Tries per request, the first included (1: no retries). */
-  readonly retryAttempts: number;
+  readonly attempts: number;
   /** Largest declared body buffered so that it can be replayed on a retry. */
-  readonly retryMaxBodyBytes: number;
+  readonly maxBodyBytes: number;
 }
 
 const ATTEMPTS = 2;
 const MAX_BODY_BYTES = 1024 * 1024;
 const MAX_ATTEMPTS = 10;
-const OFF: RetryConfig = { retryAttempts: 1, retryMaxBodyBytes: 0 };
+const OFF: RetryConfig = Object.freeze({ attempts: 1, maxBodyBytes: 0 });
 
 const RETRY_KEYS: KeysEnum<RetryOptions> = { attempts: true, maxBodyBytes: true };
 
@@ -40,7 +40,7 @@ export function parseRetries(path: string, value: unknown): RetryConfig {
   const retries = toggle(path, value, RETRY_KEYS, true, 'attempts');
   if (retries === undefined) return OFF;
   return {
-    retryAttempts: integerOption(pathOf(path, 'attempts'), retries.attempts, ATTEMPTS, 1, MAX_ATTEMPTS),
-    retryMaxBodyBytes: integerOption(pathOf(path, 'maxBodyBytes'), retries.maxBodyBytes, MAX_BODY_BYTES, 0, 2 ** 31),
+    attempts: integerOption(pathOf(path, 'attempts'), retries.attempts, ATTEMPTS, 1, MAX_ATTEMPTS),
+    maxBodyBytes: integerOption(pathOf(path, 'maxBodyBytes'), retries.maxBodyBytes, MAX_BODY_BYTES, 0, 2 ** 31),
   };
 }

@@ -22,10 +22,10 @@ export interface TimeoutOptions extends BodyTimeoutOptions {
 
 /** `timeouts`, resolved. */
 export interface TimeoutConfig {
-  readonly connectTimeoutMs: number;
-  readonly firstByteTimeoutMs: number;
+  readonly connectMs: number;
+  readonly firstByteMs: number;
   /** Time for a request body to arrive in full. */
-  readonly bodyTimeoutMs: number;
+  readonly bodyMs: number;
 }
 
 const CONNECT_MS = 10_000;
@@ -41,8 +41,8 @@ export function parseTimeouts(path: string, value: unknown, proxying: boolean): 
   if (!proxying && value !== null && typeof value === 'object') rejectProxyOnly(path, value as Record<string, unknown>, UPSTREAM_TIMEOUT_KEYS);
   const timeouts = section(path, value, proxying ? TIMEOUT_KEYS : BODY_TIMEOUT_KEYS);
   return {
-    connectTimeoutMs: integerOption(pathOf(path, 'connectMs'), timeouts.connectMs, CONNECT_MS, 1, MAX_TIMER_MS),
-    firstByteTimeoutMs: integerOption(pathOf(path, 'firstByteMs'), timeouts.firstByteMs, FIRST_BYTE_MS, 1, MAX_TIMER_MS),
-    bodyTimeoutMs: integerOption(pathOf(path, 'bodyMs'), timeouts.bodyMs, BODY_MS, 1, MAX_TIMER_MS),
+    connectMs: integerOption(pathOf(path, 'connectMs'), timeouts.connectMs, CONNECT_MS, 1, MAX_TIMER_MS),
+    firstByteMs: integerOption(pathOf(path, 'firstByteMs'), timeouts.firstByteMs, FIRST_BYTE_MS, 1, MAX_TIMER_MS),
+    bodyMs: integerOption(pathOf(path, 'bodyMs'), timeouts.bodyMs, BODY_MS, 1, MAX_TIMER_MS),
   };
 }

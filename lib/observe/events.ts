@@ -3,6 +3,8 @@ import type { RouterLogger } from './logger';
 import type { RouterMetrics } from './metrics';
 import type { Tracing } from './tracing';
 import type { DecisionSource, Endpoint, HintOutcome, IndexSource } from '../types';
+import type { HealthCheckConfig } from '../upstreams/health-checker-options';
+import { logHealthChange } from '../upstreams/health-log';
 
 /**
  * What happens to requests and endpoints, told once by whoever sees it; {@link createEvents}
@@ -18,10 +20,15 @@ export interface RouterEvents {
   retried(req: IncomingMessage, failed: Endpoint & Parameters<RouterMetrics['retried']>[0], next: Endpoint): void;
   /** The outlier detector took `endpoint` out of rotation. */
   ejected(endpoint: Endpoint & Parameters<RouterMetrics['ejected']>[0]): void;
+  /** The health checks' verdict on one upstream URL changed (`up`), for every endpoint behind it. */
+  healthChanged(endpoints: readonly Endpoint[], up: boolean): void;
 }
 
-/** The one composite: each event goes to every sink that records it. */
-export function createEvents(metrics: RouterMetrics, tracing: Tracing, logger: RouterLogger, policy: string): RouterEvents {
+/**
+ * The one composite: each event goes to every sink that records it. `healthCheck` words the
+ * health lines (the rule that was met); without it no health change is told.
+ */
+export function createEvents(metrics: RouterMetrics, tracing: Tracing, logger: RouterLogger, policy: string, healthCheck: HealthCheckConfig | undefined): RouterEvents {
   return {
     decided(req, endpoint, source, hintOutcome) {
       tracing.decided(req, endpoint, source, hintOutcome);
@@ -39,6 +46,9 @@ export function createEvents(metrics: RouterMetrics, tracing: Tracing, logger: R
       metrics.ejected(endpoint);
       tracing.ejected(endpoint);
       logger.ejected(endpoint);
+    },
+    healthChanged(endpoints, up) {
+      if (healthCheck !== undefined) logHealthChange(logger, healthCheck, endpoints, up);
     },
   };
 }

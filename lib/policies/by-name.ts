@@ -9,10 +9,14 @@ import { roundRobin } from './round-robin';
 import { sessionAffinity } from './session-affinity';
 import type { SessionAffinityConfig } from './session-affinity-options';
 
-/** What a built-in policy is configured with from the router's options (resolved). */
+/**
+ * What a built-in policy is configured with: the router's `affinity` and `prefixAware`
+ * settings, whose other members (where the session key is found, the tokenizer) are not the
+ * policy's.
+ */
 export interface PolicySettings {
-  sessionAffinity: SessionAffinityConfig;
-  prefixAware: PrefixAwareConfig;
+  readonly affinity: SessionAffinityConfig & { readonly header?: unknown; readonly bodyField?: unknown };
+  readonly prefixAware: PrefixAwareConfig & { readonly tokenizer?: unknown };
 }
 
 /** Every built-in policy name, in the order the docs list them. */
@@ -56,9 +60,13 @@ export function policyByName(name: PolicyName, settings: PolicySettings): Policy
       return random();
     case 'power-of-two':
       return powerOfTwo();
-    case 'session-affinity':
-      return sessionAffinity(settings.sessionAffinity);
-    case 'prefix-aware':
-      return prefixAware(settings.prefixAware);
+    case 'session-affinity': {
+      const { header: _header, bodyField: _bodyField, ...bounds } = settings.affinity;
+      return sessionAffinity(bounds);
+    }
+    case 'prefix-aware': {
+      const { tokenizer: _tokenizer, ...prefixSettings } = settings.prefixAware;
+      return prefixAware(prefixSettings);
+    }
   }
 }

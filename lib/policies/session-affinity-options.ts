@@ -62,12 +62,12 @@ export interface SessionAffinityConfig {
   readonly maxSessions: number;
 }
 
-/** `affinity`, resolved. */
-export interface AffinityConfig {
+/** `affinity`, resolved: where the key is found, and the policy's bounds. */
+export interface AffinityConfig extends SessionAffinityConfig {
   /** Lower-cased; `undefined` when off. */
-  readonly affinityHeader: string | undefined;
-  readonly affinityBodyField: string | undefined;
-  readonly sessionAffinity: SessionAffinityConfig;
+  readonly header: string | undefined;
+  /** `undefined` when off. */
+  readonly bodyField: string | undefined;
 }
 
 /** Default `loadFactor`: also the load bound of prefix-aware's placement of new prefixes. */
@@ -96,9 +96,9 @@ function parseSettings(path: string, settings: Record<string, unknown>): Session
 export function parseAffinity(path: string, value: unknown): AffinityConfig {
   const affinity = section(path, value, AFFINITY_KEYS);
   return {
-    affinityHeader: headerNameOption(pathOf(path, 'header'), affinity.header, HEADER, true),
-    affinityBodyField: fieldNameOption(pathOf(path, 'bodyField'), affinity.bodyField, BODY_FIELD),
-    sessionAffinity: parseSettings(path, affinity),
+    header: headerNameOption(pathOf(path, 'header'), affinity.header, HEADER, true),
+    bodyField: fieldNameOption(pathOf(path, 'bodyField'), affinity.bodyField, BODY_FIELD),
+    ...parseSettings(path, affinity),
   };
 }
 

@@ -20,21 +20,22 @@ export interface RequestBufferingOptions {
 /** `requestBuffering`, resolved. */
 export interface BufferingConfig {
   /** Largest body buffered before the upstream connection opens; 0 when buffering is off. */
-  readonly bufferMaxBytes: number;
+  readonly maxBytes: number;
 }
 
 const MAX_BYTES = 1024 * 1024;
 const KEYS: KeysEnum<RequestBufferingOptions> = { maxBytes: true };
+const OFF: BufferingConfig = Object.freeze({ maxBytes: 0 });
 
 /** `requestBuffering`: on by default (1 MiB); `false` streams every body it does not read anyway. */
 export function parseRequestBuffering(path: string, value: unknown, maxBufferedBytes: number): BufferingConfig {
   const buffering = toggle(path, value, KEYS, true);
-  if (buffering === undefined) return { bufferMaxBytes: 0 };
+  if (buffering === undefined) return OFF;
   const maxPath = pathOf(path, 'maxBytes');
   const fallback = Math.min(MAX_BYTES, maxBufferedBytes);
-  const bufferMaxBytes = integerOption(maxPath, buffering.maxBytes, fallback, 1, 2 ** 31);
-  if (bufferMaxBytes > maxBufferedBytes) {
-    fail(maxPath, `is ${bufferMaxBytes}, more than maxBufferedBytes (${maxBufferedBytes}), which would never hold such a body`, `Lower \`${maxPath}\` or raise \`maxBufferedBytes\`.`);
+  const maxBytes = integerOption(maxPath, buffering.maxBytes, fallback, 1, 2 ** 31);
+  if (maxBytes > maxBufferedBytes) {
+    fail(maxPath, `is ${maxBytes}, more than maxBufferedBytes (${maxBufferedBytes}), which would never hold such a body`, `Lower \`${maxPath}\` or raise \`maxBufferedBytes\`.`);
   }
-  return { bufferMaxBytes };
+  return { maxBytes };
 }

@@ -22,13 +22,15 @@ export interface HintConfig {
   readonly trust: boolean | ((req: IncomingMessage) => boolean);
   readonly onInvalid: 'reassign' | 'reject';
   /** Lower-cased, as Node keys `req.headers`. */
-  readonly hintHeader: string;
-  readonly hintBodyField: string | undefined;
+  readonly header: string;
+  /** `undefined` when off. */
+  readonly bodyField: string | undefined;
 }
 
 const TRUST = false;
 const ON_INVALID = 'reassign';
-const HINT_HEADER = 'x-data-parallel-rank';
+/** The rank header: where a hint comes in, and (by default) what the router sets. */
+export const RANK_HEADER = 'x-data-parallel-rank';
 const BODY_FIELD = false;
 
 const HINT_KEYS: KeysEnum<HintOptions> = { trust: true, onInvalid: true, header: true, bodyField: true };
@@ -39,8 +41,8 @@ export function parseHints(path: string, value: unknown): HintConfig {
   return {
     trust: parseTrust(pathOf(path, 'trust'), hints.trust),
     onInvalid: oneOf(pathOf(path, 'onInvalid'), hints.onInvalid, ['reassign', 'reject'], ON_INVALID),
-    hintHeader: headerNameOption(pathOf(path, 'header'), hints.header, HINT_HEADER),
-    hintBodyField: fieldNameOption(pathOf(path, 'bodyField'), hints.bodyField, BODY_FIELD),
+    header: headerNameOption(pathOf(path, 'header'), hints.header, RANK_HEADER),
+    bodyField: fieldNameOption(pathOf(path, 'bodyField'), hints.bodyField, BODY_FIELD),
   };
 }
 

@@ -9,6 +9,7 @@ import type { RouterEvents } from '../observe/events';
 import type { Tracing } from '../observe/tracing';
 import type { RouterMetrics } from '../observe/metrics';
 import type { Configuration } from '../options';
+import type { HintConfig } from './hint-options';
 import type { PrefixPickContext } from '../policies/prefix-aware';
 import { NO_HINT, type BodyView, type JudgedHint, type RequestInputs } from './request-inputs';
 import { RouteState, type RouteReports, type RoutedRequest } from './route-state';
@@ -75,6 +76,10 @@ export class RequestLifecycle {
   readonly handle: (req: RoutedRequest, res: ServerResponse, next: Next) => void;
   private readonly reports: RouteReports;
   private readonly config: Configuration;
+  private readonly hints: HintConfig;
+  private readonly bodyTimeoutMs: number;
+  /** `requestBuffering.maxBytes`: 0 when off. */
+  private readonly bufferMaxBytes: number;
   private readonly table: EndpointTable;
   private readonly metrics: RouterMetrics;
   private readonly events: RouterEvents;
@@ -104,6 +109,9 @@ export class RequestLifecycle {
   ) {
     const { config } = parts;
     this.config = config;
+    this.hints = config.hints;
+    this.bodyTimeoutMs = config.timeouts.bodyMs;
+    this.bufferMaxBytes = config.requestBuffering.maxBytes;
     this.table = parts.table;
     this.metrics = parts.metrics;
     this.inputs = parts.inputs;
@@ -144,7 +152,8 @@ export class RequestLifecycle {
       return;
     }
     const route = new RouteState(this.reports);
-    const { trust, hintHeader, header } = this.config;
+    const { trust, header: hintHeader } = this.hints;
+    const { header } = this.config;
     try {
       route.trusted = trust === true || (trust !== false && trust(req) === true);
     } catch (error) {
@@ -197,7 +206,7 @@ export class RequestLifecycle {
     // complete, so `readableEnded` is read only for a complete body.
     if (bodied && !req.complete) {
       const routes = wantsBody && isJson(req);
-      if (this.takesArrived && (routes || this.config.bufferMaxBytes > 0)) {
+      if (this.takesArrived && (routes || this.bufferMaxBytes > 0)) {
         // This handler runs inside the HTTP parser, before it reads on: a body sent with its
         // headers is in the stream's buffer one tick later, and taken from there at once
         // (arrivedBody).
@@ -230,16 +239,16 @@ export class RequestLifecycle {
   takeBody(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, routes: boolean): void {
     // A client that left during the parser's turn is found by the read (`res.destroyed`); its
     // response's close, still to come, clears the deadline.
-    if (!req.complete) route.armBodyDeadline(req, res, this.config.bodyTimeoutMs, this.bodies.timedOut);
+    if (!req.complete) route.armBodyDeadline(req, res, this.bodyTimeoutMs, this.bodies.timedOut);
     if (routes) this.bodies.read(req, res, route, this.config.maxBodyBytes, 'routing', next, this.routed, this.takesArrived);
-    else if (this.config.bufferMaxBytes > 0) this.bodies.read(req, res, route, this.config.bufferMaxBytes, 'buffer', next, this.buffered, this.takesArrived);
+    else if (this.bufferMaxBytes > 0) this.bodies.read(req, res, route, this.bufferMaxBytes, 'buffer', next, this.buffered, this.takesArrived);
     else this.decide(req, res, next, route);
   }
 
   /** The hinted rank, a rejection, a 503, or the policy's pick among the candidates. */
   decide(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
     if (res.destroyed) return;
-    const { inputs, config } = this;
+    const { inputs } = this;
     const body = route.view;
     if (body !== undefined && this.models.active && !this.choosePool(req, res, route, body)) return;
     route.hintFields = inputs.hintFields(body);
@@ -251,7 +260,7 @@ export class RequestLifecycle {
       this.assign(req, res, next, route, hinted, 'hint', 'accepted', undefined, undefined);
       return;
     }
-    if (config.onInvalid === 'reject' && verdict.outcome !== 'none' && verdict.outcome !== 'untrusted' && verdict.outcome !== 'accepted') {
+    if (this.hints.onInvalid === 'reject' && verdict.outcome !== 'none' && verdict.outcome !== 'untrusted' && verdict.outcome !== 'accepted') {
       this.reject(res, verdict);
       return;
     }

@@ -48,14 +48,15 @@ export type RequestInputs = ReturnType<typeof createRequestInputs>;
  * session key, its prompt. The body members it needs are found in one scan of the raw bytes and
  * decoded alone, within the request's share of the body budget.
  */
-export function createRequestInputs(config: Configuration, policy: Policy, table: EndpointTable) {
-  const { hintHeader, hintBodyField } = config;
-  const readsAffinityBody = policy.usesAffinityKey === true && config.affinityBodyField !== undefined;
+export function createRequestInputs(config: Pick<Configuration, 'hints' | 'affinity'>, policy: Policy, table: EndpointTable) {
+  const { header: hintHeader, bodyField: hintBodyField } = config.hints;
+  const { header: affinityHeader, bodyField: affinityBodyField } = config.affinity;
+  const readsAffinityBody = policy.usesAffinityKey === true && affinityBodyField !== undefined;
   // The members routing reads, scanned for once per body; the same name asked twice shares a slot.
   const names: string[] = [];
   const slot = (name: string | undefined) => (name === undefined ? -1 : names.includes(name) ? names.indexOf(name) : names.push(name) - 1);
   const HINT = slot(hintBodyField);
-  const AFFINITY = slot(readsAffinityBody ? config.affinityBodyField : undefined);
+  const AFFINITY = slot(readsAffinityBody ? affinityBodyField : undefined);
   const PROMPT = slot(policy.usesPrompt ? 'prompt' : undefined);
   const MESSAGES = slot(policy.usesPrompt ? 'messages' : undefined);
   // Scanned for whenever a body is: routing by model may begin at run time (discovery, setUpstreams).
@@ -127,8 +128,8 @@ export function createRequestInputs(config: Configuration, policy: Policy, table
 
   /** The session key from the affinity header, when it carries one. */
   function headerKey(req: IncomingMessage): string | undefined {
-    if (config.affinityHeader === undefined) return undefined;
-    const value = req.headers[config.affinityHeader];
+    if (affinityHeader === undefined) return undefined;
+    const value = req.headers[affinityHeader];
     if (typeof value === 'string' && value.length > 0) return value;
     if (Array.isArray(value) && value.length > 0) return value[0];
     return undefined;
@@ -139,7 +140,7 @@ export function createRequestInputs(config: Configuration, policy: Policy, table
     const fromHeader = headerKey(req);
     if (fromHeader !== undefined) return fromHeader;
     if (body?.members !== undefined) {
-      const key = keyOf(body.members[config.affinityBodyField!]);
+      const key = keyOf(body.members[affinityBodyField!]);
       return key !== undefined && lease !== undefined && !lease.grow(2 * key.length) ? undefined : key;
     }
     const found = AFFINITY === -1 || body === undefined ? undefined : body.fields[AFFINITY];

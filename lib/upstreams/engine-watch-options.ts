@@ -8,7 +8,7 @@ import { integerOption, MAX_TIMER_MS, numberOption, pathOf, toggle, type KeysEnu
 export interface LoadFeedbackOptions {
   /** Time between polls of each upstream. Default: `1_000` ms. */
   intervalMs?: number;
-  /** A poll without an answer by then fails; the endpoints fall back to local counts. Default: `1_000` ms. */
+  /** A poll not answered in full by then fails (a deadline: a page trickled byte by byte cannot hold it); the endpoints fall back to local counts. Default: `1_000` ms. */
   timeoutMs?: number;
   /**
    * How much of the load other gateways put on an engine (engine-reported minus this

@@ -1,5 +1,4 @@
-import { request as httpRequest, type ClientRequest } from 'node:http';
-import { request as httpsRequest } from 'node:https';
+import { smallRequest } from './small-http';
 import type { EndpointTable, RouteEndpoint } from './endpoints';
 import type { HealthCheckConfig } from './health-checker-options';
 
@@ -15,8 +14,11 @@ interface Target {
   failures: number;
   successes: number;
   timer: NodeJS.Timeout | undefined;
-  probe: ClientRequest | undefined;
+  probe: AbortController | undefined;
 }
+
+/** A probe passes on any 2xx answer read to its end. */
+const passes = (status: number) => status >= 200 && status < 300;
 
 /** Told once per verdict change of an upstream URL, with the endpoints behind it. */
 export type HealthChange = (endpoints: readonly RouteEndpoint[], up: boolean) => void;
@@ -85,38 +87,13 @@ export function startHealthChecks(table: EndpointTable, config: HealthCheckConfi
   const probe = (target: Target) => {
     target.timer = undefined;
     if (stopped) return;
-    let settled = false;
-    const settle = (passed: boolean) => {
-      if (settled) return;
-      settled = true;
-      clearTimeout(deadline);
-      record(target, passed);
-    };
-    const send = target.url.startsWith('https:') ? httpsRequest : httpRequest;
+    const abort = (target.probe = new AbortController());
     // A fresh connection per probe: a server that stopped accepting must fail the probe, not
     // pass it over a kept-alive socket.
-    const outgoing = send(`${target.url}${config.path}`, { method: 'GET', agent: false, headers: { connection: 'close' } });
-    target.probe = outgoing;
-    const deadline = setTimeout(() => {
-      outgoing.destroy();
-      settle(false);
-    }, config.timeoutMs);
-    deadline.unref();
-    let answered = false;
-    outgoing.on('response', (response) => {
-      answered = true;
-      const status = response.statusCode ?? 0;
-      response.resume();
-      response.on('end', () => settle(status >= 200 && status < 300));
-      response.on('error', () => settle(false));
-      // Cut short before its end: the server went away mid-answer.
-      response.on('close', () => settle(false));
-    });
-    outgoing.on('error', () => settle(false));
-    outgoing.on('close', () => {
-      if (!answered) settle(false);
-    });
-    outgoing.end();
+    smallRequest(`${target.url}${config.path}`, { deadlineMs: config.timeoutMs, maxBytes: 0, drain: true, connection: 'fresh', accept: passes, signal: abort.signal }).then(
+      () => record(target, true),
+      () => record(target, false),
+    );
   };
 
   for (const target of targets.values()) schedule(target, 0);
@@ -127,7 +104,7 @@ export function startHealthChecks(table: EndpointTable, config: HealthCheckConfi
       for (const target of targets.values()) {
         clearTimeout(target.timer);
         target.timer = undefined;
-        target.probe?.destroy();
+        target.probe?.abort();
         target.probe = undefined;
       }
     },

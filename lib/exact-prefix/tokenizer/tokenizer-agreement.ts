@@ -9,8 +9,7 @@
  * The check runs after the routing decision, on its own socket, with a timeout; its failures
  * (upstream down, an error answer, a timeout) are not counted either way.
  */
-import { request as httpRequest, type IncomingMessage } from 'node:http';
-import { request as httpsRequest } from 'node:https';
+import { smallRequest, SmallHttpError } from '../../upstreams/small-http';
 import type { PromptKind } from './tokenizer';
 
 /** Options of {@link TokenizerAgreement}. */
@@ -135,30 +134,29 @@ export class TokenizerAgreement {
     return result;
   }
 
-  private post(payload: string): Promise<number[]> {
-    return new Promise((resolve, reject) => {
-      const send = this.target.protocol === 'https:' ? httpsRequest : httpRequest;
-      const req = send(this.target, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(payload) },
-        timeout: this.timeoutMs,
-      });
-      req.on('timeout', () => req.destroy(new Error(`/tokenize timed out after ${this.timeoutMs} ms`)));
-      // A deadline for the whole check, not only an idle one: an answer trickled a byte at a
-      // time would otherwise hold the only check slot for ever.
-      const deadline = setTimeout(() => req.destroy(new Error(`/tokenize timed out after ${this.timeoutMs} ms`)), this.timeoutMs);
-      deadline.unref();
-      const settle = <T>(done: (value: T) => void) => (value: T) => {
-        clearTimeout(deadline);
-        done(value);
-      };
-      req.on('error', settle(reject));
-      req.on('response', (res) => {
-        res.on('error', () => undefined);
-        readTokens(res).then(settle(resolve), settle(reject));
-      });
-      req.end(payload);
-    });
+  private async post(payload: string): Promise<number[]> {
+    try {
+      const answer = await smallRequest(this.target, { method: 'POST', headers: { 'content-type': 'application/json' }, body: payload, deadlineMs: this.timeoutMs, maxBytes: MAX_RESPONSE_BYTES });
+      return tokensOf(answer.body);
+    } catch (error) {
+      throw error instanceof SmallHttpError ? new Error(reasonOf(error, this.timeoutMs)) : error;
+    }
+  }
+}
+
+/** The reason `onError` is told, in the sampler's own words. */
+function reasonOf(error: SmallHttpError, timeoutMs: number): string {
+  switch (error.failure) {
+    case 'status':
+      return `/tokenize answered HTTP ${error.status}`;
+    case 'timeout':
+      return `/tokenize timed out after ${timeoutMs} ms`;
+    case 'too-large':
+      return '/tokenize answer too large';
+    case 'cut-short':
+      return '/tokenize answer cut short';
+    default:
+      return error.message;
   }
 }
 
@@ -190,28 +188,14 @@ const CHAT_FIELDS = [
   'documents',
 ];
 
-function readTokens(res: IncomingMessage): Promise<number[]> {
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    res.on('data', (chunk: Buffer) => {
-      size += chunk.length;
-      if (size > MAX_RESPONSE_BYTES) res.destroy(new Error('/tokenize answer too large'));
-      else chunks.push(chunk);
-    });
-    res.on('error', reject);
-    res.on('aborted', () => reject(new Error('/tokenize answer cut short')));
-    res.on('end', () => {
-      if (res.statusCode !== 200) return reject(new Error(`/tokenize answered HTTP ${res.statusCode}`));
-      let body: unknown;
-      try {
-        body = JSON.parse(Buffer.concat(chunks, size).toString('utf8'));
-      } catch {
-        return reject(new Error('/tokenize answered invalid JSON'));
-      }
-      const tokens = (body as { tokens?: unknown } | null)?.tokens;
-      if (!Array.isArray(tokens) || !tokens.every((id) => Number.isSafeInteger(id))) return reject(new Error('/tokenize answer has no token list'));
-      resolve(tokens as number[]);
-    });
-  });
+function tokensOf(answer: Buffer): number[] {
+  let body: unknown;
+  try {
+    body = JSON.parse(answer.toString('utf8'));
+  } catch {
+    throw new Error('/tokenize answered invalid JSON');
+  }
+  const tokens = (body as { tokens?: unknown } | null)?.tokens;
+  if (!Array.isArray(tokens) || !tokens.every((id) => Number.isSafeInteger(id))) throw new Error('/tokenize answer has no token list');
+  return tokens as number[];
 }

@@ -1,0 +1,16 @@
+import { fail } from '../option-checks';
+import type { TokenizerSource } from './events/source';
+import { PromptTokenizer } from './tokenizer/tokenizer';
+
+/**
+ * Loads `prefixAware.tokenizer` at the router's creation, so that a wrong path fails then. Apart
+ * from options.ts: the tokenizer's declarations name `@huggingface/*` types, optional packages a
+ * TypeScript consumer without exact routing does not install.
+ */
+export function loadTokenizer(path: string, source: TokenizerSource): PromptTokenizer {
+  try {
+    return PromptTokenizer.load(source);
+  } catch (error) {
+    return fail(path, `could not be loaded: ${(error as Error).message}`, "Point it at the model's tokenizer.json and tokenizer_config.json (the files the engine serves).");
+  }
+}

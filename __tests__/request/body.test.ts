@@ -41,6 +41,9 @@ describe('arrivedBody', () => {
     await exchange(roomy.url, { body: 'z'.repeat(65) });
     // Headers first, the body a moment later: not there one tick after the handler.
     const socket = connect(Number(new URL(roomy.url).port), '127.0.0.1');
+    // The server's close at the end of the test may reset it.
+    socket.on('error', () => undefined);
+    running.push({ close: async () => void socket.destroy() });
     await new Promise<void>((resolve) => socket.once('connect', resolve));
     socket.write('POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n');
     await new Promise<void>((resolve) => socket.once('data', () => resolve()));

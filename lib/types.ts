@@ -44,6 +44,11 @@ export interface Policy {
   /** Ask the router to read the session key into `ctx.affinityKey`. */
   readonly usesAffinityKey?: boolean;
   /**
+   * `false`: the policy reads nothing of `ctx`, so the router passes one shared context instead
+   * of making one per request. Leave it out when the policy reads `ctx.path`.
+   */
+  readonly readsContext?: boolean;
+  /**
    * The policy scores candidates on a prefix index: where exact prefix routing applies, the
    * router adds the exact index's view (`ctx.exact`, see `prefixAware`), and `exposeDecision`
    * names the index that scored the pick (`; index=exact|approximate`).

@@ -186,4 +186,25 @@ describe('RequestLifecycle', () => {
     const arrival = JSON.parse((await exchange(gateway.url)).body) as Arrival;
     expect(Object.keys(arrival.dpRank as object).sort()).toEqual(['headerValue', 'rank', 'source', 'upstream', 'url']);
   });
+
+  it("makes a pick context only for a policy that reads it: the request's path for one that may, one shared context for `readsContext: false`", async () => {
+    const seen: Array<{ policy: string; path: string }> = [];
+    const contexts: unknown[] = [];
+    const recording = (name: string, readsContext: boolean | undefined): Policy => ({
+      name,
+      readsContext,
+      pick(candidates, ctx) {
+        seen.push({ policy: name, path: ctx.path });
+        contexts.push(ctx);
+        return candidates[0];
+      },
+    });
+    const reading = await start({ policy: recording('custom', undefined) });
+    const unread = await start({ policy: recording('unread', false) });
+    for (const gateway of [reading, reading, unread, unread]) expect((await exchange(gateway.url, { path: '/v1/chat/completions' })).status).toBe(200);
+    expect(seen.map(({ policy, path }) => `${policy} ${path}`)).toEqual(['custom /v1/chat/completions', 'custom /v1/chat/completions', 'unread /', 'unread /']);
+    expect(contexts[0]).not.toBe(contexts[1]);
+    expect(contexts[2]).toBe(contexts[3]);
+    expect(Object.isFrozen(contexts[2])).toBe(true);
+  });
 });

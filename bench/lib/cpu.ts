@@ -36,6 +36,39 @@ export interface BenchChild {
   readonly url: string;
   readonly process: ChildProcess;
   stop(): Promise<void>;
+  /** Kills its whole process group at once (SIGKILL). */
+  kill(): void;
+}
+
+/**
+ * Every child still running, each the leader of its own process group: killed, group and all,
+ * on every way this process ends (a normal exit, `process.exit` after an error, a signal), so
+ * that no contender (a valgrind run takes minutes to notice its parent is gone) outlives it.
+ */
+const children = new Set<ChildProcess>();
+let reaping = false;
+
+function killGroup(child: ChildProcess, signal: NodeJS.Signals): void {
+  if (child.pid === undefined || child.exitCode !== null || child.signalCode !== null) return;
+  try {
+    process.kill(-child.pid, signal);
+  } catch {
+    // Already gone.
+  }
+}
+
+function reapOnExit(): void {
+  if (reaping) return;
+  reaping = true;
+  process.once('exit', () => {
+    for (const child of children) killGroup(child, 'SIGKILL');
+  });
+  for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
+    process.once(signal, () => {
+      for (const child of children) killGroup(child, 'SIGKILL');
+      process.exit(128 + (signal === 'SIGINT' ? 2 : signal === 'SIGTERM' ? 15 : 1));
+    });
+  }
 }
 
 /**
@@ -55,11 +88,16 @@ export async function startChild(
   const loader = script.endsWith('.ts') ? ['--import', 'tsx'] : [];
   const node = [...launcher, process.execPath, ...nodeArgs, ...loader, resolve(script), ...args];
   const [command, ...commandArgs] = core === undefined ? node : ['taskset', '-c', String(core), ...node];
+  reapOnExit();
   const child = spawn(command, commandArgs, {
     cwd: resolve(__dirname, '..', '..'),
     stdio: ['ignore', 'pipe', 'inherit'],
     env: { ...process.env, NODE_ENV: 'production', ...env },
+    // Its own process group, so that one kill reaches whatever it started (see `children`).
+    detached: true,
   });
+  children.add(child);
+  child.once('exit', () => children.delete(child));
   const port = await new Promise<number>((resolvePort, reject) => {
     const lines = createInterface({ input: child.stdout! });
     // Under a launcher (valgrind) on a loaded machine, starting takes minutes; BENCH_READY_MS overrides.
@@ -77,6 +115,10 @@ export async function startChild(
       reject(new Error(`${name} exited before READY (code ${code}, signal ${signal})`));
     });
     child.once('error', reject);
+  }).catch((error: unknown) => {
+    // No READY: nobody will stop it.
+    killGroup(child, 'SIGKILL');
+    throw error;
   });
   child.stdout!.resume();
   return {
@@ -88,11 +130,10 @@ export async function startChild(
       new Promise<void>((done) => {
         if (child.exitCode !== null || child.signalCode !== null) return done();
         child.once('exit', () => done());
-        child.kill('SIGTERM');
-        setTimeout(() => {
-          if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
-        }, 3000).unref();
+        killGroup(child, 'SIGTERM');
+        setTimeout(() => killGroup(child, 'SIGKILL'), 3000).unref();
       }),
+    kill: () => killGroup(child, 'SIGKILL'),
   };
 }
 

@@ -67,7 +67,7 @@ async function main(): Promise<void> {
     if (keep) process.stdout.write(`\ncallgrind files (${ids.map((id, index) => `${index}: ${id}`).join(', ')}; .1-01 is the main thread): ${dir}\n`);
   } finally {
     // A contender that failed to start leaves the others running: none may outlive the run.
-    for (const child of running) child.process.kill('SIGKILL');
+    for (const child of running) child.kill();
     if (!keep) rmSync(dir, { recursive: true, force: true });
     await upstream.stop();
   }
@@ -87,7 +87,7 @@ async function count(id: string, build: LibraryBuild, upstreamUrl: string, outFi
     execFileSync('callgrind_control', ['--dump', String(child.process.pid)], { stdio: 'ignore' });
   } finally {
     poster.close();
-    child.process.kill('SIGKILL');
+    child.kill();
     running.delete(child);
   }
   // One dump file per thread: `<out>.1-01` is the main thread.

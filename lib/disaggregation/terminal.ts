@@ -82,7 +82,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
       this.split(req, res, next, route, path, route.body);
       return;
     }
-    this.bodies.read(req, res, route, this.config.maxBodyBytes, 'routing', next, (bytes) => {
+    this.bodies.read(req, res, route, this.config.maxBodyBytes, 'routing', next, (_req, _res, _next, _route, bytes) => {
       if (bytes !== undefined) this.split(req, res, next, route, path, bytes);
     });
   }

@@ -1,7 +1,7 @@
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import type { Admission } from '../admission/admission';
 import { hasBody } from '../request/body';
-import type { BodyReader, Next } from '../request/body-reader';
+import type { AfterBody, BodyReader, Next } from '../request/body-reader';
 import { sendError } from '../errors';
 import { hopByHopStripper } from '../request/hop-by-hop';
 import type { Terminal } from '../request/lifecycle';
@@ -51,6 +51,8 @@ export class Forwarder implements Terminal, TryOutcomes {
   /** The router's own rank header, set already, survives a client's `Connection` nomination; the upstream agent keeps connections alive. */
   private readonly stripHopByHop: (headers: IncomingHttpHeaders) => void;
   private readonly replaceForwarded: boolean;
+  /** After the body is held for a retry (or goes on unheld): the first try. Made once, so that a read allocates no closure. */
+  private readonly replayable: AfterBody;
   /** By upstream name and URL: a proxy (and its keep-alive agent) per upstream server entry. */
   private readonly proxies = new Map<string, UpstreamProxy>();
   /** Endpoints kept across a reconfiguration hold the configuration they were built with. */
@@ -69,6 +71,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     this.countsFirstTokens = parts.policy.learnsFirstTokens === true;
     this.stripHopByHop = hopByHopStripper([parts.config.header], 'keep-alive');
     this.replaceForwarded = parts.config.xfwd === 'replace';
+    this.replayable = (req, res, next, route) => this.send(req, res, next, route);
   }
 
   /** The first try: the request as the client sent it, made fit for its upstream. */
@@ -110,7 +113,7 @@ export class Forwarder implements Terminal, TryOutcomes {
   private holdForRetry(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
     const limit = this.retryBodyLimit();
     if (route.body === undefined && replayableSize(req, limit)) {
-      this.bodies.read(req, res, route, limit, 'replay', next, () => this.send(req, res, next, route));
+      this.bodies.read(req, res, route, limit, 'replay', next, this.replayable, true);
       return;
     }
     this.send(req, res, next, route);

@@ -5,13 +5,15 @@ import { createProxyMiddleware } from 'http-proxy-middleware';
 import { hopByHopStripper } from '../request/hop-by-hop';
 import { closeIdleSockets } from './idle-sockets';
 import type { Configuration, UpstreamConfig } from '../options';
-import { CONNECT_TIMEOUT, FIRST_BYTE_TIMEOUT, type RouteState, type RoutedRequest } from '../request/route-state';
+import { CONNECT_TIMEOUT, FIRST_BYTE_TIMEOUT, type RouteState, type RoutedRequest, type TryKeeper } from '../request/route-state';
 import { lenientParser, unrelayable } from './upstream-response';
 
 /** One upstream's proxy and the connections it keeps. */
 export interface UpstreamProxy {
   /** Sends one try of the request, whose state `route` is: the proxy's reports of it carry `route` back. */
   send(req: RoutedRequest, res: ServerResponse, next: (error?: unknown) => void, route: RouteState): void;
+  /** Tries whose response has not closed yet (each is kept until then). */
+  readonly keeping: number;
   close(): void;
 }
 
@@ -51,9 +53,13 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
   const stopIdleSweep = closeIdleSockets(agent, IDLE_SOCKET_MS);
   const { connectMs: connectTimeoutMs, firstByteMs: firstByteTimeoutMs } = config.timeouts;
   const checkHeaders = lenientParser();
-  // http-proxy's events carry only `req` and `res`: each try's state is found by its request
-  // here, where `send` put it, not in a property of the request.
-  const routes = new WeakMap<IncomingMessage, RouteState>();
+  // http-proxy's events carry only `req` and `res`: each try's state is found by its response
+  // here, where `send` put it (not in a property of the request), until the response closes
+  // (RouteState.closed) or a retry takes the request to another proxy. Not a WeakMap: V8's
+  // young-generation collector keeps a WeakMap's values alive, so every request's state and
+  // all it reaches would be copied, then promoted, by each scavenge.
+  const routes = new Map<ServerResponse, RouteState>();
+  const keeper: TryKeeper = { forget: (res) => routes.delete(res) };
 
   const refuse = (route: RouteState, req: RoutedRequest, res: ServerResponse, upstreamSide: { destroy(): void }, why: string) => {
     // The upstream connection cannot be trusted for another request.
@@ -68,7 +74,12 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
         proxyReq.destroy();
         return;
       }
-      const route = routes.get(req)!;
+      const route = routes.get(res);
+      if (route === undefined) {
+        // The response closed before the upstream connection was there.
+        proxyReq.destroy();
+        return;
+      }
       if (route.body !== undefined) proxyReq.write(route.body);
       else if (route.bodyHead !== undefined) proxyReq.write(route.bodyHead);
       route.armDeadlines(proxyReq, connectTimeoutMs, firstByteTimeoutMs);
@@ -79,7 +90,9 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
     proxyRes(proxyRes: IncomingMessage, req: RoutedRequest, res: ServerResponse) {
       // Checked before http-proxy copies status and headers, which Node's server would throw
       // on, outside any handler, taking every other request down with the process.
-      const route = routes.get(req)!;
+      const route = routes.get(res);
+      // The response closed already (its upstream request is being destroyed): nothing to relay.
+      if (route === undefined) return;
       const refusal = unrelayable(proxyRes, checkHeaders);
       if (refusal !== undefined) {
         refuse(route, req, res, proxyRes, refusal);
@@ -97,7 +110,9 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
         res.destroy();
         return;
       }
-      outcomes.failed(routes.get(req)!, req, res, classify(error));
+      const route = routes.get(res);
+      // After the response closed, the failure is the echo of its upstream request's end.
+      if (route !== undefined) outcomes.failed(route, req, res, classify(error));
     },
   };
 
@@ -121,8 +136,17 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
   });
   return {
     send(req, res, next, route) {
-      routes.set(req, route);
+      // The client left: its response's close has come or is on its way, and forgets this try
+      // only if it is kept by then. No engine should start on it anyway.
+      if (res.destroyed) return;
+      // A retry: the proxy of the failed try no longer keeps it.
+      if (route.sentVia !== keeper) route.sentVia?.forget(res);
+      route.sentVia = keeper;
+      routes.set(res, route);
       void handle(req, res, next);
+    },
+    get keeping() {
+      return routes.size;
     },
     close: () => {
       stopIdleSweep();

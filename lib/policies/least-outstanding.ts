@@ -8,6 +8,7 @@ export function leastOutstanding(): Policy {
   let cursor = 0;
   return {
     name: 'least-outstanding',
+    readsContext: false,
     pick(candidates: readonly Endpoint[]): Endpoint {
       const count = candidates.length;
       const start = (cursor = (cursor + 1) % 0x7fffffff) % count;

@@ -8,6 +8,7 @@ import type { RandomSource } from './random';
 export function powerOfTwo(rng: RandomSource = Math.random): Policy {
   return {
     name: 'power-of-two',
+    readsContext: false,
     pick(candidates: readonly Endpoint[]): Endpoint {
       const count = candidates.length;
       if (count === 1) return candidates[0];

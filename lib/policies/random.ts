@@ -7,6 +7,7 @@ export type RandomSource = () => number;
 export function random(rng: RandomSource = Math.random): Policy {
   return {
     name: 'random',
+    readsContext: false,
     pick(candidates: readonly Endpoint[]): Endpoint {
       return candidates[Math.floor(rng() * candidates.length)];
     },

@@ -5,6 +5,7 @@ export function roundRobin(): Policy {
   let cursor = 0;
   return {
     name: 'round-robin',
+    readsContext: false,
     pick(candidates: readonly Endpoint[]): Endpoint {
       const chosen = candidates[cursor % candidates.length];
       cursor = (cursor + 1) % 0x7fffffff;

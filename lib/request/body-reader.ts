@@ -1,5 +1,5 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { readBody } from './body';
+import { arrivedBody, readBody, type BodyResult } from './body';
 import type { BodyBudget } from './body-budget';
 import { sendError } from '../errors';
 import type { RouteState, RoutedRequest } from './route-state';
@@ -13,6 +13,13 @@ export type BodyPurpose = 'routing' | 'replay' | 'buffer';
 
 /** Express's `next`: called with an error for the code's own problems. */
 export type Next = (error?: unknown) => void;
+
+/**
+ * What follows a body read (`bytes`: what was read, `undefined` when the body goes on unheld).
+ * It gets the request's parts as arguments, so that each stage makes its own once and a read
+ * allocates no closure.
+ */
+export type AfterBody = (req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, bytes: Buffer | undefined) => void;
 
 /**
  * Reads request bodies into their request's state within a limit and the router's one body
@@ -33,31 +40,41 @@ export class BodyReader {
   /**
    * Reads the body into `route.body`, at most `limit` bytes, then calls `then`. What routing
    * cannot read is answered; a body the budget cannot hold for a retry goes on unheld
-   * (`then(undefined)`), and is not retried. A client that left gets nothing.
+   * (`then(…, undefined)`), and is not retried. A client that left gets nothing. With
+   * `takeArrived`, a body all in the stream's buffer already is taken at once (its stream ends
+   * later, when the parser completes the message: only for a caller that forwards it itself).
    */
-  read(req: RoutedRequest, res: ServerResponse, route: RouteState, limit: number, purpose: BodyPurpose, next: Next, then: (bytes: Buffer | undefined) => void): void {
+  read(req: RoutedRequest, res: ServerResponse, route: RouteState, limit: number, purpose: BodyPurpose, next: Next, then: AfterBody, takeArrived = false): void {
     const lease = route.leaseFrom(this.budget, res);
     if (lease === undefined) return;
-    readBody(req, limit, lease, purpose === 'buffer').then((result) => {
-      if (!result.ok) {
-        if (purpose === 'buffer' && result.failure !== 'aborted') {
-          route.bodyHead = result.read;
-          if (!res.destroyed) then(undefined);
-        } else if (result.failure === 'over_budget' && purpose === 'replay') {
-          then(undefined);
-        } else if (result.failure === 'too_large') {
-          res.setHeader('connection', 'close');
-          sendError(res, 413, 'RequestEntityTooLargeError', `Request body exceeds ${limit} bytes.`);
-        } else if (result.failure === 'over_budget') {
-          this.overBudget(req, res, Number(req.headers['content-length']) || 0);
-        }
-        return;
+    const arrived = takeArrived ? arrivedBody(req, limit, lease) : undefined;
+    if (arrived !== undefined) {
+      route.body = arrived;
+      then(req, res, next, route, arrived);
+      return;
+    }
+    readBody(req, limit, lease, purpose === 'buffer').then((result) => this.settle(req, res, route, limit, purpose, next, then, result), next);
+  }
+
+  private settle(req: RoutedRequest, res: ServerResponse, route: RouteState, limit: number, purpose: BodyPurpose, next: Next, then: AfterBody, result: BodyResult): void {
+    if (!result.ok) {
+      if (purpose === 'buffer' && result.failure !== 'aborted') {
+        route.bodyHead = result.read;
+        if (!res.destroyed) then(req, res, next, route, undefined);
+      } else if (result.failure === 'over_budget' && purpose === 'replay') {
+        then(req, res, next, route, undefined);
+      } else if (result.failure === 'too_large') {
+        res.setHeader('connection', 'close');
+        sendError(res, 413, 'RequestEntityTooLargeError', `Request body exceeds ${limit} bytes.`);
+      } else if (result.failure === 'over_budget') {
+        this.overBudget(req, res, Number(req.headers['content-length']) || 0);
       }
-      route.body = result.bytes;
-      // The client may have left while its body arrived.
-      if (res.destroyed) return;
-      then(result.bytes);
-    }, next);
+      return;
+    }
+    route.body = result.bytes;
+    // The client may have left while its body arrived.
+    if (res.destroyed) return;
+    then(req, res, next, route, result.bytes);
   }
 
   /** The router's budget cannot hold this body now: 503 to retry later, or 413 when it never could. */

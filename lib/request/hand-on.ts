@@ -8,6 +8,9 @@ import type { RouteState, RoutedRequest } from './route-state';
  * through any `Connection` nomination, and a body the router had to read left parsed.
  */
 export class HandOn implements Terminal {
+  /** The caller's proxy reads the request next: a body the router reads is read to its end. */
+  readonly handsOn = true;
+
   constructor(private readonly header: string) {}
 
   proceed(req: RoutedRequest & { _body?: boolean }, _res: ServerResponse, next: Next, route: RouteState): void {

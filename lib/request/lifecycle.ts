@@ -1,6 +1,6 @@
 import type { ServerResponse } from 'node:http';
 import { hasBody, isJson } from './body';
-import { replayParsedBody, type BodyReader, type Next } from './body-reader';
+import { replayParsedBody, type AfterBody, type BodyReader, type Next } from './body-reader';
 import { PolicyError, sendError } from '../errors';
 import { bareContext, safePick } from '../policies/safe-pick';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
@@ -27,6 +27,12 @@ export type { Next } from './body-reader';
  */
 export interface Terminal {
   proceed(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void;
+  /**
+   * The request goes on to other code (dpRank's caller), which may expect a body the router
+   * read to have ended (`req.readableEnded`, as http-proxy-middleware's `fixRequestBody` does):
+   * such a body is read to its end, never taken from the buffer ahead of it.
+   */
+  readonly handsOn?: boolean;
   /** Stops what the terminal owns (sockets, agents); the router's `close()` calls it first. */
   close(): void;
 }
@@ -90,6 +96,12 @@ export class RequestLifecycle {
   /** The span gets the pick's matched share: a traced router with a policy that reports it. */
   private readonly reportsShare: boolean;
   private warnedParsedBody = false;
+  /** After a buffered body: decide. Made once, so that a read allocates no closure. */
+  private readonly buffered: AfterBody;
+  /** After a body routing reads: its members into `route.view` (400 for one that is not JSON), then decide. */
+  private readonly routed: AfterBody;
+  /** Whether a body all in the stream's buffer is taken at once, without waiting for its end (not for a terminal that {@link Terminal.handsOn}). */
+  private readonly takesArrived: boolean;
 
   constructor(
     parts: LifecycleParts,
@@ -113,7 +125,23 @@ export class RequestLifecycle {
     this.reportsShare = parts.tracing.enabled && policy.reportsMatchedShare === true;
     const admission = (this.admission = parts.admission);
     this.reports = { config, metrics: parts.metrics, events: parts.events, freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint) };
-    this.handle = (req, res, next) => this.front(req, res, next);
+    this.takesArrived = terminal.handsOn !== true;
+    const lifecycle = this;
+    // Named, for stack traces and Express's OpenTelemetry spans (`middleware - expressDpRouter`).
+    this.handle = function expressDpRouter(req, res, next) {
+      lifecycle.front(req, res, next);
+    };
+    this.buffered = (req, res, next, route) => this.decide(req, res, next, route);
+    this.routed = (req, res, next, route, bytes) => {
+      if (bytes === undefined) return;
+      const view = this.inputs.viewOf(bytes, route.lease);
+      if (typeof view === 'string') {
+        sendError(res, 400, 'BadRequestError', view);
+        return;
+      }
+      route.view = view;
+      this.decide(req, res, next, route);
+    };
   }
 
   /** The front: the client's rank headers are judged, then removed, before anything else reads them. */
@@ -133,7 +161,7 @@ export class RequestLifecycle {
       return;
     }
     const { headers } = req;
-    route.headerHint = this.inputs.headerHint(req, route.trusted);
+    route.headerHint = this.inputs.headerHint(req, route.trusted, headers);
     // `delete` always takes V8's slow path, so only where there is something to remove.
     if (headers[hintHeader] !== undefined) delete headers[hintHeader];
     if (headers[header] !== undefined) delete headers[header];
@@ -171,14 +199,22 @@ export class RequestLifecycle {
    * opened, only for a request that has arrived.
    */
   readBody(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
-    const { inputs } = this;
     // Routing by model reads the body only once some upstream's models tell the pools apart.
-    const wantsBody = inputs.wantsBody(req) || this.models.active;
+    const wantsBody = this.inputs.wantsBody(req) || this.models.active;
     const bodied = hasBody(req);
     // Each property of `req` read costs a lookup V8 cannot cache: a stream that has ended is
     // complete, so `readableEnded` is read only for a complete body.
     if (bodied && !req.complete) {
-      route.armBodyDeadline(req, res, this.bodyTimeoutMs, this.bodies.timedOut);
+      const routes = wantsBody && isJson(req);
+      if (this.takesArrived && (routes || this.bufferMaxBytes > 0)) {
+        // This handler runs inside the HTTP parser, before it reads on: a body sent with its
+        // headers is in the stream's buffer one tick later, and taken from there at once
+        // (arrivedBody).
+        process.nextTick(afterParse, this, req, res, next, route, routes);
+        return;
+      }
+      this.takeBody(req, res, next, route, routes);
+      return;
     } else if (bodied && req.readableEnded) {
       // A body parser ran first: the stream is spent, so its result is all there is to read
       // and to forward.
@@ -186,25 +222,27 @@ export class RequestLifecycle {
         this.warnedParsedBody = true;
         this.config.logger.warn(PARSED_BODY_NOTICE);
       }
-      if (wantsBody) route.view = inputs.parsedBodyView(req, route.body);
+      if (wantsBody) route.view = this.inputs.parsedBodyView(req, route.body);
       this.decide(req, res, next, route);
       return;
-    }
-    if (!wantsBody || !bodied || !isJson(req)) {
-      if (bodied && this.bufferMaxBytes > 0) this.bodies.read(req, res, route, this.bufferMaxBytes, 'buffer', next, () => this.decide(req, res, next, route));
-      else this.decide(req, res, next, route);
+    } else if (bodied) {
+      this.takeBody(req, res, next, route, wantsBody && isJson(req));
       return;
     }
-    this.bodies.read(req, res, route, this.config.maxBodyBytes, 'routing', next, (bytes) => {
-      if (bytes === undefined) return;
-      const view = inputs.viewOf(bytes, route.lease);
-      if (typeof view === 'string') {
-        sendError(res, 400, 'BadRequestError', view);
-        return;
-      }
-      route.view = view;
-      this.decide(req, res, next, route);
-    });
+    this.decide(req, res, next, route);
+  }
+
+  /**
+   * Reads the body for routing (`routes`: a JSON body routing needs) or buffers it, once the
+   * parser has had its turn; a body still arriving gets its deadline (`timeouts.bodyMs`).
+   */
+  takeBody(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, routes: boolean): void {
+    // A client that left during the parser's turn is found by the read (`res.destroyed`); its
+    // response's close, still to come, clears the deadline.
+    if (!req.complete) route.armBodyDeadline(req, res, this.bodyTimeoutMs, this.bodies.timedOut);
+    if (routes) this.bodies.read(req, res, route, this.config.maxBodyBytes, 'routing', next, this.routed, this.takesArrived);
+    else if (this.bufferMaxBytes > 0) this.bodies.read(req, res, route, this.bufferMaxBytes, 'buffer', next, this.buffered, this.takesArrived);
+    else this.decide(req, res, next, route);
   }
 
   /** The hinted rank, a rejection, a 503, or the policy's pick among the candidates. */
@@ -234,7 +272,9 @@ export class RequestLifecycle {
     const { policy } = this;
     const affinityKey = policy.usesAffinityKey ? inputs.affinityKey(req, body, route.lease) : undefined;
     const prompt = policy.usesPrompt && body !== undefined ? inputs.prompt(body, route.lease) : undefined;
-    const context: PickContext = { path: req.originalUrl ?? req.url ?? '/', affinityKey, prompt };
+    // A policy that reads nothing of it gets one shared context: no object, and no read of
+    // `req` (each costs a lookup V8 cannot cache).
+    const context: PickContext = policy.readsContext === false && affinityKey === undefined && prompt === undefined ? UNREAD_CONTEXT : { path: req.originalUrl ?? req.url ?? '/', affinityKey, prompt };
     // A retry picks again among other candidates: without this pick's exact view of these.
     route.context = context;
     const picking: PrefixPickContext = this.exact !== undefined && prompt !== undefined ? this.withExact(context, body!, route, candidates) : context;
@@ -389,6 +429,14 @@ export class RequestLifecycle {
     }
   }
 }
+
+/** The lifecycle's next step once the parser has had its turn (a function, so that `process.nextTick` takes it with arguments and no closure). */
+function afterParse(lifecycle: RequestLifecycle, req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, routes: boolean): void {
+  lifecycle.takeBody(req, res, next, route, routes);
+}
+
+/** The context of every pick by a policy that reads none (`readsContext: false`). */
+const UNREAD_CONTEXT: PickContext = Object.freeze(bareContext('/'));
 
 const PARSED_BODY_NOTICE =
   'express-dp-router: the request body was already parsed (e.g. by express.json()); it is re-encoded to forward it. Mount the router before body parsers to forward the original bytes.';

@@ -1,4 +1,4 @@
-import type { IncomingMessage } from 'node:http';
+import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
 import type { BodyLease } from './body-budget';
 import type { EndpointTable } from '../upstreams/endpoints';
 import { atHeaderLimit, countHeaderLines, parseBodyRankHint, parseRankHint, type RankHintResult } from './hint';
@@ -68,12 +68,12 @@ export function createRequestInputs(config: Pick<Configuration, 'hints' | 'affin
     return policy.usesPrompt === true || (readsAffinityBody && headerKey(req) === undefined) || hintBodyField !== undefined;
   }
 
-  /** The header hint's verdict, or {@link NO_HINT} when there is none (or none could have been cut off). */
-  function headerHint(req: IncomingMessage, trusted: boolean): HintVerdict {
-    if (req.headers[hintHeader] === undefined && !(trusted && headersCut(req))) return NO_HINT;
+  /** The header hint's verdict, or {@link NO_HINT} when there is none (or none could have been cut off); `headers`: `req.headers`, when the caller has read it already. */
+  function headerHint(req: IncomingMessage, trusted: boolean, headers: IncomingHttpHeaders = req.headers): HintVerdict {
+    if (headers[hintHeader] === undefined && !(trusted && headersCut(req))) return NO_HINT;
     if (!trusted) return { outcome: 'untrusted', param: hintHeader };
     if (headersCut(req) || countHeaderLines(req.rawHeaders, hintHeader) !== 1) return { outcome: 'malformed', param: hintHeader };
-    return judgeRank(parseRankHint(req.headers[hintHeader]), hintHeader);
+    return judgeRank(parseRankHint(headers[hintHeader]), hintHeader);
   }
 
   /** The members routing reads, found in a JSON body; a message for the 400 when it is not valid JSON or repeats one. */

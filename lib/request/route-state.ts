@@ -6,7 +6,7 @@ import { NO_HINT, type BodyView, type HintVerdict } from './request-inputs';
 import type { RouterEvents } from '../observe/events';
 import type { RouterMetrics } from '../observe/metrics';
 import type { Configuration } from '../options';
-import type { DecisionSource, DpRankDecision, HintOutcome, PickContext } from '../types';
+import type { DecisionSource, HintOutcome, PickContext } from '../types';
 import type { AdmissionTicket } from '../admission/admission';
 
 /**
@@ -20,6 +20,11 @@ export type Phase = 'deciding' | 'waiting' | 'responding' | 'settled';
 /** The error codes a try's deadlines destroy its upstream request with. */
 export const CONNECT_TIMEOUT = 'DP_ROUTER_CONNECT_TIMEOUT';
 export const FIRST_BYTE_TIMEOUT = 'DP_ROUTER_FIRST_BYTE_TIMEOUT';
+
+/** Whoever keeps a try's state by its response (dpRouter's proxy): told when the response closes. */
+export interface TryKeeper {
+  forget(res: ServerResponse): void;
+}
 
 /** What every request reports to as it moves: the router's parts, resolved once. */
 export interface RouteReports {
@@ -67,6 +72,8 @@ export class RouteState {
   tried: RouteEndpoint[] | undefined = undefined;
   /** dpRouter's proxy: the current try's upstream request and its deadlines. */
   upstreamRequest: ClientRequest | undefined = undefined;
+  /** dpRouter's proxy the current try went through; it keeps the try until the response closes. */
+  sentVia: TryKeeper | undefined = undefined;
   connectDeadline: NodeJS.Timeout | undefined = undefined;
   firstByteDeadline: NodeJS.Timeout | undefined = undefined;
   /** Whether the caller may give a rank hint (`hints.trust`), judged once at the front. */
@@ -194,11 +201,12 @@ export class RouteState {
     endpoint.inflight++;
     metrics.dispatched(endpoint, source);
     const { header } = config;
-    if (endpoint.headerValue !== undefined) req.headers[header] = endpoint.headerValue;
-    else if (req.headers[header] !== undefined) delete req.headers[header];
+    const { headers } = req;
+    if (endpoint.headerValue !== undefined) headers[header] = endpoint.headerValue;
+    else if (headers[header] !== undefined) delete headers[header];
     this.endpoint = endpoint;
     this.carryRank(req, endpoint);
-    req.dpRank = new RankDecision(endpoint, source);
+    req.dpRank = endpoint.decisions[source];
     if (config.exposeDecision) res.setHeader(DECISION_HEADER, note === undefined ? endpoint.receipts[source] : endpoint.receipts[source] + note);
   }
 
@@ -229,6 +237,7 @@ export class RouteState {
       return;
     }
     this.clearDeadlines();
+    this.sentVia?.forget(res);
     if (!res.writableFinished) this.upstreamRequest?.destroy();
     held.inflight--;
     this.reports.metrics.finished(held, (performance.now() - this.started) / 1000);
@@ -239,28 +248,6 @@ export class RouteState {
 function expire(proxyReq: ClientRequest, code: string): void {
   const what = code === CONNECT_TIMEOUT ? 'connect' : 'first byte';
   proxyReq.destroy(Object.assign(new Error(`upstream ${what} timeout`), { code }));
-}
-
-/**
- * `req.dpRank`: the decision as users see it, and nothing more: the router hands its state to
- * each stage itself and never reads it back from the request. One class, so that every
- * decision has the same hidden class.
- */
-export class RankDecision implements DpRankDecision {
-  readonly upstream: string;
-  readonly url: string;
-  readonly rank: number;
-  readonly source: DecisionSource;
-  readonly headerValue: string | undefined;
-
-  constructor(endpoint: RouteEndpoint, source: DecisionSource) {
-    this.upstream = endpoint.upstream;
-    this.url = endpoint.config.url;
-    this.rank = endpoint.rank;
-    this.source = source;
-    this.headerValue = endpoint.headerValue;
-    Object.freeze(this);
-  }
 }
 
 /** The response header `exposeDecision` answers with. */

@@ -1,5 +1,6 @@
 import type { UpstreamConfig } from './upstream-options';
 import type { DecisionSource, Endpoint, EndpointSnapshot } from '../types';
+import { RankDecision } from '../request/rank-decision';
 
 /**
  * Where a circuit stands in passive outlier detection: `closed` (in rotation), `ejected`
@@ -62,6 +63,8 @@ export class RouteEndpoint implements Endpoint {
   readonly headerValue: string | undefined;
   /** The `X-DP-Router-Decision` value per source. */
   readonly receipts: Readonly<Record<DecisionSource, string>>;
+  /** `req.dpRank` per source, made once: a request's decision depends on nothing else. */
+  readonly decisions: Readonly<Record<DecisionSource, RankDecision>>;
   /** Moved only by the request's `RouteState` (assign, moveTo, and its response's close). */
   inflight = 0;
   /**
@@ -101,6 +104,8 @@ export class RouteEndpoint implements Endpoint {
       config.rankHeader === 'global' ? this.rankLabel : config.rankHeader === 'local' ? String(rank - config.startRank) : undefined;
     const receipt = (source: DecisionSource) => `upstream=${this.upstream}; rank=${rank}; source=${source}`;
     this.receipts = { hint: receipt('hint'), assigned: receipt('assigned') };
+    const decision = (source: DecisionSource) => new RankDecision(this.upstream, config.url, rank, source, this.headerValue);
+    this.decisions = { hint: decision('hint'), assigned: decision('assigned') };
   }
 
   /** Whether this endpoint can stand for `rank` of `config`: same server, same header values. */

@@ -16,45 +16,11 @@ import { RouteState, type RouteReports, type RoutedRequest } from './route-state
 import type { DecisionSource, HintOutcome, IndexSource, PickContext, Policy } from '../types';
 import { leastLoadedOfRank, type ModelRouting } from '../pools/model-routing';
 import type { Admission } from '../admission/admission';
+import { exactContext } from './exact-context';
+import type { LifecycleParts, Terminal } from './lifecycle-parts';
 
 export type { Next } from './body-reader';
-
-/**
- * What follows a decision, injected at construction: dpRank's hand-on to the next middleware,
- * or dpRouter's forwarder. When `proceed` is called `req.dpRank` and the rank header are set and
- * `route` holds the endpoint (its slot is released when the response closes, whatever the
- * terminal does).
- */
-export interface Terminal {
-  proceed(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void;
-  /**
-   * The request goes on to other code (dpRank's caller), which may expect a body the router
-   * read to have ended (`req.readableEnded`, as http-proxy-middleware's `fixRequestBody` does):
-   * such a body is read to its end, never taken from the buffer ahead of it.
-   */
-  readonly handsOn?: boolean;
-  /** Stops what the terminal owns (sockets, agents); the router's `close()` calls it first. */
-  close(): void;
-}
-
-/** The parts a lifecycle works with, built once per router before it. */
-export interface LifecycleParts {
-  readonly config: Configuration;
-  readonly policy: Policy;
-  readonly events: RouterEvents;
-  /** Whether tracing records anything (`@opentelemetry/api` installed). */
-  readonly tracing: Tracing;
-  readonly table: EndpointTable;
-  readonly metrics: RouterMetrics;
-  readonly inputs: RequestInputs;
-  readonly bodies: BodyReader;
-  /** Exact prefix routing, with a tokenizer and upstreams with `kvEvents`. */
-  readonly exact: ExactLookup | undefined;
-  /** Pools by model and the `GET /v1/models` union. */
-  readonly models: ModelRouting;
-  /** Admission control; `undefined` when off. */
-  readonly admission: Admission | undefined;
-}
+export type { LifecycleParts, Terminal } from './lifecycle-parts';
 
 /**
  * One request's way through the router. The methods are the stages in the order a request meets
@@ -277,7 +243,7 @@ export class RequestLifecycle {
     const context: PickContext = policy.readsContext === false && affinityKey === undefined && prompt === undefined ? UNREAD_CONTEXT : { path: req.originalUrl ?? req.url ?? '/', affinityKey, prompt };
     // A retry picks again among other candidates: without this pick's exact view of these.
     route.context = context;
-    const picking: PrefixPickContext = this.exact !== undefined && prompt !== undefined ? this.withExact(context, body!, route, candidates) : context;
+    const picking: PrefixPickContext = this.exact !== undefined && prompt !== undefined ? exactContext(this.exact!, context, body!, route, candidates) : context;
     let chosen: RouteEndpoint;
     try {
       chosen = policy.pick(candidates, picking) as RouteEndpoint;
@@ -397,27 +363,6 @@ export class RequestLifecycle {
     return safePick(this.policy, free, route.context ?? bareContext('/')) ?? free[0];
   }
 
-  /**
-   * The pick context with the exact index's view of the candidates, from the whole body (a
-   * chat's template fields count), decoded within the body budget and dropped after.
-   */
-  private withExact(context: PickContext, body: BodyView, route: RouteState, candidates: readonly RouteEndpoint[]): PrefixPickContext {
-    const exact = this.exact!;
-    if (body.members !== undefined) {
-      const found = exact.lookupRequest(context.path, body.bytes, candidates, body.members);
-      return found === undefined ? context : { ...context, exact: found };
-    }
-    const cost = BODY_DECODE_FACTOR * body.bytes.length;
-    const lease = route.lease;
-    if (lease !== undefined && !lease.grow(cost)) return context;
-    try {
-      const found = exact.lookupRequest(context.path, body.bytes, candidates);
-      return found === undefined ? context : { ...context, exact: found };
-    } finally {
-      lease?.shrink(cost);
-    }
-  }
-
   private reject(res: ServerResponse, verdict: JudgedHint): void {
     const name = verdict.param;
     if (verdict.outcome === 'malformed') {
@@ -440,6 +385,3 @@ const UNREAD_CONTEXT: PickContext = Object.freeze(bareContext('/'));
 
 const PARSED_BODY_NOTICE =
   'express-dp-router: the request body was already parsed (e.g. by express.json()); it is re-encoded to forward it. Mount the router before body parsers to forward the original bytes.';
-
-/** What decoding a whole body for the tokenizer may cost, per body byte: its text twice (UTF-16) and the values, with margin. */
-const BODY_DECODE_FACTOR = 4;

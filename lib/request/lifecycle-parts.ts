@@ -1,0 +1,50 @@
+import type { ServerResponse } from 'node:http';
+import type { Admission } from '../admission/admission';
+import type { ExactLookup } from '../exact-prefix/index/exact-pick';
+import type { RouterEvents } from '../observe/events';
+import type { RouterMetrics } from '../observe/metrics';
+import type { Tracing } from '../observe/tracing';
+import type { Configuration } from '../options';
+import type { ModelRouting } from '../pools/model-routing';
+import type { Policy } from '../types';
+import type { EndpointTable } from '../upstreams/endpoints';
+import type { BodyReader, Next } from './body-reader';
+import type { RequestInputs } from './request-inputs';
+import type { RouteState, RoutedRequest } from './route-state';
+
+/**
+ * What follows a decision, injected at construction: dpRank's hand-on to the next middleware,
+ * or dpRouter's forwarder. When `proceed` is called `req.dpRank` and the rank header are set and
+ * `route` holds the endpoint (its slot is released when the response closes, whatever the
+ * terminal does).
+ */
+export interface Terminal {
+  proceed(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void;
+  /**
+   * The request goes on to other code (dpRank's caller), which may expect a body the router
+   * read to have ended (`req.readableEnded`, as http-proxy-middleware's `fixRequestBody` does):
+   * such a body is read to its end, never taken from the buffer ahead of it.
+   */
+  readonly handsOn?: boolean;
+  /** Stops what the terminal owns (sockets, agents); the router's `close()` calls it first. */
+  close(): void;
+}
+
+/** The parts a lifecycle works with, built once per router before it. */
+export interface LifecycleParts {
+  readonly config: Configuration;
+  readonly policy: Policy;
+  readonly events: RouterEvents;
+  /** Whether tracing records anything (`@opentelemetry/api` installed). */
+  readonly tracing: Tracing;
+  readonly table: EndpointTable;
+  readonly metrics: RouterMetrics;
+  readonly inputs: RequestInputs;
+  readonly bodies: BodyReader;
+  /** Exact prefix routing, with a tokenizer and upstreams with `kvEvents`. */
+  readonly exact: ExactLookup | undefined;
+  /** Pools by model and the `GET /v1/models` union. */
+  readonly models: ModelRouting;
+  /** Admission control; `undefined` when off. */
+  readonly admission: Admission | undefined;
+}

@@ -137,6 +137,8 @@ export class RouteState {
    * closing clears them; one that expires destroys the upstream request with its code.
    */
   armDeadlines(proxyReq: ClientRequest, connectMs: number, firstByteMs: number): void {
+    // A try moved on before its own end (a retry) must not leave its timers behind, unreachable.
+    this.clearDeadlines();
     this.upstreamRequest = proxyReq;
     const socket = proxyReq.socket;
     if (socket?.connecting) {

@@ -70,10 +70,12 @@ describe('smallRequest: the one client of scrapes, probes and /tokenize', () => 
     await closed;
   });
 
-  it('tells an answer cut short by a reset from a refused connection', async () => {
+  it('tells an answer cut short from a refused connection', async () => {
+    // Closed mid-body with a FIN: a reset (RST) right after the head may reach the client before
+    // it has read the head (Node 24's libuv reports the reset first), and that is a refusal.
     const { url } = await serve((_req, res) => {
       res.writeHead(200, { 'content-length': '1000' });
-      res.write('partial', () => res.socket?.resetAndDestroy());
+      res.write('partial', () => res.socket?.destroy());
     });
     expect(await failureOf(smallRequest(url, { deadlineMs: 5_000, maxBytes: 1 << 20 }))).toBe('cut-short');
     expect(await failureOf(smallRequest('http://127.0.0.1:1/health', { deadlineMs: 5_000, maxBytes: 10 }))).toBe('network');

@@ -49,6 +49,53 @@ describe('PromptTokenizer under hostile prompts', () => {
     expect(tokenizer.tokenize('chat', { messages: [{ role: 'user', content }, { role: 'user', content }] })).toEqual({ refused: 'too_long' });
   });
 
+  it('a request costs at most its budget of new text, the first requests\' whole-text check included (item 22.15)', () => {
+    // What the library itself tokenizes per request, counted in UTF-8 bytes.
+    let wholeBytes = 0;
+    class Counting extends PromptTokenizer {
+      override encodeWhole(text: string, addSpecialTokens: boolean): number[] {
+        wholeBytes += Buffer.byteLength(text, 'utf8');
+        return super.encodeWhole(text, addSpecialTokens);
+      }
+    }
+    const tokenizer = new Counting(files);
+    const budget = 32_768;
+    // The defaults: a budget of new ASCII text fits, one byte more does not.
+    expect('prompts' in tokenizer.tokenize('completions', { prompt: 'q'.repeat(budget) })).toBe(true);
+    expect(tokenizer.tokenize('completions', { prompt: 'r'.repeat(budget + 1) })).toEqual({ refused: 'too_long' });
+    // Three budgets of CJK prose (96 KiB): refused while new, taken in over a few requests, then
+    // answered from the cache. Checked whole once cached, it cost three budgets (165 ms of CPU
+    // against a request's ~50) on each of the first 32 requests.
+    const text = Array.from({ length: budget }, (_, i) => (i % 17 === 16 ? '，' : '的一是不了人我在有他这中大来上国'[(i * 7) % 16])).join('');
+    let outcome = tokenizer.tokenize('completions', { prompt: text });
+    for (let tries = 0; !('prompts' in outcome) && tries < 8; tries++) outcome = tokenizer.tokenize('completions', { prompt: text });
+    expect('prompts' in outcome).toBe(true);
+    const checksLeft = tokenizer.stats().selfChecksLeft;
+    wholeBytes = 0;
+    expect(tokenizer.tokenize('completions', { prompt: text })).toEqual(outcome);
+    expect(wholeBytes).toBe(0);
+    // Left to a request it fits in.
+    expect(tokenizer.stats().selfChecksLeft).toBe(checksLeft);
+    expect(checksLeft).toBeGreaterThan(0);
+    tokenizer.tokenize('completions', { prompt: 'a short prompt that fits' });
+    expect(tokenizer.stats().selfChecksLeft).toBe(checksLeft - 1);
+    expect(wholeBytes).toBeGreaterThan(0);
+    expect(wholeBytes).toBeLessThanOrEqual(budget);
+  });
+
+  it('renders at most 1,024 messages of a chat request, each charged 16 bytes of the budget (4,096 took 100 ms)', () => {
+    const tokenizer = new PromptTokenizer(files);
+    const messages = Array.from({ length: 1_025 }, (_, i) => ({ role: i % 2 === 0 ? 'user' : 'assistant', content: `hi ${i % 50}` }));
+    expect(tokenizer.tokenize('chat', { messages })).toEqual({ refused: 'too_long' });
+    expect('prompts' in tokenizer.tokenize('chat', { messages: messages.slice(0, 1_024) })).toBe(true);
+    // 1,024 messages leave half the budget (16 KiB) for new text: rendering them costs about
+    // what tokenizing that half does.
+    const last = (content: string) => [...messages.slice(0, 1_023), { role: 'user', content }];
+    expect('prompts' in tokenizer.tokenize('chat', { messages: last('s'.repeat(16_000)) })).toBe(true);
+    expect(tokenizer.tokenize('chat', { messages: last('t'.repeat(16_500)) })).toEqual({ refused: 'too_long' });
+    expect('prompts' in tokenizer.tokenize('chat', { messages: [{ role: 'user', content: 't'.repeat(16_500) }] })).toBe(true);
+  });
+
   it("coerces add_generation_prompt and add_special_tokens as vLLM's pydantic models do (item 22.14)", () => {
     const tokenizer = new PromptTokenizer(files);
     const messages = [{ role: 'user', content: 'What is the capital of France?' }];

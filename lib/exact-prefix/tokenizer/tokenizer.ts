@@ -46,12 +46,17 @@ export interface PromptTokenizerOptions {
    * request, hostile or not, can cost every other. What was tokenized before the budget ran
    * out stays cached, so a long shared prefix is taken in over a few requests; a single piece
    * of text with no cut in it (between two added tokens, and with no word boundary at least
-   * every 256 characters) longer than this never is. Default 65,536.
+   * every 256 characters) longer than this never is. The first requests' check against
+   * whole-text tokenization is charged to it too, and skipped when it does not fit. Default
+   * 32,768: a budget of new CJK text (the costliest per byte) is ~50–70 ms of CPU on a loaded
+   * core, within the 100 ms a health check may wait.
    */
   maxUncachedChars?: number;
   /**
    * The most messages a chat request may have; past it the request is refused as `too_long`
-   * before its template is rendered. Default 4,096 (about 100 ms of rendering).
+   * before its template is rendered. Each message is also charged to `maxUncachedChars` as 16
+   * bytes of new text (what its rendering costs). Default 1,024 (about 25–40 ms of rendering;
+   * 4,096 took 100 ms).
    */
   maxMessages?: number;
   /** Told once if cutting the text at added tokens changed the tokens (the cache then keeps whole texts only). */
@@ -75,12 +80,16 @@ export interface PromptTokenizerStats {
   cuttingText: boolean;
   /** Whether new text goes through the word cache (a byte-level BPE tokenizer; true until the check on samples at its first use finds a difference). */
   wordCache: boolean;
+  /** Requests still to be checked against whole-text tokenization (`selfCheckRequests` at first). */
+  selfChecksLeft: number;
 }
 
 const DEFAULT_CACHE_BYTES = 32 * 1024 * 1024;
-const DEFAULT_MAX_UNCACHED_CHARS = 65_536;
-const DEFAULT_MAX_MESSAGES = 4_096;
+const DEFAULT_MAX_UNCACHED_CHARS = 32_768;
+const DEFAULT_MAX_MESSAGES = 1_024;
 const RENDER_CHARS_PER_BUDGET = 16;
+/** A message's rendering (~25–40 µs) as new text: about what tokenizing 16 bytes of CJK costs. */
+const RENDER_BYTES_PER_MESSAGE = 16;
 /** Thrown inside one tokenize() call when its budget runs out; never escapes it. */
 const OVER_BUDGET = new Error('over budget');
 
@@ -159,6 +168,9 @@ export class PromptTokenizer {
     if (special === undefined && request.add_special_tokens !== undefined && request.add_special_tokens !== null) return { refused: 'invalid' };
     if (kind === 'chat') {
       if (!this.chat) return { refused: 'unsupported' };
+      // Rendering costs per message what tokenizing some new text does, cached or not: it is
+      // charged to the same budget, so that one request costs at most one budget's worth.
+      if (Array.isArray(request.messages)) this.spend(request.messages.length * RENDER_BYTES_PER_MESSAGE);
       const text = this.chat.render(request);
       if (isRefused(text)) return text;
       return { prompts: [this.encode(text, special ?? false)] };
@@ -176,8 +188,9 @@ export class PromptTokenizer {
     // A copy: the cached array must not be changed by a caller.
     if (!this.segmenting) return this.cachedPiece(text, addSpecialTokens).slice();
     const ids = this.encodeCut(text, addSpecialTokens);
-    // The check tokenizes the whole text: only for a text within the budget.
-    if (this.selfChecks > 0 && text.length <= this.maxUncachedChars) {
+    // The check tokenizes the whole text, cached or not: it is charged to what the request may
+    // still spend, and left to a later request when it does not fit.
+    if (this.selfChecks > 0 && this.affords(text)) {
       this.selfChecks--;
       if (!sameIds(ids, this.encodeWhole(text, addSpecialTokens))) {
         this.stopSegmenting(text);
@@ -206,7 +219,7 @@ export class PromptTokenizer {
   /** Cache counters. */
   stats(): PromptTokenizerStats {
     const cachedBytes = this.cache.heldBytes + (this.words?.heldBytes ?? 0);
-    return { hits: this.hits, misses: this.misses, cachedBytes, segmenting: this.segmenting, cuttingText: this.segmenting && this.cuttingText !== false, wordCache: this.segmenting && this.words !== undefined };
+    return { hits: this.hits, misses: this.misses, cachedBytes, segmenting: this.segmenting, cuttingText: this.segmenting && this.cuttingText !== false, wordCache: this.segmenting && this.words !== undefined, selfChecksLeft: this.selfChecks };
   }
 
   private completionPrompts(prompt: unknown, special: boolean): TokenizeOutcome {
@@ -294,11 +307,24 @@ export class PromptTokenizer {
    * Takes what tokenizing `text` costs out of the request's budget: its UTF-8 bytes, which are
    * what byte-level BPE merges (a CJK character is 3 bytes, and cost as much as 3 ASCII ones).
    */
+  /** Whether the whole-text check of `text` fits in what the request may still spend (then spent). */
+  private affords(text: string): boolean {
+    if (this.budget === Infinity) return text.length <= this.maxUncachedChars && Buffer.byteLength(text, 'utf8') <= this.maxUncachedChars;
+    if (text.length > this.budget) return false;
+    const cost = Buffer.byteLength(text, 'utf8');
+    if (cost > this.budget) return false;
+    this.budget -= cost;
+    return true;
+  }
+
   private charge(text: string): void {
     // A UTF-16 unit is at least one byte: past the budget in units, it is past it in bytes.
-    const cost = text.length > this.budget ? Infinity : Buffer.byteLength(text, 'utf8');
-    if (cost > this.budget) throw OVER_BUDGET;
-    this.budget -= cost;
+    this.spend(text.length > this.budget ? Infinity : Buffer.byteLength(text, 'utf8'));
+  }
+
+  private spend(bytes: number): void {
+    if (bytes > this.budget) throw OVER_BUDGET;
+    this.budget -= bytes;
   }
 
   private wordIds(text: string): number[] {

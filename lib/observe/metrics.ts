@@ -1,5 +1,6 @@
 import type { IncomingMessage } from 'node:http';
-import { Counter, Gauge, Histogram, register, type Registry } from 'prom-client';
+import { Counter, Gauge, register, type Registry } from 'prom-client';
+import { counterFamily, histogramFamily, type CounterSeries, type HistogramSeries } from './collected-metrics';
 import { onFirstEvent } from './first-event';
 import { fail, isPlainObject, pathOf, section, shown, type KeysEnum } from '../option-checks';
 import { isEventStreamMediaType } from '../request/media-type';
@@ -82,10 +83,11 @@ export interface RouterMetrics {
 
 interface EndpointInstruments {
   readonly labels: { upstream: string; rank: string };
-  readonly requests: Record<DecisionSource, { inc(): void }>;
+  /** Updated on every request: plain fields, read at scrape time (collected-metrics.ts). */
+  readonly requests: Record<DecisionSource, CounterSeries>;
+  readonly duration: HistogramSeries;
+  readonly firstToken: HistogramSeries;
   readonly errors: Record<UpstreamErrorKind, { inc(): void }>;
-  readonly duration: { observe(seconds: number): void };
-  readonly firstToken: { observe(seconds: number): void };
   readonly retries: { inc(): void };
   readonly ejections: { inc(): void };
 }
@@ -104,17 +106,17 @@ export function createMetrics(
   table: { readonly all: readonly MeteredEndpoint[] },
   scrapedUpstreams: readonly string[],
 ): RouterMetrics {
-  const requests = counter(registry, `${prefix}requests_total`, 'Requests dispatched, by endpoint and where the rank came from.', ['upstream', 'rank', 'source']);
-  const hints = counter(registry, `${prefix}rank_hints_total`, 'Client rank hints, by outcome.', ['outcome']);
-  const errors = counter(registry, `${prefix}upstream_errors_total`, 'Failed upstream exchanges, by endpoint and kind.', ['upstream', 'rank', 'kind']);
-  const duration = histogram(registry, `${prefix}request_duration_seconds`, 'Time from dispatch until the response ended, by endpoint.', ['upstream', 'rank']);
-  const firstToken = histogram(
+  const requests = counterFamily(registry, `${prefix}requests_total`, 'Requests dispatched, by endpoint and where the rank came from.', ['upstream', 'rank', 'source']).join();
+  const duration = histogramFamily(registry, `${prefix}request_duration_seconds`, 'Time from dispatch until the response ended, by endpoint.', ['upstream', 'rank'], DURATION_BUCKETS).join();
+  const firstToken = histogramFamily(
     registry,
     `${prefix}time_to_first_token_seconds`,
     'Time from dispatch until the first byte of a 2xx answer (of an event stream: its first event), by endpoint that answered.',
     ['upstream', 'rank'],
     FIRST_TOKEN_BUCKETS,
-  );
+  ).join();
+  const hints = counter(registry, `${prefix}rank_hints_total`, 'Client rank hints, by outcome.', ['outcome']);
+  const errors = counter(registry, `${prefix}upstream_errors_total`, 'Failed upstream exchanges, by endpoint and kind.', ['upstream', 'rank', 'kind']);
   const retries = counter(registry, `${prefix}retries_total`, 'Requests sent again to another endpoint, by the endpoint that failed them.', ['upstream', 'rank']);
   const ejections = counter(registry, `${prefix}ejections_total`, 'Times the outlier detector took the endpoint out of rotation.', ['upstream', 'rank']);
   const scrapes = counter(registry, `${prefix}upstream_scrape_failures_total`, "Failed reads of an upstream's /metrics for discovery or load feedback.", ['upstream']);
@@ -129,24 +131,23 @@ export function createMetrics(
     };
     instruments.set(endpoint, {
       labels,
-      requests: { hint: bind(requests, { source: 'hint' }), assigned: bind(requests, { source: 'assigned' }) },
+      requests: { hint: requests.add({ ...labels, source: 'hint' }), assigned: requests.add({ ...labels, source: 'assigned' }) },
+      duration: duration.add(labels),
+      firstToken: firstToken.add(labels),
       errors: Object.fromEntries(UPSTREAM_ERROR_KINDS.map((kind) => [kind, bind(errors, { kind })])) as EndpointInstruments['errors'],
-      duration: duration.labels(labels),
-      firstToken: firstToken.labels(labels),
       retries: bind(retries, {}),
       ejections: bind(ejections, {}),
     });
-    duration.zero(labels);
-    firstToken.zero(labels);
   };
   const forget = (endpoint: MeteredEndpoint) => {
     const known = instruments.get(endpoint);
     if (!known) return;
     instruments.delete(endpoint);
-    for (const source of ['hint', 'assigned']) requests.remove({ ...known.labels, source });
+    requests.remove(known.requests.hint);
+    requests.remove(known.requests.assigned);
+    duration.remove(known.duration);
+    firstToken.remove(known.firstToken);
     for (const kind of UPSTREAM_ERROR_KINDS) errors.remove({ ...known.labels, kind });
-    duration.remove(known.labels);
-    firstToken.remove(known.labels);
     retries.remove(known.labels);
     ejections.remove(known.labels);
   };
@@ -204,7 +205,10 @@ export function createMetrics(
       added.forEach(instrument);
       watchScrapes(upstreams);
     },
-    close: () => unsubscribe.forEach((stop) => stop()),
+    close: () => {
+      unsubscribe.forEach((stop) => stop());
+      for (const family of [requests, duration, firstToken]) family.leave();
+    },
   };
 }
 
@@ -226,12 +230,6 @@ function counter(registry: Registry, name: string, help: string, labelNames: str
   const existing = registry.getSingleMetric(name);
   if (existing instanceof Counter) return existing;
   return new Counter({ name, help, labelNames, registers: [registry] });
-}
-
-function histogram(registry: Registry, name: string, help: string, labelNames: string[], buckets = DURATION_BUCKETS): Histogram {
-  const existing = registry.getSingleMetric(name);
-  if (existing instanceof Histogram) return existing;
-  return new Histogram({ name, help, labelNames, buckets, registers: [registry] });
 }
 
 function sharedGauge(registry: Registry, name: string, help: string, source: GaugeSource): () => void {

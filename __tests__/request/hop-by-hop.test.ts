@@ -23,6 +23,13 @@ describe('hopByHopStripper', () => {
     expect(headers).toEqual({ 'content-type': 'application/json' });
   });
 
+  it("'unset' leaves each removed name undefined (for http-proxy to skip), not deleted", () => {
+    const headers: IncomingHttpHeaders = { connection: 'keep-alive, x-internal', 'x-internal': 'i', 'keep-alive': 'timeout=5', 'content-type': 'text/plain' };
+    hopByHopStripper([], 'any', 'unset')(headers);
+    expect(Object.keys(headers)).toEqual(['connection', 'x-internal', 'keep-alive', 'content-type']);
+    expect(headers).toStrictEqual({ connection: 'keep-alive, x-internal', 'x-internal': undefined, 'keep-alive': undefined, 'content-type': 'text/plain' });
+  });
+
   it('never removes framing, Host or the headers it was told to keep, even when nominated', () => {
     const headers: IncomingHttpHeaders = {
       connection: 'transfer-encoding, Content-Length, host, x-data-parallel-rank',

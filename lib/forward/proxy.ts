@@ -42,8 +42,12 @@ const CONNECT_FAILURES = new Set(['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH',
  * so a request is never sent down a socket the server is closing.
  */
 const IDLE_SOCKET_MS = 4_000;
-/** An upstream answer's hop-by-hop headers describe the upstream connection, not the client's; `Connection` is set anew. */
-const stripHopByHop = hopByHopStripper([], 'any');
+/**
+ * An upstream answer's hop-by-hop headers describe the upstream connection, not the client's;
+ * `Connection` is set anew. Unset, not deleted: a Node upstream's `Keep-Alive: timeout=5`, deleted
+ * from every answer, left each one's headers in dictionary mode for http-proxy to copy.
+ */
+const stripHopByHop = hopByHopStripper([], 'any', 'unset');
 
 /** Creates the http-proxy-middleware instance for one upstream, with a keep-alive agent; each try's outcome goes to `outcomes`. */
 export function createUpstreamProxy(upstream: UpstreamConfig, config: Configuration, outcomes: TryOutcomes): UpstreamProxy {

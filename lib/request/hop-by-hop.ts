@@ -21,31 +21,47 @@ export type HopByHopStripper = (headers: IncomingHttpHeaders) => void;
 export type ConnectionLeft = 'none' | 'keep-alive' | 'any';
 
 /**
+ * How a header is removed: `'delete'`, or `'unset'` (set to `undefined`, which keeps the object
+ * out of dictionary mode). `'unset'` is for an upstream answer's headers only: http-proxy skips
+ * an undefined value when it copies them, where Node's client throws on one in a request.
+ */
+export type HeaderRemoval = 'delete' | 'unset';
+
+/**
  * Builds the stripper once. Names in `keep` survive a `Connection` nomination: the framing
  * headers (a client naming `transfer-encoding` would otherwise make the upstream read its
  * chunked body as the next request: smuggling), `host`, and whatever the caller sets itself.
  */
-export function hopByHopStripper(keep: readonly string[] = [], left: ConnectionLeft = 'none'): HopByHopStripper {
+export function hopByHopStripper(keep: readonly string[] = [], left: ConnectionLeft = 'none', removal: HeaderRemoval = 'delete'): HopByHopStripper {
   const kept = new Set(['content-length', 'transfer-encoding', 'host', ...keep.map((name) => name.toLowerCase())]);
+  const drop = removal === 'unset' ? unset : remove;
   return function stripHopByHop(headers) {
     const connection = headers.connection;
     if (connection !== undefined) {
       // `keep-alive` and `close` alone are the usual values: nothing else is nominated.
       if (connection !== 'keep-alive' && connection !== 'close') {
-        for (const name of nominated(connection)) if (!kept.has(name) && headers[name] !== undefined) delete headers[name];
+        for (const name of nominated(connection)) if (!kept.has(name) && headers[name] !== undefined) drop(headers, name);
       }
-      if (left === 'none' || (left === 'keep-alive' && connection !== 'keep-alive')) delete headers.connection;
+      if (left === 'none' || (left === 'keep-alive' && connection !== 'keep-alive')) drop(headers, 'connection');
     }
     // `delete` always takes V8's slow path, so only where there is something to remove. Named
     // reads (not a loop over the names) stay monomorphic on the usual header shapes.
-    if (headers['keep-alive'] !== undefined) delete headers['keep-alive'];
-    if (headers['proxy-connection'] !== undefined) delete headers['proxy-connection'];
-    if (headers.te !== undefined) delete headers.te;
-    if (headers.trailer !== undefined) delete headers.trailer;
-    if (headers.upgrade !== undefined) delete headers.upgrade;
-    if (headers['proxy-authorization'] !== undefined) delete headers['proxy-authorization'];
-    if (headers['proxy-authenticate'] !== undefined) delete headers['proxy-authenticate'];
+    if (headers['keep-alive'] !== undefined) drop(headers, 'keep-alive');
+    if (headers['proxy-connection'] !== undefined) drop(headers, 'proxy-connection');
+    if (headers.te !== undefined) drop(headers, 'te');
+    if (headers.trailer !== undefined) drop(headers, 'trailer');
+    if (headers.upgrade !== undefined) drop(headers, 'upgrade');
+    if (headers['proxy-authorization'] !== undefined) drop(headers, 'proxy-authorization');
+    if (headers['proxy-authenticate'] !== undefined) drop(headers, 'proxy-authenticate');
   };
+}
+
+function remove(headers: IncomingHttpHeaders, name: string): void {
+  delete headers[name];
+}
+
+function unset(headers: IncomingHttpHeaders, name: string): void {
+  headers[name] = undefined;
 }
 
 /** The header names a `Connection` value lists, lower-cased (Node joins repeated lines with ', '). */

@@ -155,12 +155,14 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
       // The client left: its response's close has come or is on its way, and forgets this try
       // only if it is kept by then. No engine should start on it anyway.
       if (res.destroyed) return;
-      // A retry: the proxy of the failed try no longer keeps it.
-      if (route.sentVia !== keeper) route.sentVia?.forget(res);
-      route.sentVia = keeper;
-      const carrier = res as Carrier;
-      if (carrier[tryOf] === undefined) kept++;
-      carrier[tryOf] = route;
+      // A retry: the proxy of the failed try no longer keeps it. (Not found by reading the key:
+      // a miss walks the response's prototype chain, which Express makes anew per app.)
+      if (route.sentVia !== keeper) {
+        route.sentVia?.forget(res);
+        route.sentVia = keeper;
+        kept++;
+      }
+      (res as Carrier)[tryOf] = route;
       void handle(req, res, next);
     },
     get keeping() {

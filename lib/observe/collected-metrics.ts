@@ -4,7 +4,8 @@ import { Counter, Histogram, type Registry } from 'prom-client';
  * Counters and histograms that a request updates in plain fields, read by prom-client only
  * when the registry is scraped. prom-client's own `inc()` and `observe()` build a label-hash
  * string and look it up in a dictionary on every call (and a histogram's bucket by its
- * number-as-string key): three of them per request cost about 3 % of what proxying it does.
+ * number-as-string key): three of them per request cost about 22,000 instructions, 2.4 % of
+ * what a plain proxy spends on it.
  * A family here is a prom-client `Counter` or `Histogram` (`instanceof` holds, the registry
  * serves it as any other) whose `get()` sums the series of every router that joined it.
  */

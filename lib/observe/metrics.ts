@@ -1,5 +1,5 @@
 import type { IncomingMessage } from 'node:http';
-import { Counter, Gauge, register, type Registry } from 'prom-client';
+import { Gauge, register, type Registry } from 'prom-client';
 import { counterFamily, histogramFamily, type CounterSeries, type HistogramSeries } from './collected-metrics';
 import { onFirstEvent } from './first-event';
 import { fail, isPlainObject, pathOf, section, shown, type KeysEnum } from '../option-checks';
@@ -81,15 +81,15 @@ export interface RouterMetrics {
   close(): void;
 }
 
+/** An endpoint's series: plain fields, read at scrape time (collected-metrics.ts). */
 interface EndpointInstruments {
   readonly labels: { upstream: string; rank: string };
-  /** Updated on every request: plain fields, read at scrape time (collected-metrics.ts). */
   readonly requests: Record<DecisionSource, CounterSeries>;
   readonly duration: HistogramSeries;
   readonly firstToken: HistogramSeries;
-  readonly errors: Record<UpstreamErrorKind, { inc(): void }>;
-  readonly retries: { inc(): void };
-  readonly ejections: { inc(): void };
+  readonly errors: Record<UpstreamErrorKind, CounterSeries>;
+  readonly retries: CounterSeries;
+  readonly ejections: CounterSeries;
 }
 
 type GaugeSource = (gauge: Gauge) => void;
@@ -115,28 +115,24 @@ export function createMetrics(
     ['upstream', 'rank'],
     FIRST_TOKEN_BUCKETS,
   ).join();
-  const hints = counter(registry, `${prefix}rank_hints_total`, 'Client rank hints, by outcome.', ['outcome']);
-  const errors = counter(registry, `${prefix}upstream_errors_total`, 'Failed upstream exchanges, by endpoint and kind.', ['upstream', 'rank', 'kind']);
-  const retries = counter(registry, `${prefix}retries_total`, 'Requests sent again to another endpoint, by the endpoint that failed them.', ['upstream', 'rank']);
-  const ejections = counter(registry, `${prefix}ejections_total`, 'Times the outlier detector took the endpoint out of rotation.', ['upstream', 'rank']);
-  const scrapes = counter(registry, `${prefix}upstream_scrape_failures_total`, "Failed reads of an upstream's /metrics for discovery or load feedback.", ['upstream']);
+  const hints = counterFamily(registry, `${prefix}rank_hints_total`, 'Client rank hints, by outcome.', ['outcome']).join();
+  const errors = counterFamily(registry, `${prefix}upstream_errors_total`, 'Failed upstream exchanges, by endpoint and kind.', ['upstream', 'rank', 'kind']).join();
+  const retries = counterFamily(registry, `${prefix}retries_total`, 'Requests sent again to another endpoint, by the endpoint that failed them.', ['upstream', 'rank']).join();
+  const ejections = counterFamily(registry, `${prefix}ejections_total`, 'Times the outlier detector took the endpoint out of rotation.', ['upstream', 'rank']).join();
+  const scrapes = counterFamily(registry, `${prefix}upstream_scrape_failures_total`, "Failed reads of an upstream's /metrics for discovery or load feedback.", ['upstream']).join();
+  const families = [requests, duration, firstToken, hints, errors, retries, ejections, scrapes];
 
   const instruments = new Map<MeteredEndpoint, EndpointInstruments>();
   const instrument = (endpoint: MeteredEndpoint) => {
     const labels = { upstream: endpoint.upstream, rank: endpoint.rankLabel };
-    const bind = (metric: Counter, extra: Record<string, string>) => {
-      const child = metric.labels({ ...labels, ...extra });
-      child.inc(0);
-      return child;
-    };
     instruments.set(endpoint, {
       labels,
       requests: { hint: requests.add({ ...labels, source: 'hint' }), assigned: requests.add({ ...labels, source: 'assigned' }) },
       duration: duration.add(labels),
       firstToken: firstToken.add(labels),
-      errors: Object.fromEntries(UPSTREAM_ERROR_KINDS.map((kind) => [kind, bind(errors, { kind })])) as EndpointInstruments['errors'],
-      retries: bind(retries, {}),
-      ejections: bind(ejections, {}),
+      errors: Object.fromEntries(UPSTREAM_ERROR_KINDS.map((kind) => [kind, errors.add({ ...labels, kind })])) as EndpointInstruments['errors'],
+      retries: retries.add(labels),
+      ejections: ejections.add(labels),
     });
   };
   const forget = (endpoint: MeteredEndpoint) => {
@@ -147,23 +143,22 @@ export function createMetrics(
     requests.remove(known.requests.assigned);
     duration.remove(known.duration);
     firstToken.remove(known.firstToken);
-    for (const kind of UPSTREAM_ERROR_KINDS) errors.remove({ ...known.labels, kind });
-    retries.remove(known.labels);
-    ejections.remove(known.labels);
+    for (const kind of UPSTREAM_ERROR_KINDS) errors.remove(known.errors[kind]);
+    retries.remove(known.retries);
+    ejections.remove(known.ejections);
   };
-  const scraped = new Set<string>();
+  const scraped = new Map<string, CounterSeries>();
   const watchScrapes = (upstreams: readonly string[]) => {
-    for (const upstream of scraped) if (!upstreams.includes(upstream)) scrapes.remove({ upstream });
-    scraped.clear();
-    for (const upstream of upstreams) {
-      scraped.add(upstream);
-      scrapes.inc({ upstream }, 0);
+    for (const [upstream, series] of scraped) {
+      if (upstreams.includes(upstream)) continue;
+      scrapes.remove(series);
+      scraped.delete(upstream);
     }
+    for (const upstream of upstreams) if (!scraped.has(upstream)) scraped.set(upstream, scrapes.add({ upstream }));
   };
   table.all.forEach(instrument);
   watchScrapes(scrapedUpstreams);
-  const outcomes = Object.fromEntries(HINT_OUTCOMES.map((outcome) => [outcome, hints.labels({ outcome })])) as Record<HintOutcome, { inc(): void }>;
-  for (const outcome of HINT_OUTCOMES) hints.inc({ outcome }, 0);
+  const outcomes = Object.fromEntries(HINT_OUTCOMES.map((outcome) => [outcome, hints.add({ outcome })])) as Record<HintOutcome, CounterSeries>;
 
   const reportInflight: GaugeSource = (gauge) => {
     for (const endpoint of table.all) gauge.inc(instruments.get(endpoint)!.labels, endpoint.inflight);
@@ -197,9 +192,7 @@ export function createMetrics(
     },
     retried: (endpoint) => instruments.get(endpoint)?.retries.inc(),
     ejected: (endpoint) => instruments.get(endpoint)?.ejections.inc(),
-    scrapeFailed: (upstream) => {
-      if (scraped.has(upstream)) scrapes.inc({ upstream });
-    },
+    scrapeFailed: (upstream) => scraped.get(upstream)?.inc(),
     track: ({ added, removed }, upstreams) => {
       removed.forEach(forget);
       added.forEach(instrument);
@@ -207,7 +200,7 @@ export function createMetrics(
     },
     close: () => {
       unsubscribe.forEach((stop) => stop());
-      for (const family of [requests, duration, firstToken]) family.leave();
+      for (const family of families) family.leave();
     },
   };
 }
@@ -225,12 +218,6 @@ export const NO_METRICS: RouterMetrics = {
   track: () => undefined,
   close: () => undefined,
 };
-
-function counter(registry: Registry, name: string, help: string, labelNames: string[]): Counter {
-  const existing = registry.getSingleMetric(name);
-  if (existing instanceof Counter) return existing;
-  return new Counter({ name, help, labelNames, registers: [registry] });
-}
 
 function sharedGauge(registry: Registry, name: string, help: string, source: GaugeSource): () => void {
   const existing = registry.getSingleMetric(name);

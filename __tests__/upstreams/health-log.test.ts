@@ -4,17 +4,23 @@ import { closedAfterEach, echoUpstreams, startGateway, waitFor } from '../helper
 const echo = echoUpstreams();
 const started = closedAfterEach();
 
+/** Makes `upstream` answer its health probe with `status` while `sick()` says so (every other request 200); counts probes. */
+function probed(upstream: Awaited<ReturnType<typeof echo>>, sick: () => boolean, status: number): { count: number } {
+  const probes = { count: 0 };
+  upstream.respond = (req, res) => {
+    if (req.url === '/health') probes.count++;
+    res.writeHead(req.url === '/health' && sick() ? status : 200);
+    res.end('{}');
+  };
+  return probes;
+}
+
 describe('health check transitions in the log', () => {
   it('warns once when an upstream goes down and says at info once when it comes back, with upstream and ranks', async () => {
     const sick = await echo();
     const well = await echo();
     let healthy = true;
-    let probes = 0;
-    sick.respond = (req, res) => {
-      if (req.url === '/health') probes++;
-      res.writeHead(req.url === '/health' && !healthy ? 503 : 200);
-      res.end('{}');
-    };
+    const probes = probed(sick, () => !healthy, 503);
     const warnings: string[] = [];
     const infos: Array<{ fields: object; message: string }> = [];
     const logger = { warn: (message: string) => warnings.push(message), info: (fields: object, message: string) => infos.push({ fields, message }) };
@@ -27,21 +33,21 @@ describe('health check transitions in the log', () => {
       logger,
     });
     started.push(gateway);
-    await waitFor(() => probes >= 2);
+    await waitFor(() => probes.count >= 2);
     expect(warnings).toEqual([]);
     expect(infos).toEqual([]);
 
     healthy = false;
     await waitFor(() => gateway.router.endpoints().every((endpoint) => endpoint.upstream !== 'sick' || !endpoint.healthy));
-    const downAt = probes;
+    const downAt = probes.count;
     // Probes keep failing: still one line.
-    await waitFor(() => probes >= downAt + 3);
+    await waitFor(() => probes.count >= downAt + 3);
     expect(warnings).toEqual([`express-dp-router: upstream 'sick' failed 2 health checks in a row (GET /health): ranks 0, 2, 3 out of rotation`]);
 
     healthy = true;
     await waitFor(() => gateway.router.endpoints().every((endpoint) => endpoint.healthy));
-    const upAt = probes;
-    await waitFor(() => probes >= upAt + 3);
+    const upAt = probes.count;
+    await waitFor(() => probes.count >= upAt + 3);
     expect(infos).toEqual([
       {
         fields: { dpRank: { upstream: 'sick', ranks: [0, 2, 3] } },
@@ -54,10 +60,7 @@ describe('health check transitions in the log', () => {
   it('names each upstream entry behind one probed URL', async () => {
     const shared = await echo();
     let healthy = true;
-    shared.respond = (req, res) => {
-      res.writeHead(req.url === '/health' && !healthy ? 500 : 200);
-      res.end('{}');
-    };
+    probed(shared, () => !healthy, 500);
     const warnings: string[] = [];
     const gateway = await startGateway({
       upstreams: [
@@ -81,12 +84,7 @@ describe('health check transitions in the log', () => {
     const both = await echo();
     const decode = await echo();
     let healthy = true;
-    for (const upstream of [prefill, both]) {
-      upstream.respond = (req, res) => {
-        res.writeHead(req.url === '/health' && !healthy ? 503 : 200);
-        res.end('{}');
-      };
-    }
+    for (const upstream of [prefill, both]) probed(upstream, () => !healthy, 503);
     const warnings: string[] = [];
     const gateway = await startGateway({
       upstreams: [

@@ -2,13 +2,29 @@
 // options from tsconfig.json, entry lib/index.ts only), and a thin ESM entry in dist/esm that
 // re-exports it. One implementation for both module systems: no dual-package hazard (one
 // module state, one set of metric families, one `instanceof`).
+//
+// A build whose inputs (lib/, the compiler settings, the pinned dependencies, this script) are
+// byte for byte those of the last one is skipped: `npm pack` builds through `prepack`, and the
+// tests pack the tarball once per Node line. `--force` builds anyway.
+import { createHash } from 'node:crypto';
 import { createRequire } from 'node:module';
-import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const require = createRequire(join(root, 'package.json'));
+const stamp = join(root, 'node_modules', '.cache', 'express-dp-router', 'build-inputs.sha256');
+const outputs = ['dist/cjs/index.js', 'dist/cjs/index.d.ts', 'dist/esm/index.mjs', 'dist/esm/index.d.mts'];
+
+const inputs = inputsHash();
+if (!process.argv.includes('--force') && readOr(stamp) === inputs && outputs.every((file) => existsSync(join(root, file)))) {
+  process.stderr.write('dist/ was built from these sources already (npm run build -- --force to rebuild)\n');
+  process.exit(0);
+}
+// Gone before dist/ is touched, so an interrupted build is never taken for a finished one.
+rmSync(stamp, { force: true });
+
 const ts = require('typescript');
 
 rmSync(join(root, 'dist'), { recursive: true, force: true });
@@ -37,6 +53,32 @@ writeFileSync(
   join(root, 'dist/esm/index.d.mts'),
   `import { dpRouter } from '../cjs/index.js';\n\nexport * from '../cjs/index.js';\nexport default dpRouter;\n`,
 );
+
+mkdirSync(dirname(stamp), { recursive: true });
+writeFileSync(stamp, inputs);
+
+function inputsHash() {
+  const hash = createHash('sha256');
+  const files = ['tsconfig.json', 'package.json', 'package-lock.json', '.ci/build.mjs'];
+  const walk = (dir) => {
+    for (const entry of readdirSync(join(root, dir), { withFileTypes: true })) {
+      const path = `${dir}/${entry.name}`;
+      if (entry.isDirectory()) walk(path);
+      else files.push(path);
+    }
+  };
+  walk('lib');
+  for (const file of files.sort()) hash.update(`${file}\0`).update(readFileSync(join(root, file))).update('\0');
+  return hash.digest('hex');
+}
+
+function readOr(path) {
+  try {
+    return readFileSync(path, 'utf8');
+  } catch {
+    return undefined;
+  }
+}
 
 function fail(list, message) {
   if (list.length > 0) {

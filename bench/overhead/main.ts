@@ -78,7 +78,7 @@ const HELP = `npm run bench:overhead -- [options]
   --duration S           seconds per saturation run (default 3; --quick: 1)
   --c1-duration S        seconds per one-connection run (default 1.5; --quick: 1)
   --half-duration S      seconds per half-load run (default 2.5; --quick: 1)
-  --warmup S             warm-up per contender and body size (default 1; --quick: 0.5)
+  --warmup S             warm-up per contender and body size (default 1; --quick: 0.5; 0: none)
   --connections N        connections at saturation (default 16)
   --bodies LIST          body sizes in bytes (default 256,8192,32768)
   --half-bodies LIST     body sizes with a half-load cell (default 256,8192)
@@ -96,11 +96,11 @@ function settingsFrom(argv: readonly string[]): Settings {
     process.exit(0);
   }
   const quick = args.has('quick');
-  const num = (name: string, full: number, fast: number): number => {
+  const num = (name: string, full: number, fast: number, zero = false): number => {
     const value = args.get(name);
     if (value === undefined) return quick ? fast : full;
     const parsed = Number(value);
-    if (!Number.isFinite(parsed) || parsed <= 0) throw new Error(`--${name} must be a positive number`);
+    if (!Number.isFinite(parsed) || parsed < 0 || (parsed === 0 && !zero)) throw new Error(`--${name} must be a ${zero ? 'non-negative' : 'positive'} number`);
     return parsed;
   };
   const list = (name: string, fallback: string): string[] => {
@@ -126,7 +126,7 @@ function settingsFrom(argv: readonly string[]): Settings {
     satSeconds: num('duration', 3, 1),
     c1Seconds: num('c1-duration', 1.5, 1),
     halfSeconds: num('half-duration', 2.5, 1),
-    warmupSeconds: num('warmup', 1, 0.5),
+    warmupSeconds: num('warmup', 1, 0.5, true),
     connections: Math.round(num('connections', 16, 16)),
     bodies: sizes('bodies', '256,8192,32768'),
     halfBodies: sizes('half-bodies', '256,8192'),
@@ -239,7 +239,7 @@ async function main(): Promise<void> {
       const specOf = (contender: Contender): LoadSpec => ({ url: processes.get(contender.id)!.url, bodies, headers, expect: contender.expect });
 
       log(`\n== ${sizeLabel(body)} bodies: warm-up ${settings.warmupSeconds} s per contender`);
-      for (const contender of contenders) {
+      for (const contender of settings.warmupSeconds > 0 ? contenders : []) {
         const warm = await runAutocannon(specOf(contender), settings.connections, settings.warmupSeconds);
         tallyInto(contender.id, warm.rank);
       }

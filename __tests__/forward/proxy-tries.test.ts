@@ -34,7 +34,7 @@ async function start(urls: readonly string[]) {
   for (const [index, upstream] of services.table.upstreams.entries()) proxies[index] = createUpstreamProxy(upstream, services.config, outcomes);
   const sent: Array<[IncomingMessage, ServerResponse, RouteState]> = [];
   const server = await serve((req, res) => {
-    const route = new RouteState(reports);
+    const route = new RouteState(reports, req.headers);
     sent.push([req, res, route]);
     route.assign(req, res, services.table.all[0], 'assigned', undefined);
     route.sending();

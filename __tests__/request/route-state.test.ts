@@ -38,7 +38,7 @@ describe('RouteState', () => {
   it('assign takes the slot, counts, sets the rank header, req.dpRank and the decision header; the close releases it', async () => {
     const seen: Array<Record<string, unknown>> = [];
     const gateway = await start((req, res, reports, services) => {
-      const route = new RouteState(reports);
+      const route = new RouteState(reports, req.headers);
       const endpoint = services.table.all[1];
       req.headers['x-data-parallel-rank'] = 'client value';
       route.assign(req, res, endpoint, 'assigned', 'untrusted', '; index=exact');
@@ -59,7 +59,7 @@ describe('RouteState', () => {
     let during: number[] = [];
     const gateway = await start((req, res, reports, services) => {
       const [first, , other] = services.table.all;
-      const route = new RouteState(reports);
+      const route = new RouteState(reports, req.headers);
       route.assign(req, res, first, 'assigned', undefined);
       route.moveTo(req, res, other);
       during = services.table.all.map((endpoint) => endpoint.inflight);
@@ -77,8 +77,8 @@ describe('RouteState', () => {
 
   it('settles a try once: later reports of the same try are echoes', async () => {
     const results: boolean[] = [];
-    const gateway = await start((_req, res, reports) => {
-      const route = new RouteState(reports);
+    const gateway = await start((req, res, reports) => {
+      const route = new RouteState(reports, req.headers);
       route.sending();
       results.push(route.phase === 'waiting', route.settle(), route.settle());
       res.end();
@@ -90,8 +90,8 @@ describe('RouteState', () => {
   it('a response answered before any endpoint was held leaks nothing, and its body lease is released on close', async () => {
     const budget = new BodyBudget(1000);
     let held = 0;
-    const gateway = await start((_req, res, reports) => {
-      const route = new RouteState(reports);
+    const gateway = await start((req, res, reports) => {
+      const route = new RouteState(reports, req.headers);
       const lease = route.leaseFrom(budget, res)!;
       expect(route.leaseFrom(budget, res)).toBe(lease);
       lease.grow(100);

@@ -20,7 +20,7 @@
  * function, and what each contender spends more than the first, function by function.
  */
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, renameSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startChild, type BenchChild } from '../lib/cpu';
@@ -55,7 +55,7 @@ async function main(): Promise<void> {
   try {
     // Both at once: instruction counts do not depend on sharing the machine.
     // Settled, not raced: a contender that fails must not leave the others starting unseen.
-    const settled = await Promise.allSettled(ids.map((id, index) => count(id, build, upstream.url, join(dir, `${index}.out`), Number(requests), Number(bytes), functions)));
+    const settled = await Promise.allSettled(ids.map((id, index) => count(id, build, upstream.url, join(dir, `${index}.out`), Number(requests), Number(bytes), functions, keep)));
     const failure = settled.find((result) => result.status === 'rejected');
     if (failure !== undefined) throw failure.reason;
     const counts = settled.map((result) => (result as PromiseFulfilledResult<Awaited<ReturnType<typeof count>>>).value);
@@ -75,7 +75,7 @@ async function main(): Promise<void> {
 
 const running = new Set<BenchChild>();
 
-async function count(id: string, build: LibraryBuild, upstreamUrl: string, outFile: string, requests: number, bytes: number, functions: boolean) {
+async function count(id: string, build: LibraryBuild, upstreamUrl: string, outFile: string, requests: number, bytes: number, functions: boolean, keep: boolean) {
   const callgrind = ['valgrind', '-q', '--tool=callgrind', '--instr-atstart=no', '--smc-check=all-non-file', '--separate-threads=yes', `--callgrind-out-file=${outFile}`];
   const child: BenchChild = await startContender(id, upstreamUrl, build, undefined, functions ? ['--perf-basic-prof', '--no-logfile-per-isolate', `--logfile=${outFile}.v8.log`] : [], callgrind);
   running.add(child);
@@ -106,8 +106,14 @@ async function count(id: string, build: LibraryBuild, upstreamUrl: string, outFi
     if (functions) costs = functionCosts(file, `/tmp/perf-${child.process.pid}.map`);
   }
   if (main === 0) throw new Error(`${id}: callgrind wrote no counts`);
-  if (functions) rmSync(`/tmp/perf-${child.process.pid}.map`, { force: true });
+  // With --keep, the map goes next to the dump it names (callgrind_annotate shows JIT code by address).
+  if (functions) renameOrRemove(`/tmp/perf-${child.process.pid}.map`, keep ? `${outFile}.perf.map` : undefined);
   return { id, main: main / requests, total: total / requests, functions: costs };
+}
+
+function renameOrRemove(from: string, to: string | undefined): void {
+  if (to !== undefined && existsSync(from)) renameSync(from, to);
+  else rmSync(from, { force: true });
 }
 
 /** Main-thread self instructions per request by area and by function; for each later contender, where it spends more than the first. */

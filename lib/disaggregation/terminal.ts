@@ -73,7 +73,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
 
   proceed(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
     const path = req.originalUrl ?? req.url ?? '/';
-    if (req.method !== 'POST' || !GENERATION.test(path) || (route.body === undefined && (!hasBody(req) || !isJson(req)))) {
+    if (req.method !== 'POST' || !GENERATION.test(path) || (route.body === undefined && (!hasBody(route.headers) || !isJson(route.headers)))) {
       if (req.headers[PREFILL_HINT_HEADER] !== undefined) delete req.headers[PREFILL_HINT_HEADER];
       this.decode.proceed(req, res, next, route);
       return;

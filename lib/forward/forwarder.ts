@@ -80,7 +80,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     // Stored only when it differs: a store to `req` costs far more than a read.
     const originalUrl = req.originalUrl;
     if (originalUrl !== undefined && req.url !== originalUrl) req.url = originalUrl;
-    const { headers } = req;
+    const { headers } = route;
     if (headers.upgrade !== undefined && WEBSOCKET.test(headers.upgrade)) {
       // Stripped like any hop-by-hop header, the upgrade would reach the engine as a plain
       // request to a WebSocket-only route and come back as a puzzling 404 or 403.
@@ -112,7 +112,7 @@ export class Forwarder implements Terminal, TryOutcomes {
    */
   private holdForRetry(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
     const limit = this.retryBodyLimit();
-    if (route.body === undefined && replayableSize(req, limit)) {
+    if (route.body === undefined && replayableSize(req, route.headers, limit)) {
       this.bodies.read(req, res, route, limit, 'replay', next, this.replayable, true);
       return;
     }
@@ -221,7 +221,7 @@ export class Forwarder implements Terminal, TryOutcomes {
   private retry(req: RoutedRequest, res: ServerResponse, route: RouteState, failed: RouteEndpoint): boolean {
     if (route.attempt >= this.retries.attempts || res.headersSent) return false;
     // Only what can be replayed byte for byte: a buffered body, or none at all.
-    if (route.body === undefined && hasBody(req)) return false;
+    if (route.body === undefined && hasBody(route.headers)) return false;
     const tried = (route.tried ??= []);
     tried.push(failed);
     const { admission } = this;
@@ -263,9 +263,9 @@ export class Forwarder implements Terminal, TryOutcomes {
  * known, and taken from the budget, before a byte is read), not empty, within the limit, and
  * still unread.
  */
-function replayableSize(req: IncomingMessage, limit: number): boolean {
-  if (limit === 0 || req.readableEnded || req.headers['transfer-encoding'] !== undefined) return false;
-  const declared = req.headers['content-length'];
+function replayableSize(req: IncomingMessage, headers: IncomingHttpHeaders, limit: number): boolean {
+  if (limit === 0 || headers['transfer-encoding'] !== undefined || req.readableEnded) return false;
+  const declared = headers['content-length'];
   if (declared === undefined || declared === '0') return false;
   const size = Number(declared);
   return size > 0 && size <= limit;

@@ -66,11 +66,10 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
   // the next full collection copied and promoted them with all they reach (promoted per
   // request: 14.5 KB with a Map, 9.7 KB on the response; a plain proxy 7.9 KB).
   const tryOf = Symbol('dp-router try');
-  type Carrier = ServerResponse & { [tryOf]?: RouteState };
   let kept = 0;
   const keeper: TryKeeper = {
     forget: (res) => {
-      const carrier = res as Carrier;
+      const carrier = carrierOf(res);
       if (carrier[tryOf] === undefined) return;
       carrier[tryOf] = undefined;
       kept--;
@@ -90,7 +89,7 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
         proxyReq.destroy();
         return;
       }
-      const route = (res as Carrier)[tryOf];
+      const route = carrierOf(res)[tryOf];
       if (route === undefined) {
         // The response closed before the upstream connection was there.
         proxyReq.destroy();
@@ -106,7 +105,7 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
     proxyRes(proxyRes: IncomingMessage, req: RoutedRequest, res: ServerResponse) {
       // Checked before http-proxy copies status and headers, which Node's server would throw
       // on, outside any handler, taking every other request down with the process.
-      const route = (res as Carrier)[tryOf];
+      const route = carrierOf(res)[tryOf];
       // The response closed already (its upstream request is being destroyed): nothing to relay.
       if (route === undefined) return;
       const refusal = unrelayable(proxyRes, checkHeaders);
@@ -126,7 +125,7 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
         res.destroy();
         return;
       }
-      const route = (res as Carrier)[tryOf];
+      const route = carrierOf(res)[tryOf];
       // After the response closed, the failure is the echo of its upstream request's end.
       if (route !== undefined) outcomes.failed(route, req, res, classify(error));
     },
@@ -162,7 +161,7 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
         route.sentVia = keeper;
         kept++;
       }
-      (res as Carrier)[tryOf] = route;
+      carrierOf(res)[tryOf] = route;
       void handle(req, res, next);
     },
     get keeping() {
@@ -173,6 +172,21 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
       agent.destroy();
     },
   };
+}
+
+/** Where a response carries its tries: one key per proxy. */
+type TryCarrier = Record<symbol, RouteState | undefined>;
+
+/**
+ * Express's `res.locals`, the per-response dictionary it makes for such data, or the response
+ * itself without Express. Not the response under Express 5: its router adds properties to every
+ * request and response after setting their prototype, which leaves each with a hidden class of
+ * its own, and a property added to one builds yet another (about 17,000 instructions); a key
+ * added to `res.locals` (a dictionary) costs a few hundred.
+ */
+function carrierOf(res: ServerResponse): TryCarrier {
+  const { locals } = res as { locals?: unknown };
+  return (typeof locals === 'object' && locals !== null ? locals : res) as TryCarrier;
 }
 
 /** The client closed its connection before the answer was complete. */

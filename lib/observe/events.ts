@@ -1,4 +1,4 @@
-import type { IncomingMessage } from 'node:http';
+import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
 import type { RouterLogger } from './logger';
 import type { RouterMetrics } from './metrics';
 import type { Tracing } from './tracing';
@@ -12,8 +12,8 @@ import { logHealthChange } from '../upstreams/health-log';
  * request's dispatch and end, go to the metrics directly.)
  */
 export interface RouterEvents {
-  /** A request took its first endpoint (`hintOutcome`: what became of its hint, if it had one). */
-  decided(req: IncomingMessage, endpoint: Endpoint, source: DecisionSource, hintOutcome: HintOutcome | undefined): void;
+  /** A request took its first endpoint (`hintOutcome`: what became of its hint, if it had one; `headers`: `req.headers`, read already). */
+  decided(req: IncomingMessage, endpoint: Endpoint, source: DecisionSource, hintOutcome: HintOutcome | undefined, headers: IncomingHttpHeaders): void;
   /** The policy scored the pick on `index`, estimating the chosen endpoint holds `matchedShare` of the prompt. */
   prefixScored(req: IncomingMessage, index: IndexSource, matchedShare: number): void;
   /** The request is sent again, to `next`, after `failed` failed it. */
@@ -30,8 +30,8 @@ export interface RouterEvents {
  */
 export function createEvents(metrics: RouterMetrics, tracing: Tracing, logger: RouterLogger, policy: string, healthCheck: HealthCheckConfig | undefined): RouterEvents {
   return {
-    decided(req, endpoint, source, hintOutcome) {
-      tracing.decided(req, endpoint, source, hintOutcome);
+    decided(req, endpoint, source, hintOutcome, headers) {
+      tracing.decided(req, endpoint, source, hintOutcome, headers);
       logger.decided(endpoint, source, policy, hintOutcome);
     },
     prefixScored(req, index, matchedShare) {

@@ -1,4 +1,4 @@
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import type { DecisionSource, Endpoint, HintOutcome } from '../types';
 
 /**
@@ -29,7 +29,7 @@ export interface Tracing {
    * The request has its endpoint: the decision goes on the active span, and that span's
    * context onto the proxied request's headers (`traceparent`, `tracestate`).
    */
-  decided(req: IncomingMessage, endpoint: Endpoint, source: DecisionSource, hintOutcome: HintOutcome | undefined): void;
+  decided(req: IncomingMessage, endpoint: Endpoint, source: DecisionSource, hintOutcome: HintOutcome | undefined, headers: IncomingHttpHeaders): void;
   /**
    * `prefix-aware` scored the chosen endpoint on `index`, estimating that it holds `matchedShare`
    * of the prompt's blocks; recorded on the span the decision went on.
@@ -99,12 +99,12 @@ export function createTracing(policy: string, load: () => unknown = requireApi):
 
   return {
     enabled: true,
-    decided(req, endpoint, source, hintOutcome) {
+    decided(req, endpoint, source, hintOutcome, incoming) {
       // A client's `baggage` (free-form key=value pairs, e.g. `role=admin`) is dropped: there is
       // no rule by which to trust it. `traceparent` and `tracestate` go together: passed on
       // unchanged when this gateway is not tracing (W3C Trace Context's rule for a
       // non-participant), both replaced by the gateway's when it is.
-      const headers = req.headers as Record<string, unknown>;
+      const headers = incoming as Record<string, unknown>;
       // `delete` takes V8's slow path even for a name that is not there.
       if (headers.baggage !== undefined) delete headers.baggage;
       const span = serverSpan(api);

@@ -117,7 +117,8 @@ export class RequestLifecycle {
       models.sendModelList(res);
       return;
     }
-    const route = new RouteState(this.reports);
+    const { headers } = req;
+    const route = new RouteState(this.reports, headers);
     const { trust, header: hintHeader } = this.hints;
     const { header } = this.config;
     try {
@@ -126,7 +127,6 @@ export class RequestLifecycle {
       next(error);
       return;
     }
-    const { headers } = req;
     route.headerHint = this.inputs.headerHint(req, route.trusted, headers);
     // `delete` always takes V8's slow path, so only where there is something to remove.
     if (headers[hintHeader] !== undefined) delete headers[hintHeader];
@@ -167,11 +167,11 @@ export class RequestLifecycle {
   readBody(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
     // Routing by model reads the body only once some upstream's models tell the pools apart.
     const wantsBody = this.inputs.wantsBody(req) || this.models.active;
-    const bodied = hasBody(req);
+    const bodied = hasBody(route.headers);
     // Each property of `req` read costs a lookup V8 cannot cache: a stream that has ended is
     // complete, so `readableEnded` is read only for a complete body.
     if (bodied && !req.complete) {
-      const routes = wantsBody && isJson(req);
+      const routes = wantsBody && isJson(route.headers);
       if (this.takesArrived && (routes || this.bufferMaxBytes > 0)) {
         // This handler runs inside the HTTP parser, before it reads on: a body sent with its
         // headers is in the stream's buffer one tick later, and taken from there at once
@@ -192,7 +192,7 @@ export class RequestLifecycle {
       this.decide(req, res, next, route);
       return;
     } else if (bodied) {
-      this.takeBody(req, res, next, route, wantsBody && isJson(req));
+      this.takeBody(req, res, next, route, wantsBody && isJson(route.headers));
       return;
     }
     this.decide(req, res, next, route);

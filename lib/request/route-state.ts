@@ -1,4 +1,4 @@
-import type { ClientRequest, IncomingMessage, ServerResponse } from 'node:http';
+import { ServerResponse, type ClientRequest, type IncomingHttpHeaders, type IncomingMessage } from 'node:http';
 import type { BodyBudget, BodyLease } from './body-budget';
 import type { RouteEndpoint } from '../upstreams/endpoints';
 import { replaceValues, type JsonField } from './json-fields';
@@ -89,7 +89,14 @@ export class RouteState {
   /** Whether the response's close is watched (one listener per request, see {@link watch}). */
   private watching = false;
 
-  constructor(private readonly reports: RouteReports) {}
+  /**
+   * @param headers `req.headers`, read once at the front: under Express 5 each request has a
+   * hidden class of its own, so every read of `req.headers` (a getter) misses V8's caches.
+   */
+  constructor(
+    private readonly reports: RouteReports,
+    readonly headers: IncomingHttpHeaders,
+  ) {}
 
   /**
    * The request takes its first endpoint; the slot is held until the response closes.
@@ -100,7 +107,7 @@ export class RouteState {
     this.hold(req, res, endpoint, note);
     this.started = performance.now();
     this.watch(res);
-    this.reports.events.decided(req, endpoint, source, hintOutcome);
+    this.reports.events.decided(req, endpoint, source, hintOutcome, this.headers);
   }
 
   /** A retry: the slot, the rank header, the body's hint field and `req.dpRank` move from the failed endpoint to `next`. */
@@ -189,7 +196,7 @@ export class RouteState {
   private watch(res: ServerResponse): void {
     if (this.watching) return;
     this.watching = true;
-    res.on('close', () => this.closed(res));
+    listen.call(res, 'close', () => this.closed(res));
   }
 
   /**
@@ -203,7 +210,7 @@ export class RouteState {
     endpoint.inflight++;
     metrics.dispatched(endpoint, source);
     const { header } = config;
-    const { headers } = req;
+    const { headers } = this;
     if (endpoint.headerValue !== undefined) headers[header] = endpoint.headerValue;
     else if (headers[header] !== undefined) delete headers[header];
     this.endpoint = endpoint;
@@ -220,7 +227,7 @@ export class RouteState {
   private carryRank(req: IncomingMessage, endpoint: RouteEndpoint): void {
     if (this.hintFields === undefined || this.body === undefined) return;
     this.body = replaceValues(this.body, this.hintFields, endpoint.headerValue ?? 'null');
-    if (req.headers['transfer-encoding'] === undefined) req.headers['content-length'] = String(this.body.length);
+    if (this.headers['transfer-encoding'] === undefined) this.headers['content-length'] = String(this.body.length);
   }
 
   /**
@@ -246,6 +253,12 @@ export class RouteState {
     this.reports.freed?.(held);
   }
 }
+
+/**
+ * A response's `on`, looked up once: under Express 5 every response has a hidden class of its
+ * own, so `res.on` walks six prototypes on each request (about 6,000 instructions).
+ */
+const listen = ServerResponse.prototype.on;
 
 function expire(proxyReq: ClientRequest, code: string): void {
   const what = code === CONNECT_TIMEOUT ? 'connect' : 'first byte';

@@ -2,11 +2,13 @@
  * npx tsx bench/decide-count.ts [FILE.ts …] [--bytes 8192] [--endpoints 64]
  *
  * Instructions per prefix-aware pick, counted by valgrind (cachegrind, all threads): each
- * contender runs in its own process twice, 3,000 and 7,000 picks (the same prompts and
- * in-flight churn as `npm run bench:decide`), and the difference is divided by 4,000, so that
- * start-up and warm-up cancel out. Contenders: this checkout's `prefixAware`, and each FILE.ts
- * that exports one (e.g. `git show main:lib/policies/prefix-aware.ts` saved next to it). A
- * count does not move with a loaded machine, as CPU time does.
+ * contender runs in its own process twice, 10,000 and 30,000 picks (the same prompts and
+ * in-flight churn as `npm run bench:decide`), and the difference is divided by 20,000, so that
+ * start-up and warm-up cancel out (shorter runs left the JIT's timing in the difference: ±30 %).
+ * Contenders: this checkout's `prefixAware`, and each FILE.ts that exports one, e.g.
+ * `lib/policies/prefix-aware.ts` of another checkout (`git archive main | tar -x -C /tmp/main`,
+ * node_modules linked): a file saved next to this one would import this checkout's modules.
+ * A count does not move with a loaded machine, as CPU time does.
  */
 import { spawnSync } from 'node:child_process';
 import { resolve } from 'node:path';
@@ -15,8 +17,8 @@ import type { PickContext, Policy } from '../lib/types';
 import { RouteEndpoint } from '../lib/upstreams/endpoints';
 import type { UpstreamConfig } from '../lib/options';
 
-const WARM_PICKS = 3000;
-const EXTRA_PICKS = 4000;
+const WARM_PICKS = 10_000;
+const EXTRA_PICKS = 20_000;
 
 function flag(name: string, fallback: number): number {
   const at = process.argv.indexOf(name);

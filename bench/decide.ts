@@ -46,6 +46,13 @@ const QUICK = args.has('quick');
 /** Timed batches per cell; the figure is the median batch. */
 const BATCHES = QUICK ? 5 : 11;
 const BATCH_MS = QUICK ? 20 : 60;
+/**
+ * CPU time every cell warms up for at least. A policy's code is optimised after thousands of
+ * picks and re-optimised after each early deopt, and the compiler thread's time counts in
+ * `process.cpuUsage`: without this, a cell's first ~12,000 picks (100 ms and more) ran 2–8×
+ * slower, which was taken for "the first policy instance is slower".
+ */
+const WARM_MS = QUICK ? 250 : 1000;
 const ENDPOINT_COUNTS = [8, 64, 512];
 const PROMPT_SIZES = [1024, 8192, 65536];
 
@@ -124,6 +131,8 @@ function measurePicks(policy: Policy, endpoints: RouteEndpoint[], contexts: read
   // Warm up to a steady state: every endpoint has been chosen (prefix-aware allocates an
   // endpoint's index on its first pick) and the JIT has settled.
   step(Math.max(QUICK ? 2_000 : 10_000, endpoints.length * (QUICK ? 10 : 40)));
+  const warmUntil = cpuNow() + WARM_MS * 1e6;
+  while (cpuNow() < warmUntil) step(256);
   // Calibrate the batch size to about BATCH_MS.
   let iterations = 64;
   for (;;) {

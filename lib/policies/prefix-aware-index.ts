@@ -14,71 +14,103 @@ export function hashPromptBlocks(prompt: string, blockChars: number, count: numb
   return count;
 }
 
+/** A hash's home slot in a table keyed by `slotKey` with `mask` (0 is stored as 1). */
+function homeSlot(hash: number, slotKey: number, mask: number): number {
+  return keyedMix32(hash === 0 ? 1 : hash, slotKey) & mask;
+}
+
+/**
+ * Writes the home slots of the first `count` hashes into `out` (returned): the same in every
+ * {@link BlockIndex} with this `slotKey` and `mask`, so a policy whose indexes share a key
+ * computes them once per prompt instead of once per candidate and probe.
+ */
+export function blockHomes(hashes: Int32Array, count: number, slotKey: number, mask: number, out: Int32Array): Int32Array {
+  for (let i = 0; i < count; i++) out[i] = homeSlot(hashes[i], slotKey, mask);
+  return out;
+}
+
 /**
  * The block hashes one endpoint was sent, approximately least-recently-used: two
  * generations of at most `maxBlocks` hashes each; when the current one fills, the older is
  * dropped whole. So the `maxBlocks` most recently used hashes are always held (the rank's
  * cache, sized alike, forgets nothing the index still needs), and at most `2 × maxBlocks`.
- * Each generation is an open-addressing hash set in an `Int32Array` at most half full, so a
- * touch is a probe or two with no allocation, and the memory is fixed:
- * `16 × nextPowerOfTwo(maxBlocks)` bytes (512 KiB for the default `maxBlocksPerEndpoint`).
+ * Each generation is an open-addressing hash set at most half full, so a touch is a probe or
+ * two with no allocation, and the memory is fixed: `16 × nextPowerOfTwo(maxBlocks)` bytes
+ * (512 KiB for the default `maxBlocksPerEndpoint`).
+ *
+ * The two generations share one `Int32Array`, slot by slot (generation `g`'s slot `s` at
+ * `2s + g`), and a hash's home slot is the same in both: a lookup that misses the current
+ * generation finds the previous one's slot in the same cache line. Tables of many endpoints
+ * do not fit a CPU cache, so a pick's cost is mostly these memory reads.
  */
 export class BlockIndex {
   /** New blocks recorded lately (halved as the policy's total passes its bound). */
   recentBlocks = 0;
-  private current: HashSet32;
-  private previous: HashSet32;
+  /** Slot probes past the first, over the index's life: the work hash collisions cost. */
+  extraProbes = 0;
+  /** Both generations, interleaved; 0 marks an empty slot. */
+  private readonly slots: Int32Array;
+  /** Which half of each slot pair is the current generation (0 or 1). */
+  private current = 0;
+  private currentSize = 0;
+  private previousSize = 0;
   private readonly generationSize: number;
   private readonly slotKey: number;
-  /** Both tables have the same size and key, so a hash's home slot is computed once for both. */
   private readonly mask: number;
 
   /** `slotKey` keys the tables' slot hash; a random one (the default) keeps clients from forging collisions. */
   constructor(maxBlocks: number, slotKey = randomKey32()) {
     this.generationSize = maxBlocks;
     this.slotKey = slotKey;
-    this.current = new HashSet32(this.generationSize);
-    this.previous = new HashSet32(this.generationSize);
-    this.mask = this.current.mask;
+    this.mask = BlockIndex.maskFor(maxBlocks);
+    this.slots = new Int32Array(2 * (this.mask + 1));
   }
 
-  /** Slot probes past the first, over the index's life: the work hash collisions cost. */
-  get extraProbes(): number {
-    return this.current.extraProbes + this.previous.extraProbes;
+  /** The slot mask of an index of `maxBlocks`: each generation has the least power of two ≥ `2 × maxBlocks` slots. */
+  static maskFor(maxBlocks: number): number {
+    let capacity = 2;
+    while (capacity < maxBlocks * 2) capacity *= 2;
+    return capacity - 1;
   }
 
   /** How many block hashes are held (never more than `2 × maxBlocks`). */
   get size(): number {
-    return this.current.size + this.previous.size;
+    return this.currentSize + this.previousSize;
   }
 
   /** Bytes held by the index's tables. */
   get bytes(): number {
-    return this.current.bytes + this.previous.bytes;
+    return this.slots.byteLength;
   }
 
   has(hash: number): boolean {
+    return this.hasAt(hash, homeSlot(hash, this.slotKey, this.mask));
+  }
+
+  /** `has`, with the hash's home slot already computed ({@link blockHomes}). */
+  hasAt(hash: number, home: number): boolean {
     const key = hash === 0 ? 1 : hash;
-    const home = keyedMix32(key, this.slotKey) & this.mask;
-    return this.current.has(key, home) || this.previous.has(key, home);
+    return this.holds(key, home, this.current) || this.holds(key, home, this.current ^ 1);
   }
 
   /**
    * The number of leading blocks held. Blocks are recorded last-to-first, so a block is
    * never older than the blocks before it in its chain: the held blocks of a chain form a
    * prefix, and a binary search finds its end. Returns 0 early when it cannot reach `toBeat`.
+   * `homes`, when given, holds the hashes' home slots ({@link blockHomes}).
    */
-  leadingRun(hashes: Int32Array, count: number, toBeat: number): number {
-    if (!this.has(hashes[0])) return 0;
+  leadingRun(hashes: Int32Array, count: number, toBeat: number, homes?: Int32Array): number {
+    if (homes === undefined) homes = blockHomes(hashes, count, this.slotKey, this.mask, new Int32Array(count));
+    if (!this.hasAt(hashes[0], homes[0])) return 0;
     let low = 1;
     if (toBeat > 1) {
-      if (!this.has(hashes[toBeat - 1])) return 0;
+      if (!this.hasAt(hashes[toBeat - 1], homes[toBeat - 1])) return 0;
       low = toBeat;
     }
     let high = count;
     while (low < high) {
       const middle = (low + high + 1) >>> 1;
-      if (this.has(hashes[middle - 1])) low = middle;
+      if (this.hasAt(hashes[middle - 1], homes[middle - 1])) low = middle;
       else high = middle - 1;
     }
     return low;
@@ -86,25 +118,69 @@ export class BlockIndex {
 
   /**
    * Marks the blocks as just used, last to first so that a prompt's head outlives its tail.
-   * Returns how many were not held before.
+   * Returns how many were not held before. `homes` as for `leadingRun`.
    */
-  record(hashes: Int32Array, count: number): number {
+  record(hashes: Int32Array, count: number, homes?: Int32Array): number {
+    if (homes === undefined) homes = blockHomes(hashes, count, this.slotKey, this.mask, new Int32Array(count));
     let added = 0;
     for (let i = count - 1; i >= 0; i--) {
       const hash = hashes[i];
       const key = hash === 0 ? 1 : hash;
-      const home = keyedMix32(key, this.slotKey) & this.mask;
-      if (!this.current.add(key, home)) continue;
+      const home = homes[i];
+      if (!this.add(key, home)) continue;
       // Only for a hash new to the current generation (adding to one leaves the other as it was).
-      if (!this.previous.has(key, home)) added++;
-      if (this.current.size >= this.generationSize) {
-        const dropped = this.previous;
-        this.previous = this.current;
-        dropped.clear();
+      if (!this.holds(key, home, this.current ^ 1)) added++;
+      if (this.currentSize >= this.generationSize) {
+        // The previous generation is dropped; the current one becomes the previous.
+        const dropped = this.current ^ 1;
+        const slots = this.slots;
+        for (let at = dropped; at < slots.length; at += 2) slots[at] = 0;
         this.current = dropped;
+        this.previousSize = this.currentSize;
+        this.currentSize = 0;
       }
     }
     return added;
+  }
+
+  /** Whether generation `generation` holds `key`. */
+  private holds(key: number, home: number, generation: number): boolean {
+    const at = this.slotOf(key, home, generation);
+    return at >= 0 && this.slots[at] === key;
+  }
+
+  /**
+   * Adds the key to the current generation; returns whether it was added (false when held, or
+   * when its probe run is full). `record` keeps each generation at most half full.
+   */
+  private add(key: number, home: number): boolean {
+    const at = this.slotOf(key, home, this.current);
+    if (at < 0 || this.slots[at] === key) return false;
+    this.slots[at] = key;
+    this.currentSize++;
+    return true;
+  }
+
+  /**
+   * Linear probing in one generation: the array position holding `key`, or the empty one where
+   * it would go; -1 when `MAX_PROBES` slots hold neither. A hash is never stored more than
+   * `MAX_PROBES − 1` slots past its home slot (an insertion that would go further is dropped:
+   * the index forgets that block), so a lookup that has probed `MAX_PROBES` slots knows the
+   * hash is absent.
+   */
+  private slotOf(key: number, home: number, generation: number): number {
+    const slots = this.slots;
+    let slot = home;
+    let at = 2 * slot + generation;
+    let probed = 1;
+    while (slots[at] !== key && slots[at] !== 0) {
+      if (probed === MAX_PROBES) return -1;
+      probed++;
+      this.extraProbes++;
+      slot = (slot + 1) & this.mask;
+      at = 2 * slot + generation;
+    }
+    return at;
   }
 }
 
@@ -115,67 +191,3 @@ export class BlockIndex {
  * whatever the hashes are.
  */
 export const MAX_PROBES = 64;
-
-/**
- * A fixed-capacity set of 32-bit keys (a hash, 0 written as 1) with linear probing from a home
- * slot its owner computes with a keyed slot hash; 0 marks an empty slot. A hash is never stored more than `MAX_PROBES − 1` slots past its home slot
- * (an insertion that would go further is dropped: the index forgets that block), so a lookup
- * that has probed `MAX_PROBES` slots knows the hash is absent.
- */
-class HashSet32 {
-  size = 0;
-  /** Probes past the first slot, ever (not reset by `clear`). */
-  extraProbes = 0;
-  private readonly slots: Int32Array;
-  readonly mask: number;
-
-  constructor(maxEntries: number) {
-    let capacity = 2;
-    while (capacity < maxEntries * 2) capacity *= 2;
-    this.slots = new Int32Array(capacity);
-    this.mask = capacity - 1;
-  }
-
-  get bytes(): number {
-    return this.slots.byteLength;
-  }
-
-  has(key: number, home: number): boolean {
-    const slot = this.slotOf(key, home);
-    return slot >= 0 && this.slots[slot] === key;
-  }
-
-  /**
-   * Adds the hash; returns whether it was added (false when held, or when its probe run is
-   * full). The owner keeps `size` at most half the slots.
-   */
-  add(key: number, home: number): boolean {
-    const slot = this.slotOf(key, home);
-    if (slot < 0 || this.slots[slot] === key) return false;
-    this.slots[slot] = key;
-    this.size++;
-    return true;
-  }
-
-  /**
-   * Linear probing: the slot holding `key`, or the empty slot where it would go; -1 when
-   * `MAX_PROBES` slots hold neither.
-   */
-  private slotOf(key: number, home: number): number {
-    const slots = this.slots;
-    let slot = home;
-    let probed = 1;
-    while (slots[slot] !== key && slots[slot] !== 0) {
-      if (probed === MAX_PROBES) return -1;
-      probed++;
-      this.extraProbes++;
-      slot = (slot + 1) & this.mask;
-    }
-    return slot;
-  }
-
-  clear(): void {
-    this.slots.fill(0);
-    this.size = 0;
-  }
-}

@@ -1,7 +1,8 @@
 import { randomKey32, rendezvousWeight } from '../hash';
 import type { ExactPick } from '../exact-prefix/index/exact-pick';
 import type { Endpoint, PickContext, Policy } from '../types';
-import { BlockIndex, hashPromptBlocks } from './prefix-aware-index';
+import { BlockIndex, blockHomes } from './prefix-aware-index';
+import { PromptBlockHasher } from './prefix-aware-hasher';
 import { PrefillCostModel } from './prefix-aware-ttft';
 import { type EndpointState, EndpointStates } from './prefix-aware-state';
 import { parsePrefixAwarePolicy, type PrefixAwareOptions } from './prefix-aware-options';
@@ -93,10 +94,11 @@ const MISS_WEIGHT = 2;
  * endpoint in this gateway's view) would cache each prefix once per replica. Ties between
  * holders also go by that order.
  *
- * Per pick: one pass hashing the prompt, then per candidate one `Map` lookup and a binary search
- * of its matching run (skipped when the candidate cannot win), and for a new prefix one more
- * `Map` lookup and hash per candidate; no allocation once the hash buffer has grown to the
- * longest prompt and the endpoint keys are known.
+ * Per pick: one pass hashing the prompt (see {@link PromptBlockHasher}) and one computing its
+ * blocks' home slots, shared by every index; then per candidate a probe for the lead and a
+ * binary search of its matching run (skipped when the candidate cannot win), and for a new
+ * prefix one rendezvous hash per candidate; no allocation once the buffers have grown to the
+ * longest prompt and the endpoints are known.
  */
 export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy {
   const { blockChars, maxBlocksPerEndpoint: maxBlocks, maxBlocksPerRequest: maxRequestBlocks, contentBalance, placementSlack, fallback } = parsePrefixAwarePolicy('prefixAware', options);
@@ -105,7 +107,12 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
   const slotKey = randomKey32();
   /** Per endpoint: its block index, its pending prefill, its rendezvous identity. */
   const states = new EndpointStates();
-  let blockHashes = new Int32Array(256);
+  const hasher = new PromptBlockHasher(blockChars, maxRequestBlocks);
+  /** The current pick's block hashes (`hasher.hashes`). */
+  let blockHashes = hasher.hashes;
+  /** Their home slots, the same in every index of this policy (one key, one size): computed once per pick. */
+  let homes = new Int32Array(blockHashes.length);
+  const slotMask = BlockIndex.maskFor(maxBlocks);
   /** Each candidate's cost during one pick (Infinity when skipped), reused across picks. */
   let candidateCosts = new Float64Array(0);
   /** Each candidate's queue during one pick, in blocks, reused across picks. */
@@ -119,9 +126,11 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
   let matchedShare = 0;
 
   function hashBlocks(prompt: string): number {
-    const count = Math.min(Math.floor(prompt.length / blockChars), maxRequestBlocks);
-    if (count > blockHashes.length) blockHashes = new Int32Array(Math.min(Math.max(count, blockHashes.length * 2), maxRequestBlocks));
-    return hashPromptBlocks(prompt, blockChars, count, blockHashes);
+    const count = hasher.hash(prompt);
+    blockHashes = hasher.hashes;
+    if (homes.length < blockHashes.length) homes = new Int32Array(blockHashes.length);
+    blockHomes(blockHashes, count, slotKey, slotMask, homes);
+    return count;
   }
 
   /** The rendezvous weight of `candidates[at]` for `lead`, during a pick. */
@@ -163,7 +172,9 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     // A unit of load is worth at most one more typical request: a fit on few or skewed samples must not outweigh the cache.
     const ratio = Math.min(costModel.blocksPerLoad(), work);
     const fairRecent = candidateRecent / candidates.length;
-    const lead = blockHashes[Math.min(blockCount, LEAD_BLOCKS) - 1];
+    const leadAt = Math.min(blockCount, LEAD_BLOCKS) - 1;
+    const lead = blockHashes[leadAt];
+    const leadHome = homes[leadAt];
 
     if (candidateCosts.length < candidates.length) {
       candidateCosts = new Float64Array(candidates.length);
@@ -188,7 +199,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
         const recent = index === undefined ? 0 : index.recentBlocks;
         if (recent > fairRecent) cost += contentBalance * MISS_WEIGHT * blockCount * Math.min(MAX_EXCESS, recent / fairRecent - 1);
         candidateQueues[at] = cost;
-        const holds = index !== undefined && index.has(lead);
+        const holds = index !== undefined && index.hasAt(lead, leadHome);
         if (holds) anyMatch = true;
         // Uncached blocks are the whole prompt without the lead, at least none with it: skip the
         // search when even none cannot win (or tie).
@@ -199,7 +210,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
         if (holds) {
           // To win or tie, the run must reach `toBeat` blocks: one probe tells when it cannot.
           const toBeat = bestCost === Infinity ? 0 : Math.ceil(blockCount - (bestCost - cost) / MISS_WEIGHT - 1e-9);
-          cost += MISS_WEIGHT * (blockCount - (index as BlockIndex).leadingRun(blockHashes, blockCount, toBeat));
+          cost += MISS_WEIGHT * (blockCount - (index as BlockIndex).leadingRun(blockHashes, blockCount, toBeat, homes));
         } else {
           cost += MISS_WEIGHT * blockCount;
         }
@@ -291,13 +302,13 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       // The approximate index learns from every pick, so that it is warm when a rank falls back to it.
       const uncached = exact?.chose(chosenAt) === 'exact'
         ? exactUncached(blockCount, exact.matched[chosenAt], exact.promptBlocks)
-        : blockCount - index.leadingRun(blockHashes, blockCount, 0);
+        : blockCount - index.leadingRun(blockHashes, blockCount, 0, homes);
       typicalWork = typicalWork < 0 ? uncached : typicalWork + (uncached - typicalWork) * WORK_SMOOTHING;
       matchedShare = 1 - uncached / blockCount;
       const pending = state.pending;
       const external = chosen.load > chosen.inflight ? chosen.load - chosen.inflight : 0;
       pending.push(uncached, pending.blocks + external * (typicalWork < 0 ? uncached : typicalWork) + uncached, chosen.load);
-      const added = index.record(blockHashes, blockCount);
+      const added = index.record(blockHashes, blockCount, homes);
       index.recentBlocks += added;
       recentTotal += added;
       // "Recent" is about the last one to two caches' worth of new blocks per endpoint.

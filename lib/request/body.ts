@@ -79,6 +79,14 @@ export function arrivedBody(req: IncomingMessage, limit: number, lease: BodyLeas
   return req.read(size) as Buffer;
 }
 
+/** Whether all of a body declared by `Content-Length` (at most `limit` bytes) is in the stream's buffer already; `headers`: `req.headers`. */
+export function wholeInBuffer(req: IncomingMessage, headers: IncomingHttpHeaders, limit: number): boolean {
+  const declared = headers['content-length'];
+  if (declared === undefined) return false;
+  const size = req.readableLength;
+  return size > 0 && size <= limit && Number(declared) === size;
+}
+
 /** Whether a request (its `req.headers`) carries a body at all (so reading it cannot block on a GET). */
 export function hasBody(headers: IncomingHttpHeaders): boolean {
   const length = headers['content-length'];

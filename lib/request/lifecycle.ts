@@ -1,5 +1,5 @@
 import type { ServerResponse } from 'node:http';
-import { hasBody, isJson } from './body';
+import { hasBody, isJson, wholeInBuffer } from './body';
 import { replayParsedBody, type AfterBody, type BodyReader, type Next } from './body-reader';
 import { PolicyError, sendError } from '../errors';
 import { bareContext, safePick } from '../policies/safe-pick';
@@ -203,6 +203,12 @@ export class RequestLifecycle {
    * parser has had its turn; a body still arriving gets its deadline (`timeouts.bodyMs`).
    */
   takeBody(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, routes: boolean): void {
+    if (!routes && this.bufferMaxBytes > 0 && this.takesArrived && wholeInBuffer(req, route.headers, this.bufferMaxBytes)) {
+      // Buffering would wait for nothing: the body came with the headers, and the proxy sends
+      // it on from the stream's buffer (reading it out costs more than the rest of buffering).
+      this.decide(req, res, next, route);
+      return;
+    }
     // A client that left during the parser's turn is found by the read (`res.destroyed`); its
     // response's close, still to come, clears the deadline.
     if (!req.complete) route.armBodyDeadline(req, res, this.bodyTimeoutMs, this.bodies.timedOut);

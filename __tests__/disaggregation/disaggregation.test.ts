@@ -65,6 +65,19 @@ describe('NIXL', () => {
     await idle(gateway);
   });
 
+  it('with xfwd: true, both legs carry the gateway\'s X-Forwarded-* and never the client\'s', async () => {
+    const { prefill, decode, gateway } = await pd('nixl', { xfwd: true });
+    const forged = { 'x-forwarded-for': '6.6.6.6', 'x-forwarded-host': 'evil.example', 'x-forwarded-proto': 'https', forwarded: 'for=6.6.6.6' };
+    expect((await exchange(gateway.url, { body: COMPLETION, headers: forged })).status).toBe(200);
+    const host = new URL(gateway.url).host;
+    const expected = { 'x-forwarded-for': '127.0.0.1', 'x-forwarded-host': host, 'x-forwarded-proto': 'http', 'x-forwarded-port': host.split(':')[1] };
+    for (const leg of [generations(prefill)[0], generations(decode)[0]]) {
+      expect(leg.headers).toMatchObject(expected);
+      expect(leg.headers!.forwarded).toBeUndefined();
+    }
+    await idle(gateway);
+  });
+
   it('streams a chat from the decode rank, with max_completion_tokens capped on the prefill leg only', async () => {
     const { prefill, decode, gateway } = await pd();
     const client = new OpenAI({ baseURL: `${gateway.url}/v1`, apiKey: 'none', maxRetries: 0 });

@@ -1,8 +1,9 @@
 import { randomUUID } from 'node:crypto';
-import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
+import type { IncomingHttpHeaders, OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import type { Registry } from 'prom-client';
 import { sendError } from '../errors';
 import { clientGone, type TryFailure } from '../forward/proxy';
+import { setForwardedHeaders } from '../forward/forwarded-headers';
 import type { Tracing } from '../observe/tracing';
 import type { Configuration } from '../options';
 import type { PrefixPickContext } from '../policies/prefix-aware';
@@ -320,6 +321,9 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
     const headers: OutgoingHttpHeaders = {};
     const source = req.headers;
     for (const name in source) if (!NOT_COPIED.has(name)) headers[name] = source[name];
+    // As the decode leg gets them from the forwarder: never the client's own under `xfwd: true`.
+    const { xfwd } = this.config;
+    if (xfwd !== false) setForwardedHeaders(headers as IncomingHttpHeaders, source.host, req.socket, xfwd === 'replace');
     const { header } = this.config;
     if (prefill.headerValue !== undefined) headers[header] = prefill.headerValue;
     else delete headers[header];

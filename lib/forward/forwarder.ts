@@ -4,6 +4,7 @@ import { hasBody } from '../request/body';
 import type { AfterBody, BodyReader, Next } from '../request/body-reader';
 import { sendError } from '../errors';
 import { hopByHopStripper } from '../request/hop-by-hop';
+import { setForwardedHeaders } from './forwarded-headers';
 import type { Terminal } from '../request/lifecycle';
 import type { RouterMetrics } from '../observe/metrics';
 import type { Configuration, UpstreamConfig } from '../options';
@@ -50,7 +51,8 @@ export class Forwarder implements Terminal, TryOutcomes {
   private readonly countsFirstTokens: boolean;
   /** The router's own rank header, set already, survives a client's `Connection` nomination; the upstream agent keeps connections alive. */
   private readonly stripHopByHop: (headers: IncomingHttpHeaders) => void;
-  private readonly replaceForwarded: boolean;
+  /** `xfwd`: the X-Forwarded-* headers are set here, once per request, not by http-proxy on each try. */
+  private readonly xfwd: Configuration['xfwd'];
   /** After the body is held for a retry (or goes on unheld): the first try. Made once, so that a read allocates no closure. */
   private readonly replayable: AfterBody;
   /** By upstream name and URL: a proxy (and its keep-alive agent) per upstream server entry. */
@@ -70,7 +72,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     this.admission = parts.admission;
     this.countsFirstTokens = parts.policy.learnsFirstTokens === true;
     this.stripHopByHop = hopByHopStripper([parts.config.header], 'keep-alive');
-    this.replaceForwarded = parts.config.xfwd === 'replace';
+    this.xfwd = parts.config.xfwd;
     this.replayable = (req, res, next, route) => this.send(req, res, next, route);
   }
 
@@ -88,7 +90,7 @@ export class Forwarder implements Terminal, TryOutcomes {
       return;
     }
     this.stripHopByHop(headers);
-    if (this.replaceForwarded) dropForwarded(headers);
+    if (this.xfwd !== false) setForwardedHeaders(headers, headers.host, req.socket, this.xfwd === 'replace');
     this.holdForRetry(req, res, next, route);
   }
 
@@ -230,7 +232,6 @@ export class Forwarder implements Terminal, TryOutcomes {
     const next = route.source === 'hint' ? this.table.leastLoadedOfRank(failed.rank, skip) : this.pickAgain(req, route, skip);
     if (next === undefined) return false;
     route.moveTo(req, res, next);
-    undoForwardedHeaders(req);
     // http-proxy-middleware calls `next` only on its own errors; the first try's `next` belongs
     // to Express and has been handed on, so a retry answers them itself.
     this.send(req, res, (error) => answerProxyFailure(res, error), route);
@@ -272,27 +273,6 @@ function replayableSize(req: IncomingMessage, headers: IncomingHttpHeaders, limi
 }
 
 const WEBSOCKET = /(?:^|[\s,])websocket(?:$|[\s,/])/i;
-
-/** What a client claims about earlier hops; http-proxy then sets the gateway's own view. */
-const FORWARDED = ['forwarded', 'x-forwarded-for', 'x-forwarded-host', 'x-forwarded-port', 'x-forwarded-proto'] as const;
-
-function dropForwarded(headers: IncomingHttpHeaders): void {
-  for (const name of FORWARDED) if (headers[name] !== undefined) delete headers[name];
-}
-
-/** The headers http-proxy's `xfwd` appends to on every try. */
-const FORWARDED_APPENDED = ['x-forwarded-for', 'x-forwarded-port', 'x-forwarded-proto'] as const;
-
-/** Removes the values http-proxy appended on the failed try, so the next one appends once. */
-function undoForwardedHeaders(req: IncomingMessage): void {
-  for (const name of FORWARDED_APPENDED) {
-    const value = req.headers[name];
-    if (typeof value !== 'string') continue;
-    const comma = value.lastIndexOf(',');
-    if (comma === -1) delete req.headers[name];
-    else req.headers[name] = value.slice(0, comma);
-  }
-}
 
 /** Whether the endpoint's upstream server already failed this request. */
 function failedBefore(endpoint: RouteEndpoint, tried: readonly RouteEndpoint[]): boolean {

@@ -135,7 +135,8 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
     target: upstream.url,
     agent,
     changeOrigin: true,
-    xfwd: config.xfwd !== false,
+    // X-Forwarded-* are the forwarder's, set once per request (forwarded-headers.ts).
+    xfwd: false,
     // http-proxy-middleware's default plugins cost every request a URL parse (for its logger,
     // silent unless configured) and two listeners with closures (for `debug` output); what
     // they guard, the handlers here do: errors are answered, and a client that leaves stops

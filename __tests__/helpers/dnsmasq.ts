@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createSocket } from 'node:dgram';
+import { createServer, type AddressInfo } from 'node:net';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir, userInfo } from 'node:os';
 import { join } from 'node:path';
@@ -18,13 +19,31 @@ export interface Dnsmasq {
   close(): Promise<void>;
 }
 
-/** A free UDP port on 127.0.0.1 (free when asked; dnsmasq binds it right after). */
-async function freeUdpPort(): Promise<number> {
-  const socket = createSocket('udp4');
-  await new Promise<void>((resolve) => socket.bind(0, '127.0.0.1', resolve));
-  const { port } = socket.address();
-  await new Promise<void>((resolve) => socket.close(() => resolve()));
-  return port;
+/**
+ * A port on 127.0.0.1 free for both UDP and TCP when asked (dnsmasq binds both right after): a
+ * port free for UDP may be another test's TCP socket, which made dnsmasq exit with EADDRINUSE.
+ */
+async function freeDnsPort(): Promise<number> {
+  for (;;) {
+    const tcp = createServer();
+    await new Promise<void>((resolve) => tcp.listen(0, '127.0.0.1', resolve));
+    const { port } = tcp.address() as AddressInfo;
+    const udp = createSocket('udp4');
+    const free = await new Promise<boolean>((resolve) => {
+      udp.once('error', () => resolve(false));
+      udp.bind(port, '127.0.0.1', () => resolve(true));
+    });
+    // After a failed bind there may be nothing left to close.
+    await new Promise<void>((resolve) => {
+      try {
+        udp.close(() => resolve());
+      } catch {
+        resolve();
+      }
+    });
+    await new Promise<void>((resolve) => tcp.close(() => resolve()));
+    if (free) return port;
+  }
 }
 
 /** Starts dnsmasq (Debian's package) on a free loopback port, serving `hosts`. */
@@ -33,7 +52,7 @@ export async function startDnsmasq(hosts: ReadonlyArray<readonly [string, string
   const file = join(dir, 'hosts');
   const write = (entries: ReadonlyArray<readonly [string, string]>) => writeFileSync(file, entries.map(([address, name]) => `${address} ${name}\n`).join(''));
   write(hosts);
-  const port = await freeUdpPort();
+  const port = await freeDnsPort();
   let child: ChildProcess | undefined;
   let log = '';
   // dnsmasq logs `read <file> - N names` each time it has read the hosts file.

@@ -68,6 +68,8 @@ export class RequestLifecycle {
   private readonly routed: AfterBody;
   /** Whether a body all in the stream's buffer is taken at once, without waiting for its end (not for a terminal that {@link Terminal.handsOn}). */
   private readonly takesArrived: boolean;
+  /** Whether request buffering lets a body that arrived whole with its headers go on unread (dpRouter with `requestBuffering`). */
+  private readonly passesArrived: boolean;
 
   constructor(
     parts: LifecycleParts,
@@ -92,6 +94,7 @@ export class RequestLifecycle {
     const admission = (this.admission = parts.admission);
     this.reports = { config, metrics: parts.metrics, events: parts.events, freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint) };
     this.takesArrived = terminal.handsOn !== true;
+    this.passesArrived = this.takesArrived && this.bufferMaxBytes > 0;
     const lifecycle = this;
     // Named, for stack traces and Express's OpenTelemetry spans (`middleware - expressDpRouter`).
     this.handle = function expressDpRouter(req, res, next) {
@@ -203,7 +206,7 @@ export class RequestLifecycle {
    * parser has had its turn; a body still arriving gets its deadline (`timeouts.bodyMs`).
    */
   takeBody(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, routes: boolean): void {
-    if (!routes && this.bufferMaxBytes > 0 && this.takesArrived && wholeInBuffer(req, route.headers, this.bufferMaxBytes)) {
+    if (!routes && this.passesArrived && wholeInBuffer(req, route.headers, this.bufferMaxBytes)) {
       // Buffering would wait for nothing: the body came with the headers, and the proxy sends
       // it on from the stream's buffer (reading it out costs more than the rest of buffering).
       this.decide(req, res, next, route);

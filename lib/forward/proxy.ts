@@ -68,9 +68,12 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
   const tryOf = Symbol('dp-router try');
   let kept = 0;
   const keeper: TryKeeper = {
-    forget: (res) => {
-      const carrier = carrierOf(res);
-      if (carrier[tryOf] === undefined) return;
+    forget: (route) => {
+      // The try's upstream request no longer leads to it: a late answer finds nothing.
+      const sent = route.upstreamRequest as TaggedRequest | undefined;
+      if (sent !== undefined) sent[TRY] = undefined;
+      const carrier = route.tryCarrier as TryCarrier | undefined;
+      if (carrier === undefined || carrier[tryOf] === undefined) return;
       carrier[tryOf] = undefined;
       kept--;
     },
@@ -95,6 +98,10 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
         proxyReq.destroy();
         return;
       }
+      // The answer finds its try on the upstream request (a stable object), not on the response.
+      const previous = route.upstreamRequest as TaggedRequest | undefined;
+      if (previous !== undefined) previous[TRY] = undefined;
+      (proxyReq as TaggedRequest)[TRY] = route;
       if (route.body !== undefined) proxyReq.write(route.body);
       else if (route.bodyHead !== undefined) proxyReq.write(route.bodyHead);
       route.armDeadlines(proxyReq, connectTimeoutMs, firstByteTimeoutMs);
@@ -105,7 +112,7 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
     proxyRes(proxyRes: IncomingMessage, req: RoutedRequest, res: ServerResponse) {
       // Checked before http-proxy copies status and headers, which Node's server would throw
       // on, outside any handler, taking every other request down with the process.
-      const route = carrierOf(res)[tryOf];
+      const route = (proxyRes as AnswerOf).req?.[TRY];
       // The response closed already (its upstream request is being destroyed): nothing to relay.
       if (route === undefined) return;
       const refusal = unrelayable(proxyRes, checkHeaders);
@@ -152,17 +159,19 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
   });
   return {
     send(req, res, next, route) {
-      // The client left: its response's close has come or is on its way, and forgets this try
-      // only if it is kept by then. No engine should start on it anyway.
-      if (res.destroyed) return;
+      // The response closed: nothing would forget a try kept now. (Known from the route, which
+      // watches the close: a read of `res.destroyed` misses V8's caches. A client that left but
+      // whose close is still to come is found when the upstream connection is there.)
+      if (route.responseClosed) return;
       // A retry: the proxy of the failed try no longer keeps it. (Not found by reading the key:
       // a miss walks the response's prototype chain, which Express makes anew per app.)
       if (route.sentVia !== keeper) {
-        route.sentVia?.forget(res);
+        route.sentVia?.forget(route);
         route.sentVia = keeper;
         kept++;
       }
-      carrierOf(res)[tryOf] = route;
+      const carrier = (route.tryCarrier ??= carrierOf(res)) as TryCarrier;
+      carrier[tryOf] = route;
       void handle(req, res, next);
     },
     get keeping() {
@@ -177,6 +186,12 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
 
 /** Where a response carries its tries: one key per proxy. */
 type TryCarrier = Record<symbol, RouteState | undefined>;
+
+/** An upstream request, with the try it belongs to (until the response closes or a retry moves on). */
+type TaggedRequest = ClientRequest & { [TRY]?: RouteState };
+/** An upstream answer: Node links it to its request (`res.req`), which @types/node does not declare. */
+type AnswerOf = IncomingMessage & { req?: TaggedRequest };
+const TRY = Symbol('dp-router try');
 
 /**
  * Express's `res.locals`, the per-response dictionary it makes for such data, or the response

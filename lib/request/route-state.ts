@@ -21,9 +21,9 @@ export type Phase = 'deciding' | 'waiting' | 'responding' | 'settled';
 export const CONNECT_TIMEOUT = 'DP_ROUTER_CONNECT_TIMEOUT';
 export const FIRST_BYTE_TIMEOUT = 'DP_ROUTER_FIRST_BYTE_TIMEOUT';
 
-/** Whoever keeps a try's state by its response (dpRouter's proxy): told when the response closes. */
+/** Whoever keeps a try's state by its response (dpRouter's proxy): told when the response closes, or when a retry moves on. */
 export interface TryKeeper {
-  forget(res: ServerResponse): void;
+  forget(route: RouteState): void;
 }
 
 /** What every request reports to as it moves: the router's parts, resolved once. */
@@ -74,6 +74,10 @@ export class RouteState {
   upstreamRequest: ClientRequest | undefined = undefined;
   /** dpRouter's proxy the current try went through; it keeps the try until the response closes. */
   sentVia: TryKeeper | undefined = undefined;
+  /** Where dpRouter's proxies keep this request's tries (`res.locals`, or the response), found once: each read of the response misses V8's caches. */
+  tryCarrier: object | undefined = undefined;
+  /** Whether the response has closed (known once the close is watched: from {@link assign} on). */
+  responseClosed = false;
   connectDeadline: NodeJS.Timeout | undefined = undefined;
   firstByteDeadline: NodeJS.Timeout | undefined = undefined;
   /** Whether the caller may give a rank hint (`hints.trust`), judged once at the front. */
@@ -196,7 +200,7 @@ export class RouteState {
   private watch(res: ServerResponse): void {
     if (this.watching) return;
     this.watching = true;
-    listen.call(res, 'close', () => this.closed(res));
+    listen.call(res, 'close', () => this.closed());
   }
 
   /**
@@ -236,7 +240,8 @@ export class RouteState {
    * arriving; a client that leaves during a long prefill would otherwise keep the engine busy).
    * Then the slot held now (a retry may have moved it) is released.
    */
-  private closed(res: ServerResponse): void {
+  private closed(): void {
+    this.responseClosed = true;
     clearTimeout(this.bodyDeadline);
     this.lease?.release();
     const held = this.endpoint;
@@ -246,8 +251,11 @@ export class RouteState {
       return;
     }
     this.clearDeadlines();
-    this.sentVia?.forget(res);
-    if (!res.writableFinished) this.upstreamRequest?.destroy();
+    this.sentVia?.forget(this);
+    // Judged by the upstream's answer, not the response (`res.writableFinished`, a read V8
+    // cannot cache): one that came whole has nothing left to stop.
+    const upstream = this.upstreamRequest as UpstreamRequest | undefined;
+    if (upstream !== undefined && upstream.res?.complete !== true) upstream.destroy();
     held.inflight--;
     this.reports.metrics.finished(held, (performance.now() - this.started) / 1000);
     this.reports.freed?.(held);
@@ -264,6 +272,9 @@ function expire(proxyReq: ClientRequest, code: string): void {
   const what = code === CONNECT_TIMEOUT ? 'connect' : 'first byte';
   proxyReq.destroy(Object.assign(new Error(`upstream ${what} timeout`), { code }));
 }
+
+/** An upstream request: Node links it to its answer (`req.res`), which @types/node does not declare. */
+type UpstreamRequest = ClientRequest & { res?: IncomingMessage | null };
 
 /** The response header `exposeDecision` answers with. */
 export const DECISION_HEADER = 'x-dp-router-decision';

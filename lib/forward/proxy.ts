@@ -4,6 +4,7 @@ import type { Socket } from 'node:net';
 import { createProxyMiddleware } from 'http-proxy-middleware';
 import { hopByHopStripper } from '../request/hop-by-hop';
 import { closeIdleSockets } from './idle-sockets';
+import { DeadlineList } from './deadline-list';
 import type { Configuration, UpstreamConfig } from '../options';
 import { CONNECT_TIMEOUT, FIRST_BYTE_TIMEOUT, type RouteState, type RoutedRequest, type TryKeeper } from '../request/route-state';
 import { lenientParser, unrelayable } from './upstream-response';
@@ -57,6 +58,7 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
   const stopIdleSweep = closeIdleSockets(agent, IDLE_SOCKET_MS);
   const { connectMs: connectTimeoutMs, firstByteMs: firstByteTimeoutMs } = config.timeouts;
   const checkHeaders = lenientParser();
+  const firstBytes = new DeadlineList<RouteState>(firstByteTimeoutMs, (route) => route.firstByteExpired());
   // http-proxy's events carry only `req` and `res`: each try's state rides on its response,
   // under this proxy's own key (a late event of a try a retry moved elsewhere finds nothing),
   // from `send` until the response closes (RouteState.closed) or a retry takes the request to
@@ -104,7 +106,7 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
       (proxyReq as TaggedRequest)[TRY] = route;
       if (route.body !== undefined) proxyReq.write(route.body);
       else if (route.bodyHead !== undefined) proxyReq.write(route.bodyHead);
-      route.armDeadlines(proxyReq, connectTimeoutMs, firstByteTimeoutMs);
+      route.armDeadlines(proxyReq, connectTimeoutMs, firstBytes);
       // Node's client hands a 101 with `Upgrade` only to an 'upgrade' listener and otherwise
       // drops the socket without an event, which would leave the client without an answer.
       proxyReq.on('upgrade', (_answer: IncomingMessage, socket: Socket) => refuse(route, req, res, socket, 'switched protocols unasked (101)'));
@@ -179,6 +181,7 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
     },
     close: () => {
       stopIdleSweep();
+      firstBytes.close();
       agent.destroy();
     },
   };

@@ -8,6 +8,7 @@ import type { RouterMetrics } from '../observe/metrics';
 import type { Configuration } from '../options';
 import type { DecisionSource, HintOutcome, PickContext } from '../types';
 import type { AdmissionTicket } from '../admission/admission';
+import type { DeadlineList, Deadlined } from '../forward/deadline-list';
 
 /**
  * Where a request stands: `deciding` until it has an endpoint (and while its retry body is
@@ -42,7 +43,7 @@ export interface RouteReports {
  * metrics, the rank header and the body's hint field, `req.dpRank`, the decision header,
  * tracing and logging) in one place.
  */
-export class RouteState {
+export class RouteState implements Deadlined {
   /** The endpoint the request is held on (a retry moves it). */
   endpoint: RouteEndpoint | undefined = undefined;
   /** Where the rank came from; a retry keeps it. */
@@ -79,7 +80,11 @@ export class RouteState {
   /** Whether the response has closed (known once the close is watched: from {@link assign} on). */
   responseClosed = false;
   connectDeadline: NodeJS.Timeout | undefined = undefined;
-  firstByteDeadline: NodeJS.Timeout | undefined = undefined;
+  /** The current try's first-byte deadline, on its proxy's {@link DeadlineList}. */
+  dueAt = 0;
+  dueBefore: Deadlined | undefined = undefined;
+  dueAfter: Deadlined | undefined = undefined;
+  dueOn: DeadlineList<Deadlined> | undefined = undefined;
   /** Whether the caller may give a rank hint (`hints.trust`), judged once at the front. */
   trusted = false;
   /** The header hint's verdict, judged at the front before the client's copies are removed. */
@@ -144,10 +149,11 @@ export class RouteState {
   }
 
   /**
-   * Connect and first-byte deadlines for one try. The answer, a failure or the response's
-   * closing clears them; one that expires destroys the upstream request with its code.
+   * Connect and first-byte deadlines for one try (the first byte's on `firstBytes`, which calls
+   * {@link firstByteExpired}). The answer, a failure or the response's closing clears them; one
+   * that expires destroys the upstream request with its code.
    */
-  armDeadlines(proxyReq: ClientRequest, connectMs: number, firstByteMs: number): void {
+  armDeadlines(proxyReq: ClientRequest, connectMs: number, firstBytes: DeadlineList<RouteState>): void {
     // A try moved on before its own end (a retry) must not leave its timers behind, unreachable.
     this.clearDeadlines();
     this.upstreamRequest = proxyReq;
@@ -156,7 +162,12 @@ export class RouteState {
       this.connectDeadline = setTimeout(expire, connectMs, proxyReq, CONNECT_TIMEOUT);
       socket.once('connect', () => clearTimeout(this.connectDeadline));
     }
-    this.firstByteDeadline = setTimeout(expire, firstByteMs, proxyReq, FIRST_BYTE_TIMEOUT);
+    firstBytes.add(this);
+  }
+
+  /** The current try's first-byte deadline passed. */
+  firstByteExpired(): void {
+    if (this.upstreamRequest !== undefined) expire(this.upstreamRequest, FIRST_BYTE_TIMEOUT);
   }
 
   /** The request waits in the admission queue: a client that leaves is taken out at once. */
@@ -168,7 +179,7 @@ export class RouteState {
   /** Clears the current try's deadlines. */
   clearDeadlines(): void {
     clearTimeout(this.connectDeadline);
-    clearTimeout(this.firstByteDeadline);
+    this.dueOn?.remove(this);
   }
 
   /**

@@ -5,8 +5,11 @@
  *
  *   node --expose-gc --import tsx bench/body-heap.ts [--requests 8] [--shape junk|messages]
  *
- * `junk` puts `[],[],…` in a member routing never reads; `messages` puts it inside `messages`,
- * which prefix-aware must read. `DP_ROUTER_LIB=/path/to/lib` measures another build of lib/.
+ * `junk` puts `[],[],…` in a member routing never reads; `messages` fills `messages`, which
+ * prefix-aware must read and decode, with some 54,000 messages whose one member is a 300-character
+ * `name`: about 107,000 values, under the 262,144 past which a prompt is not decoded at all, and
+ * no prompt text (which would be kept for a retry's pick). `DP_ROUTER_LIB=/path/to/lib` measures
+ * another build of lib/.
  */
 import express from 'express';
 import { createServer, request, type ServerResponse } from 'node:http';
@@ -24,8 +27,9 @@ const SIZE = 16 * 1024 * 1024 - 64;
 
 function hostileBody(): Buffer {
   const head = shape === 'messages' ? '{"model":"m","messages":[' : '{"model":"m","prompt":"hello","junk":[';
-  const items = Math.floor((SIZE - head.length - 2) / 3);
-  return Buffer.from(`${head}${'[],'.repeat(items)}[]]}`);
+  const item = shape === 'messages' ? `{"name":"${'x'.repeat(300)}"}` : '[]';
+  const items = Math.floor((SIZE - head.length - 2) / (item.length + 1));
+  return Buffer.from(`${head}${`${item},`.repeat(items - 1)}${item}]}`);
 }
 
 const gc = (globalThis as { gc?: () => void }).gc;

@@ -108,6 +108,24 @@ describe('request inputs: the body', () => {
     expect(await received((req) => affinity.affinityKey(req, body as never, undefined))).toBe('u-7');
   });
 
+  it('routes as without a prompt past 262,144 JSON values in it, whatever the budget', () => {
+    const { inputs } = inputsOf({ policy: 'prefix-aware' });
+    // Over 1 MiB, so that the body is scanned rather than parsed whole.
+    const promptOf = (body: string) => {
+      const bytes = Buffer.from(body);
+      expect(bytes.length).toBeGreaterThan(1024 * 1024);
+      const view = inputs.viewOf(bytes, undefined);
+      expect(typeof view).not.toBe('string');
+      return inputs.prompt(view as never, undefined);
+    };
+    // A hostile shape: about 3 s of CPU per 16 MiB to decode.
+    expect(promptOf(`{"messages":[${Array(400_000).fill('[]').join(',')}]}`)).toBeUndefined();
+    // A long prompt of token ids is under the cap (200,001 values) and read.
+    expect(promptOf(`{"prompt":[${Array(200_000).fill('12345').join(',')}]}`)).toEqual(expect.any(String));
+    // The cap counts both members.
+    expect(promptOf(`{"prompt":[${Array(200_000).fill('12345').join(',')}],"messages":[${Array(100_000).fill('[]').join(',')}]}`)).toBeUndefined();
+  });
+
   it('routes as without a prompt when decoding it would pass the body budget', () => {
     const { inputs } = inputsOf({ policy: 'prefix-aware' });
     const bytes = Buffer.from(JSON.stringify({ prompt: 'y'.repeat(4000) }));

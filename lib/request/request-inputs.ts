@@ -26,6 +26,14 @@ export const NO_HINT: HintVerdict = { outcome: 'none' };
 /** What decoding one JSON value may cost, beyond its text: measured 40 bytes (a 16 MiB body of `[],` held 213 MiB), with margin. */
 const BYTES_PER_NODE = 48;
 /**
+ * The most JSON values a scanned prompt is decoded with (`prompt` and `messages` together); past
+ * it the request is routed as one without a prompt. Memory alone does not bound the time: a 16 MiB
+ * `messages` of empty arrays (5.6 million values) took about 3 s of CPU to decode and collect,
+ * within the default budget. 262,144 leaves a prompt of 256 Ki token ids, or a chat far past
+ * the 1,024 messages exact routing renders.
+ */
+const MAX_PROMPT_NODES = 262_144;
+/**
  * Bodies up to this size are decoded whole by `JSON.parse`: it runs at about half the scanner's
  * cost per byte, and the scanner's path decodes the prompt's bytes a second time. The tree lives
  * only until the decision, within one turn of the event loop; larger bodies are scanned, so a
@@ -155,8 +163,9 @@ export function createRequestInputs(config: Pick<Configuration, 'hints' | 'affin
 
   /**
    * The prompt text from the `prompt` or `messages` member alone. Decoding is bounded by the
-   * body budget: when what it may cost (or the text kept for a retry's pick, until the response
-   * ends) does not fit, the request is routed as one without a prompt rather than refused, since
+   * body budget and by {@link MAX_PROMPT_NODES}: when what it may cost (or the text kept for a
+   * retry's pick, until the response ends) does not fit, the request is routed as one without a
+   * prompt rather than refused, since
    * its body is already held within the budget. The decoded values are dropped once the text is made.
    */
   function prompt(body: BodyView, lease: BodyLease | undefined): string | undefined {
@@ -165,12 +174,14 @@ export function createRequestInputs(config: Pick<Configuration, 'hints' | 'affin
     const messages = body.fields[MESSAGES];
     if (prompt === undefined && messages === undefined) return undefined;
     let cost = 0;
+    let nodes = 0;
     for (const found of [prompt, messages]) {
       if (found === undefined) continue;
       const field = found[found.length - 1];
+      nodes += field.nodes;
       cost += field.nodes * BYTES_PER_NODE + 2 * (field.end - field.start);
     }
-    if (lease !== undefined && !lease.grow(cost)) return undefined;
+    if (nodes > MAX_PROMPT_NODES || (lease !== undefined && !lease.grow(cost))) return undefined;
     let text: string | undefined;
     try {
       const members: Record<string, unknown> = {};

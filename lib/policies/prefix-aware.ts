@@ -308,7 +308,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       const pending = state.pending;
       const external = chosen.load > chosen.inflight ? chosen.load - chosen.inflight : 0;
       pending.push(uncached, pending.blocks + external * (typicalWork < 0 ? uncached : typicalWork) + uncached, chosen.load);
-      const added = index.record(blockHashes, blockCount, homes);
+      const added = index.recordChain(blockHashes, blockCount, homes);
       index.recentBlocks += added;
       recentTotal += added;
       // "Recent" is about the last one to two caches' worth of new blocks per endpoint.

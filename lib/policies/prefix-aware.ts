@@ -126,6 +126,8 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
   let candidateQueues = new Float64Array(0);
   /** Whether each candidate's index holds the prompt's lead, during one pick. */
   let candidateHolds = new Uint8Array(0);
+  /** Each candidate's leading run during one pick, where its search ran to the end; −1 elsewhere. */
+  let candidateRuns = new Int32Array(0);
   const costModel = new PrefillCostModel();
   let picks = 0;
   /** Running mean of the uncached blocks of routed requests; negative until the first. */
@@ -169,7 +171,10 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     }
     // To win or tie, the run must reach `toBeat` blocks: one probe tells when it cannot.
     const toBeat = bound === INFINITY ? 0 : ceil(blockCount - (bound - cost) / MISS_WEIGHT - 1e-9);
-    const total = cost + MISS_WEIGHT * (blockCount - (states.cachedAt(at).index as BlockIndex).leadingRun(blockHashes, blockCount, toBeat, homes));
+    const run = (states.cachedAt(at).index as BlockIndex).leadingRun(blockHashes, blockCount, toBeat, homes);
+    const total = cost + MISS_WEIGHT * (blockCount - run);
+    // A run cut short (0 below `toBeat`) is of a candidate that cannot be chosen.
+    candidateRuns[at] = run;
     candidateCosts[at] = total;
     return total < bound ? total : bound;
   }
@@ -207,6 +212,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       candidateCosts = new Float64Array(candidates.length);
       candidateQueues = new Float64Array(candidates.length);
       candidateHolds = new Uint8Array(candidates.length);
+      candidateRuns = new Int32Array(candidates.length);
     }
     // First each candidate's cost without the match its index would find: whole for an exact
     // candidate and one without the lead, a bound from below for a holder of the lead. Then the
@@ -226,6 +232,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       let cost = queueAt(candidate, state, ratio, work);
       const held = exact === undefined ? -1 : exact.matched[at];
       candidateHolds[at] = 0;
+      candidateRuns[at] = -1;
       if (held >= 0) {
         candidateQueues[at] = cost;
         if (held >= exactLead) anyMatch = true;
@@ -345,7 +352,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       // The approximate index learns from every pick, so that it is warm when a rank falls back to it.
       const uncached = exact?.chose(chosenAt) === 'exact'
         ? exactUncached(blockCount, exact.matched[chosenAt], exact.promptBlocks)
-        : blockCount - index.leadingRun(blockHashes, blockCount, 0, homes);
+        : blockCount - (candidateRuns[chosenAt] >= 0 ? candidateRuns[chosenAt] : index.leadingRun(blockHashes, blockCount, 0, homes));
       typicalWork = typicalWork < 0 ? uncached : typicalWork + (uncached - typicalWork) * WORK_SMOOTHING;
       matchedShare = 1 - uncached / blockCount;
       const pending = state.pending;

@@ -53,6 +53,23 @@ describe('prefixAware', () => {
     expect(policy.pick(candidates, ctx(long + text('next', 2)))).not.toBe(home);
   });
 
+  it('searches the holder with the shortest queue first, and still finds a longer match behind a longer queue', () => {
+    const policy = prefixAware({ contentBalance: 0 });
+    const candidates = endpoints(2);
+    const full = text('lead', 8) + text('tail', 92);
+    const home = policy.pick(candidates, ctx(full)) as MutableEndpoint;
+    const other = candidates.find((candidate) => candidate !== home)!;
+    expect(policy.pick(candidates, ctx(full))).toBe(home); // a full hit: nothing of it waits
+    setLoad(home, 1000);
+    expect(policy.pick(candidates, ctx(text('lead', 8) + text('other', 92)))).toBe(other);
+    // The other holds the lead and 8 blocks with an empty queue; home the whole prompt behind one
+    // request (about a typical request's prefill, less than the 92 blocks the other lacks).
+    setLoad(other, 0);
+    setLoad(home, 1);
+    expect(policy.pick(candidates, ctx(full))).toBe(home);
+    expect(policy.matchedShare).toBe(1);
+  });
+
   it('matches only leading blocks: a shared middle does not count', () => {
     const policy = prefixAware();
     const candidates = endpoints(2);

@@ -121,20 +121,46 @@ export class BlockIndex {
    * Returns how many were not held before. `homes` as for `leadingRun`.
    */
   record(hashes: Int32Array, count: number, homes?: Int32Array): number {
+    return this.recordFrom(hashes, count, homes, false);
+  }
+
+  /**
+   * `record` for a chain (a prompt's block hashes from its first block, each covering all text
+   * before it), in an index only ever given chains: it stops at the first block from the end
+   * that the current generation holds. The record that last put that block there went on to its
+   * chain's head (or stopped, by the same rule, at a block already there), so every block before
+   * it is in the current generation or could not be added to it (its probe run is full, and a
+   * generation's runs only grow until it is dropped): `record` would leave them all as they are.
+   * A generation that turns over mid-record is new and holds only what came after. This is
+   * `leadingRun`'s assumption too (a 32-bit collision between chains breaks both). A prompt sent
+   * again costs one probe instead of one per block, each a likely cache miss.
+   */
+  recordChain(hashes: Int32Array, count: number, homes?: Int32Array): number {
+    return this.recordFrom(hashes, count, homes, true);
+  }
+
+  private recordFrom(hashes: Int32Array, count: number, homes: Int32Array | undefined, chain: boolean): number {
     if (homes === undefined) homes = blockHomes(hashes, count, this.slotKey, this.mask, new Int32Array(count));
+    const slots = this.slots;
     let added = 0;
     for (let i = count - 1; i >= 0; i--) {
       const hash = hashes[i];
       const key = hash === 0 ? 1 : hash;
       const home = homes[i];
-      if (!this.add(key, home)) continue;
+      const at = this.slotOf(key, home, this.current);
+      if (at < 0) continue;
+      if (slots[at] === key) {
+        if (chain) break;
+        continue;
+      }
+      slots[at] = key;
+      this.currentSize++;
       // Only for a hash new to the current generation (adding to one leaves the other as it was).
       if (!this.holds(key, home, this.current ^ 1)) added++;
       if (this.currentSize >= this.generationSize) {
         // The previous generation is dropped; the current one becomes the previous.
         const dropped = this.current ^ 1;
-        const slots = this.slots;
-        for (let at = dropped; at < slots.length; at += 2) slots[at] = 0;
+        for (let slot = dropped; slot < slots.length; slot += 2) slots[slot] = 0;
         this.current = dropped;
         this.previousSize = this.currentSize;
         this.currentSize = 0;
@@ -147,18 +173,6 @@ export class BlockIndex {
   private holds(key: number, home: number, generation: number): boolean {
     const at = this.slotOf(key, home, generation);
     return at >= 0 && this.slots[at] === key;
-  }
-
-  /**
-   * Adds the key to the current generation; returns whether it was added (false when held, or
-   * when its probe run is full). `record` keeps each generation at most half full.
-   */
-  private add(key: number, home: number): boolean {
-    const at = this.slotOf(key, home, this.current);
-    if (at < 0 || this.slots[at] === key) return false;
-    this.slots[at] = key;
-    this.currentSize++;
-    return true;
   }
 
   /**

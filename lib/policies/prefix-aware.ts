@@ -9,6 +9,11 @@ import { parsePrefixAwarePolicy, type PrefixAwareOptions } from './prefix-aware-
 import { DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK, type SessionAffinitySettings } from './session-affinity-options';
 
 export type { PrefixAwareOptions } from './prefix-aware-options';
+
+// Module bindings, not global reads in the per-candidate loops: code run in a vm context
+// (jest) pays an interceptor lookup for each global it reads.
+const { ceil, max, min } = Math;
+const INFINITY = Infinity;
 export { BlockIndex, hashPromptBlocks, MAX_PROBES } from './prefix-aware-index';
 
 /**
@@ -95,9 +100,11 @@ const MISS_WEIGHT = 2;
  * holders also go by that order.
  *
  * Per pick: one pass hashing the prompt (see {@link PromptBlockHasher}) and one computing its
- * blocks' home slots, shared by every index; then per candidate a probe for the lead and a
- * binary search of its matching run (skipped when the candidate cannot win), and for a new
- * prefix one rendezvous hash per candidate; no allocation once the buffers have grown to the
+ * blocks' home slots, shared by every index; then per candidate a probe for the lead, per
+ * holder of the lead a binary search of its matching run (the shortest queue's first, then
+ * skipped or cut short where the candidate cannot win), for a new prefix one rendezvous hash
+ * per candidate, and on the chosen endpoint the prompt's blocks recorded down to the first one
+ * held ({@link BlockIndex.recordChain}); no allocation once the buffers have grown to the
  * longest prompt and the endpoints are known.
  */
 export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy {
@@ -113,10 +120,14 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
   /** Their home slots, the same in every index of this policy (one key, one size): computed once per pick. */
   let homes = new Int32Array(blockHashes.length);
   const slotMask = BlockIndex.maskFor(maxBlocks);
-  /** Each candidate's cost during one pick (Infinity when skipped), reused across picks. */
+  /** Each candidate's cost during one pick (NaN when its search was skipped), reused across picks. */
   let candidateCosts = new Float64Array(0);
   /** Each candidate's queue during one pick, in blocks, reused across picks. */
   let candidateQueues = new Float64Array(0);
+  /** Whether each candidate's index holds the prompt's lead, during one pick. */
+  let candidateHolds = new Uint8Array(0);
+  /** Each candidate's leading run during one pick, where its search ran to the end; −1 elsewhere. */
+  let candidateRuns = new Int32Array(0);
   const costModel = new PrefillCostModel();
   let picks = 0;
   /** Running mean of the uncached blocks of routed requests; negative until the first. */
@@ -148,6 +159,27 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
   }
 
   /**
+   * Completes the cost of `candidates[at]`, a holder of the lead, by its leading run, unless it
+   * cannot reach `bound`: then its cost is NaN (it neither wins nor ties). Returns the new bound.
+   */
+  function searchAt(at: number, blockCount: number, bound: number): number {
+    const cost = candidateCosts[at];
+    // Uncached blocks are at least none: skip the search when even none cannot win (or tie).
+    if (cost > bound) {
+      candidateCosts[at] = NaN;
+      return bound;
+    }
+    // To win or tie, the run must reach `toBeat` blocks: one probe tells when it cannot.
+    const toBeat = bound === INFINITY ? 0 : ceil(blockCount - (bound - cost) / MISS_WEIGHT - 1e-9);
+    const run = (states.cachedAt(at).index as BlockIndex).leadingRun(blockHashes, blockCount, toBeat, homes);
+    const total = cost + MISS_WEIGHT * (blockCount - run);
+    // A run cut short (0 below `toBeat`) is of a candidate that cannot be chosen.
+    candidateRuns[at] = run;
+    candidateCosts[at] = total;
+    return total < bound ? total : bound;
+  }
+
+  /**
    * The candidate with the least predicted time to first token, as a position: its queue (see
    * `queueAt`) plus this request's uncached blocks there. A candidate `exact` scores costs its
    * share of the prompt its rank lacks by the engine's events instead of the approximate
@@ -155,7 +187,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
    * which other replicas do not see, while the events are the same for all of them.
    */
   function choose(candidates: readonly Endpoint[], blockCount: number, exact: ExactPick | undefined): number {
-    let minLoad = Infinity;
+    let minLoad = INFINITY;
     let totalLoad = 0;
     let candidateRecent = 0;
     for (let at = 0; at < candidates.length; at++) {
@@ -170,52 +202,70 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     }
     const work = typicalWork < 0 ? blockCount : typicalWork;
     // A unit of load is worth at most one more typical request: a fit on few or skewed samples must not outweigh the cache.
-    const ratio = Math.min(costModel.blocksPerLoad(), work);
+    const ratio = min(costModel.blocksPerLoad(), work);
     const fairRecent = candidateRecent / candidates.length;
-    const leadAt = Math.min(blockCount, LEAD_BLOCKS) - 1;
+    const leadAt = min(blockCount, LEAD_BLOCKS) - 1;
     const lead = blockHashes[leadAt];
     const leadHome = homes[leadAt];
 
     if (candidateCosts.length < candidates.length) {
       candidateCosts = new Float64Array(candidates.length);
       candidateQueues = new Float64Array(candidates.length);
+      candidateHolds = new Uint8Array(candidates.length);
+      candidateRuns = new Int32Array(candidates.length);
     }
-    let bestAt = 0;
-    let bestCost = Infinity;
-    let ties = 0;
+    // First each candidate's cost without the match its index would find: whole for an exact
+    // candidate and one without the lead, a bound from below for a holder of the lead. Then the
+    // holders' searches, the one with the least bound first: its cost, usually the least, lets
+    // the others' searches stop at a probe or two (or not start), whatever their order. The
+    // least cost and the candidates that reach it are the same as in one pass in order: a
+    // search is skipped or stopped only for a candidate that costs more than some other.
+    let bound = INFINITY;
     let anyMatch = false;
-    const exactLead = exact === undefined ? 0 : Math.min(LEAD_BLOCKS, exact.promptBlocks);
+    let firstHolder = -1;
+    let firstBound = INFINITY;
+    const exactLead = exact === undefined ? 0 : min(LEAD_BLOCKS, exact.promptBlocks);
     for (let at = 0; at < candidates.length; at++) {
       const candidate = candidates[at];
       const state = states.cachedAt(at);
       const index = state.index;
       let cost = queueAt(candidate, state, ratio, work);
       const held = exact === undefined ? -1 : exact.matched[at];
+      candidateHolds[at] = 0;
+      candidateRuns[at] = -1;
       if (held >= 0) {
         candidateQueues[at] = cost;
         if (held >= exactLead) anyMatch = true;
         cost += MISS_WEIGHT * exactUncached(blockCount, held, exact!.promptBlocks);
       } else {
         const recent = index === undefined ? 0 : index.recentBlocks;
-        if (recent > fairRecent) cost += contentBalance * MISS_WEIGHT * blockCount * Math.min(MAX_EXCESS, recent / fairRecent - 1);
+        if (recent > fairRecent) cost += contentBalance * MISS_WEIGHT * blockCount * min(MAX_EXCESS, recent / fairRecent - 1);
         candidateQueues[at] = cost;
-        const holds = index !== undefined && index.hasAt(lead, leadHome);
-        if (holds) anyMatch = true;
-        // Uncached blocks are the whole prompt without the lead, at least none with it: skip the
-        // search when even none cannot win (or tie).
-        if (cost + (holds ? 0 : MISS_WEIGHT * blockCount) > bestCost) {
-          candidateCosts[at] = Infinity;
+        if (index !== undefined && index.hasAt(lead, leadHome)) {
+          anyMatch = true;
+          candidateHolds[at] = 1;
+          candidateCosts[at] = cost;
+          if (firstHolder < 0 || cost < firstBound) {
+            firstHolder = at;
+            firstBound = cost;
+          }
           continue;
         }
-        if (holds) {
-          // To win or tie, the run must reach `toBeat` blocks: one probe tells when it cannot.
-          const toBeat = bestCost === Infinity ? 0 : Math.ceil(blockCount - (bestCost - cost) / MISS_WEIGHT - 1e-9);
-          cost += MISS_WEIGHT * (blockCount - (index as BlockIndex).leadingRun(blockHashes, blockCount, toBeat, homes));
-        } else {
-          cost += MISS_WEIGHT * blockCount;
-        }
+        // Uncached: the whole prompt without the lead.
+        cost += MISS_WEIGHT * blockCount;
       }
       candidateCosts[at] = cost;
+      if (cost < bound) bound = cost;
+    }
+    if (firstHolder >= 0) {
+      bound = searchAt(firstHolder, blockCount, bound);
+      for (let at = 0; at < candidates.length; at++) if (candidateHolds[at] === 1 && at !== firstHolder) bound = searchAt(at, blockCount, bound);
+    }
+    let bestAt = 0;
+    let bestCost = INFINITY;
+    let ties = 0;
+    for (let at = 0; at < candidates.length; at++) {
+      const cost = candidateCosts[at];
       if (cost < bestCost) {
         bestAt = at;
         bestCost = cost;
@@ -250,8 +300,8 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
    * its share of new blocks (its cache full of them), is passed over while another has room.
    */
   function place(candidates: readonly Endpoint[], blockCount: number, lead: number, minLoad: number, totalLoad: number): number {
-    const loadCap = Math.max(Math.ceil((DEFAULT_LOAD_FACTOR * totalLoad) / candidates.length), minLoad + DEFAULT_LOAD_SLACK);
-    let shortest = Infinity;
+    const loadCap = max(ceil((DEFAULT_LOAD_FACTOR * totalLoad) / candidates.length), minLoad + DEFAULT_LOAD_SLACK);
+    let shortest = INFINITY;
     for (let at = 0; at < candidates.length; at++) if (candidateQueues[at] < shortest) shortest = candidateQueues[at];
     const queueCap = shortest + placementSlack * blockCount;
     let chosen = 0;
@@ -302,13 +352,13 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       // The approximate index learns from every pick, so that it is warm when a rank falls back to it.
       const uncached = exact?.chose(chosenAt) === 'exact'
         ? exactUncached(blockCount, exact.matched[chosenAt], exact.promptBlocks)
-        : blockCount - index.leadingRun(blockHashes, blockCount, 0, homes);
+        : blockCount - (candidateRuns[chosenAt] >= 0 ? candidateRuns[chosenAt] : index.leadingRun(blockHashes, blockCount, 0, homes));
       typicalWork = typicalWork < 0 ? uncached : typicalWork + (uncached - typicalWork) * WORK_SMOOTHING;
       matchedShare = 1 - uncached / blockCount;
       const pending = state.pending;
       const external = chosen.load > chosen.inflight ? chosen.load - chosen.inflight : 0;
       pending.push(uncached, pending.blocks + external * (typicalWork < 0 ? uncached : typicalWork) + uncached, chosen.load);
-      const added = index.record(blockHashes, blockCount, homes);
+      const added = index.recordChain(blockHashes, blockCount, homes);
       index.recentBlocks += added;
       recentTotal += added;
       // "Recent" is about the last one to two caches' worth of new blocks per endpoint.

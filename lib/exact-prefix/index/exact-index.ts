@@ -214,23 +214,24 @@ export class KvExactIndex implements KvEventSink {
     const promptBlocks = size === 0 ? 0 : Math.floor(tokens.length / size);
     if (promptBlocks === 0 || (this.size === 0 && this.speculativeCount === 0)) return { blockSize: size, promptBlocks, matchedBlocks };
     const now = options?.now ?? Date.now();
-    let chain = options?.loraName === undefined ? this.baseRoot : this.loraRoot(options.loraName);
-    const keys = options?.keys === undefined ? undefined : keysFor(options.keys, size, options.loraName);
+    const root = options?.loraName === undefined ? this.baseRoot : this.loraRoot(options.loraName);
+    const keys = options?.keys === undefined ? [] : keysFor(options.keys, size, options.loraName).values;
     const states = this.states;
-    for (let b = 0; b < promptBlocks; b++) {
-      chain = nextKey(this.key, keys, chain, tokens, b, size);
-      let any = false;
-      for (let r = 0; r < states.length; r++) {
-        if (matchedBlocks[r] !== b) continue;
-        const state = states[r];
-        if (state.blockSize !== size && state.blockSize !== 0) continue;
-        const entry = state.blocks.get(chain);
+    // Rank by rank, each as far as it holds the prompt: the same lookups as block by block, in
+    // a loop over one rank's maps. A block's key is hashed when the first rank reaches it, so
+    // keys go as far as the longest match and one further, as before.
+    for (let r = 0; r < states.length; r++) {
+      const state = states[r];
+      if (state.blockSize !== size && state.blockSize !== 0) continue;
+      let b = 0;
+      for (; b < promptBlocks; b++) {
+        if (b === keys.length) keys.push(chainHash(this.key, DOMAIN_BLOCK, b === 0 ? root : keys[b - 1], tokens, b * size, size));
+        const key = keys[b];
+        const entry = state.blocks.get(key);
         if (entry !== undefined) entry.used = true;
-        else if (!this.speculativeHeld(state, chain, now)) continue;
-        matchedBlocks[r] = b + 1;
-        any = true;
+        else if (!this.speculativeHeld(state, key, now)) break;
       }
-      if (!any) break;
+      matchedBlocks[r] = b;
     }
     return { blockSize: size, promptBlocks, matchedBlocks };
   }

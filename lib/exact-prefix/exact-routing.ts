@@ -29,6 +29,7 @@ import type { KvEventsOptions } from './events/source';
 import { createKvEventSubscriber, type KvEventSubscriber, type KvEventType, type KvGapOutcome } from './events/subscriber';
 import { PromptTokenizer, type PromptKind } from './tokenizer/tokenizer';
 import { TokenizerAgreement } from './tokenizer/tokenizer-agreement';
+import { partsOf } from './tokenizer/id-parts';
 
 export { ExactPick, type ExactLookup, type IndexSource } from './index/exact-pick';
 
@@ -230,7 +231,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
       let blocks = found.get(stream);
       if (blocks === undefined) {
         const loraName = model !== undefined && stream.index.isAdapter(model) ? model : undefined;
-        const keys = stream.memo.keysFor(tokens);
+        const keys = stream.memo.keysFor(tokens, partsOf(tokens));
         keysOf.set(stream, keys);
         const match = stream.index.match(tokens, { now: now(), loraName, keys });
         if (match.promptBlocks === 0) continue;

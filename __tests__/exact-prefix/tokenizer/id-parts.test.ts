@@ -1,6 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import fc from 'fast-check';
-import { IdParts } from '../../../lib/exact-prefix/tokenizer/id-parts';
+import { IdParts, partsOf } from '../../../lib/exact-prefix/tokenizer/id-parts';
 
 describe('id parts', () => {
   it('join the arrays added, in order, and from any mark', () => {
@@ -17,6 +17,21 @@ describe('id parts', () => {
         expect(parts.since(cut < arrays.length ? mark : parts.mark)).toEqual(cut < arrays.length ? arrays.slice(cut).flat() : []);
       }),
     );
+  });
+
+  it('tell what a joined array was joined from, and nothing for another array', () => {
+    const a = [1, 2];
+    const b = [3];
+    const parts = new IdParts();
+    parts.add(a);
+    parts.add([]);
+    parts.add(b);
+    const ids = parts.join();
+    expect(partsOf(ids)).toEqual([a, b]);
+    expect(partsOf(ids)![0]).toBe(a);
+    expect(partsOf(ids)![1]).toBe(b);
+    expect(partsOf(parts.since(0))).toBeUndefined();
+    expect(partsOf([1, 2, 3])).toBeUndefined();
   });
 
   it('give a new array each time, never one that was added', () => {

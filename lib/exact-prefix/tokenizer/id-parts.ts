@@ -9,6 +9,18 @@
 const MAX_ARGUMENTS = 16_384;
 const NONE: readonly number[] = [];
 
+/** Joined ids → the arrays they were joined from (see {@link partsOf}). */
+const joinedFrom = new WeakMap<readonly number[], readonly (readonly number[])[]>();
+
+/**
+ * The arrays `ids` was joined from by {@link IdParts.join}, in order, or `undefined`. They are
+ * the tokenizer's cached arrays, never changed: two prompts joined from the same array at the
+ * same place hold the same ids there, which a comparison of arrays tells without one of ids.
+ */
+export function partsOf(ids: readonly number[]): readonly (readonly number[])[] | undefined {
+  return joinedFrom.get(ids);
+}
+
 /** Token ids collected as arrays; an added array is read at the join, so it must not change before. */
 export class IdParts {
   private readonly parts: (readonly number[])[] = [];
@@ -27,9 +39,11 @@ export class IdParts {
     return joined(mark === 0 ? this.parts : this.parts.slice(mark));
   }
 
-  /** All the ids, in a new array. */
+  /** All the ids, in a new array ({@link partsOf} tells what it was joined from). */
   join(): number[] {
-    return joined(this.parts);
+    const ids = joined(this.parts);
+    joinedFrom.set(ids, this.parts);
+    return ids;
   }
 }
 

@@ -24,10 +24,12 @@ import { Counter, Gauge, type Registry } from 'prom-client';
 import type { Endpoint } from '../types';
 import { KvExactIndex, type BlockKeys } from './index/exact-index';
 import { ExactPick, type ExactLookup } from './index/exact-pick';
+import { PromptKeysMemo } from './index/prompt-keys-memo';
 import type { KvEventsOptions } from './events/source';
 import { createKvEventSubscriber, type KvEventSubscriber, type KvEventType, type KvGapOutcome } from './events/subscriber';
 import { PromptTokenizer, type PromptKind } from './tokenizer/tokenizer';
 import { TokenizerAgreement } from './tokenizer/tokenizer-agreement';
+import { partsOf } from './tokenizer/id-parts';
 
 export { ExactPick, type ExactLookup, type IndexSource } from './index/exact-pick';
 
@@ -86,6 +88,8 @@ interface UpstreamStream {
   readonly upstream: ExactUpstream;
   readonly signature: string;
   readonly index: KvExactIndex;
+  /** The last prompt's block keys, which the next prompt takes up as far as it starts alike. */
+  readonly memo: PromptKeysMemo;
   readonly subscriber: KvEventSubscriber;
   readonly agreement: TokenizerAgreement;
   /** Per rank: when the oldest request still waiting for a batch was routed (absent: none). */
@@ -149,7 +153,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
         },
       },
     });
-    const stream: UpstreamStream = { upstream, signature: signatureOf(upstream), index, subscriber, agreement, awaiting, labels };
+    const stream: UpstreamStream = { upstream, signature: signatureOf(upstream), index, memo: new PromptKeysMemo(), subscriber, agreement, awaiting, labels };
     metrics?.track(stream);
     return stream;
   }
@@ -227,7 +231,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
       let blocks = found.get(stream);
       if (blocks === undefined) {
         const loraName = model !== undefined && stream.index.isAdapter(model) ? model : undefined;
-        const keys: BlockKeys = { size: 0, loraName: undefined, values: [] };
+        const keys = stream.memo.keysFor(tokens, partsOf(tokens));
         keysOf.set(stream, keys);
         const match = stream.index.match(tokens, { now: now(), loraName, keys });
         if (match.promptBlocks === 0) continue;

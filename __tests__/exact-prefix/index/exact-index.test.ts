@@ -1,4 +1,5 @@
 import { describe, expect, it } from '@jest/globals';
+import fc from 'fast-check';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import type { EngineBlockHash, KvBlockStored, KvEvent } from '../../../lib/exact-prefix/events/decode';
@@ -23,6 +24,38 @@ describe('KvExactIndex', () => {
     expect(index.match(prompt)).toMatchObject({ blockSize: 2, promptBlocks: 3 });
     expect(index.blockCount(0)).toBe(3);
     expect(index.totalBlocks).toBe(6);
+  });
+
+  it('counts per rank the leading blocks it holds, stored or speculative, and keys the blocks as far as the longest match and one further', () => {
+    fc.assert(
+      fc.property(
+        fc.array(fc.integer({ min: 0, max: 2 }), { minLength: 24, maxLength: 24 }),
+        fc.array(fc.record({ stored: fc.integer({ min: 0, max: 12 }), speculated: fc.integer({ min: 0, max: 12 }) }), { minLength: 4, maxLength: 4 }),
+        fc.integer({ min: 0, max: 24 }),
+        fc.array(fc.integer({ min: 0, max: 2 }), { maxLength: 6 }),
+        (stem, held, cut, tail) => {
+          const index = new KvExactIndex({ ranks: [0, 1, 2, 3] });
+          held.forEach(({ stored: blocks, speculated }, rank) => {
+            // A block of another rank's first tokens, so that every rank knows the block size.
+            index.applyEvent(rank, stored([1000 + rank], null, [7, 7]));
+            if (blocks > 0) index.applyEvent(rank, stored(Array.from({ length: blocks }, (_, b) => rank * 100 + b), null, stem.slice(0, 2 * blocks)));
+            if (speculated > 0) index.speculate(rank, stem.slice(0, 2 * speculated), 10);
+          });
+          const tokens = [...stem.slice(0, cut), ...tail];
+          let same = 0;
+          while (same < Math.min(tokens.length, stem.length) && tokens[same] === stem[same]) same++;
+          const keys = { size: 0, loraName: undefined, values: [] as number[] };
+          const { promptBlocks, matchedBlocks } = index.match(tokens, { now: 0, keys });
+          expect(promptBlocks).toBe(Math.floor(tokens.length / 2));
+          const expected = held.map(({ stored: blocks, speculated }) => Math.min(Math.max(blocks, speculated), Math.floor(same / 2)));
+          expect([...matchedBlocks]).toEqual(expected);
+          expect(keys.values).toHaveLength(Math.min(promptBlocks, Math.max(...expected) + 1));
+          // Expired speculation counts no more.
+          expect([...index.match(tokens, { now: 10 }).matchedBlocks]).toEqual(held.map(({ stored: blocks }) => Math.min(blocks, Math.floor(same / 2))));
+        },
+      ),
+      { numRuns: 300 },
+    );
   });
 
   it('keys do not depend on the engine hashes: another engine seed gives the same answer', () => {

@@ -18,6 +18,7 @@ import type { KvEvent } from '../events/decode';
 import type { EngineBlockHash } from '../events/decode';
 import { DOMAIN_BLOCK, keysFor, nextKey, type BlockKeys } from './block-keys';
 import { chainHash, engineHashKey, processHashKey, type HashKey } from './keyed-hash';
+import { SpeculativeEntries } from './speculative-entries';
 
 export type { BlockKeys } from './block-keys';
 
@@ -73,7 +74,7 @@ interface RankState {
   /** Keyed engine hash → router key. Never the engine's own values: those are the publisher's to choose. */
   byEngine: Map<number, number>;
   /** Router keys of blocks a routed request will store, until its events confirm them or they expire. */
-  speculative: Map<number, number>;
+  speculative: SpeculativeEntries;
   /** Where eviction resumes: one sweep over the blocks, not a restart at the head per evicted block. */
   hand: Iterator<[number, Entry]> | null;
   /** This rank's block size, learned from its first GPU group-0 store (0 before). */
@@ -123,7 +124,7 @@ export class KvExactIndex implements KvEventSink {
 
   constructor(options: KvExactIndexOptions) {
     this.ranks = [...options.ranks];
-    this.states = this.ranks.map(() => ({ blocks: new Map(), byEngine: new Map(), speculative: new Map(), hand: null, blockSize: 0 }));
+    this.states = this.ranks.map(() => ({ blocks: new Map(), byEngine: new Map(), speculative: new SpeculativeEntries(), hand: null, blockSize: 0 }));
     this.maxSpeculative = Math.max(1, options.maxSpeculativeBlocks ?? 65_536);
     this.ranks.forEach((rank, at) => this.position.set(rank, at));
     this.perRankMax = Math.max(1, Math.floor((options.maxBlocks ?? 1_048_576) / Math.max(1, this.ranks.length)));
@@ -213,23 +214,24 @@ export class KvExactIndex implements KvEventSink {
     const promptBlocks = size === 0 ? 0 : Math.floor(tokens.length / size);
     if (promptBlocks === 0 || (this.size === 0 && this.speculativeCount === 0)) return { blockSize: size, promptBlocks, matchedBlocks };
     const now = options?.now ?? Date.now();
-    let chain = options?.loraName === undefined ? this.baseRoot : this.loraRoot(options.loraName);
-    const keys = options?.keys === undefined ? undefined : keysFor(options.keys, size, options.loraName);
+    const root = options?.loraName === undefined ? this.baseRoot : this.loraRoot(options.loraName);
+    const keys = options?.keys === undefined ? [] : keysFor(options.keys, size, options.loraName).values;
     const states = this.states;
-    for (let b = 0; b < promptBlocks; b++) {
-      chain = nextKey(this.key, keys, chain, tokens, b, size);
-      let any = false;
-      for (let r = 0; r < states.length; r++) {
-        if (matchedBlocks[r] !== b) continue;
-        const state = states[r];
-        if (state.blockSize !== size && state.blockSize !== 0) continue;
-        const entry = state.blocks.get(chain);
+    // Rank by rank, each as far as it holds the prompt: the same lookups as block by block, in
+    // a loop over one rank's maps. A block's key is hashed when the first rank reaches it, so
+    // keys go as far as the longest match and one further, as before.
+    for (let r = 0; r < states.length; r++) {
+      const state = states[r];
+      if (state.blockSize !== size && state.blockSize !== 0) continue;
+      let b = 0;
+      for (; b < promptBlocks; b++) {
+        if (b === keys.length) keys.push(chainHash(this.key, DOMAIN_BLOCK, b === 0 ? root : keys[b - 1], tokens, b * size, size));
+        const key = keys[b];
+        const entry = state.blocks.get(key);
         if (entry !== undefined) entry.used = true;
-        else if (!this.speculativeHeld(state, chain, now)) continue;
-        matchedBlocks[r] = b + 1;
-        any = true;
+        else if (!this.speculativeHeld(state, key, now)) break;
       }
-      if (!any) break;
+      matchedBlocks[r] = b;
     }
     return { blockSize: size, promptBlocks, matchedBlocks };
   }
@@ -253,12 +255,9 @@ export class KvExactIndex implements KvEventSink {
     for (let b = 0; b < promptBlocks; b++) {
       chain = nextKey(this.key, keys, chain, tokens, b, size);
       if (state.blocks.has(chain)) continue;
-      if (!state.speculative.has(chain)) this.speculativeCount++;
-      // Re-inserted so the map stays in expiry order (every entry gets the same lifetime).
-      state.speculative.delete(chain);
-      state.speculative.set(chain, expiresAt);
+      if (state.speculative.hold(chain, expiresAt)) this.speculativeCount++;
     }
-    while (state.speculative.size > this.maxSpeculative) this.dropOldestSpeculative(state);
+    while (state.speculative.size > this.maxSpeculative && state.speculative.dropOldest()) this.speculativeCount--;
   }
 
   /** Speculative entries held over all ranks (expired ones included until a match meets one on their rank). */
@@ -268,23 +267,12 @@ export class KvExactIndex implements KvEventSink {
 
 
   private speculativeHeld(state: RankState, key: number, now: number): boolean {
-    const expiresAt = state.speculative.get(key);
+    const expiresAt = state.speculative.expiryOf(key);
     if (expiresAt === undefined) return false;
     if (expiresAt > now) return true;
     // Entries are held in expiry order: drop every expired one, this one among them.
-    for (const [old, when] of state.speculative) {
-      if (when > now) break;
-      state.speculative.delete(old);
-      this.speculativeCount--;
-    }
+    this.speculativeCount -= state.speculative.dropExpired(now);
     return false;
-  }
-
-  private dropOldestSpeculative(state: RankState): void {
-    const oldest = state.speculative.keys().next();
-    if (oldest.done === true) return;
-    state.speculative.delete(oldest.value);
-    this.speculativeCount--;
   }
 
   private counts(medium: string | null, groupIdx: number | null): boolean {

@@ -24,6 +24,7 @@
 import type { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 import { ChatRenderer, TOO_LONG, isRefused, laxBool, type Refused } from './tokenizer-chat';
 import { addedTokens, alternation, chatTemplateOf, loadTokenizersPackage, readTokenizerFiles, type TokenizerFiles } from './tokenizer-files';
+import { IdParts } from './id-parts';
 import { PieceCache } from './piece-cache';
 import { CHUNK_CHARS, FINE_CHARS, forEachChunk } from './text-cuts';
 import { SAMPLE_MESSAGES, SAMPLE_TEXTS, textCutsAgreeOn, wordsAgreeOn } from './tokenizer-samples';
@@ -99,6 +100,8 @@ export class PromptTokenizer {
   private readonly chat: ChatRenderer | undefined;
   private readonly splitter: RegExp | undefined;
   private readonly addedIds: Map<string, number | undefined>;
+  /** Each added token's id as a one-id array, for {@link IdParts}. */
+  private readonly addedIdArrays: Map<string, readonly number[]>;
   private readonly specialPrefix: number[];
   private readonly specialSuffix: number[];
   private readonly maxUncachedChars: number;
@@ -135,6 +138,7 @@ export class PromptTokenizer {
     this.selfChecks = options.selfCheckRequests ?? 32;
     this.onSegmentMismatch = options.onSegmentMismatch;
     this.addedIds = addedTokens(files.tokenizer);
+    this.addedIdArrays = new Map([...this.addedIds].flatMap(([token, id]) => (id === undefined ? [] : [[token, [id]] as const])));
     this.splitter = this.addedIds.size === 0 ? undefined : alternation([...this.addedIds.keys()]);
     [this.specialPrefix, this.specialSuffix] = this.postProcessorTokens();
     // The word cache treats a piece as plain text: no added token may be left in one.
@@ -236,20 +240,21 @@ export class PromptTokenizer {
   }
 
   private encodeCut(text: string, addSpecialTokens: boolean): number[] {
-    const ids = addSpecialTokens ? this.specialPrefix.slice() : [];
+    const ids = new IdParts();
+    if (addSpecialTokens) ids.add(this.specialPrefix);
     const splitter = this.splitter as RegExp;
     splitter.lastIndex = 0;
     let last = 0;
     for (let match = splitter.exec(text); match !== null; match = splitter.exec(text)) {
-      const id = this.addedIds.get(match[0]);
+      const id = this.addedIdArrays.get(match[0]);
       if (id === undefined) continue;
       if (match.index > last) this.pushPiece(ids, text.slice(last, match.index), true);
-      ids.push(id);
+      ids.add(id);
       last = splitter.lastIndex;
     }
     if (last < text.length) this.pushPiece(ids, last === 0 ? text : text.slice(last), false);
-    if (addSpecialTokens) pushAll(ids, this.specialSuffix);
-    return ids;
+    if (addSpecialTokens) ids.add(this.specialSuffix);
+    return ids.join();
   }
 
   /**
@@ -258,32 +263,32 @@ export class PromptTokenizer {
    * the last one another prompt brought is tokenized. A piece between two added tokens (a chat
    * message) is also kept whole: a system prompt comes back as it was, in one lookup.
    */
-  private pushPiece(ids: number[], text: string, between: boolean): void {
-    if (text.length <= FINE_CHARS) return pushAll(ids, this.cachedPiece(text, false));
+  private pushPiece(ids: IdParts, text: string, between: boolean): void {
+    if (text.length <= FINE_CHARS) return ids.add(this.cachedPiece(text, false));
     this.cuttingText ??= this.textCutsAgree();
-    if (!this.cuttingText) return pushAll(ids, this.cachedPiece(text, false));
+    if (!this.cuttingText) return ids.add(this.cachedPiece(text, false));
     const whole = between ? this.cache.get(text) : undefined;
     if (whole !== undefined) {
       this.hits++;
-      return pushAll(ids, whole);
+      return ids.add(whole);
     }
-    const from = ids.length;
+    const from = ids.mark;
     this.pushChunks(ids, text);
-    if (between) this.cache.set(text, ids.slice(from));
+    if (between) this.cache.set(text, ids.since(from));
   }
 
-  private pushChunks(ids: number[], text: string): void {
+  private pushChunks(ids: IdParts, text: string): void {
     forEachChunk(text, CHUNK_CHARS, (start, end) => {
       const chunk = end - start === text.length ? text : text.slice(start, end);
       const cached = this.cache.get(chunk);
       if (cached !== undefined) {
         this.hits++;
-        return pushAll(ids, cached);
+        return ids.add(cached);
       }
-      const from = ids.length;
-      forEachChunk(chunk, FINE_CHARS, (at, to) => pushAll(ids, this.cachedPiece(to - at === chunk.length ? chunk : chunk.slice(at, to), false)));
+      const from = ids.mark;
+      forEachChunk(chunk, FINE_CHARS, (at, to) => ids.add(this.cachedPiece(to - at === chunk.length ? chunk : chunk.slice(at, to), false)));
       // The whole chunk too, so that the next prompt sharing it takes it in one lookup.
-      if (chunk.length > FINE_CHARS) this.cache.set(chunk, ids.slice(from));
+      if (chunk.length > FINE_CHARS) this.cache.set(chunk, ids.since(from));
     });
   }
 
@@ -394,10 +399,4 @@ function sameIds(a: readonly number[], b: readonly number[]): boolean {
   if (a.length !== b.length) return false;
   for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
   return true;
-}
-
-function pushAll(target: number[], ids: readonly number[]): void {
-  // One native push for a piece's ids (a chunk holds a few hundred at most), not one call per id.
-  if (ids.length <= 16_384) target.push(...ids);
-  else for (let i = 0; i < ids.length; i++) target.push(ids[i]);
 }

@@ -71,9 +71,7 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
   let kept = 0;
   const keeper: TryKeeper = {
     forget: (route) => {
-      // The try's upstream request no longer leads to it: a late answer finds nothing.
-      const sent = route.upstreamRequest as TaggedRequest | undefined;
-      if (sent !== undefined) sent[TRY] = undefined;
+      untagUpstream(route);
       const carrier = route.tryCarrier as TryCarrier | undefined;
       if (carrier === undefined || carrier[tryOf] === undefined) return;
       carrier[tryOf] = undefined;
@@ -100,9 +98,9 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
         proxyReq.destroy();
         return;
       }
-      // The answer finds its try on the upstream request (a stable object), not on the response.
-      const previous = route.upstreamRequest as TaggedRequest | undefined;
-      if (previous !== undefined) previous[TRY] = undefined;
+      // The answer finds its try on the upstream request (a stable object), not on the response;
+      // an earlier try of this request through the same proxy (a retry) leads to it no more.
+      untagUpstream(route);
       (proxyReq as TaggedRequest)[TRY] = route;
       if (route.body !== undefined) proxyReq.write(route.body);
       else if (route.bodyHead !== undefined) proxyReq.write(route.bodyHead);
@@ -195,6 +193,12 @@ type TaggedRequest = ClientRequest & { [TRY]?: RouteState };
 /** An upstream answer: Node links it to its request (`res.req`), which @types/node does not declare. */
 type AnswerOf = IncomingMessage & { req?: TaggedRequest };
 const TRY = Symbol('dp-router try');
+
+/** The route's current upstream request no longer leads to it: a late answer to it finds nothing. */
+function untagUpstream(route: RouteState): void {
+  const sent = route.upstreamRequest as TaggedRequest | undefined;
+  if (sent !== undefined) sent[TRY] = undefined;
+}
 
 /**
  * Express's `res.locals`, the per-response dictionary it makes for such data, or the response

@@ -215,7 +215,8 @@ export class KvExactIndex implements KvEventSink {
     if (promptBlocks === 0 || (this.size === 0 && this.speculativeCount === 0)) return { blockSize: size, promptBlocks, matchedBlocks };
     const now = options?.now ?? Date.now();
     const root = options?.loraName === undefined ? this.baseRoot : this.loraRoot(options.loraName);
-    const keys = options?.keys === undefined ? [] : keysFor(options.keys, size, options.loraName).values;
+    const keys = options?.keys === undefined ? { size, loraName: options?.loraName, values: [] } : keysFor(options.keys, size, options.loraName);
+    const values = keys.values;
     const states = this.states;
     // Rank by rank, each as far as it holds the prompt: the same lookups as block by block, in
     // a loop over one rank's maps. A block's key is hashed when the first rank reaches it, so
@@ -225,8 +226,7 @@ export class KvExactIndex implements KvEventSink {
       if (state.blockSize !== size && state.blockSize !== 0) continue;
       let b = 0;
       for (; b < promptBlocks; b++) {
-        if (b === keys.length) keys.push(chainHash(this.key, DOMAIN_BLOCK, b === 0 ? root : keys[b - 1], tokens, b * size, size));
-        const key = keys[b];
+        const key = nextKey(this.key, keys, b === 0 ? root : values[b - 1], tokens, b, size);
         const entry = state.blocks.get(key);
         if (entry !== undefined) entry.used = true;
         else if (!this.speculativeHeld(state, key, now)) break;

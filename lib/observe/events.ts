@@ -29,11 +29,16 @@ export interface RouterEvents {
  * health lines (the rule that was met); without it no health change is told.
  */
 export function createEvents(metrics: RouterMetrics, tracing: Tracing, logger: RouterLogger, policy: string, healthCheck: HealthCheckConfig | undefined): RouterEvents {
+  // Told on every request: with neither tracing nor a logger that writes per-request lines, nothing at all.
+  const decided: RouterEvents['decided'] =
+    tracing.enabled || logger.perRequest
+      ? (req, endpoint, source, hintOutcome, headers) => {
+          tracing.decided(req, endpoint, source, hintOutcome, headers);
+          logger.decided(endpoint, source, policy, hintOutcome);
+        }
+      : () => undefined;
   return {
-    decided(req, endpoint, source, hintOutcome, headers) {
-      tracing.decided(req, endpoint, source, hintOutcome, headers);
-      logger.decided(endpoint, source, policy, hintOutcome);
-    },
+    decided,
     prefixScored(req, index, matchedShare) {
       tracing.prefixScored(req, index, matchedShare);
     },

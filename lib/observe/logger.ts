@@ -18,6 +18,12 @@ export interface Logger {
 export interface RouterLogger {
   /** A run-time notice (a body parser mounted first, ranks discovered), as a plain message. */
   warn(message: string): void;
+  /**
+   * Whether {@link decided} and {@link retried} can ever write: false for the default and for
+   * `false`, and for a logger without `debug` and `isLevelEnabled` (console), so that the router
+   * does not tell them each request's decision.
+   */
+  readonly perRequest: boolean;
   /** The request's routing decision, at debug level; free when debug is off. */
   decided(endpoint: Endpoint, source: DecisionSource, policy: string, hintOutcome: HintOutcome | undefined): void;
   /** A request sent again to another endpoint, at debug level. */
@@ -33,7 +39,7 @@ export interface RouterLogger {
 
 const LEVELS = ['debug', 'info', 'error'] as const;
 
-const SILENT: RouterLogger = { warn: () => undefined, decided: () => undefined, retried: () => undefined, ejected: () => undefined, healthChanged: () => undefined };
+const SILENT: RouterLogger = { perRequest: false, warn: () => undefined, decided: () => undefined, retried: () => undefined, ejected: () => undefined, healthChanged: () => undefined };
 const PROCESS_WARNINGS: RouterLogger = {
   ...SILENT,
   warn: (message) => process.emitWarning(message, { code: 'DP_ROUTER' }),
@@ -73,6 +79,7 @@ export function parseLogger(path: string, value: unknown): RouterLogger {
   const debugOn = () => hasDebug && logger.isLevelEnabled!('debug');
 
   return {
+    perRequest: hasDebug,
     warn: (message) => logger.warn(message),
     decided(endpoint, source, policy, hintOutcome) {
       if (!debugOn()) return;

@@ -20,7 +20,6 @@ export class ModelPools<E extends PooledEndpoint> {
   private wildcard = false;
   private adapters = new Set<string>();
   private known = new Set<string>();
-  private routing = false;
   private upstreamNames: readonly string[] = [];
   // The candidate lists, for the healthy list they were made from.
   private madeFrom: readonly E[] | undefined;
@@ -34,16 +33,14 @@ export class ModelPools<E extends PooledEndpoint> {
   /**
    * Whether requests are routed by model: some upstream has configured models, or the learned
    * sets differ. A fleet that all serves the same models (or says nothing) is not: its engines
-   * answer an unknown model themselves, and no body is read for it.
+   * answer an unknown model themselves, and no body is read for it. Read on every request, so a
+   * field (set when the models change), not a getter: a getter call there costs more than the
+   * test it guards.
    */
-  get active(): boolean {
-    return this.routing;
-  }
+  active = false;
 
-  /** Whether any upstream's models are known, so that the gateway answers `GET /v1/models` with their union. */
-  get listed(): boolean {
-    return this.served.size > 0;
-  }
+  /** Whether any upstream's models are known, so that the gateway answers `GET /v1/models` with their union. A field, as `active`. */
+  listed = false;
 
   /** Follows a change of upstreams: their configured models; what removed upstreams taught is dropped. */
   setUpstreams(upstreams: readonly UpstreamConfig[]): void {
@@ -117,7 +114,8 @@ export class ModelPools<E extends PooledEndpoint> {
     }
     this.wildcard = this.served.size < this.upstreamNames.length;
     const distinct = new Set([...this.served.values()].map((models) => [...models].sort().join('\n')));
-    this.routing = this.configured.size > 0 || distinct.size > 1 || (distinct.size === 1 && this.wildcard);
+    this.active = this.configured.size > 0 || distinct.size > 1 || (distinct.size === 1 && this.wildcard);
+    this.listed = this.served.size > 0;
     this.madeFrom = undefined;
   }
 

@@ -80,16 +80,9 @@ export function createModelRouting(table: EndpointTable, warn: (message: string)
   }
 
   return {
+    /** Its `active` says whether requests are routed by model now (so their JSON bodies are read), its `listed` whether the gateway answers `GET /v1/models`. */
     pools,
     lora,
-    /** Whether requests are routed by model now (so their JSON bodies are read). */
-    get active(): boolean {
-      return pools.active;
-    },
-    /** Whether some upstream's models are known (the gateway answers `GET /v1/models`). */
-    get listed(): boolean {
-      return pools.listed;
-    },
     answersModelList,
     sendModelList,
     candidatesFor,

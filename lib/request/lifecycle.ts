@@ -15,6 +15,7 @@ import { NO_HINT, type BodyView, type JudgedHint, type RequestInputs } from './r
 import { RouteState, type RouteReports, type RoutedRequest } from './route-state';
 import type { DecisionSource, HintOutcome, IndexSource, PickContext, Policy } from '../types';
 import { leastLoadedOfRank, type ModelRouting } from '../pools/model-routing';
+import type { ModelPools } from '../pools/model-pools';
 import type { Admission } from '../admission/admission';
 import { exactContext } from './exact-context';
 import type { LifecycleParts, Terminal } from './lifecycle-parts';
@@ -54,6 +55,8 @@ export class RequestLifecycle {
   private readonly inputs: RequestInputs;
   private readonly bodies: BodyReader;
   private readonly models: ModelRouting;
+  /** `models.pools`, whose `active` and `listed` every request reads. */
+  private readonly pools: ModelPools<RouteEndpoint>;
   private readonly admission: Admission | undefined;
   /** Exact prefix routing, when the policy scores on a prefix index (`namesIndex`). */
   private readonly exact: ExactLookup | undefined;
@@ -88,6 +91,7 @@ export class RequestLifecycle {
     this.tracing = parts.tracing;
     const policy = (this.policy = parts.policy);
     this.models = parts.models;
+    this.pools = parts.models.pools;
     this.exact = policy.namesIndex === true ? parts.exact : undefined;
     this.namesIndex = config.exposeDecision && policy.namesIndex === true;
     this.reportsShare = parts.tracing.enabled && policy.reportsMatchedShare === true;
@@ -115,9 +119,8 @@ export class RequestLifecycle {
 
   /** The front: the client's rank headers are judged, then removed, before anything else reads them. */
   front(req: RoutedRequest, res: ServerResponse, next: Next): void {
-    const { models } = this;
-    if (models.listed && models.answersModelList(req)) {
-      models.sendModelList(res);
+    if (this.pools.listed && this.models.answersModelList(req)) {
+      this.models.sendModelList(res);
       return;
     }
     const { headers } = req;
@@ -169,7 +172,7 @@ export class RequestLifecycle {
    */
   readBody(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
     // Routing by model reads the body only once some upstream's models tell the pools apart.
-    const wantsBody = this.inputs.wantsBody(req) || this.models.active;
+    const wantsBody = this.inputs.wantsBody(req) || this.pools.active;
     const bodied = hasBody(route.headers);
     // Each property of `req` read costs a lookup V8 cannot cache: a stream that has ended is
     // complete, so `readableEnded` is read only for a complete body.
@@ -225,7 +228,7 @@ export class RequestLifecycle {
     if (res.destroyed) return;
     const { inputs } = this;
     const body = route.view;
-    if (body !== undefined && this.models.active && !this.choosePool(req, res, route, body)) return;
+    if (body !== undefined && this.pools.active && !this.choosePool(req, res, route, body)) return;
     route.hintFields = inputs.hintFields(body);
     const verdict = route.headerHint === NO_HINT ? inputs.bodyHint(body, route.trusted) : route.headerHint;
     if (verdict.outcome !== 'none') this.metrics.hint(verdict.outcome);

@@ -8,6 +8,7 @@ import { DeadlineList } from './deadline-list';
 import type { Configuration, UpstreamConfig } from '../options';
 import { CONNECT_TIMEOUT, FIRST_BYTE_TIMEOUT, type RouteState, type RoutedRequest, type TryKeeper } from '../request/route-state';
 import { lenientParser, unrelayable } from './upstream-response';
+import { carrierOf } from '../request/response-carrier';
 
 /** One upstream's proxy and the connections it keeps. */
 export interface UpstreamProxy {
@@ -72,7 +73,7 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
   const keeper: TryKeeper = {
     forget: (route) => {
       untagUpstream(route);
-      const carrier = route.tryCarrier as TryCarrier | undefined;
+      const carrier = route.carrier as TryCarrier | undefined;
       if (carrier === undefined || carrier[tryOf] === undefined) return;
       carrier[tryOf] = undefined;
       kept--;
@@ -92,7 +93,7 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
         proxyReq.destroy();
         return;
       }
-      const route = carrierOf(res)[tryOf];
+      const route = (carrierOf(res) as TryCarrier)[tryOf];
       if (route === undefined) {
         // The response closed before the upstream connection was there.
         proxyReq.destroy();
@@ -132,7 +133,7 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
         res.destroy();
         return;
       }
-      const route = carrierOf(res)[tryOf];
+      const route = (carrierOf(res) as TryCarrier)[tryOf];
       // After the response closed, the failure is the echo of its upstream request's end.
       if (route !== undefined) outcomes.failed(route, req, res, classify(error));
     },
@@ -170,7 +171,7 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
         route.sentVia = keeper;
         kept++;
       }
-      const carrier = (route.tryCarrier ??= carrierOf(res)) as TryCarrier;
+      const carrier = (route.carrier ??= carrierOf(res)) as TryCarrier;
       carrier[tryOf] = route;
       void handle(req, res, next);
     },
@@ -198,18 +199,6 @@ const TRY = Symbol('dp-router try');
 function untagUpstream(route: RouteState): void {
   const sent = route.upstreamRequest as TaggedRequest | undefined;
   if (sent !== undefined) sent[TRY] = undefined;
-}
-
-/**
- * Express's `res.locals`, the per-response dictionary it makes for such data, or the response
- * itself without Express. Not the response under Express 5: its router adds properties to every
- * request and response after setting their prototype, which leaves each with a hidden class of
- * its own, and a property added to one builds yet another (about 17,000 instructions); a key
- * added to `res.locals` (a dictionary) costs a few hundred.
- */
-function carrierOf(res: ServerResponse): TryCarrier {
-  const { locals } = res as { locals?: unknown };
-  return (typeof locals === 'object' && locals !== null ? locals : res) as TryCarrier;
 }
 
 /** The client closed its connection before the answer was complete. */

@@ -9,6 +9,7 @@ import type { Configuration } from '../options';
 import type { DecisionSource, HintOutcome, PickContext } from '../types';
 import type { AdmissionTicket } from '../admission/admission';
 import type { DeadlineList, Deadlined } from '../forward/deadline-list';
+import { carrierOf, setDpRank, type Carrier } from './response-carrier';
 
 /**
  * Where a request stands: `deciding` until it has an endpoint (and while its retry body is
@@ -75,8 +76,8 @@ export class RouteState implements Deadlined {
   upstreamRequest: ClientRequest | undefined = undefined;
   /** dpRouter's proxy the current try went through; it keeps the try until the response closes. */
   sentVia: TryKeeper | undefined = undefined;
-  /** Where dpRouter's proxies keep this request's tries (`res.locals`, or the response), found once: each read of the response misses V8's caches. */
-  tryCarrier: object | undefined = undefined;
+  /** Where this request's `req.dpRank` and dpRouter's tries ride on the response (`res.locals`, or the response), found once: each read of the response misses V8's caches. */
+  carrier: Carrier | undefined = undefined;
   /** Whether the response has closed (known once the close is watched: from {@link assign} on). */
   responseClosed = false;
   connectDeadline: NodeJS.Timeout | undefined = undefined;
@@ -230,7 +231,7 @@ export class RouteState implements Deadlined {
     else if (headers[header] !== undefined) delete headers[header];
     this.endpoint = endpoint;
     this.carryRank(req, endpoint);
-    req.dpRank = endpoint.decisions[source];
+    setDpRank(req, res, (this.carrier ??= carrierOf(res)), endpoint.decisions[source]);
     if (config.exposeDecision) res.setHeader(DECISION_HEADER, note === undefined ? endpoint.receipts[source] : endpoint.receipts[source] + note);
   }
 

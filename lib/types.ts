@@ -105,7 +105,11 @@ export interface EndpointSnapshot {
 // program that also loads pino's types ("IncomingMessage incorrectly extends Readable").
 declare module 'http' {
   interface IncomingMessage {
-    /** The routing decision, set by `dpRank()` and `dpRouter()`. */
+    /**
+     * The routing decision, set by `dpRank()` and `dpRouter()`. Under Express it is read through
+     * an accessor on Express's request prototype from the response's `res.locals`, not an own
+     * property of the request (assigning it makes one).
+     */
     dpRank?: DpRankDecision;
   }
 }

@@ -204,6 +204,26 @@ describe('prefixAware', () => {
     }
   });
 
+  it('spreads ties between the ranks the events show holding a prefix, and keeps spills of one prefix together', () => {
+    const system = text('system', 4);
+    const prompts = Array.from({ length: 8 }, (_, i) => system + text(`user ${i}`, 12));
+    const homesWith = (matched: Int32Array): Set<number> => {
+      const policy = prefixAware({ contentBalance: 0 });
+      const candidates = endpoints(8);
+      return new Set(prompts.map((prompt) => policy.pick(candidates, { ...ctx(prompt), exact: new ExactPick(16, matched) } as PrefixPickContext).rank));
+    };
+    // Ranks 0 and 1 hold the system prompt: the prompts that extend it go to both.
+    expect(homesWith(Int32Array.from({ length: 8 }, (_, rank) => (rank < 2 ? 4 : 0)))).toEqual(new Set([0, 1]));
+    // Rank 0 holds it but is busy: the prompts that leave it all go to one other rank.
+    const policy = prefixAware({ contentBalance: 0 });
+    const candidates = endpoints(8);
+    setLoad(candidates[0], 64);
+    const matched = Int32Array.from({ length: 8 }, (_, rank) => (rank === 0 ? 4 : 0));
+    const spills = new Set(prompts.map((prompt) => policy.pick(candidates, { ...ctx(prompt), exact: new ExactPick(16, matched) } as PrefixPickContext).rank));
+    expect(spills.size).toBe(1);
+    expect(spills.has(0)).toBe(false);
+  });
+
   it('uses the fallback without a prompt or with less than one block', () => {
     const picks: number[] = [];
     const policy = prefixAware({

@@ -294,11 +294,13 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     if (!anyMatch) {
       bestAt = place(candidates, blockCount, lead, minLoad, totalLoad);
     } else if (ties > 0) {
-      // The lead's rendezvous order decides between the cheapest, as in every replica.
+      // A rendezvous order decides between the cheapest, the same in every replica: the lead's,
+      // or the whole prompt's between ranks the events show holding the lead (see `tieKey`).
+      const key = tieKey(exact, bestAt, exactLead, lead, blockCount);
       let bestWeight = -1;
       for (let at = 0; at < candidates.length; at++) {
         if (candidateCosts[at] !== bestCost) continue;
-        const weight = weightAt(at, lead);
+        const weight = weightAt(at, key);
         if (weight > bestWeight) {
           bestWeight = weight;
           bestAt = at;
@@ -306,6 +308,22 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       }
     }
     return bestAt;
+  }
+
+  /**
+   * The hash whose rendezvous order breaks a tie whose first candidate is `candidates[at]`.
+   * Between ranks the events show holding the prompt's lead, the whole prompt's (its last
+   * block's chained hash): the events, not the order, tell every replica where the prefix
+   * lives, so prompts extending a prefix held on several ranks (new conversations on a shared
+   * system prompt) spread over them instead of all going to the first of the lead's order. A
+   * tie between ranks without the prefix (a prompt spilling off its holders, or on the
+   * approximate index) goes by the lead's order, so that the spilled prompts of one prefix meet
+   * on one rank and find it there: with the whole prompt's order there too, the closed loop's
+   * hit rate with one replica under pressure fell from 69.1 to 66.1 % (`npm run bench:replicas
+   * -- --size small`, before the shared-prefix rule).
+   */
+  function tieKey(exact: ExactPick | undefined, at: number, exactLead: number, lead: number, blockCount: number): number {
+    return exact !== undefined && exact.matched[at] >= exactLead ? blockHashes[blockCount - 1] : lead;
   }
 
   /**

@@ -1,6 +1,7 @@
 import { describe, expect, it } from '@jest/globals';
 import { OptionError, type PrefixAwareOptions } from '../../lib';
-import { BlockIndex, prefixAware } from '../../lib/policies/prefix-aware';
+import { ExactPick } from '../../lib/exact-prefix/index/exact-pick';
+import { BlockIndex, prefixAware, type PrefixPickContext } from '../../lib/policies/prefix-aware';
 import type { Endpoint, PickContext, Policy } from '../../lib/types';
 
 type MutableEndpoint = { -readonly [K in keyof Endpoint]: Endpoint[K] };
@@ -170,6 +171,57 @@ describe('prefixAware', () => {
     };
     expect(spread(1).most).toBeLessThanOrEqual(2);
     expect(spread(0).most).toBe(8); // without the term, the cache saving alone wins
+  });
+
+  it('balances content on the engines\' events where a shared prefix is on two ranks or more, not where one rank holds it', () => {
+    const system = text('system', 4);
+    const prompts = Array.from({ length: 8 }, (_, i) => system + text(`user ${i}`, 12));
+    /** Picks each prompt with the events showing the system prompt on `holders` (and on every rank chosen since). */
+    const homesWith = (holders: number[]): Set<string> => {
+      const policy = prefixAware();
+      const candidates = endpoints(8);
+      const holding = new Set(holders);
+      const homes = new Set<string>();
+      for (const prompt of prompts) {
+        const matched = Int32Array.from(candidates, (_, rank) => (holding.has(rank) ? 4 : 0));
+        const exactCtx: PrefixPickContext = { ...ctx(prompt), exact: new ExactPick(16, matched) };
+        const home = policy.pick(candidates, exactCtx);
+        holding.add(home.rank);
+        homes.add(home.key);
+      }
+      return homes;
+    };
+    // Two holders: the content term moves new conversations on as their new blocks pile up.
+    expect(homesWith([0, 1]).size).toBeGreaterThanOrEqual(6);
+    // One holder of the longest prefix: the prompts stay with its cache.
+    const history = text('history', 12);
+    const policy = prefixAware();
+    const candidates = endpoints(8);
+    const matched = Int32Array.from(candidates, (_, rank) => (rank === 3 ? 12 : 0));
+    for (let i = 0; i < 8; i++) {
+      const exactCtx: PrefixPickContext = { ...ctx(history + text(`turn ${i}`, 4)), exact: new ExactPick(16, matched) };
+      expect(policy.pick(candidates, exactCtx)).toBe(candidates[3]);
+    }
+  });
+
+  it('spreads ties between the ranks the events show holding a prefix, and keeps spills of one prefix together', () => {
+    const system = text('system', 4);
+    const prompts = Array.from({ length: 8 }, (_, i) => system + text(`user ${i}`, 12));
+    const homesWith = (matched: Int32Array): Set<number> => {
+      const policy = prefixAware({ contentBalance: 0 });
+      const candidates = endpoints(8);
+      return new Set(prompts.map((prompt) => policy.pick(candidates, { ...ctx(prompt), exact: new ExactPick(16, matched) } as PrefixPickContext).rank));
+    };
+    // Ranks 0 and 1 hold the system prompt: the prompts that extend it go to both.
+    expect(homesWith(Int32Array.from({ length: 8 }, (_, rank) => (rank < 2 ? 4 : 0)))).toEqual(new Set([0, 1]));
+    // Rank 0 holds it but is busy: the prompts that leave it all go to one other rank.
+    const policy = prefixAware({ contentBalance: 0 });
+    const candidates = endpoints(8);
+    setLoad(candidates[0], 64);
+    const matched = Int32Array.from({ length: 8 }, (_, rank) => (rank === 0 ? 4 : 0));
+    const spills = new Set(prompts.map((prompt) => policy.pick(candidates, { ...ctx(prompt), exact: new ExactPick(16, matched) } as PrefixPickContext).rank));
+    expect(spills.size).toBe(1);
+    expect(spills.has(0)).toBe(false);
   });
 
   it('uses the fallback without a prompt or with less than one block', () => {

@@ -53,6 +53,15 @@ const MAX_EXCESS = 0.5;
  */
 const LEAD_BLOCKS = 4;
 
+/**
+ * Candidates holding the same longest prefix, by the engines' events, from which the prefix
+ * counts as shared and the content-balance term applies to exact candidates. At 2 it applies
+ * to the multi-turn scenario's first turns (the common system prompt) and to a group's prompt
+ * only once it was copied to a second rank; at 3 (`npm run bench:replicas`) multi-turn's p99
+ * was 897 ms on seed 42 against 789 and its max/mean 2.08 on seed 7 against 1.84.
+ */
+const SHARED_HOLDERS = 2;
+
 /** Weight of a new sample in the running mean of the prefill blocks a request needs. */
 const WORK_SMOOTHING = 1 / 32;
 
@@ -179,12 +188,19 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     return total < bound ? total : bound;
   }
 
+  /** The content-balance term of a candidate with `index`: its share of the recent new blocks above the fair one, priced as prefill. */
+  function contentCost(index: BlockIndex | undefined, fairRecent: number, blockCount: number): number {
+    const recent = index === undefined ? 0 : index.recentBlocks;
+    return recent > fairRecent ? contentBalance * MISS_WEIGHT * blockCount * min(MAX_EXCESS, recent / fairRecent - 1) : 0;
+  }
+
   /**
    * The candidate with the least predicted time to first token, as a position: its queue (see
    * `queueAt`) plus this request's uncached blocks there. A candidate `exact` scores costs its
    * share of the prompt its rank lacks by the engine's events instead of the approximate
-   * index's guess, and no content-balance term: that term counts this replica's own traffic,
-   * which other replicas do not see, while the events are the same for all of them.
+   * index's guess, and the content-balance term only where the events show the prompt's
+   * longest cached prefix on two ranks or more (see {@link sharedPrefix}): the term counts this
+   * replica's own traffic, a sample of every replica's, while the events are the same for all.
    */
   function choose(candidates: readonly Endpoint[], blockCount: number, exact: ExactPick | undefined): number {
     let minLoad = INFINITY;
@@ -225,6 +241,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     let firstHolder = -1;
     let firstBound = INFINITY;
     const exactLead = exact === undefined ? 0 : min(LEAD_BLOCKS, exact.promptBlocks);
+    const exactBalance = exact !== undefined && sharedPrefix(exact.matched, candidates.length, exactLead);
     for (let at = 0; at < candidates.length; at++) {
       const candidate = candidates[at];
       const state = states.cachedAt(at);
@@ -234,12 +251,12 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       candidateHolds[at] = 0;
       candidateRuns[at] = -1;
       if (held >= 0) {
+        if (exactBalance) cost += contentCost(index, fairRecent, blockCount);
         candidateQueues[at] = cost;
         if (held >= exactLead) anyMatch = true;
         cost += MISS_WEIGHT * exactUncached(blockCount, held, exact!.promptBlocks);
       } else {
-        const recent = index === undefined ? 0 : index.recentBlocks;
-        if (recent > fairRecent) cost += contentBalance * MISS_WEIGHT * blockCount * min(MAX_EXCESS, recent / fairRecent - 1);
+        cost += contentCost(index, fairRecent, blockCount);
         candidateQueues[at] = cost;
         if (index !== undefined && index.hasAt(lead, leadHome)) {
           anyMatch = true;
@@ -277,11 +294,13 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     if (!anyMatch) {
       bestAt = place(candidates, blockCount, lead, minLoad, totalLoad);
     } else if (ties > 0) {
-      // The lead's rendezvous order decides between the cheapest, as in every replica.
+      // A rendezvous order decides between the cheapest, the same in every replica: the lead's,
+      // or the whole prompt's between ranks the events show holding the lead (see `tieKey`).
+      const key = tieKey(exact, bestAt, exactLead, lead, blockCount);
       let bestWeight = -1;
       for (let at = 0; at < candidates.length; at++) {
         if (candidateCosts[at] !== bestCost) continue;
-        const weight = weightAt(at, lead);
+        const weight = weightAt(at, key);
         if (weight > bestWeight) {
           bestWeight = weight;
           bestAt = at;
@@ -289,6 +308,22 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       }
     }
     return bestAt;
+  }
+
+  /**
+   * The hash whose rendezvous order breaks a tie whose first candidate is `candidates[at]`.
+   * Between ranks the events show holding the prompt's lead, the whole prompt's (its last
+   * block's chained hash): the events, not the order, tell every replica where the prefix
+   * lives, so prompts extending a prefix held on several ranks (new conversations on a shared
+   * system prompt) spread over them instead of all going to the first of the lead's order. A
+   * tie between ranks without the prefix (a prompt spilling off its holders, or on the
+   * approximate index) goes by the lead's order, so that the spilled prompts of one prefix meet
+   * on one rank and find it there: with the whole prompt's order there too, the closed loop's
+   * hit rate with one replica under pressure fell from 69.1 to 66.1 % (`npm run bench:replicas
+   * -- --size small`, before the shared-prefix rule).
+   */
+  function tieKey(exact: ExactPick | undefined, at: number, exactLead: number, lead: number, blockCount: number): number {
+    return exact !== undefined && exact.matched[at] >= exactLead ? blockHashes[blockCount - 1] : lead;
   }
 
   /**
@@ -373,6 +408,30 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       return chosen;
     },
   };
+}
+
+/**
+ * Whether the events show the prompt's longest cached prefix (of at least `lead` blocks) on
+ * {@link SHARED_HOLDERS} candidates or more: a shared prefix, such as a system prompt, that
+ * each of them would otherwise keep drawing new conversations to, so that the content-balance
+ * term applies as on the approximate index. A prefix on one rank alone (a conversation's
+ * history, a group's prompt held once) stays with it: there the term would only move prompts
+ * off their cache. Without the term a few ranks took every new conversation of the multi-turn
+ * scenario (docs/routing-quality.md).
+ */
+function sharedPrefix(matched: Int32Array, count: number, lead: number): boolean {
+  let most = lead;
+  let holders = 0;
+  for (let at = 0; at < count; at++) {
+    const held = matched[at];
+    if (held > most) {
+      most = held;
+      holders = 1;
+    } else if (held === most) {
+      holders++;
+    }
+  }
+  return holders >= SHARED_HOLDERS;
 }
 
 /** The prompt's blocks (of `blockChars`) a rank holding `held` of the engine's `promptBlocks` lacks. */

@@ -19,13 +19,28 @@ interface Result {
   completed: number;
 }
 
+interface PooledHit {
+  requests: number;
+  hitRate: number;
+  steadyHitRate: number;
+}
+
 interface Report {
   ranks: number;
   requests: number;
   results: Result[];
   targets: Array<{ target: string; pass: boolean; measured: string }>;
   ceilingHitRate: number;
+  scenarioTargets: Array<{ target: string; pass: boolean; measured: string }>;
+  scenarioWarmup: {
+    windowSeconds: number;
+    firstRequests: number;
+    restarts: Array<{ at: number; gateway: number }>;
+    results: Array<{ policy: string; window: PooledHit; first: PooledHit }>;
+  };
 }
+
+const WARMUP_TARGET = "rolling-restart: a restarted replica's hit rate in its first 10 s within 2 points of steady state (exact + replay)";
 
 /**
  * `npm run bench:replicas -- --size small --seed 42 --out DIR`, comparing against the policy
@@ -93,6 +108,27 @@ describe('gateway replicas benchmark (small)', () => {
       'PASS cache pressure: exact (KV events) with 1 replica ≥ approximate + 5 points',
     ]);
     expect(report.ceilingHitRate).toBeGreaterThan(Math.max(...report.results.map((r) => r.hitRate)));
+  });
+
+  it("measures a restarted replica's warm-up against the same requests without restarts", () => {
+    const warmup = report.scenarioWarmup;
+    expect(again.scenarioWarmup).toEqual(warmup);
+    expect(warmup.windowSeconds).toBe(10);
+    expect(warmup.restarts).toHaveLength(3);
+    for (const { window, first } of warmup.results) {
+      expect(window.requests).toBeGreaterThan(0);
+      // Fewer where the run ends before the last restarted replica has routed them all.
+      expect(first.requests).toBeGreaterThan(0);
+      expect(first.requests).toBeLessThanOrEqual(warmup.restarts.length * warmup.firstRequests);
+    }
+    // The oracle keeps no state, so a restart changes none of its picks: anything but equal
+    // figures would mean the restarted and steady runs are not matched request for request.
+    const oracle = warmup.results.find((r) => r.policy === 'oracle');
+    expect(oracle?.window.hitRate).toBe(oracle?.window.steadyHitRate);
+    expect(oracle?.first.hitRate).toBe(oracle?.first.steadyHitRate);
+    expect(report.scenarioTargets.map((t) => t.target)).toContain(WARMUP_TARGET);
+    expect(stdout).toMatch(/^rolling-restart warm-up: /m);
+    expect(stdout).toContain(`  ${WARMUP_TARGET}: `);
   });
 
   it('rejects an unknown flag with a usage line', async () => {

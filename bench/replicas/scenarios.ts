@@ -10,6 +10,7 @@ import { exponential, integerBetween, type Rng, seededRng, shuffle } from '../ro
 import { buildRequest, rankCacheFor, type SimRequest, TokenSource, type Workload } from '../routing/workloads';
 import { exactFromEvents, publishEvents } from './exact';
 import { indexBlocksFor, type ContenderFactory } from './run';
+import { evaluateWarmupTarget, formatWarmup, measureWarmups, type Prefill, type WarmupReport } from './warmup';
 
 /**
  * The issue's timing model: each rank 3 running slots and a FIFO queue, one prefill at a
@@ -185,7 +186,7 @@ export function buildScenarios(seed: number, small: boolean): Scenario[] {
   ].map((scenario) => (scenario.name === 'rolling-restart' ? { ...scenario, description: `${scenario.description}; replicas restarted one by one at 1/4, 1/2, 3/4 of the run` } : scenario.name === 'bypass' ? { ...scenario, description: `${scenario.description}; ${BYPASS_SHARE * 100} % sent by another client to a random rank` } : scenario));
 }
 
-export function runScenario(scenario: Scenario, contender: ScenarioContender): ScenarioResult {
+export function runScenario(scenario: Scenario, contender: ScenarioContender, onPrefill?: SimExtras['onPrefill']): ScenarioResult {
   const ranks = Array.from({ length: RANKS }, (_, i) => new SimRank(i, scenario.rankCacheBlocks));
   const caches = publishEvents(ranks, scenario.rankCacheBlocks);
   let current: SimRequest | undefined;
@@ -194,7 +195,7 @@ export function runScenario(scenario: Scenario, contender: ScenarioContender): S
   let made = 0;
   const policy = (): Policy => contender.make({ view, replica: made++, rankCacheBlocks: scenario.rankCacheBlocks, caches });
   const gateways: SimGateway[] = Array.from({ length: SCENARIO_REPLICAS }, () => ({ policy: policy(), endpoints: ranks.map((rank) => new SimEndpoint(rank.index)) }));
-  const extras: SimExtras = { restarts: scenario.restarts, remake: policy, feedback: contender.feedback ? FEEDBACK : undefined };
+  const extras: SimExtras = { restarts: scenario.restarts, remake: policy, feedback: contender.feedback ? FEEDBACK : undefined, onPrefill };
   const metrics = simulate(scenario.workload, scenario.secondsPerUnit, gateways, ranks, TIMING_MODEL, (request, now) => {
     current = request;
     clock = now;
@@ -210,14 +211,46 @@ export function runScenario(scenario: Scenario, contender: ScenarioContender): S
   };
 }
 
-/** Every contender on every scenario; deterministic for a seed. */
-export function runScenarios(seed: number, small: boolean): { scenarios: Array<Omit<Scenario, 'workload'> & { requests: number }>; results: ScenarioResult[] } {
+/** The scenario whose restarts the warm-up measures, and the one it is measured against. */
+const WARMUP_SCENARIO = 'rolling-restart';
+const STEADY_SCENARIO = 'pressure';
+
+/** Every contender on every scenario, and each contender's warm-up after the restarts; deterministic for a seed. */
+export function runScenarios(
+  seed: number,
+  small: boolean,
+): { scenarios: Array<Omit<Scenario, 'workload'> & { requests: number }>; results: ScenarioResult[]; warmup: WarmupReport } {
   const scenarios = buildScenarios(seed, small);
-  const results = scenarios.flatMap((scenario) => SCENARIO_CONTENDERS.map((contender) => runScenario(scenario, contender)));
+  // Per-request prefills only where the warm-up needs them.
+  const prefills = new Map<string, Prefill[]>();
+  const results = scenarios.flatMap((scenario) =>
+    SCENARIO_CONTENDERS.map((contender) => {
+      if (scenario.name !== WARMUP_SCENARIO && scenario.name !== STEADY_SCENARIO) return runScenario(scenario, contender);
+      const seen: Prefill[] = [];
+      prefills.set(`${scenario.name} ${contender.name}`, seen);
+      return runScenario(scenario, contender, (request, gateway, routedAt, cachedTokens) =>
+        seen.push({ id: request.id, gateway, routedAt, cachedTokens, inputTokens: request.inputTokens }),
+      );
+    }),
+  );
   return {
     scenarios: scenarios.map(({ workload, ...rest }) => ({ ...rest, requests: workload.requests.filter((r) => r.direct === undefined).length })),
     results,
+    warmup: warmupOf(scenarios, prefills),
   };
+}
+
+/** Each contender's rolling-restart prefills against its pressure ones (see warmup.ts). */
+function warmupOf(scenarios: readonly Scenario[], prefills: ReadonlyMap<string, Prefill[]>): WarmupReport {
+  const restarting = scenarios.find((s) => s.name === WARMUP_SCENARIO);
+  const arrivals = restarting?.workload.requests ?? [];
+  const lastArrival = restarting && arrivals.length > 0 ? arrivals[arrivals.length - 1].unitArrival * restarting.secondsPerUnit : 0;
+  const runs = SCENARIO_CONTENDERS.map(({ name }) => ({
+    policy: name,
+    restarted: prefills.get(`${WARMUP_SCENARIO} ${name}`) ?? [],
+    steady: prefills.get(`${STEADY_SCENARIO} ${name}`) ?? [],
+  }));
+  return measureWarmups(restarting?.restarts ?? [], lastArrival, runs);
 }
 
 /** A target, checked against a run. */
@@ -228,7 +261,7 @@ export interface ScenarioTarget {
 }
 
 /** Where exact routing must pay (issue 27): hit rate and tail against approximate, with 3 replicas. */
-export function evaluateScenarioTargets(results: readonly ScenarioResult[]): ScenarioTarget[] {
+export function evaluateScenarioTargets(results: readonly ScenarioResult[], warmup?: WarmupReport): ScenarioTarget[] {
   const find = (scenario: string, policy: string) => results.find((r) => r.scenario === scenario && r.policy === policy);
   const targets: ScenarioTarget[] = [];
   for (const scenario of ['pressure', 'rolling-restart', 'bypass']) {
@@ -245,6 +278,8 @@ export function evaluateScenarioTargets(results: readonly ScenarioResult[]): Sce
       pass: exactRow.ttftP99 <= 0.8 * approx.ttftP99,
       measured: `${ms(exactRow.ttftP99)} vs ${ms(approx.ttftP99)} (${(exactRow.ttftP99 / approx.ttftP99).toFixed(2)}×)`,
     });
+    const warm = scenario === WARMUP_SCENARIO && warmup ? evaluateWarmupTarget(warmup) : undefined;
+    if (warm) targets.push(warm);
   }
   return targets;
 }
@@ -269,6 +304,7 @@ export function formatScenarios(run: ReturnType<typeof runScenarios>): string {
     const widths = header.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i].length)));
     const format = (cells: string[]) => cells.map((c, i) => (i === 0 ? c.padEnd(widths[i]) : c.padStart(widths[i]))).join('  ');
     lines.push(format(header), widths.map((w) => '-'.repeat(w)).join('  '), ...rows.map(format));
+    if (scenario.name === WARMUP_SCENARIO) lines.push(formatWarmup(run.warmup));
   }
   return lines.join('\n');
 }

@@ -75,6 +75,12 @@ export interface SimExtras {
    * running + waiting beyond their own in-flight, times `weight` (the router's `loadFeedback`).
    */
   readonly feedback?: { readonly intervalSeconds: number; readonly weight: number };
+  /**
+   * Called as each gateway-routed request starts its prefill, with the gateway that routed it,
+   * when it did (its arrival) and the prompt tokens its rank had cached: per-request figures
+   * for measurements the run's totals cannot give (a restarted replica's warm-up).
+   */
+  readonly onPrefill?: (request: SimRequest, gateway: number, routedAt: number, cachedTokens: number) => void;
 }
 
 type SimEvent = { kind: 'arrive' | 'prefilled' | 'finish'; request: SimRequest } | { kind: 'restart'; gateway: number } | { kind: 'feedback' };
@@ -124,6 +130,7 @@ export function simulate(
       hitTokens += cachedTokens;
       unboundedHitTokens += rank.unbounded.peek(request.inputBlocks) * TOKENS_PER_BLOCK;
       promptTokens += request.inputTokens;
+      extras.onPrefill?.(request, gatewayOf[request.id], arrivedAt[request.id], cachedTokens);
     }
     // vLLM recomputes at least the last token even on a full hit.
     const uncached = Math.max(1, request.inputTokens - cachedTokens);

@@ -32,6 +32,7 @@ interface Report {
   targets: Array<{ target: string; pass: boolean; measured: string }>;
   ceilingHitRate: number;
   scenarioTargets: Array<{ target: string; pass: boolean; measured: string }>;
+  scenarioResults: Array<{ scenario: string; policy: string; hitRate: number }>;
   scenarioWarmup: {
     windowSeconds: number;
     firstRequests: number;
@@ -129,6 +130,18 @@ describe('gateway replicas benchmark (small)', () => {
     expect(report.scenarioTargets.map((t) => t.target)).toContain(WARMUP_TARGET);
     expect(stdout).toMatch(/^rolling-restart warm-up: /m);
     expect(stdout).toContain(`  ${WARMUP_TARGET}: `);
+  });
+
+  it('judges the rolling restart with replay from its own row, next to the line without it', () => {
+    const row = (policy: string) => report.scenarioResults.find((r) => r.scenario === 'rolling-restart' && r.policy === policy)!;
+    const targets = report.scenarioTargets.filter((t) => t.target.startsWith('rolling-restart: exact'));
+    expect(targets.map((t) => t.target)).toEqual([
+      'rolling-restart: exact hit rate ≥ approximate + 5 points (3 replicas)',
+      "rolling-restart: exact TTFT p99 ≤ 0.8× approximate's (3 replicas)",
+      'rolling-restart: exact with replay hit rate ≥ approximate + 5 points (3 replicas)',
+    ]);
+    expect(targets[2].pass).toBe(row('exact + replay').hitRate >= row('approximate').hitRate + 0.05);
+    expect(targets[2].measured).toMatch(new RegExp(`^${(row('exact + replay').hitRate * 100).toFixed(1)}% vs `));
   });
 
   it('rejects an unknown flag with a usage line', async () => {

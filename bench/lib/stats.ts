@@ -23,6 +23,23 @@ export function markdownTable(header: readonly string[], rows: readonly (readonl
   return [line(header), rule, ...rows.map(line)].join('\n');
 }
 
+/** A plain-text table as the simulators print it: the first column left-aligned, the rest right, two spaces apart, a dashed rule under the header. */
+export function textTable(header: readonly string[], rows: readonly (readonly string[])[]): string[] {
+  const widths = header.map((cell, column) => Math.max(cell.length, ...rows.map((row) => row[column].length)));
+  const line = (cells: readonly string[]) => cells.map((cell, column) => (column === 0 ? cell.padEnd(widths[column]) : cell.padStart(widths[column]))).join('  ');
+  return [line(header), widths.map((width) => '-'.repeat(width)).join('  '), ...rows.map(line)];
+}
+
+/** A share as a percentage with one decimal: `0.8214` → `82.1%`. */
+export function percent(share: number): string {
+  return `${(share * 100).toFixed(1)}%`;
+}
+
+/** A signed number with one decimal: `+5.2`, `-1.1`. */
+export function signed1(value: number): string {
+  return `${value >= 0 ? '+' : ''}${value.toFixed(1)}`;
+}
+
 export function fixed(value: number, digits: number): string {
   return Number.isFinite(value) ? value.toFixed(digits) : 'n/a';
 }

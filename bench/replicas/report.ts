@@ -1,6 +1,6 @@
 import { CACHE_SIZES, REPLICA_COUNTS, type ReplicasReport } from './run';
+import { percent, textTable } from '../lib/stats';
 
-const pct = (x: number): string => `${(x * 100).toFixed(1)}%`;
 const ms = (seconds: number): string => (seconds * 1000).toFixed(0);
 
 /**
@@ -18,7 +18,7 @@ export function formatReplicasTable(report: ReplicasReport): string {
       const row = [policy, String(replicas)];
       for (const cache of CACHE_SIZES) {
         const r = report.results.find((x) => x.policy === policy && x.replicas === replicas && x.cache === cache.name);
-        row.push(r ? pct(r.hitRate) : '—', r ? ms(r.ttftP99) : '—', r ? r.maxOverMean.toFixed(3) : '—');
+        row.push(r ? percent(r.hitRate) : '—', r ? ms(r.ttftP99) : '—', r ? r.maxOverMean.toFixed(3) : '—');
       }
       rows.push(row);
     }
@@ -27,14 +27,10 @@ export function formatReplicasTable(report: ReplicasReport): string {
     const r = report.results.find((x) => x.cache === cache.name);
     return `${cache.name}: ${r?.rankCacheBlocks ?? '?'} blocks per rank`;
   });
-  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i].length)));
-  const format = (cells: string[]) => cells.map((c, i) => (i === 0 ? c.padEnd(widths[i]) : c.padStart(widths[i]))).join('  ');
   return [
     `gateway replicas: ${report.ranks} ranks, ${shape.groups} groups × ${shape.promptsPerGroup} prompts, ` +
       `${shape.systemTokens}-token system prompt, ${shape.questionTokens}-token question, concurrency ${shape.concurrency}, ` +
       `requests round-robin over the replicas; seed ${report.seed}; cache ${blocks.join(', ')}`,
-    format(header),
-    widths.map((w) => '-'.repeat(w)).join('  '),
-    ...rows.map(format),
+    ...textTable(header, rows),
   ].join('\n');
 }

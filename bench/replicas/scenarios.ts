@@ -11,6 +11,7 @@ import { buildRequest, rankCacheFor, type SimRequest, TokenSource, type Workload
 import { exactFromEvents, publishEvents } from './exact';
 import { indexBlocksFor, type ContenderFactory } from './run';
 import { evaluateWarmupTarget, formatWarmup, measureWarmups, type Prefill, type WarmupReport } from './warmup';
+import { percent, signed1, textTable } from '../lib/stats';
 
 /**
  * The issue's timing model: each rank 3 running slots and a FIFO queue, one prefill at a
@@ -271,7 +272,7 @@ export function evaluateScenarioTargets(results: readonly ScenarioResult[], warm
     targets.push({
       target: `${scenario}: exact hit rate ≥ approximate + 5 points (3 replicas)`,
       pass: exactRow.hitRate >= approx.hitRate + 0.05,
-      measured: `${pct(exactRow.hitRate)} vs ${pct(approx.hitRate)} (${signed((exactRow.hitRate - approx.hitRate) * 100)} points)`,
+      measured: `${percent(exactRow.hitRate)} vs ${percent(approx.hitRate)} (${signed1((exactRow.hitRate - approx.hitRate) * 100)} points)`,
     });
     targets.push({
       target: `${scenario}: exact TTFT p99 ≤ 0.8× approximate's (3 replicas)`,
@@ -285,7 +286,7 @@ export function evaluateScenarioTargets(results: readonly ScenarioResult[], warm
       targets.push({
         target: `${scenario}: exact with replay hit rate ≥ approximate + 5 points (3 replicas)`,
         pass: replayed.hitRate >= approx.hitRate + 0.05,
-        measured: `${pct(replayed.hitRate)} vs ${pct(approx.hitRate)} (${signed((replayed.hitRate - approx.hitRate) * 100)} points)`,
+        measured: `${percent(replayed.hitRate)} vs ${percent(approx.hitRate)} (${signed1((replayed.hitRate - approx.hitRate) * 100)} points)`,
       });
     }
     const warm = scenario === WARMUP_SCENARIO && warmup ? evaluateWarmupTarget(warmup) : undefined;
@@ -294,9 +295,7 @@ export function evaluateScenarioTargets(results: readonly ScenarioResult[], warm
   return targets;
 }
 
-const pct = (x: number): string => `${(x * 100).toFixed(1)}%`;
 const ms = (seconds: number): string => `${(seconds * 1000).toFixed(0)} ms`;
-const signed = (x: number): string => `${x >= 0 ? '+' : ''}${x.toFixed(1)}`;
 
 /** The scenarios' table, one block per scenario. */
 export function formatScenarios(run: ReturnType<typeof runScenarios>): string {
@@ -310,10 +309,8 @@ export function formatScenarios(run: ReturnType<typeof runScenarios>): string {
     lines.push(`\n${scenario.name}: ${scenario.description}; ${scenario.requests} requests through the gateways, ${scenario.rankCacheBlocks} cache blocks per rank`);
     const rows = run.results
       .filter((r) => r.scenario === scenario.name)
-      .map((r) => [r.policy, pct(r.hitRate), (r.ttftP50 * 1000).toFixed(0), (r.ttftP99 * 1000).toFixed(0), r.maxOverMean.toFixed(3)]);
-    const widths = header.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i].length)));
-    const format = (cells: string[]) => cells.map((c, i) => (i === 0 ? c.padEnd(widths[i]) : c.padStart(widths[i]))).join('  ');
-    lines.push(format(header), widths.map((w) => '-'.repeat(w)).join('  '), ...rows.map(format));
+      .map((r) => [r.policy, percent(r.hitRate), (r.ttftP50 * 1000).toFixed(0), (r.ttftP99 * 1000).toFixed(0), r.maxOverMean.toFixed(3)]);
+    lines.push(...textTable(header, rows));
     if (scenario.name === WARMUP_SCENARIO) lines.push(formatWarmup(run.warmup));
   }
   return lines.join('\n');

@@ -1,4 +1,5 @@
 import type { ReplicasTarget } from './run';
+import { percent, signed1, textTable } from '../lib/stats';
 
 /**
  * Issue 27's warm-up target: "a restarted replica within 2 points of steady-state hit rate
@@ -145,10 +146,8 @@ export function measureWarmups(
   };
 }
 
-const pct = (x: number): string => `${(x * 100).toFixed(1)}%`;
 const points = (hit: PooledHit): number => (hit.hitRate - hit.steadyHitRate) * 100;
-const signed = (x: number): string => `${x >= 0 ? '+' : ''}${x.toFixed(1)}`;
-const versus = (hit: PooledHit): string => `${pct(hit.hitRate)} vs ${pct(hit.steadyHitRate)} (${signed(points(hit))} points)`;
+const versus = (hit: PooledHit): string => `${percent(hit.hitRate)} vs ${percent(hit.steadyHitRate)} (${signed1(points(hit))} points)`;
 
 /** The issue's target for `exact + replay`; `exact`'s and `approximate`'s figures in brackets. */
 export function evaluateWarmupTarget({ results }: WarmupReport): ReplicasTarget | undefined {
@@ -177,16 +176,12 @@ function windows({ restarts, lastArrival }: WarmupReport): string {
 export function formatWarmup(report: WarmupReport): string {
   const { results } = report;
   const header = ['policy', `first ${WARMUP_SECONDS} s`, 'steady', 'points', 'requests', `first ${WARMUP_REQUESTS}`, 'steady', 'points', 'requests'];
-  const cells = (hit: PooledHit) => [pct(hit.hitRate), pct(hit.steadyHitRate), signed(points(hit)), String(hit.requests)];
+  const cells = (hit: PooledHit) => [percent(hit.hitRate), percent(hit.steadyHitRate), signed1(points(hit)), String(hit.requests)];
   const rows = results.map((r) => [r.policy, ...cells(r.window), ...cells(r.first)]);
-  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i].length)));
-  const format = (row: string[]) => row.map((c, i) => (i === 0 ? c.padEnd(widths[i]) : c.padStart(widths[i]))).join('  ');
   return [
     `\nrolling-restart warm-up: hit rate of the requests a restarted replica routed in its first ${WARMUP_SECONDS} s ` +
       `(and its first ${WARMUP_REQUESTS} requests), all restarts pooled, against steady state: the same requests ` +
       `in pressure (the same workload, no restart); ${windows(report)}`,
-    format(header),
-    widths.map((w) => '-'.repeat(w)).join('  '),
-    ...rows.map(format),
+    ...textTable(header, rows),
   ].join('\n');
 }

@@ -1,6 +1,6 @@
 import type { BenchReport, WorkloadResult } from './results';
+import { percent, textTable } from '../lib/stats';
 
-const pct = (x: number): string => `${(x * 100).toFixed(1)}%`;
 const ms = (seconds: number): string => (seconds * 1000).toFixed(0);
 
 /** The per-workload comparison table, plain text. */
@@ -19,21 +19,19 @@ export function formatTable(report: BenchReport): string {
   for (const workload of report.workloads) {
     lines.push(
       `\n${workload.workload}: ${workload.description}; ${workload.requests} requests, ` +
-        `${workload.rankCacheBlocks} cache blocks per rank; fleet bound hit ${pct(workload.fleetBoundHitRate)}`,
+        `${workload.rankCacheBlocks} cache blocks per rank; fleet bound hit ${percent(workload.fleetBoundHitRate)}`,
     );
     const rows = workload.results.map((r) => [
       r.policy,
-      pct(r.hitRate),
-      pct(r.unboundedHitRate),
+      percent(r.hitRate),
+      percent(r.unboundedHitRate),
       r.maxOverMean.toFixed(3),
       r.cov.toFixed(3),
       r.sameRankRate === null ? '—' : r.sameRankRate.toFixed(3),
       `${ms(r.low.ttftP50)} / ${ms(r.low.ttftP99)}`,
       `${ms(r.ttftP50)} / ${ms(r.ttftP99)}`,
     ]);
-    const widths = header.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i].length)));
-    const format = (cells: string[]) => cells.map((c, i) => (i === 0 ? c.padEnd(widths[i]) : c.padStart(widths[i]))).join('  ');
-    lines.push(format(header), widths.map((w) => '-'.repeat(w)).join('  '), ...rows.map(format));
+    lines.push(...textTable(header, rows));
   }
   return lines.join('\n');
 }

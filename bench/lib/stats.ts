@@ -35,9 +35,9 @@ export function percent(share: number): string {
   return `${(share * 100).toFixed(1)}%`;
 }
 
-/** A signed number with one decimal: `+5.2`, `-1.1`. */
-export function signed1(value: number): string {
-  return `${value >= 0 ? '+' : ''}${value.toFixed(1)}`;
+/** A signed number with `digits` decimals: `+5.2`, `-1.1`; `n/a` when not finite. */
+export function signed(value: number, digits: number): string {
+  return Number.isFinite(value) ? `${value >= 0 ? '+' : ''}${value.toFixed(digits)}` : 'n/a';
 }
 
 export function fixed(value: number, digits: number): string {

@@ -23,7 +23,7 @@
  */
 import { join } from 'node:path';
 import { coreCount, hasTaskset, mainThreadCpuMs, pinSelf, processCpuMs, startChild } from '../lib/cpu';
-import { fixed, median, quantileSorted } from '../lib/stats';
+import { fixed, median, quantileSorted, signed } from '../lib/stats';
 import { createPoster } from './client';
 import { describeBuild, libraryBuildFrom, prepareLibrary, startContender } from './contender-process';
 
@@ -49,7 +49,6 @@ async function main(): Promise<void> {
   const upstream = await startChild('upstream', join(__dirname, 'upstream.ts'), [], pinned ? 0 : undefined);
   console.log(`${a} vs ${b}, ${bytes} B, ${describeBuild(build)}${pinned ? ', both on core 1' : ', not pinned'}${pairs > 1 ? `, ${pairs} pairs of processes` : ''}`);
   const poster = createPoster(Number(bytes));
-  const signed = (ms: number) => `${ms >= 0 ? '+' : ''}${fixed(ms, 2)}`;
 
   const runPair = async (): Promise<PairResult> => {
     const contenders = await Promise.all([a, b].map((id) => startContender(id, upstream.url, build, pinned ? 1 : undefined)));
@@ -111,8 +110,8 @@ async function main(): Promise<void> {
     const { ratios, mainRatios, costs, p50Added, p99Added } = await runPair();
     let summary = `median${pairs > 1 ? ` (pair ${pair + 1})` : ''}: ${a} ${median(costs[0]).toFixed(1)} µs/req, ${b} ${median(costs[1]).toFixed(1)} µs/req, ${b} / ${a} = ${median(ratios).toFixed(3)} all threads, ${median(mainRatios).toFixed(3)} main thread`;
     if (rate !== undefined) {
-      summary += `; at ${rate} req/s, p50 added by ${b}: ${p50Added.map(signed).join(', ')} ms (median ${signed(median(p50Added))} ms)`;
-      summary += `, p99 added: ${p99Added.map(signed).join(', ')} ms (median ${signed(median(p99Added))} ms)`;
+      summary += `; at ${rate} req/s, p50 added by ${b}: ${p50Added.map((ms) => signed(ms, 2)).join(', ')} ms (median ${signed(median(p50Added), 2)} ms)`;
+      summary += `, p99 added: ${p99Added.map((ms) => signed(ms, 2)).join(', ')} ms (median ${signed(median(p99Added), 2)} ms)`;
     }
     console.log(summary);
     medians[0].push(median(ratios));
@@ -124,7 +123,7 @@ async function main(): Promise<void> {
   }
   if (pairs > 1) {
     let summary = `median of ${pairs} pairs: ${b} / ${a} = ${median(medians[0]).toFixed(3)} all threads (pairs ${medians[0].map((ratio) => ratio.toFixed(3)).join(', ')}), ${median(medians[1]).toFixed(3)} main thread`;
-    if (rate !== undefined) summary += `; p50 added ${signed(median(medians[2]))} ms, p99 added ${signed(median(medians[3]))} ms`;
+    if (rate !== undefined) summary += `; p50 added ${signed(median(medians[2]), 2)} ms, p99 added ${signed(median(medians[3]), 2)} ms`;
     console.log(summary);
   }
   poster.close();

@@ -15,7 +15,7 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { describeBuild, prepareLibrary, startContender, type LibraryBuild } from './contender-process';
 import { coreCount, cpuPressure, hasTaskset, pinSelf, processCpuMs, startChild, type BenchChild } from '../lib/cpu';
-import { fixed, markdownTable, median, parseArgs } from '../lib/stats';
+import { fixed, markdownTable, median, parseArgs, signed } from '../lib/stats';
 import { runAutocannon, runPaced, type LoadResult, type LoadSpec, type RankExpectation, type RankTally } from './load';
 import { completionBody, contenderKind, ROUTABLE_RANKS, VARIANTS } from './scenario';
 
@@ -403,7 +403,7 @@ function renderTables(summaries: readonly CellSummary[], settings: Settings, con
         const rank = `${s.rankWrong} / ${s.rankChecked}`;
         const failures = `${s.non2xx + s.errors}`;
         return mode === 'half'
-          ? [[s.contender, fixed(s.rate ?? NaN, 0), fixed(s.rps, 0), fixed(s.p50Ms, 3), fixed(s.p99Ms, 3), signed(s.p99AddedMs), rank, failures]]
+          ? [[s.contender, fixed(s.rate ?? NaN, 0), fixed(s.rps, 0), fixed(s.p50Ms, 3), fixed(s.p99Ms, 3), signed(s.p99AddedMs, 3), rank, failures]]
           : [
               [
                 s.contender,
@@ -427,10 +427,6 @@ function renderTables(summaries: readonly CellSummary[], settings: Settings, con
     }
   }
   return sections.join('\n\n');
-}
-
-function signed(value: number): string {
-  return Number.isFinite(value) ? `${value >= 0 ? '+' : ''}${value.toFixed(3)}` : 'n/a';
 }
 
 interface Target {
@@ -465,7 +461,7 @@ function judgeTargets(
       targets.push({
         name: `${contender.id} p99 added <= 1 ms at half load`,
         pass: worst <= 1,
-        figure: half.map((s) => `${signed(s.p99AddedMs)} ms at ${sizeLabel(s.body)} (p99 ${fixed(s.p99Ms, 3)} ms)`).join(', '),
+        figure: half.map((s) => `${signed(s.p99AddedMs, 3)} ms at ${sizeLabel(s.body)} (p99 ${fixed(s.p99Ms, 3)} ms)`).join(', '),
       });
     }
   }

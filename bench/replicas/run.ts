@@ -9,7 +9,7 @@ import { TOKENS_PER_BLOCK, tokensText } from '../routing/tokens';
 import { seededRng, shuffle } from '../routing/rng';
 import { buildRequest, rankCacheFor, type SimRequest, TokenSource, type Workload } from '../routing/workloads';
 import { type EventedPrefixCache, exactFromEvents, publishEvents } from './exact';
-import { percent } from '../lib/stats';
+import { percent, signed } from '../lib/stats';
 
 /** `small` is the CI smoke size (about a second); `full` is the issue's workload. */
 export type ReplicasSize = 'small' | 'full';
@@ -240,7 +240,7 @@ function evaluateTargets(results: readonly ReplicasResult[], ceiling: number): R
     {
       target: `cache pressure: ${EXACT} with 1 replica ≥ approximate + 5 points`,
       pass: exact >= approximate + 0.05,
-      measured: `${percent(exact)} vs ${percent(approximate)} (+${((exact - approximate) * 100).toFixed(1)} points; oracle ${percent(oracle)}, ceiling ${percent(ceiling)})`,
+      measured: `${percent(exact)} vs ${percent(approximate)} (${signed((exact - approximate) * 100, 1)} points; oracle ${percent(oracle)}, ceiling ${percent(ceiling)})`,
     },
   ];
 }

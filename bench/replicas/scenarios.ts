@@ -11,7 +11,7 @@ import { buildRequest, rankCacheFor, type SimRequest, TokenSource, type Workload
 import { exactFromEvents, publishEvents } from './exact';
 import { indexBlocksFor, type ContenderFactory } from './run';
 import { evaluateWarmupTarget, formatWarmup, measureWarmups, type Prefill, type WarmupReport } from './warmup';
-import { percent, signed1, textTable } from '../lib/stats';
+import { percent, signed, textTable } from '../lib/stats';
 
 /**
  * The issue's timing model: each rank 3 running slots and a FIFO queue, one prefill at a
@@ -272,7 +272,7 @@ export function evaluateScenarioTargets(results: readonly ScenarioResult[], warm
     targets.push({
       target: `${scenario}: exact hit rate ≥ approximate + 5 points (3 replicas)`,
       pass: exactRow.hitRate >= approx.hitRate + 0.05,
-      measured: `${percent(exactRow.hitRate)} vs ${percent(approx.hitRate)} (${signed1((exactRow.hitRate - approx.hitRate) * 100)} points)`,
+      measured: `${percent(exactRow.hitRate)} vs ${percent(approx.hitRate)} (${signed((exactRow.hitRate - approx.hitRate) * 100, 1)} points)`,
     });
     targets.push({
       target: `${scenario}: exact TTFT p99 ≤ 0.8× approximate's (3 replicas)`,
@@ -286,7 +286,7 @@ export function evaluateScenarioTargets(results: readonly ScenarioResult[], warm
       targets.push({
         target: `${scenario}: exact with replay hit rate ≥ approximate + 5 points (3 replicas)`,
         pass: replayed.hitRate >= approx.hitRate + 0.05,
-        measured: `${percent(replayed.hitRate)} vs ${percent(approx.hitRate)} (${signed1((replayed.hitRate - approx.hitRate) * 100)} points)`,
+        measured: `${percent(replayed.hitRate)} vs ${percent(approx.hitRate)} (${signed((replayed.hitRate - approx.hitRate) * 100, 1)} points)`,
       });
     }
     const warm = scenario === WARMUP_SCENARIO && warmup ? evaluateWarmupTarget(warmup) : undefined;

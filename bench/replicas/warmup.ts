@@ -1,5 +1,5 @@
 import type { ReplicasTarget } from './run';
-import { percent, signed1, textTable } from '../lib/stats';
+import { percent, signed, textTable } from '../lib/stats';
 
 /**
  * Issue 27's warm-up target: "a restarted replica within 2 points of steady-state hit rate
@@ -147,7 +147,7 @@ export function measureWarmups(
 }
 
 const points = (hit: PooledHit): number => (hit.hitRate - hit.steadyHitRate) * 100;
-const versus = (hit: PooledHit): string => `${percent(hit.hitRate)} vs ${percent(hit.steadyHitRate)} (${signed1(points(hit))} points)`;
+const versus = (hit: PooledHit): string => `${percent(hit.hitRate)} vs ${percent(hit.steadyHitRate)} (${signed(points(hit), 1)} points)`;
 
 /** The issue's target for `exact + replay`; `exact`'s and `approximate`'s figures in brackets. */
 export function evaluateWarmupTarget({ results }: WarmupReport): ReplicasTarget | undefined {
@@ -176,7 +176,7 @@ function windows({ restarts, lastArrival }: WarmupReport): string {
 export function formatWarmup(report: WarmupReport): string {
   const { results } = report;
   const header = ['policy', `first ${WARMUP_SECONDS} s`, 'steady', 'points', 'requests', `first ${WARMUP_REQUESTS}`, 'steady', 'points', 'requests'];
-  const cells = (hit: PooledHit) => [percent(hit.hitRate), percent(hit.steadyHitRate), signed1(points(hit)), String(hit.requests)];
+  const cells = (hit: PooledHit) => [percent(hit.hitRate), percent(hit.steadyHitRate), signed(points(hit), 1), String(hit.requests)];
   const rows = results.map((r) => [r.policy, ...cells(r.window), ...cells(r.first)]);
   return [
     `\nrolling-restart warm-up: hit rate of the requests a restarted replica routed in its first ${WARMUP_SECONDS} s ` +

@@ -13,6 +13,21 @@ export interface FirstTokenTotals {
   readonly firstTokenSeconds?: number;
 }
 
+/**
+ * What dpRouter keeps on each endpoint where `peers` is on: the other gateway replicas' share of
+ * the endpoint's load, as they last announced it. A policy reads it as load it did not send but
+ * knows in full, so it is not priced as load feedback's unknown load is.
+ */
+export interface PeerLoad {
+  /** Requests the other replicas dispatched here and have not finished (included in `load`). */
+  readonly peerInflight?: number;
+  /**
+   * Prefill those requests still wait for, in the announcing policies' blocks: the uncached
+   * blocks of the ones without a first token yet (every replica must run the same settings).
+   */
+  readonly peerBlocks?: number;
+}
+
 /** Samples the fit needs before it replaces the prior. */
 const MIN_SAMPLES = 16;
 /** Weight of older samples after each new one: the fit follows about the last 256 first tokens. */

@@ -3,7 +3,7 @@ import type { ExactPick } from '../exact-prefix/index/exact-pick';
 import type { Endpoint, PickContext, Policy } from '../types';
 import { BlockIndex, blockHomes } from './prefix-aware-index';
 import { PromptBlockHasher } from './prefix-aware-hasher';
-import { PrefillCostModel } from './prefix-aware-ttft';
+import { type PeerLoad, PrefillCostModel } from './prefix-aware-ttft';
 import { type EndpointState, EndpointStates } from './prefix-aware-state';
 import { parsePrefixAwarePolicy, type PrefixAwareOptions } from './prefix-aware-options';
 import { DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK, type SessionAffinitySettings } from './session-affinity-options';
@@ -29,6 +29,8 @@ export interface PrefixPickContext extends PickContext {
 export interface PrefixAwarePolicy extends Policy {
   /** The share of the last picked prompt's blocks the chosen endpoint was estimated to hold; 0 without a prompt. */
   readonly matchedShare: number;
+  /** The last picked prompt's blocks the chosen endpoint was estimated to lack (its prefill, in blocks); 0 without a prompt. */
+  readonly uncachedBlocks: number;
   /** What the policy learned from measured times to first token (0 until it has; see {@link PrefillCostModel}). */
   readonly prefillCost: { readonly secondsPerBlock: number; readonly blocksPerLoad: number };
 }
@@ -144,6 +146,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
   /** Sum of every index's `recentBlocks`. */
   let recentTotal = 0;
   let matchedShare = 0;
+  let uncachedBlocks = 0;
 
   function hashBlocks(prompt: string): number {
     const count = hasher.hash(prompt);
@@ -159,12 +162,9 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
   }
 
   /** The candidate's queue before this request, in blocks of prefill (see {@link PendingPrefill}). */
-  function queueAt(candidate: Endpoint, state: EndpointState, ratio: number, work: number): number {
+  function queueAt(candidate: Endpoint & PeerLoad, state: EndpointState, ratio: number, work: number): number {
     const load = candidate.load;
-    const inflight = candidate.inflight;
-    // Load the router did not send (other gateways', by load feedback) is priced at a typical request.
-    const external = load > inflight ? load - inflight : 0;
-    return state.pending.blocks + external * work + (ratio + LOAD_WEIGHT * work) * load;
+    return state.pending.blocks + waitingElsewhere(candidate, load, work) + (ratio + LOAD_WEIGHT * work) * load;
   }
 
   /**
@@ -363,6 +363,9 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     get matchedShare() {
       return matchedShare;
     },
+    get uncachedBlocks() {
+      return uncachedBlocks;
+    },
     get prefillCost() {
       return { secondsPerBlock: costModel.secondsPerBlock, blocksPerLoad: costModel.blocksPerLoad() };
     },
@@ -370,6 +373,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       const prompt = ctx.prompt;
       const blockCount = prompt === undefined ? 0 : hashBlocks(prompt);
       matchedShare = 0;
+      uncachedBlocks = 0;
       if (blockCount === 0) return fallback.pick(candidates, ctx);
       if (++picks % FORGET_AFTER_PICKS === 0) recentTotal -= states.forget(picks, FORGET_AFTER_PICKS);
       const exact = (ctx as PrefixPickContext).exact;
@@ -390,9 +394,9 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
         : blockCount - (candidateRuns[chosenAt] >= 0 ? candidateRuns[chosenAt] : index.leadingRun(blockHashes, blockCount, 0, homes));
       typicalWork = typicalWork < 0 ? uncached : typicalWork + (uncached - typicalWork) * WORK_SMOOTHING;
       matchedShare = 1 - uncached / blockCount;
+      uncachedBlocks = uncached;
       const pending = state.pending;
-      const external = chosen.load > chosen.inflight ? chosen.load - chosen.inflight : 0;
-      pending.push(uncached, pending.blocks + external * (typicalWork < 0 ? uncached : typicalWork) + uncached, chosen.load);
+      pending.push(uncached, pending.blocks + waitingElsewhere(chosen, chosen.load, typicalWork < 0 ? uncached : typicalWork) + uncached, chosen.load);
       const added = index.recordChain(blockHashes, blockCount, homes);
       index.recentBlocks += added;
       recentTotal += added;
@@ -432,6 +436,17 @@ function sharedPrefix(matched: Int32Array, count: number, lead: number): boolean
     }
   }
   return holders >= SHARED_HOLDERS;
+}
+
+/**
+ * The prefill waiting on `endpoint` that other gateways sent, in blocks: what the peer replicas
+ * announced (`peerBlocks`, known per request), plus load neither this router nor its peers sent
+ * (load feedback's, other clients') at `work` blocks, a typical request, each.
+ */
+function waitingElsewhere(endpoint: Endpoint & PeerLoad, load: number, work: number): number {
+  const peerInflight = endpoint.peerInflight ?? 0;
+  const unknown = load - endpoint.inflight - peerInflight;
+  return (endpoint.peerBlocks ?? 0) + (unknown > 0 ? unknown * work : 0);
 }
 
 /** The prompt's blocks (of `blockChars`) a rank holding `held` of the engine's `promptBlocks` lacks. */

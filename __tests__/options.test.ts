@@ -200,6 +200,7 @@ const wrongValues: Array<[path: string, value: unknown]> = [
     disaggregation: 'on',
     admission: 'on',
     requestBuffering: 'on',
+    peers: 'on',
   } satisfies WrongValues<DpRouterOptions>),
   ...rows('requestBuffering', { maxBytes: 0 } satisfies WrongValues<RequestBufferingOptions>),
   ...rows('admission', { maxInflightPerRank: 0, queue: 5, tenant: 'x-tenant', priority: 'high', tokens: 5 } satisfies WrongValues<AdmissionOptions>),

@@ -17,6 +17,7 @@ import { parseTimeouts, type BodyTimeoutOptions, type TimeoutConfig, type Timeou
 import type { Policy, PolicyName } from './types';
 import { parseUpstreams, type UpstreamConfig, type UpstreamEntry } from './upstreams/upstream-options';
 import { parseDisaggregation, type DisaggregationConfig, type DisaggregationOptions } from './disaggregation/options';
+import { parsePeers, type PeersConfig, type PeersOptions } from './peers/peer-options';
 
 export type { HealthCheckConfig, LoadFeedbackConfig, OutlierDetectionConfig, UpstreamConfig };
 
@@ -87,6 +88,12 @@ interface ProxyOptions {
    * {@link RequestBufferingOptions.maxBytes} (1 MiB).
    */
   requestBuffering?: RequestBufferingOptions | boolean;
+  /**
+   * Gateway replicas that announce their in-flight requests and pending prefill per endpoint to
+   * each other over UDP, so that each prices the queue every replica put on an engine
+   * (docs/routing-quality.md). Default: off.
+   */
+  peers?: PeersOptions | false;
 }
 
 /** Options of {@link dpRouter}: those of `dpRank()`, the upstream timeouts, and the proxy's own. */
@@ -145,6 +152,8 @@ export interface Configuration {
   readonly admission: AdmissionSettings | undefined;
   /** `maxBytes` 0 when off (always, for `dpRank()`). */
   readonly requestBuffering: BufferingConfig;
+  /** The peer link; `undefined` when off (always, for `dpRank()`). */
+  readonly peers: PeersConfig | undefined;
 }
 
 const EXPOSE_DECISION = false;
@@ -164,7 +173,7 @@ const RANK_KEYS: KeysEnum<DpRankOptions> = {
   loadFeedback: true,
   logger: true,
 };
-const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true, disaggregation: true, admission: true, requestBuffering: true };
+const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true, disaggregation: true, admission: true, requestBuffering: true, peers: true };
 const ROUTER_KEYS: KeysEnum<DpRouterOptions> = { ...RANK_KEYS, ...PROXY_KEYS };
 
 /**
@@ -210,6 +219,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
     logger: parseLogger('logger', options.logger),
     disaggregation,
     admission: parseAdmission('admission', proxy.admission),
+    peers: parsePeers('peers', proxy.peers),
   };
   for (const part of OWN_PARTS) freezePart(settings[part]);
   for (const upstream of upstreams) Object.freeze(upstream);
@@ -217,7 +227,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
 }
 
 /** The parts parsing made (the user's objects inside them, a registry or a store, stay as given). */
-const OWN_PARTS = ['upstreams', 'hints', 'metrics', 'affinity', 'prefixAware', 'timeouts', 'loadFeedback', 'outlierDetection', 'healthCheck', 'retries', 'requestBuffering', 'disaggregation', 'admission'] as const satisfies ReadonlyArray<keyof Configuration>;
+const OWN_PARTS = ['upstreams', 'hints', 'metrics', 'affinity', 'prefixAware', 'timeouts', 'loadFeedback', 'outlierDetection', 'healthCheck', 'retries', 'requestBuffering', 'disaggregation', 'admission', 'peers'] as const satisfies ReadonlyArray<keyof Configuration>;
 
 function freezePart(part: object | undefined): void {
   if (part !== undefined) Object.freeze(part);

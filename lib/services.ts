@@ -19,6 +19,7 @@ import { fixedUpstreams, hasDnsEntries } from './pools/upstream-sources';
 import { decodePool } from './disaggregation/options';
 import { Admission } from './admission/admission';
 import { createAdmissionMetrics } from './admission/metrics';
+import { startPeers, type PeerLink } from './peers/peer-link';
 
 /**
  * Everything one router runs on, built from its configuration in one place, in dependency
@@ -45,6 +46,8 @@ export class RouterServices {
   readonly models: ModelRouting;
   /** Admission control (`admission`); `undefined` when off. */
   readonly admission: Admission | undefined;
+  /** The link to the other gateway replicas (`peers`); `undefined` when off. */
+  readonly peers: PeerLink | undefined;
   private readonly watch: EngineWatch;
   /** Upstreams found by DNS; started with the first DNS entry. */
   private dns: DnsDiscovery | undefined;
@@ -88,6 +91,16 @@ export class RouterServices {
     if (hasDnsEntries(config.upstreams)) this.dns = this.startDns(config.upstreams);
     this.started.push(() => this.dns?.stop());
     this.admission = this.startAdmission();
+    this.peers = this.startPeers();
+  }
+
+  /** The peer link (`peers`); `undefined` when off. Built after the table whose endpoints it announces and loads. */
+  private startPeers(): PeerLink | undefined {
+    const { config, table } = this;
+    if (config.peers === undefined) return undefined;
+    const peers = startPeers(config.peers, table, (message) => config.logger.warn(message));
+    this.started.push(() => peers.close());
+    return peers;
   }
 
   /** Throws for entries this router cannot take (`kvEvents` under prefix-aware without a tokenizer), before anything changes. */
@@ -129,6 +142,7 @@ export class RouterServices {
   reconfigure(upstreams: readonly UpstreamConfig[]): void {
     const change = this.pool.reconfigure(upstreams);
     this.watch.sync();
+    this.peers?.sync();
     this.models.reconfigure(this.table.upstreams, change.removed);
     // New endpoints have room for requests waiting already.
     for (const endpoint of change.added) this.admission?.freed(endpoint);

@@ -64,6 +64,13 @@ export interface Policy {
    * first events; without it they stay 0 and cost nothing per request.
    */
   readonly learnsFirstTokens?: boolean;
+  /**
+   * The prefill the last pick sends, in the policy's own units (`prefix-aware`: the prompt's
+   * blocks the chosen endpoint was estimated to lack). With `peers` the router announces the sum
+   * per endpoint, until each request's first token, to the other replicas' policies, which read
+   * it as the endpoint's `peerBlocks` (see `PeerLoad`).
+   */
+  readonly uncachedBlocks?: number;
 }
 
 /** Where the chosen rank came from. */

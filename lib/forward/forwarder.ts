@@ -154,7 +154,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     route.responding();
     const endpoint = route.endpoint!;
     this.metrics.responded(endpoint, answer, route.started);
-    if (this.countsFirstTokens) countFirstToken(endpoint, answer, route.started);
+    if (this.countsFirstTokens) countFirstToken(endpoint, answer, route.started, route.prefillBlocks > 0 ? route : undefined);
     if (route.ticket !== undefined && this.admission!.counts) this.admission!.count(route.ticket, req, answer);
     if (answer.statusCode !== undefined && answer.statusCode >= 500) {
       this.metrics.upstreamError(endpoint, 'status_5xx');

@@ -73,13 +73,14 @@ export interface FirstTokenCounts {
  * at `started` (`performance.now()`), delivers its first real event (see {@link onFirstEvent}).
  * Other answers are not counted: a non-streamed completion's first byte comes with its last,
  * which says how long the generation took, not how long the prefill waited; such a request
- * counts as waiting until it finishes.
+ * counts as waiting until it finishes. `route` (with `peers`) is told the prefill is done.
  */
-export function countFirstToken(endpoint: FirstTokenCounts, answer: IncomingMessage, started: number): void {
+export function countFirstToken(endpoint: FirstTokenCounts, answer: IncomingMessage, started: number, route?: { prefilled(): void }): void {
   const status = answer.statusCode ?? 0;
   if (status < 200 || status >= 300 || !isEventStreamMediaType(answer.headers['content-type'])) return;
   onFirstEvent(answer, (at) => {
     endpoint.firstTokens++;
     endpoint.firstTokenSeconds += (at - started) / 1000;
+    route?.prefilled();
   });
 }

@@ -11,6 +11,7 @@ import type { EndpointTable } from '../upstreams/endpoints';
 import type { BodyReader, Next } from './body-reader';
 import type { RequestInputs } from './request-inputs';
 import type { RouteState, RoutedRequest } from './route-state';
+import type { PeerAnnouncer } from '../peers/peer-link';
 
 /**
  * What follows a decision, injected at construction: dpRank's hand-on to the next middleware,
@@ -38,6 +39,8 @@ export interface LifecycleParts {
   /** Whether tracing records anything (`@opentelemetry/api` installed). */
   readonly tracing: Tracing;
   readonly table: EndpointTable;
+  /** The peer link (`peers`); `undefined` when off. */
+  readonly peers: PeerAnnouncer | undefined;
   readonly metrics: RouterMetrics;
   readonly inputs: RequestInputs;
   readonly bodies: BodyReader;

@@ -62,6 +62,8 @@ export class RequestLifecycle {
   private readonly exact: ExactLookup | undefined;
   /** The decision header names the index that scored the rank (docs/exact-prefix-routing.md). */
   private readonly namesIndex: boolean;
+  /** With `peers`, each pick's prefill (`policy.uncachedBlocks`) is announced until its first token. */
+  private readonly announcesPrefill: boolean;
   /** The span gets the pick's matched share: a traced router with a policy that reports it. */
   private readonly reportsShare: boolean;
   private warnedParsedBody = false;
@@ -96,7 +98,8 @@ export class RequestLifecycle {
     this.namesIndex = config.exposeDecision && policy.namesIndex === true;
     this.reportsShare = parts.tracing.enabled && policy.reportsMatchedShare === true;
     const admission = (this.admission = parts.admission);
-    this.reports = { config, metrics: parts.metrics, events: parts.events, freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint) };
+    this.reports = { config, metrics: parts.metrics, events: parts.events, freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint), peers: parts.peers };
+    this.announcesPrefill = parts.peers !== undefined && policy.uncachedBlocks !== undefined;
     this.takesArrived = terminal.handsOn !== true;
     this.passesArrived = this.takesArrived && this.bufferMaxBytes > 0;
     const lifecycle = this;
@@ -267,6 +270,7 @@ export class RequestLifecycle {
       next(new PolicyError(policy.name, 'returned an endpoint that was not among the candidates'));
       return;
     }
+    if (this.announcesPrefill) route.prefillBlocks = policy.uncachedBlocks!;
     const index = picking.exact?.source ?? 'approximate';
     const note = this.namesIndex ? `; index=${index}` : undefined;
     this.assign(req, res, next, route, chosen, 'assigned', verdict.outcome === 'none' ? undefined : verdict.outcome, note, this.reportsShare && prompt !== undefined ? index : undefined);

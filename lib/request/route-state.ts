@@ -10,6 +10,7 @@ import type { DecisionSource, HintOutcome, PickContext } from '../types';
 import type { AdmissionTicket } from '../admission/admission';
 import type { DeadlineList, Deadlined } from '../forward/deadline-list';
 import { carrierOf, setDpRank, type Carrier } from './response-carrier';
+import type { PeerAnnouncer } from '../peers/peer-link';
 
 /**
  * Where a request stands: `deciding` until it has an endpoint (and while its retry body is
@@ -35,6 +36,8 @@ export interface RouteReports {
   readonly events: RouterEvents;
   /** Admission's hook: a slot on `endpoint` was freed. `undefined` without `admission`. */
   readonly freed: ((endpoint: RouteEndpoint) => void) | undefined;
+  /** The peer link (`peers`), told of each change to an endpoint's own counts; `undefined` without it. */
+  readonly peers: PeerAnnouncer | undefined;
 }
 
 /**
@@ -96,6 +99,11 @@ export class RouteState implements Deadlined {
   ticket: AdmissionTicket | undefined = undefined;
   /** Takes the request out of the admission queue while it waits there. */
   leave: (() => void) | undefined = undefined;
+  /**
+   * With `peers`: the prefill blocks the policy found uncached for this request, counted in its
+   * endpoint's `sentBlocks` until its first token (or its end); 0 once retired.
+   */
+  prefillBlocks = 0;
   /** Whether the response's close is watched (one listener per request, see {@link watch}). */
   private watching = false;
 
@@ -125,9 +133,21 @@ export class RouteState implements Deadlined {
     const failed = this.endpoint!;
     this.reports.events.retried(req, failed, next);
     failed.inflight--;
+    failed.sentBlocks -= this.prefillBlocks;
+    this.reports.peers?.changed(failed);
     this.hold(req, res, next);
     this.attempt++;
     this.reports.freed?.(failed);
+  }
+
+  /** The first token arrived (or the request ended without one): its prefill leaves its endpoint's `sentBlocks`. */
+  prefilled(): void {
+    const blocks = this.prefillBlocks;
+    if (blocks === 0) return;
+    this.prefillBlocks = 0;
+    const endpoint = this.endpoint!;
+    endpoint.sentBlocks = endpoint.sentBlocks > blocks ? endpoint.sentBlocks - blocks : 0;
+    this.reports.peers?.changed(endpoint);
   }
 
   /** A try is sent and waits for its answer. */
@@ -224,6 +244,10 @@ export class RouteState implements Deadlined {
     const { config, metrics } = this.reports;
     const source = this.source;
     endpoint.inflight++;
+    if (this.reports.peers !== undefined) {
+      endpoint.sentBlocks += this.prefillBlocks;
+      this.reports.peers.changed(endpoint);
+    }
     metrics.dispatched(endpoint, source);
     const { header } = config;
     const { headers } = this;
@@ -269,6 +293,10 @@ export class RouteState implements Deadlined {
     const upstream = this.upstreamRequest as UpstreamRequest | undefined;
     if (upstream !== undefined && upstream.res?.complete !== true) upstream.destroy();
     held.inflight--;
+    if (this.reports.peers !== undefined) {
+      this.prefilled();
+      this.reports.peers.changed(held);
+    }
     this.reports.metrics.finished(held, (performance.now() - this.started) / 1000);
     this.reports.freed?.(held);
   }

@@ -1,5 +1,6 @@
 import type { UpstreamConfig } from './upstream-options';
 import type { DecisionSource, Endpoint, EndpointSnapshot } from '../types';
+import type { PeerLoad } from '../policies/prefix-aware-ttft';
 import { RankDecision } from '../request/rank-decision';
 
 /**
@@ -54,7 +55,7 @@ export class UpstreamServer extends Circuit {
 }
 
 /** An endpoint as the router keeps it: the public view plus what dispatch needs. */
-export class RouteEndpoint implements Endpoint {
+export class RouteEndpoint implements Endpoint, PeerLoad {
   readonly key: string;
   readonly upstream: string;
   readonly rank: number;
@@ -72,6 +73,19 @@ export class RouteEndpoint implements Endpoint {
    * alone. Kept here rather than in engine-watch because every pick reads `load` per candidate.
    */
   externalLoad = 0;
+  /**
+   * The other gateway replicas' requests here and the prefill they wait for, as the peers last
+   * announced them (`peers`, {@link PeerLoad}); written by the peer link alone. `peerInflight` is
+   * part of `load`.
+   */
+  peerInflight = 0;
+  peerBlocks = 0;
+  /**
+   * The prefill this router's requests here still wait for: the blocks the policy found uncached
+   * (`uncachedBlocks`) of each request without a first token yet. Kept only with `peers`, which
+   * announce it.
+   */
+  sentBlocks = 0;
   /** Requests waiting in the engine's own queue by its last `/metrics` (load feedback); admission counts such an engine full. */
   engineWaiting = 0;
   /** In rotation: derived by the table from the probe verdict and both circuits ({@link EndpointTable.updateHealth}). */
@@ -115,7 +129,7 @@ export class RouteEndpoint implements Endpoint {
   }
 
   get load(): number {
-    return this.inflight + this.externalLoad;
+    return this.inflight + this.externalLoad + this.peerInflight;
   }
 }
 

@@ -70,9 +70,9 @@ export function watchEngines(
       for (const endpoint of table.all) {
         if (endpoint.config.name !== target.name) continue;
         const engine = report.load.get(endpoint.rank);
-        // The engine's count includes this router's own requests; the rest is other
-        // gateways' (or direct clients'), which only the engine can tell.
-        const others = engine === undefined ? 0 : Math.max(0, engine.running + engine.waiting - endpoint.inflight);
+        // The engine's count includes this router's own requests and those its peers announce;
+        // the rest is other gateways' (or direct clients'), which only the engine can tell.
+        const others = engine === undefined ? 0 : Math.max(0, engine.running + engine.waiting - endpoint.inflight - endpoint.peerInflight);
         endpoint.externalLoad = others * feedback.weight;
         endpoint.engineWaiting = engine?.waiting ?? 0;
       }

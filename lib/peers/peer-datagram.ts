@@ -1,0 +1,110 @@
+import { createHmac, timingSafeEqual } from 'node:crypto';
+
+/**
+ * The peers' datagram, pure: what one replica announces of its endpoints, each value absolute
+ * (a lost or reordered datagram is made good by the next one), under an HMAC-SHA256 tag.
+ *
+ * ```
+ * 'DPRP' | version u8 | sender u32 | seq u32 | count u16 | count × (key length u8, key UTF-8, inflight u32, blocks f64) | tag 16 bytes
+ * ```
+ */
+
+/** One endpoint as its sender sees it: requests in flight there, and the prefill blocks of those without a first token yet. */
+export interface PeerRecord {
+  readonly key: string;
+  readonly inflight: number;
+  readonly blocks: number;
+}
+
+/** A decoded, authenticated datagram. */
+export interface PeerDatagram {
+  /** The sending process, random at its start: a restarted replica is a new sender. */
+  readonly sender: number;
+  /** The sender's datagram counter, so that an older datagram never undoes a newer one. */
+  readonly seq: number;
+  readonly records: readonly PeerRecord[];
+}
+
+const MAGIC = 0x44505250; // 'DPRP'
+const VERSION = 1;
+const HEADER_BYTES = 4 + 1 + 4 + 4 + 2;
+const TAG_BYTES = 16;
+/** Below every path MTU that matters (IPv6's minimum is 1,280 with its headers): never fragmented. */
+export const MAX_DATAGRAM_BYTES = 1_200;
+/** An endpoint key (`<upstream>#<rank>`) longer than this is not announced. */
+const MAX_KEY_BYTES = 200;
+/** Values past these are no engine's: a record carrying one is refused whole. */
+const MAX_INFLIGHT = 1_000_000;
+const MAX_BLOCKS = 1e12;
+
+/**
+ * Encodes `records` into as few datagrams as fit {@link MAX_DATAGRAM_BYTES}, numbered from
+ * `seq` on; a record whose key is too long is left out.
+ */
+export function encodeDatagrams(sender: number, seq: number, records: readonly PeerRecord[], secret: Buffer): Buffer[] {
+  const datagrams: Buffer[] = [];
+  let body: Buffer[] = [];
+  let size = HEADER_BYTES + TAG_BYTES;
+  const flush = () => {
+    datagrams.push(seal(sender, (seq + datagrams.length) >>> 0, body, secret));
+    body = [];
+    size = HEADER_BYTES + TAG_BYTES;
+  };
+  for (const record of records) {
+    const key = Buffer.from(record.key, 'utf8');
+    if (key.length > MAX_KEY_BYTES) continue;
+    const entry = Buffer.allocUnsafe(1 + key.length + 4 + 8);
+    entry.writeUInt8(key.length, 0);
+    key.copy(entry, 1);
+    entry.writeUInt32BE(Math.min(MAX_INFLIGHT, Math.max(0, Math.round(record.inflight))), 1 + key.length);
+    entry.writeDoubleBE(Math.min(MAX_BLOCKS, Math.max(0, record.blocks)), 5 + key.length);
+    if (size + entry.length > MAX_DATAGRAM_BYTES) flush();
+    body.push(entry);
+    size += entry.length;
+  }
+  if (body.length > 0 || datagrams.length === 0) flush();
+  return datagrams;
+}
+
+function seal(sender: number, seq: number, entries: readonly Buffer[], secret: Buffer): Buffer {
+  const header = Buffer.allocUnsafe(HEADER_BYTES);
+  header.writeUInt32BE(MAGIC, 0);
+  header.writeUInt8(VERSION, 4);
+  header.writeUInt32BE(sender >>> 0, 5);
+  header.writeUInt32BE(seq >>> 0, 9);
+  header.writeUInt16BE(entries.length, 13);
+  const payload = Buffer.concat([header, ...entries]);
+  return Buffer.concat([payload, tagOf(payload, secret)]);
+}
+
+function tagOf(payload: Buffer, secret: Buffer): Buffer {
+  return createHmac('sha256', secret).update(payload).digest().subarray(0, TAG_BYTES);
+}
+
+/**
+ * The datagram, or why it is refused: `'tag'` (not made with the secret: checked first, so
+ * nothing of an unauthenticated datagram is parsed) or `'malformed'`.
+ */
+export function decodeDatagram(datagram: Buffer, secret: Buffer): PeerDatagram | 'tag' | 'malformed' {
+  if (datagram.length < HEADER_BYTES + TAG_BYTES || datagram.length > MAX_DATAGRAM_BYTES) return 'malformed';
+  const payload = datagram.subarray(0, datagram.length - TAG_BYTES);
+  if (!timingSafeEqual(tagOf(payload, secret), datagram.subarray(datagram.length - TAG_BYTES))) return 'tag';
+  if (payload.readUInt32BE(0) !== MAGIC || payload.readUInt8(4) !== VERSION) return 'malformed';
+  const sender = payload.readUInt32BE(5);
+  const seq = payload.readUInt32BE(9);
+  const count = payload.readUInt16BE(13);
+  const records: PeerRecord[] = [];
+  let at = HEADER_BYTES;
+  for (let i = 0; i < count; i++) {
+    if (at + 1 > payload.length) return 'malformed';
+    const keyBytes = payload.readUInt8(at);
+    if (keyBytes === 0 || at + 1 + keyBytes + 12 > payload.length) return 'malformed';
+    const key = payload.toString('utf8', at + 1, at + 1 + keyBytes);
+    const inflight = payload.readUInt32BE(at + 1 + keyBytes);
+    const blocks = payload.readDoubleBE(at + 5 + keyBytes);
+    if (inflight > MAX_INFLIGHT || !(blocks >= 0 && blocks <= MAX_BLOCKS)) return 'malformed';
+    records.push({ key, inflight, blocks });
+    at += 13 + keyBytes;
+  }
+  return at === payload.length ? { sender, seq, records } : 'malformed';
+}

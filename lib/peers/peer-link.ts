@@ -1,0 +1,140 @@
+import { randomInt } from 'node:crypto';
+import { createSocket, type Socket } from 'node:dgram';
+import { isIPv6 } from 'node:net';
+import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
+import { decodeDatagram, encodeDatagrams, type PeerRecord } from './peer-datagram';
+import type { PeersConfig } from './peer-options';
+import { PeerTable } from './peer-table';
+
+/** What the request path tells the peers: an endpoint's own counts changed. */
+export interface PeerAnnouncer {
+  changed(endpoint: RouteEndpoint): void;
+}
+
+/** The running link: {@link PeerAnnouncer}, plus what the services drive. */
+export interface PeerLink extends PeerAnnouncer {
+  /** The endpoints were rebuilt (`setUpstreams`, discovery): the peers' sums go onto the new ones. */
+  sync(): void;
+  /** Replicas heard from within `ttlMs`. */
+  readonly peers: number;
+  /** The bound UDP port (for `listen` port 0). */
+  readonly port: number | undefined;
+  close(): Promise<void>;
+}
+
+/**
+ * Starts the UDP link to the other replicas: receives their announcements into
+ * `endpoint.peerInflight`/`peerBlocks`, and announces this replica's own `inflight`/`sentBlocks`
+ * of each endpoint that changed, once per event-loop turn (a burst of requests is one datagram
+ * per peer), and of every endpoint each `heartbeatMs`. Socket errors and refused datagrams are
+ * told to `warn` once per kind; nothing a datagram holds can throw or grow memory past the
+ * table's bounds.
+ */
+export function startPeers(config: PeersConfig, table: EndpointTable, warn: (message: string) => void): PeerLink {
+  const self = randomInt(0, 2 ** 32 - 1);
+  const peers = new PeerTable(self);
+  const socket: Socket = createSocket({ type: isIPv6(config.listen.host) ? 'udp6' : 'udp4' });
+  let seq = 0;
+  let bound = false;
+  let closed = false;
+  const dirty = new Set<RouteEndpoint>();
+  let flushing = false;
+  const warned = new Set<string>();
+  const warnOnce = (kind: string, message: string) => {
+    if (warned.has(kind)) return;
+    warned.add(kind);
+    warn(`express-dp-router: peers: ${message}`);
+  };
+
+  let byKey = new Map<string, RouteEndpoint>();
+  let indexed: readonly RouteEndpoint[] | undefined;
+  const endpointOf = (key: string): RouteEndpoint | undefined => {
+    if (indexed !== table.all) {
+      indexed = table.all;
+      byKey = new Map(indexed.map((endpoint) => [endpoint.key, endpoint]));
+    }
+    return byKey.get(key);
+  };
+  const copy = (keys: Iterable<string>) => {
+    for (const key of keys) {
+      const endpoint = endpointOf(key);
+      const totals = peers.totalsOf(key);
+      if (endpoint === undefined || totals === undefined) continue;
+      endpoint.peerInflight = totals.inflight;
+      endpoint.peerBlocks = totals.blocks;
+    }
+  };
+
+  socket.on('message', (message) => {
+    const datagram = decodeDatagram(message, config.secret);
+    if (datagram === 'tag') return warnOnce('tag', 'dropped a datagram without a valid tag (another secret, or not a replica); further ones are dropped silently.');
+    if (datagram === 'malformed') return warnOnce('malformed', 'dropped a malformed datagram (another version?); further ones are dropped silently.');
+    copy(peers.apply(datagram, performance.now()));
+  });
+  socket.on('error', (error) => warnOnce(`error ${(error as NodeJS.ErrnoException).code}`, `socket error: ${error.message}.`));
+
+  const send = (records: PeerRecord[]) => {
+    if (!bound || closed) return;
+    const datagrams = encodeDatagrams(self, seq, records, config.secret);
+    seq = (seq + datagrams.length) >>> 0;
+    for (const datagram of datagrams) {
+      for (const { host, port } of config.addresses) {
+        socket.send(datagram, port, host, (error) => {
+          if (error) warnOnce(`send ${(error as NodeJS.ErrnoException).code}`, `could not send to ${host}:${port}: ${error.message}.`);
+        });
+      }
+    }
+  };
+  const recordOf = (endpoint: RouteEndpoint): PeerRecord => ({ key: endpoint.key, inflight: endpoint.inflight, blocks: endpoint.sentBlocks });
+  const flush = () => {
+    flushing = false;
+    const records = [...dirty].map(recordOf);
+    dirty.clear();
+    send(records);
+  };
+  const heartbeat = setInterval(() => {
+    copy(peers.expire(performance.now() - config.ttlMs));
+    send(table.all.map(recordOf));
+  }, config.heartbeatMs).unref();
+
+  socket.bind(config.listen.port, config.listen.host, () => {
+    bound = true;
+    socket.unref();
+    // Peers learn this replica at once, not at the first heartbeat.
+    send(table.all.map(recordOf));
+  });
+
+  return {
+    changed(endpoint) {
+      dirty.add(endpoint);
+      if (flushing) return;
+      flushing = true;
+      setImmediate(flush);
+    },
+    sync() {
+      for (const endpoint of table.all) {
+        endpoint.peerInflight = 0;
+        endpoint.peerBlocks = 0;
+      }
+      copy(peers.keys());
+    },
+    get peers() {
+      return peers.size;
+    },
+    get port() {
+      return bound ? socket.address().port : undefined;
+    },
+    close() {
+      if (closed) return Promise.resolve();
+      closed = true;
+      clearInterval(heartbeat);
+      return new Promise<void>((resolve) => {
+        try {
+          socket.close(() => resolve());
+        } catch {
+          resolve();
+        }
+      });
+    },
+  };
+}

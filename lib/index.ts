@@ -34,6 +34,8 @@ export type { HealthCheckOptions } from './upstreams/health-checker-options';
 export type { RetryOptions } from './forward/retry-options';
 export type { RequestBufferingOptions } from './request/buffering-options';
 export type { MetricsOptions } from './observe/metrics';
+export type { PeersOptions } from './peers/peer-options';
+export type { FirstTokenTotals, PeerLoad } from './policies/prefix-aware-ttft';
 export { redisTokenStore } from './admission/redis-store';
 export type { RedisTokenStoreOptions } from './admission/redis-store';
 export type { AdmissionOptions, AdmissionQueueOptions, AdmissionPriorityOptions, AdmissionTokenOptions } from './admission/options';

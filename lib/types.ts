@@ -104,6 +104,10 @@ export interface EndpointSnapshot {
   rank: number;
   inflight: number;
   healthy: boolean;
+  /** With `peers`: the other gateway replicas' requests in flight here, as they last announced them. */
+  peerInflight?: number;
+  /** With `peers`: the prefill those requests still wait for, in the announcing policy's units (`uncachedBlocks`). */
+  peerBlocks?: number;
   /** With `disaggregation`: `'prefill'` on the prefill pool's endpoints (the others serve decode legs and whole requests). */
   leg?: 'prefill';
 }

@@ -10,4 +10,5 @@ export * from './lifecycle'; // closedAfterEach: what a test starts is closed af
 export * from './prometheus'; // a real Prometheus server, dashboard queries
 export * from './raw-http'; // hostile bytes both ways over node:net
 export * from './vllm'; // a mock vLLM that can be killed and restarted on its port
+export * from './udp'; // free UDP ports, datagrams sent to a port
 export * from './wait'; // waitFor (events, not sleeps), sleep

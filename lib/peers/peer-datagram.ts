@@ -56,14 +56,19 @@ export function encodeDatagrams(sender: number, seq: number, records: readonly P
     const entry = Buffer.allocUnsafe(1 + key.length + 4 + 8);
     entry.writeUInt8(key.length, 0);
     key.copy(entry, 1);
-    entry.writeUInt32BE(Math.min(MAX_INFLIGHT, Math.max(0, Math.round(record.inflight))), 1 + key.length);
-    entry.writeDoubleBE(Math.min(MAX_BLOCKS, Math.max(0, record.blocks)), 5 + key.length);
+    entry.writeUInt32BE(clamp(Math.round(record.inflight), MAX_INFLIGHT), 1 + key.length);
+    entry.writeDoubleBE(clamp(record.blocks, MAX_BLOCKS), 5 + key.length);
     if (size + entry.length > MAX_DATAGRAM_BYTES) flush();
     body.push(entry);
     size += entry.length;
   }
   if (body.length > 0 || datagrams.length === 0) flush();
   return datagrams;
+}
+
+/** `value` within [0, `most`]; 0 for NaN. */
+function clamp(value: number, most: number): number {
+  return value > 0 ? Math.min(value, most) : 0;
 }
 
 function seal(sender: number, seq: number, entries: readonly Buffer[], secret: Buffer): Buffer {

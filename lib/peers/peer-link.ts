@@ -32,6 +32,7 @@ export interface PeerLink extends PeerAnnouncer {
  */
 export function startPeers(config: PeersConfig, table: EndpointTable, warn: (message: string) => void): PeerLink {
   const self = randomInt(0, 2 ** 32 - 1);
+  table.withPeers = true;
   const peers = new PeerTable(self);
   const socket: Socket = createSocket({ type: isIPv6(config.listen.host) ? 'udp6' : 'udp4' });
   let seq = 0;

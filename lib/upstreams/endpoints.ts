@@ -279,7 +279,11 @@ export class EndpointTable {
     return this.healthyAll.length;
   }
 
+  /** Set by the peer link (`peers`): snapshots then carry the peers' load. */
+  withPeers = false;
+
   snapshot(): EndpointSnapshot[] {
+    if (this.withPeers) return this.all.map(({ upstream, rank, inflight, healthy, peerInflight, peerBlocks }) => ({ upstream, rank, inflight, healthy, peerInflight, peerBlocks }));
     return this.all.map(({ upstream, rank, inflight, healthy }) => ({ upstream, rank, inflight, healthy }));
   }
 

@@ -1,0 +1,147 @@
+import { describe, expect, it } from '@jest/globals';
+import { startMockVllm } from '../../example-server/mock-vllm';
+import type { EndpointSnapshot, Options } from '../../lib';
+import { encodeDatagrams } from '../../lib/peers/peer-datagram';
+import { closedAfterEach, freeUdpPort, sendDatagrams, sleep, startGateway, waitFor, type TestGateway } from '../helpers';
+
+const started = closedAfterEach();
+const SECRET = 'the replicas share this secret';
+
+/** Two replicas that know each other (the same address list on both, as a deployment would give it). */
+async function replicas(url: string, a: Partial<Options>, b: Partial<Options>, peers: { heartbeatMs?: number; ttlMs?: number } = {}) {
+  const ports = [await freeUdpPort(), await freeUdpPort()];
+  const addresses = ports.map((port) => `127.0.0.1:${port}`);
+  const warnings: string[] = [];
+  const start = async (port: number, options: Partial<Options>) => {
+    const gateway = await startGateway({
+      upstreams: [{ url, name: 'vllm', dataParallelSize: 2 }],
+      peers: { listen: `127.0.0.1:${port}`, addresses, secret: SECRET, ...peers },
+      logger: { warn: (message) => warnings.push(message) },
+      ...options,
+    });
+    started.push(gateway);
+    return gateway;
+  };
+  return { a: await start(ports[0], a), b: await start(ports[1], b), ports, warnings };
+}
+
+const rankOf = (gateway: TestGateway, rank: number): EndpointSnapshot => gateway.router.endpoints().find((endpoint) => endpoint.rank === rank)!;
+
+/** A streamed completion through `gateway`; resolves with the abort, the status and the first chunk once the headers are in. */
+async function stream(gateway: TestGateway, prompt: string, maxTokens: number, headers: Record<string, string> = {}) {
+  const abort = new AbortController();
+  const response = await fetch(`${gateway.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers },
+    body: JSON.stringify({ model: 'mock-model', prompt, max_tokens: maxTokens, stream: true }),
+    signal: abort.signal,
+  });
+  const reader = response.body!.getReader();
+  return {
+    abort: () => abort.abort(),
+    status: response.status,
+    rest: async () => {
+      let text = '';
+      for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) text += Buffer.from(chunk.value).toString();
+      return text;
+    },
+    first: () => reader.read(),
+  };
+}
+
+async function answeredBy(gateway: TestGateway): Promise<number> {
+  const response = await fetch(`${gateway.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'mock-model', prompt: 'hi', max_tokens: 1 }),
+  });
+  expect(response.status).toBe(200);
+  const body = (await response.json()) as { choices: Array<{ text: string }> };
+  return Number(/^rank (\d+):/.exec(body.choices[0].text)![1]);
+}
+
+describe('peers', () => {
+  it("balance on the requests the other replica sent, and forget them when they end (no count left behind)", async () => {
+    // Slow decoding: a request holds its rank until its client leaves.
+    const mock = await startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 1000 });
+    started.push(mock);
+    const { a, b } = await replicas(mock.url, { hints: { trust: true } }, { policy: 'least-outstanding' });
+    // Two prompts: a second copy of one would be a cache hit, answered at once.
+    const held = [await stream(a, 'the first prompt', 30, { 'x-data-parallel-rank': '0' }), await stream(a, 'the second prompt', 30, { 'x-data-parallel-rank': '0' })];
+    expect(held.map((request) => request.status)).toEqual([200, 200]);
+    await waitFor(() => rankOf(b, 0).peerInflight === 2, 5000, () => `b sees ${JSON.stringify(b.router.endpoints())}`);
+    expect(rankOf(b, 1).peerInflight).toBe(0);
+    expect(rankOf(b, 0).inflight).toBe(0);
+    // B's own counts are level: only the peer's two requests on rank 0 tell it apart.
+    const ranks: number[] = [];
+    for (let i = 0; i < 3; i++) ranks.push(await answeredBy(b));
+    expect(ranks).toEqual([1, 1, 1]);
+    for (const request of held) request.abort();
+    await waitFor(() => a.router.endpoints().every((endpoint) => endpoint.inflight === 0));
+    await waitFor(() => b.router.endpoints().every((endpoint) => endpoint.peerInflight === 0 && endpoint.peerBlocks === 0), 5000, () => `b sees ${JSON.stringify(b.router.endpoints())}`);
+    // Once the peer's requests ended, B's ties go to rank 0 again.
+    expect(await answeredBy(b)).toBe(0);
+  });
+
+  it("announce a prefix-aware request's prefill until its first token, then its slot until its end", async () => {
+    const mock = await startMockVllm({ dataParallelSize: 2, prefillMsPerToken: 20, decodeMsPerToken: 150 });
+    started.push(mock);
+    const { a, b } = await replicas(mock.url, { policy: 'prefix-aware' }, { policy: 'prefix-aware' });
+    const request = await stream(a, 'a system prompt shared by many requests, long enough to fill several blocks. '.repeat(6), 8);
+    const rank = a.router.endpoints().find((endpoint) => endpoint.inflight === 1)!.rank;
+    await waitFor(() => rankOf(b, rank).peerInflight === 1);
+    // Before the first token: the whole prompt is uncached on a cold rank (7 blocks of 64 characters).
+    expect(rankOf(b, rank).peerBlocks).toBeGreaterThanOrEqual(7);
+    expect(rankOf(b, 1 - rank)).toMatchObject({ peerInflight: 0, peerBlocks: 0 });
+    const first = await request.first();
+    expect(first.done).toBe(false);
+    await waitFor(() => rankOf(b, rank).peerBlocks === 0);
+    expect(rankOf(b, rank).peerInflight).toBe(1);
+    expect(await request.rest()).toContain('data: [DONE]');
+    await waitFor(() => rankOf(b, rank).peerInflight === 0);
+    expect(b.router.endpoints().map((endpoint) => [endpoint.inflight, endpoint.peerInflight, endpoint.peerBlocks])).toEqual([[0, 0, 0], [0, 0, 0]]);
+  });
+
+  it('drop datagrams without the secret, malformed or replayed, warning once per kind, and keep routing', async () => {
+    const mock = await startMockVllm({ dataParallelSize: 2 });
+    started.push(mock);
+    const { b, ports, warnings } = await replicas(mock.url, {}, {});
+    const port = ports[1];
+    const forged = encodeDatagrams(99, 1, [{ key: 'vllm#0', inflight: 1000, blocks: 1e6 }], Buffer.from('not the replicas secret at all'));
+    const garbage = [Buffer.alloc(0), Buffer.from('GET / HTTP/1.1\r\n\r\n'), Buffer.alloc(1300, 0xff)];
+    await sendDatagrams(port, [...forged, ...forged, ...garbage, ...garbage]);
+    await waitFor(() => warnings.length >= 2);
+    await sleep(50);
+    expect(warnings.sort()).toEqual([
+      'express-dp-router: peers: dropped a datagram without a valid tag (another secret, or not a replica); further ones are dropped silently.',
+      'express-dp-router: peers: dropped a malformed datagram (another version?); further ones are dropped silently.',
+    ]);
+    expect(rankOf(b, 0).peerInflight).toBe(0);
+    // A genuine announcement counts; the same datagram sent again later does not undo a newer one.
+    const secret = Buffer.from(SECRET);
+    const older = encodeDatagrams(99, 5, [{ key: 'vllm#0', inflight: 7, blocks: 70 }], secret);
+    await sendDatagrams(port, encodeDatagrams(99, 6, [{ key: 'vllm#0', inflight: 3, blocks: 30 }, { key: 'no-such#9', inflight: 5, blocks: 5 }], secret));
+    await waitFor(() => rankOf(b, 0).peerInflight === 3);
+    await sendDatagrams(port, older);
+    await sleep(50);
+    expect(rankOf(b, 0)).toMatchObject({ peerInflight: 3, peerBlocks: 30 });
+    expect(await answeredBy(b)).toBe(1);
+  });
+
+  it("forget a replica that stopped once ttlMs passes, and keep the peers' load across setUpstreams()", async () => {
+    const mock = await startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 1000 });
+    started.push(mock);
+    const { a, b } = await replicas(mock.url, { hints: { trust: true } }, {}, { heartbeatMs: 50, ttlMs: 300 });
+    const held = await stream(a, 'a held prompt', 30, { 'x-data-parallel-rank': '1' });
+    await waitFor(() => rankOf(b, 1).peerInflight === 1);
+    b.router.setUpstreams([{ url: mock.url, name: 'vllm', dataParallelSize: 2 }, { url: mock.url, name: 'other', dataParallelSize: 1 }]);
+    expect(rankOf(b, 1).peerInflight).toBe(1);
+    // Heartbeats keep the peer counted well past ttlMs while it runs.
+    await sleep(500);
+    expect(rankOf(b, 1).peerInflight).toBe(1);
+    // A replica that stops announces nothing more: its last counts go after ttlMs.
+    await a.router.close();
+    await waitFor(() => rankOf(b, 1).peerInflight === 0, 2000);
+    held.abort();
+  });
+});

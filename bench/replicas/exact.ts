@@ -1,7 +1,7 @@
 import type { KvEvent } from '../../lib/exact-prefix/events/decode';
 import { KvExactIndex } from '../../lib/exact-prefix/index/exact-index';
 import { ExactPick } from '../../lib/exact-prefix/index/exact-pick';
-import { prefixAware, type PrefixAwareOptions, type PrefixPickContext } from '../../lib/policies/prefix-aware';
+import { prefixAware, type PrefixAwareOptions, type PrefixAwarePolicy, type PrefixPickContext } from '../../lib/policies/prefix-aware';
 import type { Endpoint, PickContext, Policy } from '../../lib/types';
 import type { SimRank } from '../routing/rank';
 import type { SimView } from '../routing/simulator';
@@ -103,7 +103,7 @@ export function exactFromEvents(
   caches: readonly EventedPrefixCache[],
   options: PrefixAwareOptions = {},
   { replay = false }: { replay?: boolean } = {},
-): Policy {
+): Policy & Pick<PrefixAwarePolicy, 'uncachedBlocks'> {
   const index = new KvExactIndex({ ranks: caches.map((_, rank) => rank), maxBlocks: Number.MAX_SAFE_INTEGER });
   // A replica started mid-run with `replay` first reads each rank's buffered events (item 5 of
   // issue 27, vLLM's replay socket), so its index starts as the engines are.
@@ -113,6 +113,10 @@ export function exactFromEvents(
   return {
     name: 'exact',
     usesPrompt: true,
+    /** The last pick's prefill, what the replica announces to its peers (`SimExtras.peers`). */
+    get uncachedBlocks() {
+      return inner.uncachedBlocks;
+    },
     pick(candidates: readonly Endpoint[], ctx: PickContext): Endpoint {
       const tokens = view.current().inputBlocks;
       const match = index.match(tokens, { now: 0 });

@@ -1,4 +1,5 @@
-import type { FirstTokenTotals } from '../../lib/policies/prefix-aware-ttft';
+import type { PrefixAwarePolicy } from '../../lib/policies/prefix-aware';
+import type { FirstTokenTotals, PeerLoad } from '../../lib/policies/prefix-aware-ttft';
 import type { Endpoint, Policy } from '../../lib/types';
 import { EventQueue } from './event-queue';
 import { type RankModel, SimRank } from './rank';
@@ -6,8 +7,11 @@ import type { Rng } from './rng';
 import { TOKENS_PER_BLOCK } from './tokens';
 import type { SimRequest, Workload } from './workloads';
 
-/** An endpoint whose in-flight count the simulator moves; `load` is in-flight, as in the router. */
-export class SimEndpoint implements Endpoint, FirstTokenTotals {
+/**
+ * An endpoint whose in-flight count the simulator moves; `load` is in-flight, as in the router,
+ * plus what load feedback and peer announcements add.
+ */
+export class SimEndpoint implements Endpoint, FirstTokenTotals, PeerLoad {
   readonly key: string;
   readonly upstream = 'sim';
   readonly healthy = true;
@@ -17,13 +21,17 @@ export class SimEndpoint implements Endpoint, FirstTokenTotals {
   firstTokenSeconds = 0;
   /** Engine load from other gateways, as load feedback adds it (0 without). */
   externalLoad = 0;
+  /** The other gateways' requests here, as `peers` announces them ({@link PeerLoad}; 0 without). */
+  peerInflight = 0;
+  /** Their uncached prefill blocks, of those without a first token yet (0 without `peers`). */
+  peerBlocks = 0;
 
   constructor(readonly rank: number) {
     this.key = `sim#${rank}`;
   }
 
   get load(): number {
-    return this.inflight + this.externalLoad;
+    return this.inflight + this.externalLoad + this.peerInflight;
   }
 }
 
@@ -72,9 +80,21 @@ export interface SimExtras {
   readonly remake?: (gateway: number) => Policy;
   /**
    * Load feedback: every `intervalSeconds`, each gateway's endpoints learn the engine's
-   * running + waiting beyond their own in-flight, times `weight` (the router's `loadFeedback`).
+   * running + waiting beyond their own in-flight (and the peers' with `peers`), times `weight`
+   * (the router's `loadFeedback`).
    */
   readonly feedback?: { readonly intervalSeconds: number; readonly weight: number };
+  /**
+   * Peer announcements (the router's `peers` option): each gateway's endpoints carry the other
+   * gateways' requests to that rank, in flight (`peerInflight`, counted in `load`) and, for those
+   * without a first token yet, their uncached prefill (`peerBlocks`: the routing policy's
+   * `uncachedBlocks` right after the pick). A request's blocks are retired at its first token,
+   * its in-flight at its finish. Instant: the other gateways know of a request the moment it is
+   * routed (the router's datagrams take about a millisecond). A restarted gateway keeps its
+   * endpoints' peer counts, as the real one gets them whole with its peers' next announcement
+   * (they send absolute values), within one request or heartbeat.
+   */
+  readonly peers?: boolean;
   /**
    * Called as each gateway-routed request starts its prefill, with the gateway that routed it,
    * when it did (its arrival) and the prompt tokens its rank had cached: per-request figures
@@ -112,6 +132,8 @@ export function simulate(
   const arrivedAt = new Float64Array(requests.length);
   const rankOf = new Int32Array(requests.length).fill(-1);
   const gatewayOf = new Int32Array(requests.length);
+  /** The blocks each request's gateway announced for it, retired at its first token. */
+  const announcedBlocks = new Float64Array(requests.length);
   let arrivals = 0;
   const ttfts: number[] = [];
   const routedTokens = new Array<number>(ranks.length).fill(0);
@@ -120,6 +142,16 @@ export function simulate(
   let promptTokens = 0;
   let followUps = 0;
   let sameRank = 0;
+
+  /** What `peers` tells every gateway but `gateway` of a change in its requests to `rank`. */
+  const announce = (gateway: number, rank: number, inflight: number, blocks: number): void => {
+    for (let other = 0; other < gateways.length; other++) {
+      if (other === gateway) continue;
+      const endpoint = gateways[other].endpoints[rank];
+      endpoint.peerInflight += inflight;
+      endpoint.peerBlocks += blocks;
+    }
+  };
 
   const admit = (rank: SimRank, now: number): void => {
     const request = rank.admit(model);
@@ -148,7 +180,8 @@ export function simulate(
       for (const { endpoints } of gateways) {
         for (const endpoint of endpoints) {
           const rank = ranks[endpoint.rank];
-          endpoint.externalLoad = Math.max(0, rank.running + rank.waitingCount - endpoint.inflight) * feedback!.weight;
+          // Beyond what this gateway and, with `peers`, the others announced: not counted twice.
+          endpoint.externalLoad = Math.max(0, rank.running + rank.waitingCount - endpoint.inflight - endpoint.peerInflight) * feedback!.weight;
         }
       }
       if (pending > 0) events.push(now + feedback!.intervalSeconds, { kind: 'feedback' });
@@ -174,6 +207,11 @@ export function simulate(
         }) as SimEndpoint;
         endpoint.inflight++;
         rank = ranks[endpoint.rank];
+        if (extras.peers) {
+          // A policy without the estimate (round-robin, the oracle) announces its requests alone.
+          announcedBlocks[request.id] = (policy as Partial<PrefixAwarePolicy>).uncachedBlocks ?? 0;
+          announce(gateway, rank.index, 1, announcedBlocks[request.id]);
+        }
       }
       rankOf[request.id] = rank.index;
       routedTokens[rank.index] += request.inputTokens + request.outputTokens;
@@ -191,6 +229,7 @@ export function simulate(
         const endpoint = gateways[gatewayOf[request.id]].endpoints[rank.index];
         endpoint.firstTokens++;
         endpoint.firstTokenSeconds += ttft;
+        if (extras.peers) announce(gatewayOf[request.id], rank.index, 0, -announcedBlocks[request.id]);
       }
       rank.cache.store(request.inputBlocks);
       rank.unbounded.store(request.inputBlocks);
@@ -202,7 +241,10 @@ export function simulate(
       rank.running--;
       rank.cache.store(request.sequenceBlocks);
       rank.unbounded.store(request.sequenceBlocks);
-      if (gatewayOf[request.id] >= 0) gateways[gatewayOf[request.id]].endpoints[rank.index].inflight--;
+      if (gatewayOf[request.id] >= 0) {
+        gateways[gatewayOf[request.id]].endpoints[rank.index].inflight--;
+        if (extras.peers) announce(gatewayOf[request.id], rank.index, -1, 0);
+      }
       pending--;
       for (const next of followers.get(request.id) ?? []) {
         events.push(now + next.unitThink * secondsPerUnit, { kind: 'arrive', request: next });

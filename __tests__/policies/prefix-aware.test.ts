@@ -141,6 +141,24 @@ describe('prefixAware', () => {
     }
   });
 
+  it("prices the prefill other replicas announce (peers) as known work, not their requests as unknown load", () => {
+    const candidates = endpoints(8) as Array<MutableEndpoint & { peerInflight: number; peerBlocks: number }>;
+    for (const endpoint of candidates) Object.assign(endpoint, { peerInflight: 0, peerBlocks: 0 });
+    const prompt = text('announced', 12);
+    const first = prefixAware().pick(candidates, ctx(prompt)) as (typeof candidates)[number];
+    // One peer request there, in `load`: 12 blocks for its slot (a typical request, the prompt's
+    // own 12 before anything is learned) plus its announced prefill, against a slack of 4 × 12.
+    // Priced as unknown load as well, it would cost 12 more (54 > 48) and move the prompt.
+    Object.assign(first, { load: 1, peerInflight: 1, peerBlocks: 30 });
+    expect(prefixAware().pick(candidates, ctx(prompt))).toBe(first);
+    // The announced prefill counts: 37 + 12 > 48.
+    Object.assign(first, { peerBlocks: 37 });
+    expect(prefixAware().pick(candidates, ctx(prompt))).not.toBe(first);
+    Object.assign(first, { peerInflight: 0, peerBlocks: 0 });
+    // The same load, not announced: priced at a typical request's prefill (12 + 12 ≤ 48).
+    expect(prefixAware().pick(candidates, ctx(prompt))).toBe(first);
+  });
+
   it('spreads a hot new prefix once its first choice is loaded', () => {
     const policy = prefixAware();
     const candidates = endpoints(8);

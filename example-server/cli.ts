@@ -46,6 +46,10 @@ export interface GatewaySettings {
   admission: AdmissionFlags;
   /** The embedded mock's per-rank concurrency (vLLM's --max-num-seqs); 0: no limit. */
   mockMaxNumSeqs: number;
+  /** `prefixAware.placementSlack`; `undefined`: the policy's default. */
+  placementSlack: number | undefined;
+  /** The other replicas (`--peer-listen`, `--peer`, `DP_ROUTER_PEER_SECRET`); `undefined`: off. */
+  peers: { listen: string; addresses: string[]; secret: string } | undefined;
 }
 
 /** The admission flags; `undefined` where not given. */
@@ -113,6 +117,14 @@ Options:
                         this often; 0 = off                              [0]
   --load-feedback-weight W
                         weight of other gateways' engine load, 0 to 1    [0.5]
+  --placement-slack N   prefix-aware: how many of a prompt's own prefills longer than the
+                        shortest a queue may be and still take a new prefix by its
+                        rendezvous order; 0 with --kv-events and --peer   [4]
+  --peer-listen HOST:PORT
+                        announce this replica's load to the --peer replicas over UDP, and
+                        hear theirs here; the secret comes from DP_ROUTER_PEER_SECRET
+                        (16+ characters, the same on every replica)       [off]
+  --peer HOST:PORT      another gateway replica's --peer-listen (repeatable; may list this one)
   --prefill URL[@RANKS] a vLLM prefill server (repeatable): with --decode, each request's
                         prefill leg goes there, its decode leg to a --decode server
   --decode URL[@RANKS]  a vLLM decode server (repeatable)
@@ -174,6 +186,9 @@ interface ParseState {
   bootstrapPorts: Map<string, number>;
   pd: boolean;
   connector: 'nixl' | 'mooncake' | undefined;
+  /** `--peer-listen` and each `--peer`. */
+  peerListen: string | undefined;
+  peerAddresses: string[];
 }
 
 /**
@@ -228,6 +243,9 @@ const FLAGS: Readonly<Record<string, Flag>> = {
   '--discover': { switch: (s, on) => (s.discover = on) },
   '--load-feedback-ms': { value: (s, raw, flag) => (s.settings.loadFeedbackMs = integer(flag, raw, 0, 3_600_000)) },
   '--load-feedback-weight': { value: (s, raw, flag) => (s.settings.loadFeedbackWeight = fraction(flag, raw)) },
+  '--placement-slack': { value: (s, raw, flag) => (s.settings.placementSlack = decimal(flag, raw, 0, 1_000_000)) },
+  '--peer-listen': { value: (s, raw) => (s.peerListen = raw) },
+  '--peer': { value: (s, raw) => s.peerAddresses.push(raw) },
   '--prefill': { value: (s, raw) => s.prefillSpecs.push(raw) },
   '--decode': { value: (s, raw) => s.decodeSpecs.push(raw) },
   '--pd-connector': { value: (s, raw, flag) => (s.connector = choice(flag, raw, ['nixl', 'mooncake'] as const)) },
@@ -280,7 +298,11 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
       disaggregation: undefined,
       admission: {},
       mockMaxNumSeqs: 0,
+      placementSlack: undefined,
+      peers: undefined,
     },
+    peerListen: undefined,
+    peerAddresses: [],
     kvEvents: new Map(),
     discover: false,
     upstreamSpecs: [],
@@ -345,7 +367,24 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
   if (kvEvents.size > 0 && settings.tokenizer === undefined) {
     throw new UsageError('--kv-events needs --tokenizer PATH: the router tokenizes prompts with the model\'s own tokenizer to look them up');
   }
+  settings.peers = peersOf(state, env);
   return settings;
+}
+
+/**
+ * `--peer-listen` and `--peer`, with the secret from the environment (a command line is visible
+ * to every user of the machine); the router checks the addresses and the secret's length.
+ */
+function peersOf(state: ParseState, env: NodeJS.ProcessEnv): GatewaySettings['peers'] {
+  const { peerListen: listen, peerAddresses: addresses } = state;
+  if (listen === undefined) {
+    if (addresses.length > 0) throw new UsageError('--peer names another replica for --peer-listen: give --peer-listen HOST:PORT too');
+    return undefined;
+  }
+  if (addresses.length === 0) throw new UsageError('--peer-listen needs the replicas to announce to: give --peer HOST:PORT for each (the same list on every replica)');
+  const secret = env.DP_ROUTER_PEER_SECRET;
+  if (secret === undefined || secret === '') throw new UsageError('--peer-listen needs the replicas\' shared secret in DP_ROUTER_PEER_SECRET (e.g. `openssl rand -hex 32`)');
+  return { listen, addresses, secret };
 }
 
 /** `--prefill`/`--decode` add upstreams of those roles; `--pd` asks for the embedded pair. */
@@ -482,6 +521,14 @@ function splitOnce(arg: string): [string, string] {
 function integer(flag: string, raw: string, min: number, max: number): number {
   if (!/^\d+$/.test(raw) || Number(raw) < min || Number(raw) > max) {
     throw new UsageError(`${flag} must be an integer from ${min} to ${max}, got ${JSON.stringify(raw)}`);
+  }
+  return Number(raw);
+}
+
+/** A plain decimal from `min` to `max` (`0.5`, `4`): no exponent, sign or hex, which `Number()` would take. */
+function decimal(flag: string, raw: string, min: number, max: number): number {
+  if (!/^\d+(?:\.\d+)?$/.test(raw) || Number(raw) < min || Number(raw) > max) {
+    throw new UsageError(`${flag} must be a number from ${min} to ${max}, got ${JSON.stringify(raw)}`);
   }
   return Number(raw);
 }

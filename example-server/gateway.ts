@@ -64,7 +64,8 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
     loadFeedback: settings.loadFeedbackMs > 0 ? { intervalMs: settings.loadFeedbackMs, weight: settings.loadFeedbackWeight } : false,
     metrics: { registry },
     ...(admission.options !== undefined && { admission: admission.options }),
-    ...(tokenizer !== undefined && { prefixAware: { tokenizer } }),
+    ...((tokenizer !== undefined || settings.placementSlack !== undefined) && { prefixAware: { tokenizer, placementSlack: settings.placementSlack } }),
+    ...(settings.peers !== undefined && { peers: settings.peers }),
     ...(pd && { disaggregation: { connector: pd.connector } }),
     ...(logger ? { logger } : {}),
   });

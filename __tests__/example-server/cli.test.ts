@@ -128,6 +128,21 @@ describe('parseCommandLine', () => {
     expect(parse('--upstream', 'http://h:8000', '--discover').upstreams[0]).toMatchObject({ discover: true });
   });
 
+  it('reads the peers from --peer-listen and --peer, and their secret from DP_ROUTER_PEER_SECRET only', () => {
+    const env = { DP_ROUTER_PEER_SECRET: 'a secret of the replicas' };
+    const argv = ['--policy', 'prefix-aware', '--placement-slack', '0', '--peer-listen', '0.0.0.0:7946', '--peer', '10.0.0.5:7946', '--peer', '10.0.0.6:7946'];
+    expect(parseCommandLine(argv, env)).toMatchObject({
+      placementSlack: 0,
+      peers: { listen: '0.0.0.0:7946', addresses: ['10.0.0.5:7946', '10.0.0.6:7946'], secret: 'a secret of the replicas' },
+    });
+    expect(parse()).toMatchObject({ placementSlack: undefined, peers: undefined });
+    expect(parse('--placement-slack', '2.5').placementSlack).toBe(2.5);
+    expect(() => parseCommandLine(argv, {})).toThrow(/--peer-listen needs the replicas' shared secret in DP_ROUTER_PEER_SECRET/);
+    expect(() => parseCommandLine(['--peer-listen', '0.0.0.0:7946'], env)).toThrow(/--peer-listen needs the replicas to announce to/);
+    expect(() => parseCommandLine(['--peer', '10.0.0.5:7946'], env)).toThrow(/--peer names another replica for --peer-listen/);
+    expect(() => parse('--placement-slack', '1e3')).toThrow(/--placement-slack must be a number from 0 to 1000000/);
+  });
+
   it('reads a switch alone, or with exactly =true or =false', () => {
     expect(parse('--trust-hints=false', '--expose-decision=false')).toMatchObject({ trustHints: false, exposeDecision: false });
     expect(parse('--trust-hints=true', '--expose-decision=true')).toMatchObject({ trustHints: true, exposeDecision: true });

@@ -36,24 +36,35 @@ interface Report {
   targets: Array<{ target: string; pass: boolean; measured: string }>;
 }
 
-/** `npm run bench:routing -- --size small --seed 42 --out DIR`, read back from the JSON it writes. */
-async function runSimulator(dir: string): Promise<Report> {
-  const run = await runBench('bench/routing/main.ts', ['--size', 'small', '--seed', '42', '--out', dir], 60_000);
+/** `npm run bench:routing -- --size small --seed 42 --out DIR [extra…]`, read back from the JSON it writes. */
+async function runSimulator(dir: string, extra: readonly string[] = []): Promise<Report> {
+  const run = await runBench('bench/routing/main.ts', ['--size', 'small', '--seed', '42', '--out', dir, ...extra], 60_000);
   if (run.code !== 0) throw new Error(`bench:routing exited with ${run.code}\n${run.stderr}`);
   return JSON.parse(readFileSync(join(dir, 'routing-small.json'), 'utf8')) as Report;
 }
 
 describe('routing simulator (small)', () => {
-  const dirs = [mkdtempSync(join(tmpdir(), 'dp-router-routing-')), mkdtempSync(join(tmpdir(), 'dp-router-routing-'))];
+  const dirs = [0, 1, 2].map(() => mkdtempSync(join(tmpdir(), 'dp-router-routing-')));
   let report: Report;
   let again: Report;
+  /** The same run with `--placement-slack 0`. */
+  let tight: Report;
 
   beforeAll(async () => {
-    [report, again] = await Promise.all(dirs.map(runSimulator));
+    [report, again, tight] = await Promise.all([runSimulator(dirs[0]), runSimulator(dirs[1]), runSimulator(dirs[2], ['--placement-slack', '0'])]);
   }, 90_000);
 
   afterAll(() => {
     for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
+  });
+
+  it("--placement-slack changes prefix-aware's placement and nothing else", () => {
+    const row = (run: Report, workload: string, policy: string) => run.workloads.find((w) => w.workload === workload)!.results.find((r) => r.policy === policy)!;
+    for (const { workload, results } of report.workloads) {
+      for (const { policy } of results) if (policy !== 'prefix-aware') expect(row(tight, workload, policy)).toEqual(row(report, workload, policy));
+    }
+    // New prefixes go to the shortest queue: shared-prefix's tail under load is shorter.
+    expect(row(tight, 'shared-prefix', 'prefix-aware').ttftP99).toBeLessThan(row(report, 'shared-prefix', 'prefix-aware').ttftP99);
   });
 
   it('is deterministic for a seed', () => {

@@ -4,19 +4,21 @@ import { formatTable, formatTargets, renderSvg } from './report';
 import { parseSimArgs, type SimArgs } from '../lib/sim-args';
 import { runRoutingBenchmark } from './run';
 
-/** `npm run bench:routing -- [--size small|full] [--out DIR] [--seed N] [--trace FILE.jsonl]` */
-function parseArgs(argv: readonly string[]): SimArgs & { trace?: string } {
+/** `npm run bench:routing -- [--size small|full] [--out DIR] [--seed N] [--trace FILE.jsonl] [--placement-slack N]` */
+function parseArgs(argv: readonly string[]): SimArgs & { trace?: string; placementSlack?: number } {
   let trace: string | undefined;
-  const args = parseSimArgs(argv, '--size small|full --out DIR --seed N --trace FILE', (flag, value) => {
-    if (flag !== '--trace') return false;
-    trace = value;
+  let placementSlack: number | undefined;
+  const args = parseSimArgs(argv, '--size small|full --out DIR --seed N --trace FILE --placement-slack N', (flag, value) => {
+    if (flag === '--trace') trace = value;
+    else if (flag === '--placement-slack' && /^\d+(\.\d+)?$/.test(value)) placementSlack = Number(value);
+    else return false;
     return true;
   });
-  return { ...args, trace };
+  return { ...args, trace, placementSlack };
 }
 
 const args = parseArgs(process.argv.slice(2));
-const report = runRoutingBenchmark({ size: args.size, seed: args.seed, tracePath: args.trace && resolve(args.trace) });
+const report = runRoutingBenchmark({ size: args.size, seed: args.seed, tracePath: args.trace && resolve(args.trace), placementSlack: args.placementSlack });
 console.log(
   `routing simulator: ${report.ranks} ranks, size ${report.size}, seed ${report.seed}; ` +
     `low/high load = ${report.loadLevels.low}/${report.loadLevels.high} of no-cache prefill capacity ` +

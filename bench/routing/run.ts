@@ -27,6 +27,8 @@ export interface BenchOptions {
   seed?: number;
   /** A Mooncake-format JSONL trace; default: the committed generated fixture. */
   tracePath?: string;
+  /** `prefix-aware`'s `placementSlack`; default: the policy's (4). 0 is what one gateway, or replicas with `peers` and KV events, should run. */
+  placementSlack?: number;
 }
 
 export const RANKS = 8;
@@ -54,7 +56,7 @@ export const POLICIES: ReadonlyArray<{ name: string; make: PolicyFactory }> = [
   {
     name: 'prefix-aware',
     // Defaults, except the memory bound, sized to the rank's KV cache as its JSDoc advises.
-    make: ({ workload }) => prefixAware({ maxBlocksPerEndpoint: (workload.rankCacheBlocks * 16 * CHARS_PER_TOKEN) / 64 }),
+    make: ({ workload, placementSlack }) => prefixAware({ maxBlocksPerEndpoint: (workload.rankCacheBlocks * 16 * CHARS_PER_TOKEN) / 64, placementSlack }),
   },
   { name: 'vllm-internal', make: ({ view }) => vllmInternalBalancer(view) },
   { name: 'sglang-cache-aware', make: ({ view }) => sglangCacheAware(view) },
@@ -90,7 +92,7 @@ export function buildWorkloads(size: BenchSize, seed: number, tracePath: string)
   ];
 }
 
-export function runOnce(workload: Workload, secondsPerUnit: number, make: PolicyFactory, seed: number): RunMetrics {
+export function runOnce(workload: Workload, secondsPerUnit: number, make: PolicyFactory, seed: number, placementSlack?: number): RunMetrics {
   const ranks = Array.from({ length: RANKS }, (_, i) => new SimRank(i, workload.rankCacheBlocks));
   const endpoints = ranks.map((rank) => new SimEndpoint(rank.index));
   let current: SimRequest | undefined;
@@ -99,6 +101,7 @@ export function runOnce(workload: Workload, secondsPerUnit: number, make: Policy
     view: { rankOf: (endpoint) => ranks[endpoint.rank], current: () => current as SimRequest, now: () => clock },
     rng: seededRng(seed),
     workload,
+    placementSlack,
   });
   return simulate(workload, secondsPerUnit, [{ policy, endpoints }], ranks, RANK_MODEL, (request, now) => {
     current = request;
@@ -128,8 +131,8 @@ export function runRoutingBenchmark(options: BenchOptions = {}): BenchReport {
   const seed = options.seed ?? 42;
   const workloads = buildWorkloads(size, seed, options.tracePath ?? DEFAULT_TRACE).map((workload) => {
     const results = POLICIES.map(({ name, make }, index) => {
-      const high = runOnce(workload, workload.timeScale.high, make, seed * 1000 + index);
-      const low = runOnce(workload, workload.timeScale.low, make, seed * 1000 + index);
+      const high = runOnce(workload, workload.timeScale.high, make, seed * 1000 + index, options.placementSlack);
+      const low = runOnce(workload, workload.timeScale.low, make, seed * 1000 + index, options.placementSlack);
       return { policy: name, ...high, low: { ttftP50: low.ttftP50, ttftP99: low.ttftP99, hitRate: low.hitRate } };
     });
     return {

@@ -45,7 +45,7 @@ export interface SimView {
 }
 
 /** Builds a fresh policy for one run. */
-export type PolicyFactory = (setup: { view: SimView; rng: Rng; workload: Workload }) => Policy;
+export type PolicyFactory = (setup: { view: SimView; rng: Rng; workload: Workload; placementSlack?: number }) => Policy;
 
 /** What one (workload, policy, load level) run measured. */
 export interface RunMetrics {

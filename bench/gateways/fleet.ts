@@ -3,6 +3,7 @@ import { request as httpRequest, Agent } from 'node:http';
 import { join } from 'node:path';
 import { startMockVllm } from '../../example-server/mock-vllm';
 import { exponential, seededRng } from '../routing/rng';
+import { freeUdpPort } from '../lib/udp-port';
 
 /** One measured run: several gateway processes in front of one mock vLLM. */
 export interface FleetOptions {
@@ -16,6 +17,8 @@ export interface FleetOptions {
   feedbackWeight: number;
   /** Share of the first gateway's requests its clients pin to rank 0 with a trusted hint. */
   pinnedShare: number;
+  /** 1: the gateways announce their in-flight counts to each other (`--peer-listen`, `--peer`). */
+  peers: number;
   decodeMsPerToken: number;
   seed: number;
 }
@@ -33,11 +36,20 @@ export interface FleetResult {
 
 const ROOT = join(__dirname, '..', '..');
 const WARMUP_MS = 1_000;
+const START_TIMEOUT_MS = 30_000;
 const SAMPLE_MS = 25;
+
+/** `--peer-listen` and `--peer` for each of `count` gateways on loopback, every one listing all. */
+async function peerArgs(count: number): Promise<string[][]> {
+  const addresses: string[] = [];
+  for (let i = 0; i < count; i++) addresses.push(`127.0.0.1:${await freeUdpPort()}`);
+  return addresses.map((listen) => ['--peer-listen', listen, ...addresses.flatMap((address) => ['--peer', address])]);
+}
 
 /** Starts a gateway process (the example server) and resolves with its URL. */
 function startGatewayProcess(args: string[]): Promise<{ url: string; child: ChildProcessWithoutNullStreams }> {
-  const child = spawn(join(ROOT, 'node_modules', '.bin', 'tsx'), [join(ROOT, 'example-server', 'main.ts'), '--port', '0', ...args], { cwd: ROOT });
+  const env = { ...process.env, DP_ROUTER_PEER_SECRET: 'bench:gateways peers on loopback' };
+  const child = spawn(join(ROOT, 'node_modules', '.bin', 'tsx'), [join(ROOT, 'example-server', 'main.ts'), '--port', '0', ...args], { cwd: ROOT, env });
   return new Promise((resolve, reject) => {
     let output = '';
     child.stdout.on('data', (chunk: Buffer) => {
@@ -47,6 +59,12 @@ function startGatewayProcess(args: string[]): Promise<{ url: string; child: Chil
     });
     child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));
     child.once('exit', (code) => reject(new Error(`gateway exited with ${code}: ${output}`)));
+    // A process that never listens (seen once: tsx's loader stuck at start) fails the run
+    // instead of holding the benchmark forever.
+    setTimeout(() => {
+      child.kill('SIGKILL');
+      reject(new Error(`gateway did not listen within ${START_TIMEOUT_MS} ms: ${output}`));
+    }, START_TIMEOUT_MS).unref();
   });
 }
 
@@ -55,7 +73,8 @@ export async function runFleet(options: FleetOptions): Promise<FleetResult> {
   const mock = await startMockVllm({ dataParallelSize: options.ranks, decodeMsPerToken: options.decodeMsPerToken });
   const args = ['--upstream', `${mock.url}@0-${options.ranks - 1}`, '--policy', 'least-outstanding', '--trust-hints'];
   if (options.feedbackMs > 0) args.push('--load-feedback-ms', String(options.feedbackMs), '--load-feedback-weight', String(options.feedbackWeight));
-  const gateways = await Promise.all(Array.from({ length: options.gateways }, () => startGatewayProcess(args)));
+  const peers = options.peers > 0 ? await peerArgs(options.gateways) : [];
+  const gateways = await Promise.all(Array.from({ length: options.gateways }, (_, i) => startGatewayProcess([...args, ...(peers[i] ?? [])])));
   const agent = new Agent({ keepAlive: true, maxSockets: 512 });
   const random = seededRng(options.seed);
   const runningSum = new Array<number>(options.ranks).fill(0);

@@ -32,7 +32,7 @@ interface Result {
 
 interface Report {
   ranks: number;
-  workloads: Array<{ workload: string; requests: number; fleetBoundHitRate: number; results: Result[] }>;
+  workloads: Array<{ workload: string; requests: number; fleetBoundHitRate: number; ttftFloorP99High: number | null; results: Result[] }>;
   targets: Array<{ target: string; pass: boolean; measured: string }>;
 }
 
@@ -65,6 +65,20 @@ describe('routing simulator (small)', () => {
     }
     // New prefixes go to the shortest queue: shared-prefix's tail under load is shorter.
     expect(row(tight, 'shared-prefix', 'prefix-aware').ttftP99).toBeLessThan(row(report, 'shared-prefix', 'prefix-aware').ttftP99);
+  });
+
+  it("gives each open-loop workload a TTFT floor no policy beats, the oracle's and SGLang's included", () => {
+    for (const run of [report, tight]) {
+      for (const { workload, ttftFloorP99High: floor, results } of run.workloads) {
+        if (workload === 'multi-turn') {
+          // Its turns wait for earlier answers: their arrivals depend on the routing.
+          expect(floor).toBeNull();
+          continue;
+        }
+        expect(floor).toBeGreaterThan(0);
+        for (const result of results) expect(result.ttftP99).toBeGreaterThanOrEqual(floor!);
+      }
+    }
   });
 
   it('is deterministic for a seed', () => {

@@ -19,7 +19,8 @@ export function formatTable(report: BenchReport): string {
   for (const workload of report.workloads) {
     lines.push(
       `\n${workload.workload}: ${workload.description}; ${workload.requests} requests, ` +
-        `${workload.rankCacheBlocks} cache blocks per rank; fleet bound hit ${percent(workload.fleetBoundHitRate)}`,
+        `${workload.rankCacheBlocks} cache blocks per rank; fleet bound hit ${percent(workload.fleetBoundHitRate)}` +
+        (workload.ttftFloorP99High === null ? '' : `, TTFT p99 under load ≥ ${(workload.ttftFloorP99High * 1000).toFixed(0)} ms under any routing`),
     );
     const rows = workload.results.map((r) => [
       r.policy,

@@ -20,6 +20,8 @@ export interface WorkloadResult {
   secondsPerUnit: { low: number; high: number };
   /** One unbounded cache shared by every rank: what any routing could reach at most. */
   fleetBoundHitRate: number;
+  /** The high-load TTFT p99 no routing can beat (`ttft-floor.ts`); `null` where arrivals wait for answers. */
+  ttftFloorP99High: number | null;
   results: PolicyResult[];
 }
 

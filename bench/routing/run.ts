@@ -11,6 +11,7 @@ import type { BenchReport, BenchSize } from './results';
 import { seededRng } from './rng';
 import { type PolicyFactory, type RunMetrics, SimEndpoint, simulate } from './simulator';
 import { evaluateTargets } from './targets';
+import { ttftFloorP99 } from './ttft-floor';
 import {
   type FleetCapacity,
   LOAD_LEVELS,
@@ -142,6 +143,7 @@ export function runRoutingBenchmark(options: BenchOptions = {}): BenchReport {
       rankCacheBlocks: workload.rankCacheBlocks,
       secondsPerUnit: { ...workload.timeScale },
       fleetBoundHitRate: fleetBound(workload),
+      ttftFloorP99High: ttftFloorP99(workload, workload.timeScale.high, RANK_MODEL),
       results,
     };
   });

@@ -4,6 +4,12 @@ const f2 = (x: number): string => x.toFixed(2);
 const f3 = (x: number): string => x.toFixed(3);
 const ms = (seconds: number): string => `${(seconds * 1000).toFixed(0)} ms`;
 
+/** Where half of round-robin's p99 is below what any routing can reach (`ttft-floor.ts`), says so. */
+function floorNote(workload: WorkloadResult, roundRobinP99: number): string {
+  const floor = workload.ttftFloorP99High;
+  return floor !== null && floor > 0.5 * roundRobinP99 ? `; out of reach: any routing ≥ ${ms(floor)}` : '';
+}
+
 function result(workload: WorkloadResult | undefined, policy: string): PolicyResult | undefined {
   return workload?.results.find((r) => r.policy === policy);
 }
@@ -56,7 +62,7 @@ export function evaluateTargets(workloads: readonly WorkloadResult[]): TargetRes
       targets.push({
         target: `${workload.workload}: ${policy} TTFT p99 under load ≤ 0.5× round-robin`,
         pass: r.ttftP99 <= 0.5 * roundRobin.ttftP99,
-        measured: `${ms(r.ttftP99)} vs ${ms(roundRobin.ttftP99)} (${f2(r.ttftP99 / roundRobin.ttftP99)}×)`,
+        measured: `${ms(r.ttftP99)} vs ${ms(roundRobin.ttftP99)} (${f2(r.ttftP99 / roundRobin.ttftP99)}×)${floorNote(workload, roundRobin.ttftP99)}`,
       });
       targets.push({
         target: `${workload.workload}: ${policy} TTFT p99 at low load ≤ least-outstanding`,

@@ -1,3 +1,4 @@
+import { createSocket } from 'node:dgram';
 import { describe, expect, it } from '@jest/globals';
 import { startMockVllm } from '../../example-server/mock-vllm';
 import type { EndpointSnapshot, Options } from '../../lib';
@@ -126,6 +127,24 @@ describe('peers', () => {
     await sleep(50);
     expect(rankOf(b, 0)).toMatchObject({ peerInflight: 3, peerBlocks: 30 });
     expect(await answeredBy(b)).toBe(1);
+  });
+
+  it('warn when the port is taken, and route on their own counts', async () => {
+    const mock = await startMockVllm({ dataParallelSize: 2 });
+    started.push(mock);
+    const taken = createSocket('udp4');
+    await new Promise<void>((resolve) => taken.bind(0, '127.0.0.1', resolve));
+    started.push({ close: () => new Promise<void>((resolve) => taken.close(() => resolve())) });
+    const warnings: string[] = [];
+    const gateway = await startGateway({
+      upstreams: [{ url: mock.url, name: 'vllm', dataParallelSize: 2 }],
+      peers: { listen: `127.0.0.1:${taken.address().port}`, addresses: ['127.0.0.1:9'], secret: SECRET },
+      logger: { warn: (message) => warnings.push(message) },
+    });
+    started.push(gateway);
+    await waitFor(() => warnings.length > 0);
+    expect(warnings).toEqual([expect.stringMatching(/^express-dp-router: peers: socket error: bind EADDRINUSE/)]);
+    expect([await answeredBy(gateway), await answeredBy(gateway)].sort()).toEqual([0, 1]);
   });
 
   it("forget a replica that stopped once ttlMs passes, and keep the peers' load across setUpstreams()", async () => {

@@ -6,7 +6,9 @@ import { fail, integerOption, isPlainObject, MAX_TIMER_MS, pathOf, rejectUnknown
  * in-flight count and the prefill its requests there still wait for, in UDP datagrams to the
  * others, as its counts change (batched per event-loop turn) and every `heartbeatMs`. Each
  * replica then prices the queue the engines really have, not a third of it
- * (docs/routing-quality.md, "Replicas that tell each other what they sent").
+ * (docs/routing-quality.md, "Replicas that tell each other what they sent"). Every replica must
+ * list the same upstreams (endpoints are matched by `<upstream name>#<rank>`) and run the same
+ * policy settings. With `disaggregation`, what is announced is the decode pool's endpoints.
  */
 export interface PeersOptions {
   /** Where this replica listens for its peers: `'host:port'` (an IP address; `'0.0.0.0:7946'` for every IPv4 interface). Required. */

@@ -163,4 +163,21 @@ describe('peers', () => {
     await waitFor(() => rankOf(b, 1).peerInflight === 0, 2000);
     held.abort();
   });
+
+  it('announce the end of a request on an endpoint the replica has since removed', async () => {
+    const mock = await startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 1000 });
+    started.push(mock);
+    const { a, b } = await replicas(mock.url, { hints: { trust: true } }, {}, { heartbeatMs: 50, ttlMs: 300 });
+    const held = await stream(a, 'a held prompt', 30, { 'x-data-parallel-rank': '1' });
+    await waitFor(() => rankOf(b, 1).peerInflight === 1);
+    // A leaves the upstream (it stays in B's list): the request runs on, so its slot still counts.
+    a.router.setUpstreams([{ url: mock.url, name: 'other', dataParallelSize: 1 }]);
+    await sleep(200);
+    expect(rankOf(b, 1).peerInflight).toBe(1);
+    held.abort();
+    await waitFor(() => rankOf(b, 1).peerInflight === 0);
+    // A still runs and announces: B's count for the removed endpoint stays 0, not expired.
+    await sleep(400);
+    expect(rankOf(b, 1)).toMatchObject({ peerInflight: 0, peerBlocks: 0 });
+  });
 });

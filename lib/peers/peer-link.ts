@@ -93,6 +93,8 @@ export function startPeers(config: PeersConfig, table: EndpointTable, warn: (mes
     dirty.clear();
     send(records);
   };
+  /** The endpoints as of the last `sync()`, to announce once more those it removes. */
+  let announced = new Map(table.all.map((endpoint) => [endpoint.key, endpoint]));
   const heartbeat = setInterval(() => {
     copy(peers.expire(performance.now() - config.ttlMs));
     send(table.all.map(recordOf));
@@ -118,6 +120,12 @@ export function startPeers(config: PeersConfig, table: EndpointTable, warn: (mes
         endpoint.peerBlocks = 0;
       }
       copy(peers.keys());
+      // Heartbeats cover only the endpoints there are now: a removed one's requests announce
+      // their ends as they close, and this repeats its counts once more in case one was lost.
+      const kept = new Set(table.all.map((endpoint) => endpoint.key));
+      const gone = [...announced.values()].filter((endpoint) => !kept.has(endpoint.key));
+      announced = new Map(table.all.map((endpoint) => [endpoint.key, endpoint]));
+      if (gone.length > 0) setTimeout(() => send(gone.map(recordOf)), config.heartbeatMs).unref();
     },
     get peers() {
       return peers.size;

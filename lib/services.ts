@@ -20,6 +20,7 @@ import { decodePool } from './disaggregation/options';
 import { Admission } from './admission/admission';
 import { createAdmissionMetrics } from './admission/metrics';
 import { startPeers, type PeerLink } from './peers/peer-link';
+import { createPeerMetrics } from './peers/metrics';
 
 /**
  * Everything one router runs on, built from its configuration in one place, in dependency
@@ -98,7 +99,7 @@ export class RouterServices {
   private startPeers(): PeerLink | undefined {
     const { config, table } = this;
     if (config.peers === undefined) return undefined;
-    const peers = startPeers(config.peers, table, (message) => config.logger.warn(message));
+    const peers = startPeers(config.peers, table, createPeerMetrics(config.metrics), (message) => config.logger.warn(message));
     this.started.push(() => peers.close());
     return peers;
   }

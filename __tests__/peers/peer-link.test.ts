@@ -3,7 +3,7 @@ import { describe, expect, it } from '@jest/globals';
 import { startMockVllm } from '../../example-server/mock-vllm';
 import type { EndpointSnapshot, Options } from '../../lib';
 import { encodeDatagrams } from '../../lib/peers/peer-datagram';
-import { closedAfterEach, freeUdpPort, sendDatagrams, sleep, startGateway, waitFor, type TestGateway } from '../helpers';
+import { closedAfterEach, freeUdpPort, metricValue, sendDatagrams, sleep, startGateway, waitFor, type TestGateway } from '../helpers';
 
 const started = closedAfterEach();
 const SECRET = 'the replicas share this secret';
@@ -114,9 +114,12 @@ describe('peers', () => {
     await waitFor(() => warnings.length >= 2);
     await sleep(50);
     expect(warnings.sort()).toEqual([
-      'express-dp-router: peers: dropped a datagram without a valid tag (another secret, or not a replica); further ones are dropped silently.',
-      'express-dp-router: peers: dropped a malformed datagram (another version?); further ones are dropped silently.',
+      'express-dp-router: peers: dropped a datagram without a valid tag (another secret, or not a replica); further ones are only counted (dp_router_peer_datagrams_total).',
+      'express-dp-router: peers: dropped a malformed datagram (another version?); further ones are only counted (dp_router_peer_datagrams_total).',
     ]);
+    // The forged datagram, and three of garbage (an empty one, an HTTP request, 1,300 bytes), each sent twice.
+    expect(await metricValue(b.registry, 'dp_router_peer_datagrams_total', { outcome: 'bad_tag' })).toBe(2);
+    expect(await metricValue(b.registry, 'dp_router_peer_datagrams_total', { outcome: 'malformed' })).toBe(6);
     expect(rankOf(b, 0).peerInflight).toBe(0);
     // A genuine announcement counts; the same datagram sent again later does not undo a newer one.
     const secret = Buffer.from(SECRET);
@@ -158,9 +161,11 @@ describe('peers', () => {
     // Heartbeats keep the peer counted well past ttlMs while it runs.
     await sleep(500);
     expect(rankOf(b, 1).peerInflight).toBe(1);
+    expect(await metricValue(b.registry, 'dp_router_peers')).toBe(1);
     // A replica that stops announces nothing more: its last counts go after ttlMs.
     await a.router.close();
     await waitFor(() => rankOf(b, 1).peerInflight === 0, 2000);
+    expect(await metricValue(b.registry, 'dp_router_peers')).toBe(0);
     held.abort();
   });
 

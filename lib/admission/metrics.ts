@@ -1,4 +1,5 @@
-import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
+import { Counter, Gauge, Histogram } from 'prom-client';
+import { family } from '../observe/metric-family';
 import type { MetricsConfig } from '../observe/metrics';
 
 /** What became of a request at admission (`dp_router_admission_total{outcome}`). */
@@ -42,9 +43,4 @@ export function createAdmissionMetrics(config: MetricsConfig | undefined, classe
     waited: (priority, seconds) => wait.observe({ priority }, seconds),
     storeFailed: () => storeErrors.inc(),
   };
-}
-
-function family<T>(registry: Registry, name: string, kind: abstract new (...args: never[]) => T, make: () => T): T {
-  const existing = registry.getSingleMetric(name);
-  return existing instanceof kind ? (existing as T) : make();
 }

@@ -5,6 +5,7 @@ import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import { decodeDatagram, encodeDatagrams, type PeerRecord } from './peer-datagram';
 import type { PeersConfig } from './peer-options';
 import { PeerTable } from './peer-table';
+import type { PeerMetrics } from './metrics';
 
 /** What the request path tells the peers: an endpoint's own counts changed. */
 export interface PeerAnnouncer {
@@ -30,7 +31,7 @@ export interface PeerLink extends PeerAnnouncer {
  * told to `warn` once per kind; nothing a datagram holds can throw or grow memory past the
  * table's bounds.
  */
-export function startPeers(config: PeersConfig, table: EndpointTable, warn: (message: string) => void): PeerLink {
+export function startPeers(config: PeersConfig, table: EndpointTable, metrics: PeerMetrics, warn: (message: string) => void): PeerLink {
   const self = randomInt(0, 2 ** 32 - 1);
   table.withPeers = true;
   const peers = new PeerTable(self);
@@ -68,9 +69,17 @@ export function startPeers(config: PeersConfig, table: EndpointTable, warn: (mes
 
   socket.on('message', (message) => {
     const datagram = decodeDatagram(message, config.secret);
-    if (datagram === 'tag') return warnOnce('tag', 'dropped a datagram without a valid tag (another secret, or not a replica); further ones are dropped silently.');
-    if (datagram === 'malformed') return warnOnce('malformed', 'dropped a malformed datagram (another version?); further ones are dropped silently.');
+    if (datagram === 'tag') {
+      metrics.datagram('bad_tag');
+      return warnOnce('tag', 'dropped a datagram without a valid tag (another secret, or not a replica); further ones are only counted (dp_router_peer_datagrams_total).');
+    }
+    if (datagram === 'malformed') {
+      metrics.datagram('malformed');
+      return warnOnce('malformed', 'dropped a malformed datagram (another version?); further ones are only counted (dp_router_peer_datagrams_total).');
+    }
+    metrics.datagram('accepted');
     copy(peers.apply(datagram, performance.now()));
+    metrics.peers(peers.size);
   });
   socket.on('error', (error) => warnOnce(`error ${(error as NodeJS.ErrnoException).code}`, `socket error: ${error.message}.`));
 
@@ -97,6 +106,7 @@ export function startPeers(config: PeersConfig, table: EndpointTable, warn: (mes
   let announced = new Map(table.all.map((endpoint) => [endpoint.key, endpoint]));
   const heartbeat = setInterval(() => {
     copy(peers.expire(performance.now() - config.ttlMs));
+    metrics.peers(peers.size);
     send(table.all.map(recordOf));
   }, config.heartbeatMs).unref();
 
@@ -137,6 +147,7 @@ export function startPeers(config: PeersConfig, table: EndpointTable, warn: (mes
       if (closed) return Promise.resolve();
       closed = true;
       clearInterval(heartbeat);
+      metrics.peers(0);
       return new Promise<void>((resolve) => {
         try {
           socket.close(() => resolve());

@@ -49,7 +49,7 @@ export interface GatewaySettings {
   /** `prefixAware.placementSlack`; `undefined`: the policy's default. */
   placementSlack: number | undefined;
   /** The other replicas (`--peer-listen`, `--peer`, `DP_ROUTER_PEER_SECRET`); `undefined`: off. */
-  peers: { listen: string; addresses: string[]; secret: string } | undefined;
+  peers: { listen: string; addresses: string[]; dns?: { name: string; port: number }; secret: string } | undefined;
 }
 
 /** The admission flags; `undefined` where not given. */
@@ -125,6 +125,8 @@ Options:
                         hear theirs here; the secret comes from DP_ROUTER_PEER_SECRET
                         (16+ characters, the same on every replica)       [off]
   --peer HOST:PORT      another gateway replica's --peer-listen (repeatable; may list this one)
+  --peer-dns NAME:PORT  the replicas by DNS: every address of NAME (a headless Service over the
+                        gateway pods), re-resolved every 10 s
   --prefill URL[@RANKS] a vLLM prefill server (repeatable): with --decode, each request's
                         prefill leg goes there, its decode leg to a --decode server
   --decode URL[@RANKS]  a vLLM decode server (repeatable)
@@ -189,6 +191,7 @@ interface ParseState {
   /** `--peer-listen` and each `--peer`. */
   peerListen: string | undefined;
   peerAddresses: string[];
+  peerDns: { name: string; port: number } | undefined;
 }
 
 /**
@@ -246,6 +249,13 @@ const FLAGS: Readonly<Record<string, Flag>> = {
   '--placement-slack': { value: (s, raw, flag) => (s.settings.placementSlack = decimal(flag, raw, 0, 1_000_000)) },
   '--peer-listen': { value: (s, raw) => (s.peerListen = raw) },
   '--peer': { value: (s, raw) => s.peerAddresses.push(raw) },
+  '--peer-dns': {
+    value: (s, raw, flag) => {
+      const match = /^([^:]+):(\d{1,5})$/.exec(raw);
+      if (match === null) throw new UsageError(`${flag} must be NAME:PORT, got ${JSON.stringify(raw)}`);
+      s.peerDns = { name: match[1], port: integer(flag, match[2], 1, 65535) };
+    },
+  },
   '--prefill': { value: (s, raw) => s.prefillSpecs.push(raw) },
   '--decode': { value: (s, raw) => s.decodeSpecs.push(raw) },
   '--pd-connector': { value: (s, raw, flag) => (s.connector = choice(flag, raw, ['nixl', 'mooncake'] as const)) },
@@ -303,6 +313,7 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     },
     peerListen: undefined,
     peerAddresses: [],
+    peerDns: undefined,
     kvEvents: new Map(),
     discover: false,
     upstreamSpecs: [],
@@ -376,15 +387,17 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
  * to every user of the machine); the router checks the addresses and the secret's length.
  */
 function peersOf(state: ParseState, env: NodeJS.ProcessEnv): GatewaySettings['peers'] {
-  const { peerListen: listen, peerAddresses: addresses } = state;
+  const { peerListen: listen, peerAddresses: addresses, peerDns: dns } = state;
   if (listen === undefined) {
-    if (addresses.length > 0) throw new UsageError('--peer names another replica for --peer-listen: give --peer-listen HOST:PORT too');
+    if (addresses.length > 0 || dns !== undefined) throw new UsageError('--peer and --peer-dns name the other replicas for --peer-listen: give --peer-listen HOST:PORT too');
     return undefined;
   }
-  if (addresses.length === 0) throw new UsageError('--peer-listen needs the replicas to announce to: give --peer HOST:PORT for each (the same list on every replica)');
+  if (addresses.length === 0 && dns === undefined) {
+    throw new UsageError('--peer-listen needs the replicas to announce to: give --peer HOST:PORT for each (the same list on every replica), or --peer-dns NAME:PORT');
+  }
   const secret = env.DP_ROUTER_PEER_SECRET;
   if (secret === undefined || secret === '') throw new UsageError('--peer-listen needs the replicas\' shared secret in DP_ROUTER_PEER_SECRET (e.g. `openssl rand -hex 32`)');
-  return { listen, addresses, secret };
+  return { listen, addresses, ...(dns && { dns }), secret };
 }
 
 /** `--prefill`/`--decode` add upstreams of those roles; `--pd` asks for the embedded pair. */

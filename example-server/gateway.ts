@@ -65,7 +65,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
     metrics: { registry },
     ...(admission.options !== undefined && { admission: admission.options }),
     ...((tokenizer !== undefined || settings.placementSlack !== undefined) && { prefixAware: { tokenizer, placementSlack: settings.placementSlack } }),
-    ...(settings.peers !== undefined && { peers: settings.peers }),
+    ...(settings.peers !== undefined && { peers: { ...settings.peers, addresses: settings.peers.addresses.length > 0 ? settings.peers.addresses : undefined } }),
     ...(pd && { disaggregation: { connector: pd.connector } }),
     ...(logger ? { logger } : {}),
   });

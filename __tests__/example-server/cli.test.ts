@@ -139,7 +139,11 @@ describe('parseCommandLine', () => {
     expect(parse('--placement-slack', '2.5').placementSlack).toBe(2.5);
     expect(() => parseCommandLine(argv, {})).toThrow(/--peer-listen needs the replicas' shared secret in DP_ROUTER_PEER_SECRET/);
     expect(() => parseCommandLine(['--peer-listen', '0.0.0.0:7946'], env)).toThrow(/--peer-listen needs the replicas to announce to/);
-    expect(() => parseCommandLine(['--peer', '10.0.0.5:7946'], env)).toThrow(/--peer names another replica for --peer-listen/);
+    expect(() => parseCommandLine(['--peer', '10.0.0.5:7946'], env)).toThrow(/--peer and --peer-dns name the other replicas for --peer-listen/);
+    expect(parseCommandLine(['--peer-listen', '0.0.0.0:7946', '--peer-dns', 'gateway-peers.default.svc.cluster.local:7946'], env)).toMatchObject({
+      peers: { listen: '0.0.0.0:7946', addresses: [], dns: { name: 'gateway-peers.default.svc.cluster.local', port: 7946 } },
+    });
+    expect(() => parseCommandLine(['--peer-listen', '0.0.0.0:7946', '--peer-dns', 'gateway-peers'], env)).toThrow(/--peer-dns must be NAME:PORT/);
     expect(() => parse('--placement-slack', '1e3')).toThrow(/--placement-slack must be a number from 0 to 1000000/);
   });
 

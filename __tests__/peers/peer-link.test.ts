@@ -3,7 +3,7 @@ import { describe, expect, it } from '@jest/globals';
 import { startMockVllm } from '../../example-server/mock-vllm';
 import type { EndpointSnapshot, Options } from '../../lib';
 import { encodeDatagrams } from '../../lib/peers/peer-datagram';
-import { closedAfterEach, freeUdpPort, metricValue, sendDatagrams, sleep, startGateway, waitFor, type TestGateway } from '../helpers';
+import { closedAfterEach, freeUdpPort, metricValue, sendDatagrams, sleep, startDnsmasq, startGateway, waitFor, type TestGateway } from '../helpers';
 
 const started = closedAfterEach();
 const SECRET = 'the replicas share this secret';
@@ -185,4 +185,36 @@ describe('peers', () => {
     await sleep(400);
     expect(rankOf(b, 1)).toMatchObject({ peerInflight: 0, peerBlocks: 0 });
   });
+
+  it('find the replicas by DNS (a headless Service), and follow its changes', async () => {
+    const mock = await startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 1000 });
+    started.push(mock);
+    // Two replicas on two loopback addresses and one port, as pods behind a headless Service.
+    const port = await freeUdpPort();
+    const dns = await startDnsmasq([['127.0.0.2', 'gateways.test'], ['127.0.0.3', 'gateways.test']]);
+    started.push(dns);
+    const warnings: string[] = [];
+    const start = async (host: string, options: Partial<Options>) => {
+      const gateway = await startGateway({
+        upstreams: [{ url: mock.url, name: 'vllm', dataParallelSize: 2 }],
+        peers: { listen: `${host}:${port}`, dns: { name: 'gateways.test', port, intervalMs: 50, servers: [dns.server] }, secret: SECRET, heartbeatMs: 50, ttlMs: 300 },
+        logger: { warn: (message) => warnings.push(message) },
+        ...options,
+      });
+      started.push(gateway);
+      return gateway;
+    };
+    const a = await start('127.0.0.2', { hints: { trust: true } });
+    const b = await start('127.0.0.3', {});
+    const held = await stream(a, 'a held prompt', 30, { 'x-data-parallel-rank': '1' });
+    await waitFor(() => rankOf(b, 1).peerInflight === 1);
+    expect(await metricValue(b.registry, 'dp_router_peers')).toBe(1);
+    // B leaves the Service: A stops announcing to it, and B forgets A after ttlMs.
+    await dns.setHosts([['127.0.0.2', 'gateways.test']]);
+    await waitFor(() => rankOf(b, 1).peerInflight === 0, 3000);
+    expect(await metricValue(b.registry, 'dp_router_peers')).toBe(0);
+    held.abort();
+    expect(warnings).toEqual([]);
+  });
 });
+

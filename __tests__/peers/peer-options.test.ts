@@ -18,6 +18,10 @@ describe('peers options', () => {
       ttlMs: 3000,
     });
     expect(parse({ ...peers, heartbeatMs: 2000 }).peers?.ttlMs).toBe(6000);
+    expect(parse({ listen: peers.listen, secret: peers.secret, dns: { name: 'gateway-peers.default.svc.cluster.local', port: 7946 } }).peers).toMatchObject({
+      addresses: [],
+      dns: { name: 'gateway-peers.default.svc.cluster.local', port: 7946, intervalMs: 10_000, servers: undefined },
+    });
   });
 
   it.each([
@@ -28,6 +32,9 @@ describe('peers options', () => {
     ['a port past 65535', { ...peers, listen: '10.0.0.5:70000' }, 'peers.listen', /port from 0 to 65535/],
     ['an IPv6 address without brackets', { ...peers, listen: 'fd00::6:7946' }, 'peers.listen', /'host:port'/],
     ['no addresses', { ...peers, addresses: [] }, 'peers.addresses', /array of 1 to 64/],
+    ['neither addresses nor dns', { listen: peers.listen, secret: peers.secret }, 'peers.addresses', /is required without `dns`/],
+    ['a DNS name with a space', { ...peers, dns: { name: 'gateway peers', port: 7946 } }, 'peers.dns.name', /must be a DNS name/],
+    ['a DNS entry without a port', { ...peers, dns: { name: 'gateway-peers' } }, 'peers.dns.port', /is required/],
     ['a wrong address', { ...peers, addresses: ['10.0.0.5:7946', 7946] }, 'peers.addresses[1]', /'host:port' string/],
     ['no secret', { listen: peers.listen, addresses: peers.addresses }, 'peers.secret', /at least 16 characters, got undefined/],
     ['a short secret', { ...peers, secret: 'hunter2' }, 'peers.secret', /at least 16 characters, got 7 characters/],

@@ -1,9 +1,11 @@
 import { randomInt } from 'node:crypto';
 import { createSocket, type Socket } from 'node:dgram';
+import { Resolver } from 'node:dns';
 import { isIPv6 } from 'node:net';
+import { resolveAddresses } from '../pools/dns-discovery';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import { decodeDatagram, encodeDatagrams, type PeerRecord } from './peer-datagram';
-import type { PeersConfig } from './peer-options';
+import type { PeerAddress, PeersConfig } from './peer-options';
 import { PeerTable } from './peer-table';
 import type { PeerMetrics } from './metrics';
 
@@ -83,12 +85,15 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
   });
   socket.on('error', (error) => warnOnce(`error ${(error as NodeJS.ErrnoException).code}`, `socket error: ${error.message}.`));
 
+  const ipv6 = isIPv6(config.listen.host);
+  /** Where announcements go: the configured addresses and what `dns` last resolved to, of the socket's family. */
+  let targets: readonly PeerAddress[] = config.addresses.filter(({ host }) => isIPv6(host) === ipv6);
   const send = (records: PeerRecord[]) => {
     if (!bound || closed) return;
     const datagrams = encodeDatagrams(self, seq, records, config.secret);
     seq = (seq + datagrams.length) >>> 0;
     for (const datagram of datagrams) {
-      for (const { host, port } of config.addresses) {
+      for (const { host, port } of targets) {
         socket.send(datagram, port, host, (error) => {
           if (error) warnOnce(`send ${(error as NodeJS.ErrnoException).code}`, `could not send to ${host}:${port}: ${error.message}.`);
         });
@@ -109,6 +114,12 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
     metrics.peers(peers.size);
     send(table.all.map(recordOf));
   }, config.heartbeatMs).unref();
+
+  const watch = config.dns === undefined ? undefined : watchPeerNames(config, warnOnce, warn, (found) => {
+    targets = [...config.addresses, ...found].filter(({ host }) => isIPv6(host) === ipv6);
+    // New replicas learn this one at once.
+    send(table.all.map(recordOf));
+  });
 
   socket.bind(config.listen.port, config.listen.host, () => {
     bound = true;
@@ -147,6 +158,7 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
       if (closed) return Promise.resolve();
       closed = true;
       clearInterval(heartbeat);
+      watch?.stop();
       metrics.peers(0);
       return new Promise<void>((resolve) => {
         try {
@@ -155,6 +167,51 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
           resolve();
         }
       });
+    },
+  };
+}
+
+/** More addresses than this from one name are not announced to: a gateway fleet is smaller, and each costs a datagram per change. */
+const MAX_RESOLVED = 256;
+
+/**
+ * Resolves `config.dns` (A and AAAA) at start and every `intervalMs` after the last answer, and
+ * calls `found` with its addresses when they change. A failure keeps the last addresses, and is
+ * told once per outage; no records: no replicas. The timer is unref'd.
+ */
+function watchPeerNames(config: PeersConfig, warnOnce: (kind: string, message: string) => void, warn: (message: string) => void, found: (addresses: PeerAddress[]) => void): { stop(): void } {
+  const dns = config.dns!;
+  const resolver = new Resolver({ timeout: dns.timeoutMs, tries: 1 });
+  if (dns.servers !== undefined) resolver.setServers([...dns.servers]);
+  let last = '';
+  let failing = false;
+  let stopped = false;
+  let timer: NodeJS.Timeout | undefined;
+  const resolve = () => {
+    resolveAddresses(resolver, dns.name).then((result) => {
+      if (stopped) return;
+      if (result.outcome === 'failed') {
+        if (!failing) warn(`express-dp-router: peers: resolving '${dns.name}' failed (${result.code}); announcing to its last addresses until it answers again.`);
+        failing = true;
+      } else {
+        failing = false;
+        const addresses = result.outcome === 'ok' ? result.addresses : [];
+        if (addresses.length > MAX_RESOLVED) warnOnce('dns size', `'${dns.name}' resolves to ${addresses.length} addresses; announcing to the first ${MAX_RESOLVED}.`);
+        const key = addresses.join(',');
+        if (key !== last) {
+          last = key;
+          found(addresses.slice(0, MAX_RESOLVED).map((host) => ({ host, port: dns.port })));
+        }
+      }
+      timer = setTimeout(resolve, dns.intervalMs).unref();
+    });
+  };
+  resolve();
+  return {
+    stop() {
+      stopped = true;
+      clearTimeout(timer);
+      resolver.cancel();
     },
   };
 }

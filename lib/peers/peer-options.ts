@@ -1,5 +1,6 @@
 import { isIP } from 'node:net';
 import { fail, integerOption, isPlainObject, MAX_TIMER_MS, pathOf, rejectUnknownKeys, shown, type KeysEnum } from '../option-checks';
+import { parseDns, type DnsConfig, type DnsOptions } from '../pools/dns-options';
 
 /**
  * Gateway replicas that tell each other what they sent: each announces, per endpoint, its
@@ -15,9 +16,15 @@ export interface PeersOptions {
   listen: string;
   /**
    * Every replica's `'host:port'` (IP addresses). The same list may be given to every replica:
-   * a replica knows its own datagrams and ignores them. Required, at least one.
+   * a replica knows its own datagrams and ignores them. At least one, or `dns`.
    */
-  addresses: readonly string[];
+  addresses?: readonly string[];
+  /**
+   * The replicas found by DNS (a Kubernetes headless Service of the gateway pods): every A and
+   * AAAA address of `name`, at `port`, re-resolved every `intervalMs` (10 s); a failed
+   * resolution keeps the last addresses. With `addresses`, both are announced to.
+   */
+  dns?: DnsOptions;
   /**
    * A secret shared by the replicas, at least 16 characters: every datagram carries an
    * HMAC-SHA256 tag made with it, and one without a valid tag is dropped, so that nobody who can
@@ -40,12 +47,14 @@ export interface PeerAddress {
 export interface PeersConfig {
   readonly listen: PeerAddress;
   readonly addresses: readonly PeerAddress[];
+  /** `undefined`: the addresses alone. */
+  readonly dns: DnsConfig | undefined;
   readonly secret: Buffer;
   readonly heartbeatMs: number;
   readonly ttlMs: number;
 }
 
-const PEERS_KEYS: KeysEnum<PeersOptions> = { listen: true, addresses: true, secret: true, heartbeatMs: true, ttlMs: true };
+const PEERS_KEYS: KeysEnum<PeersOptions> = { listen: true, addresses: true, dns: true, secret: true, heartbeatMs: true, ttlMs: true };
 const HEARTBEAT_MS = 1_000;
 const TTL_MS = 3_000;
 const MIN_SECRET_CHARS = 16;
@@ -60,10 +69,14 @@ export function parsePeers(path: string, value: unknown): PeersConfig | undefine
   rejectUnknownKeys(path, value, PEERS_KEYS);
   const listen = parseAddress(pathOf(path, 'listen'), value.listen);
   const list = value.addresses;
-  if (!Array.isArray(list) || list.length === 0 || list.length > MAX_ADDRESSES) {
+  const dns = value.dns === undefined ? undefined : parseDns(pathOf(path, 'dns'), value.dns, undefined);
+  if (list === undefined && dns === undefined) {
+    fail(pathOf(path, 'addresses'), 'is required without `dns`', `Use ${EXAMPLE}, or \`dns: { name: 'gateway-peers.default.svc.cluster.local', port: 7946 }\` for a headless Service.`);
+  }
+  if (list !== undefined && (!Array.isArray(list) || list.length === 0 || list.length > MAX_ADDRESSES)) {
     fail(pathOf(path, 'addresses'), `must be an array of 1 to ${MAX_ADDRESSES} 'host:port' strings, got ${shown(list)}`, `Use ${EXAMPLE}.`);
   }
-  const addresses = list.map((entry, at) => parseAddress(`${pathOf(path, 'addresses')}[${at}]`, entry));
+  const addresses = ((list ?? []) as unknown[]).map((entry, at) => parseAddress(`${pathOf(path, 'addresses')}[${at}]`, entry));
   const secret = value.secret;
   if (typeof secret !== 'string' || secret.length < MIN_SECRET_CHARS) {
     fail(pathOf(path, 'secret'), `must be a string of at least ${MIN_SECRET_CHARS} characters, got ${typeof secret === 'string' ? `${secret.length} characters` : shown(secret)}`, 'Give every replica the same random secret, e.g. `openssl rand -hex 32`, from an environment variable.');
@@ -73,7 +86,7 @@ export function parsePeers(path: string, value: unknown): PeersConfig | undefine
   if (ttlMs <= heartbeatMs) {
     fail(pathOf(path, 'ttlMs'), `must be longer than heartbeatMs (${heartbeatMs}), got ${ttlMs}`, `A peer would expire between two heartbeats: use at least 3 × heartbeatMs (${3 * heartbeatMs}).`);
   }
-  return { listen, addresses, secret: Buffer.from(secret, 'utf8'), heartbeatMs, ttlMs };
+  return { listen, addresses, dns, secret: Buffer.from(secret, 'utf8'), heartbeatMs, ttlMs };
 }
 
 /** `'host:port'` with an IP address (`[::1]:7946` for IPv6). */

@@ -18,10 +18,6 @@ export interface PeerAnnouncer {
 export interface PeerLink extends PeerAnnouncer {
   /** The endpoints were rebuilt (`setUpstreams`, discovery): the peers' sums go onto the new ones. */
   sync(): void;
-  /** Replicas heard from within `ttlMs`. */
-  readonly peers: number;
-  /** The bound UDP port (for `listen` port 0). */
-  readonly port: number | undefined;
   close(): Promise<void>;
 }
 
@@ -37,7 +33,8 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
   const self = randomInt(0, 2 ** 32 - 1);
   table.withPeers = true;
   const peers = new PeerTable(self);
-  const socket: Socket = createSocket({ type: isIPv6(config.listen.host) ? 'udp6' : 'udp4' });
+  const ipv6 = isIPv6(config.listen.host);
+  const socket: Socket = createSocket({ type: ipv6 ? 'udp6' : 'udp4' });
   let seq = 0;
   let bound = false;
   let closed = false;
@@ -85,7 +82,6 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
   });
   socket.on('error', (error) => warnOnce(`error ${(error as NodeJS.ErrnoException).code}`, `socket error: ${error.message}.`));
 
-  const ipv6 = isIPv6(config.listen.host);
   /** Where announcements go: the configured addresses and what `dns` last resolved to, of the socket's family. */
   let targets: readonly PeerAddress[] = config.addresses.filter(({ host }) => isIPv6(host) === ipv6);
   const send = (records: PeerRecord[]) => {
@@ -147,12 +143,6 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
       const gone = [...announced.values()].filter((endpoint) => !kept.has(endpoint.key));
       announced = new Map(table.all.map((endpoint) => [endpoint.key, endpoint]));
       if (gone.length > 0) setTimeout(() => send(gone.map(recordOf)), config.heartbeatMs).unref();
-    },
-    get peers() {
-      return peers.size;
-    },
-    get port() {
-      return bound ? socket.address().port : undefined;
     },
     close() {
       if (closed) return Promise.resolve();

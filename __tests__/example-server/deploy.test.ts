@@ -38,6 +38,7 @@ const MANIFESTS: Record<string, Array<[string, string]>> = {
   [`${K8S}/gateway-deployment.yaml`]: [['apps/v1', 'Deployment']],
   [`${K8S}/gateway-service.yaml`]: [['v1', 'Service']],
   [`${K8S}/gateway-podmonitor.yaml`]: [['monitoring.coreos.com/v1', 'PodMonitor']],
+  [`${K8S}/gateway-peers-service.yaml`]: [['v1', 'Service']],
   [`${K8S}/vllm-headless-service.yaml`]: [['v1', 'Service']],
   [`${K8S}/vllm-example.yaml`]: [
     ['apps/v1', 'Deployment'],
@@ -468,6 +469,18 @@ describe('Kubernetes manifests', () => {
       expect(containerPort(spec, endpoint.port)).toBe(port);
       expect(endpoint.path).toBe('/metrics');
     }
+  });
+
+  it("the optional peers Service selects the gateway pods on UDP, and the flags its comment gives parse", () => {
+    const peers = byKind(`${K8S}/gateway-peers-service.yaml`, 'Service');
+    expect(peers.spec.clusterIP).toBe('None');
+    expect(selects(peers.spec.selector, gatewayDeployment().spec.template.metadata.labels)).toBe(true);
+    expect(peers.spec.ports).toEqual([{ name: 'peers', port: 7946, targetPort: 7946, protocol: 'UDP' }]);
+    const comment = readFileSync(path.join(REPO, `${K8S}/gateway-peers-service.yaml`), 'utf8');
+    const flags = [...comment.matchAll(/(--peer-[a-z]+=\S+)/g)].map((match) => match[1]);
+    expect(flags).toEqual(['--peer-listen=0.0.0.0:7946', '--peer-dns=dp-gateway-peers.default.svc.cluster.local:7946']);
+    const settings = parseCommandLine(flags, { DP_ROUTER_PEER_SECRET: 'from the Secret, 16+ characters' }) as GatewaySettings;
+    expect(settings.peers).toMatchObject({ listen: '0.0.0.0:7946', dns: { name: `${peers.metadata.name}.default.svc.cluster.local`, port: peers.spec.ports[0].port } });
   });
 
   it('the gateway routes to the vLLM example: its Service, port and --data-parallel-size 8 with one GPU per rank', () => {

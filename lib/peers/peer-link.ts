@@ -1,11 +1,10 @@
 import { randomInt } from 'node:crypto';
 import { createSocket, type Socket } from 'node:dgram';
-import { Resolver } from 'node:dns';
 import { isIPv6 } from 'node:net';
-import { resolveAddresses } from '../pools/dns-discovery';
+import { pollName } from '../pools/dns-discovery';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import { decodeDatagram, encodeDatagrams, type PeerRecord } from './peer-datagram';
-import type { PeerAddress, PeersConfig } from './peer-options';
+import { MAX_PEERS, type PeerAddress, type PeersConfig } from './peer-options';
 import { PeerTable } from './peer-table';
 import type { PeerMetrics } from './metrics';
 
@@ -111,7 +110,7 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
     send(table.all.map(recordOf));
   }, config.heartbeatMs).unref();
 
-  const watch = config.dns === undefined ? undefined : watchPeerNames(config, warnOnce, warn, (found) => {
+  const watch = config.dns === undefined ? undefined : watchPeerNames(config, warn, (found) => {
     targets = [...config.addresses, ...found].filter(({ host }) => isIPv6(host) === ipv6);
     // New replicas learn this one at once.
     send(table.all.map(recordOf));
@@ -161,47 +160,26 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
   };
 }
 
-/** More addresses than this from one name are not announced to: a gateway fleet is smaller, and each costs a datagram per change. */
-const MAX_RESOLVED = 256;
-
 /**
- * Resolves `config.dns` (A and AAAA) at start and every `intervalMs` after the last answer, and
- * calls `found` with its addresses when they change. A failure keeps the last addresses, and is
- * told once per outage; no records: no replicas. The timer is unref'd.
+ * Calls `found` with the addresses of `config.dns` whenever they change (see {@link pollName}).
+ * A failure keeps the last addresses, and is told once per outage; no records: no replicas.
  */
-function watchPeerNames(config: PeersConfig, warnOnce: (kind: string, message: string) => void, warn: (message: string) => void, found: (addresses: PeerAddress[]) => void): { stop(): void } {
+function watchPeerNames(config: PeersConfig, warn: (message: string) => void, found: (addresses: PeerAddress[]) => void): { stop(): void } {
   const dns = config.dns!;
-  const resolver = new Resolver({ timeout: dns.timeoutMs, tries: 1 });
-  if (dns.servers !== undefined) resolver.setServers([...dns.servers]);
   let last = '';
   let failing = false;
-  let stopped = false;
-  let timer: NodeJS.Timeout | undefined;
-  const resolve = () => {
-    resolveAddresses(resolver, dns.name).then((result) => {
-      if (stopped) return;
-      if (result.outcome === 'failed') {
-        if (!failing) warn(`express-dp-router: peers: resolving '${dns.name}' failed (${result.code}); announcing to its last addresses until it answers again.`);
-        failing = true;
-      } else {
-        failing = false;
-        const addresses = result.outcome === 'ok' ? result.addresses : [];
-        if (addresses.length > MAX_RESOLVED) warnOnce('dns size', `'${dns.name}' resolves to ${addresses.length} addresses; announcing to the first ${MAX_RESOLVED}.`);
-        const key = addresses.join(',');
-        if (key !== last) {
-          last = key;
-          found(addresses.slice(0, MAX_RESOLVED).map((host) => ({ host, port: dns.port })));
-        }
-      }
-      timer = setTimeout(resolve, dns.intervalMs).unref();
-    });
-  };
-  resolve();
-  return {
-    stop() {
-      stopped = true;
-      clearTimeout(timer);
-      resolver.cancel();
-    },
-  };
+  return pollName(dns, (result) => {
+    if (result.outcome === 'failed') {
+      if (!failing) warn(`express-dp-router: peers: resolving '${dns.name}' failed (${result.code}); announcing to its last addresses until it answers again.`);
+      failing = true;
+      return;
+    }
+    failing = false;
+    const addresses = result.outcome === 'ok' ? result.addresses : [];
+    const key = addresses.join(',');
+    if (key === last) return;
+    last = key;
+    if (addresses.length > MAX_PEERS) warn(`express-dp-router: peers: '${dns.name}' resolves to ${addresses.length} addresses; announcing to the first ${MAX_PEERS}.`);
+    found(addresses.slice(0, MAX_PEERS).map((host) => ({ host, port: dns.port })));
+  });
 }

@@ -58,8 +58,11 @@ const PEERS_KEYS: KeysEnum<PeersOptions> = { listen: true, addresses: true, dns:
 const HEARTBEAT_MS = 1_000;
 const TTL_MS = 3_000;
 const MIN_SECRET_CHARS = 16;
-/** More replicas than this would make each change a burst of datagrams; gossip would be the next step. */
-const MAX_ADDRESSES = 64;
+/**
+ * Replicas announced to, from `addresses` and from what `dns` resolves to: more would make each
+ * change a burst of datagrams; gossip would be the next step.
+ */
+export const MAX_PEERS = 64;
 const EXAMPLE = "`peers: { listen: '0.0.0.0:7946', addresses: ['10.0.0.5:7946', '10.0.0.6:7946'], secret: process.env.DP_ROUTER_PEER_SECRET }`";
 
 /** `peers`: `undefined` when off (the default). */
@@ -73,8 +76,8 @@ export function parsePeers(path: string, value: unknown): PeersConfig | undefine
   if (list === undefined && dns === undefined) {
     fail(pathOf(path, 'addresses'), 'is required without `dns`', `Use ${EXAMPLE}, or \`dns: { name: 'gateway-peers.default.svc.cluster.local', port: 7946 }\` for a headless Service.`);
   }
-  if (list !== undefined && (!Array.isArray(list) || list.length === 0 || list.length > MAX_ADDRESSES)) {
-    fail(pathOf(path, 'addresses'), `must be an array of 1 to ${MAX_ADDRESSES} 'host:port' strings, got ${shown(list)}`, `Use ${EXAMPLE}.`);
+  if (list !== undefined && (!Array.isArray(list) || list.length === 0 || list.length > MAX_PEERS)) {
+    fail(pathOf(path, 'addresses'), `must be an array of 1 to ${MAX_PEERS} 'host:port' strings, got ${shown(list)}`, `Use ${EXAMPLE}.`);
   }
   const addresses = ((list ?? []) as unknown[]).map((entry, at) => parseAddress(`${pathOf(path, 'addresses')}[${at}]`, entry));
   const secret = value.secret;

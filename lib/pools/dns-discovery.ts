@@ -30,11 +30,10 @@ export interface DnsDiscoveryParts {
 interface Watch {
   readonly key: string;
   readonly dns: DnsConfig;
-  readonly resolver: Resolver;
   /** What it last resolved to (sorted); none before the first answer. */
   addresses: readonly string[];
   failing: boolean;
-  timer: NodeJS.Timeout | undefined;
+  poll: { stop(): void } | undefined;
 }
 
 /** Codes of an authoritative "no such records": the name has no endpoints. */
@@ -64,34 +63,29 @@ export function startDnsDiscovery(sources: readonly UpstreamConfig[], parts: Dns
 
   const count = (dns: DnsConfig, outcome: DnsOutcome) => counter?.inc({ name: dns.name, outcome });
 
-  const resolve = (watch: Watch) => {
-    watch.timer = undefined;
-    resolveAddresses(watch.resolver, watch.dns.name).then((result) => {
-      if (stopped || watches.get(watch.key) !== watch) return;
-      count(watch.dns, result.outcome);
-      if (result.outcome === 'failed') {
-        if (!watch.failing) {
-          watch.failing = true;
-          parts.warn(
-            `express-dp-router: resolving '${watch.dns.name}' failed (${result.code}); keeping its last ${watch.addresses.length} address(es) until it answers again.`,
-          );
-        }
-      } else {
-        const addresses = result.outcome === 'ok' ? result.addresses : [];
-        if (watch.failing) {
-          watch.failing = false;
-          parts.warn(`express-dp-router: '${watch.dns.name}' resolves again.`);
-        }
-        if (!sameList(addresses, watch.addresses)) {
-          parts.warn(
-            `express-dp-router: '${watch.dns.name}' resolves to ${addresses.length === 0 ? 'no address' : addresses.join(', ')} (was: ${watch.addresses.length === 0 ? 'none' : watch.addresses.join(', ')}); routing to those now.`,
-          );
-          watch.addresses = addresses;
-          parts.apply(compose());
-        }
+  const answered = (watch: Watch, result: Resolution) => {
+    count(watch.dns, result.outcome);
+    if (result.outcome === 'failed') {
+      if (!watch.failing) {
+        watch.failing = true;
+        parts.warn(
+          `express-dp-router: resolving '${watch.dns.name}' failed (${result.code}); keeping its last ${watch.addresses.length} address(es) until it answers again.`,
+        );
       }
-      watch.timer = setTimeout(() => resolve(watch), watch.dns.intervalMs).unref();
-    });
+    } else {
+      const addresses = result.outcome === 'ok' ? result.addresses : [];
+      if (watch.failing) {
+        watch.failing = false;
+        parts.warn(`express-dp-router: '${watch.dns.name}' resolves again.`);
+      }
+      if (!sameList(addresses, watch.addresses)) {
+        parts.warn(
+          `express-dp-router: '${watch.dns.name}' resolves to ${addresses.length === 0 ? 'no address' : addresses.join(', ')} (was: ${watch.addresses.length === 0 ? 'none' : watch.addresses.join(', ')}); routing to those now.`,
+        );
+        watch.addresses = addresses;
+        parts.apply(compose());
+      }
+    }
   };
 
   const sync = () => {
@@ -116,18 +110,13 @@ export function startDnsDiscovery(sources: readonly UpstreamConfig[], parts: Dns
     }
     for (const [key, dns] of wanted) {
       if (watches.has(key)) continue;
-      const resolver = new Resolver({ timeout: dns.timeoutMs, tries: 1 });
-      if (dns.servers !== undefined) resolver.setServers([...dns.servers]);
-      const watch: Watch = { key, dns, resolver, addresses: [], failing: false, timer: undefined };
+      const watch: Watch = { key, dns, addresses: [], failing: false, poll: undefined };
       watches.set(key, watch);
-      resolve(watch);
+      watch.poll = pollName(dns, (result) => answered(watch, result));
     }
   };
 
-  const end = (watch: Watch) => {
-    clearTimeout(watch.timer);
-    watch.resolver.cancel();
-  };
+  const end = (watch: Watch) => watch.poll?.stop();
 
   sync();
   return {
@@ -147,12 +136,39 @@ export function startDnsDiscovery(sources: readonly UpstreamConfig[], parts: Dns
   };
 }
 
+/**
+ * Resolves `dns.name` (A and AAAA) at once and every `dns.intervalMs` after the last answer, of
+ * `dns.servers` (or the system's), each query bounded by `dns.timeoutMs`; `answered` gets every
+ * result until `stop()`. The timer is unref'd.
+ */
+export function pollName(dns: DnsConfig, answered: (result: Resolution) => void): { stop(): void } {
+  const resolver = new Resolver({ timeout: dns.timeoutMs, tries: 1 });
+  if (dns.servers !== undefined) resolver.setServers([...dns.servers]);
+  let timer: NodeJS.Timeout | undefined;
+  let stopped = false;
+  const resolve = () => {
+    resolveAddresses(resolver, dns.name).then((result) => {
+      if (stopped) return;
+      answered(result);
+      timer = setTimeout(resolve, dns.intervalMs).unref();
+    });
+  };
+  resolve();
+  return {
+    stop() {
+      stopped = true;
+      clearTimeout(timer);
+      resolver.cancel();
+    },
+  };
+}
+
 /** A watch is one name asked of one set of servers, on one interval. */
 function keyOf(dns: DnsConfig): string {
   return `${dns.name}\n${dns.port}\n${dns.servers?.join(',') ?? ''}\n${dns.intervalMs}`;
 }
 
-type Resolution = { outcome: 'ok'; addresses: string[] } | { outcome: 'empty' } | { outcome: 'failed'; code: string };
+export type Resolution = { outcome: 'ok'; addresses: string[] } | { outcome: 'empty' } | { outcome: 'failed'; code: string };
 
 /** The name's A and AAAA addresses, sorted; `failed` when either query failed for want of an answer. */
 export async function resolveAddresses(resolver: Resolver, name: string): Promise<Resolution> {

@@ -50,6 +50,19 @@ async function stream(gateway: TestGateway, prompt: string, maxTokens: number, h
   };
 }
 
+/**
+ * Two replicas with fast heartbeats (50 ms, ttl 300 ms) and one request A holds on rank 1 (slow
+ * decoding) until it is aborted, once B counts it.
+ */
+async function heldOnRankOne() {
+  const mock = await startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 1000 });
+  started.push(mock);
+  const { a, b } = await replicas(mock.url, { hints: { trust: true } }, {}, { heartbeatMs: 50, ttlMs: 300 });
+  const held = await stream(a, 'a held prompt', 30, { 'x-data-parallel-rank': '1' });
+  await waitFor(() => rankOf(b, 1).peerInflight === 1);
+  return { mock, a, b, held };
+}
+
 async function answeredBy(gateway: TestGateway): Promise<number> {
   const response = await fetch(`${gateway.url}/v1/completions`, {
     method: 'POST',
@@ -151,11 +164,7 @@ describe('peers', () => {
   });
 
   it("forget a replica that stopped once ttlMs passes, and keep the peers' load across setUpstreams()", async () => {
-    const mock = await startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 1000 });
-    started.push(mock);
-    const { a, b } = await replicas(mock.url, { hints: { trust: true } }, {}, { heartbeatMs: 50, ttlMs: 300 });
-    const held = await stream(a, 'a held prompt', 30, { 'x-data-parallel-rank': '1' });
-    await waitFor(() => rankOf(b, 1).peerInflight === 1);
+    const { mock, a, b, held } = await heldOnRankOne();
     b.router.setUpstreams([{ url: mock.url, name: 'vllm', dataParallelSize: 2 }, { url: mock.url, name: 'other', dataParallelSize: 1 }]);
     expect(rankOf(b, 1).peerInflight).toBe(1);
     // Heartbeats keep the peer counted well past ttlMs while it runs.
@@ -170,11 +179,7 @@ describe('peers', () => {
   });
 
   it('announce the end of a request on an endpoint the replica has since removed', async () => {
-    const mock = await startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 1000 });
-    started.push(mock);
-    const { a, b } = await replicas(mock.url, { hints: { trust: true } }, {}, { heartbeatMs: 50, ttlMs: 300 });
-    const held = await stream(a, 'a held prompt', 30, { 'x-data-parallel-rank': '1' });
-    await waitFor(() => rankOf(b, 1).peerInflight === 1);
+    const { mock, a, b, held } = await heldOnRankOne();
     // A leaves the upstream (it stays in B's list): the request runs on, so its slot still counts.
     a.router.setUpstreams([{ url: mock.url, name: 'other', dataParallelSize: 1 }]);
     await sleep(200);

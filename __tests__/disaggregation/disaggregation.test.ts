@@ -188,6 +188,40 @@ describe('Mooncake', () => {
     expect(generations(prefill)).toHaveLength(0);
     expect(await outcome(gateway, 'decode_only')).toBe(1);
   });
+
+  it('gives up on a bootstrap server trickling its /query answer at timeouts.connectMs, whatever it sends (item 41.11)', async () => {
+    const prefill = await mock({ role: 'prefill', connector: 'mooncake' });
+    const decode = await mock({ role: 'decode', connector: 'mooncake' });
+    // One byte of a valid answer every 100 ms: never idle, never done (until the test ends).
+    let queries = 0;
+    const trickler = await serve((req, res) => {
+      queries++;
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.write('{');
+      const timer = setInterval(() => res.write(' '), 100);
+      res.on('close', () => clearInterval(timer));
+    });
+    started.push(trickler);
+    const gateway = await startGateway({
+      upstreams: [
+        { url: prefill.url, dataParallelSize: 2, role: 'prefill', bootstrapPort: Number(new URL(trickler.url).port) },
+        { url: decode.url, dataParallelSize: 2, role: 'decode' },
+      ],
+      timeouts: { connectMs: 500 },
+      disaggregation: { connector: 'mooncake', onPrefillFailure: 'fail' },
+    });
+    started.push(gateway);
+    // Two requests for the same prefill server share the one query, and its failure.
+    const answers = await Promise.all([exchange(gateway.url, { body: COMPLETION }), exchange(gateway.url, { body: COMPLETION })]);
+    for (const answer of answers) {
+      expect(answer.status).toBe(502);
+      expect(JSON.parse(answer.body).error).toMatchObject({ type: 'BadGatewayError', message: "The prefill rank's Mooncake bootstrap server did not name its engine." });
+    }
+    expect(queries).toBe(1);
+    expect(generations(prefill)).toHaveLength(0);
+    expect(generations(decode)).toHaveLength(0);
+    expect(await outcome(gateway, 'failed')).toBe(2);
+  });
 });
 
 describe('a failed prefill leg', () => {

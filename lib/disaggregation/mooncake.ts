@@ -82,9 +82,18 @@ function lookup(engines: Map<number, string>, upstream: UpstreamConfig, rank: nu
   return engines.get(rank) ?? engines.get(rank - upstream.startRank);
 }
 
+/**
+ * `GET /query`, given up after `timeoutMs` in all: a socket timeout alone measures idleness, and
+ * a server sending a byte now and then would hold every request for that prefill server.
+ */
 function query(address: string, timeoutMs: number): Promise<Map<number, string> | undefined> {
   return new Promise((resolve) => {
-    const request = httpGet(`${address}/query`, { timeout: timeoutMs }, (answer) => {
+    const deadline = setTimeout(() => request.destroy(), timeoutMs);
+    const settle = (engines: Map<number, string> | undefined) => {
+      clearTimeout(deadline);
+      resolve(engines);
+    };
+    const request = httpGet(`${address}/query`, (answer) => {
       const chunks: Buffer[] = [];
       let size = 0;
       answer.on('data', (chunk: Buffer) => {
@@ -92,12 +101,11 @@ function query(address: string, timeoutMs: number): Promise<Map<number, string> 
         if (size > MAX_QUERY_BYTES) request.destroy();
         else chunks.push(chunk);
       });
-      answer.on('end', () => resolve(answer.statusCode === 200 ? parseBootstrapQuery(Buffer.concat(chunks).toString('utf8')) : undefined));
-      answer.on('error', () => resolve(undefined));
+      answer.on('end', () => settle(answer.statusCode === 200 ? parseBootstrapQuery(Buffer.concat(chunks).toString('utf8')) : undefined));
+      answer.on('error', () => settle(undefined));
     });
-    request.on('timeout', () => request.destroy());
-    request.on('error', () => resolve(undefined));
-    request.on('close', () => resolve(undefined));
+    request.on('error', () => settle(undefined));
+    request.on('close', () => settle(undefined));
   });
 }
 

@@ -116,6 +116,45 @@ describe('the KV-event subscriber under a hostile or broken engine', () => {
     await nudge(one, () => index.blockCount(0) === 4, 'the rank rebuilt after the stuck replay');
   });
 
+  it('a replay that never ends: the rank follows the live stream from a cleared index, and no retry clears it again (item 41.15)', async () => {
+    const one = await engine();
+    for (let i = 0; i < 3; i++) await one.publish(chainBlock(i));
+    let replays = 0;
+    let flooding = true;
+    one.replay = async (router, identity) => {
+      replays++;
+      // A stale frame every 100 ms, never the end marker; every request gets its own flood.
+      void (async () => {
+        while (flooding) {
+          await router.send([identity, Buffer.alloc(0), seqFrame(0), chainBlock(0)]).catch(() => undefined);
+          await sleep(100);
+        }
+      })();
+    };
+    closers.push(async () => {
+      flooding = false;
+    });
+    const { index, sub } = subscribe(one, { replayTimeoutMs: 400 });
+    await nudge(one, () => replays === 1, 'the sync asked');
+    // Stored live while the sync is under way.
+    await one.publish(batch([storedEvent([2000], null, [7, 7], 2)], 0));
+    await nudge(one, () => sub.isFresh(0), 'fresh once the sync failed');
+    expect(index.match([7, 7]).matchedBlocks[0]).toBe(1);
+    // Live traffic until the rank has asked again and that replay has met its flood past its
+    // deadline: the block stored live stays indexed throughout.
+    let askedAgain = -1;
+    for (let i = 0; i < 400 && (askedAgain === -1 || i < askedAgain + 30); i++) {
+      await one.publish(batch([], 0));
+      await sleep(25);
+      expect(index.match([7, 7]).matchedBlocks[0]).toBe(1);
+      if (askedAgain === -1 && replays > 1) askedAgain = i;
+    }
+    expect(replays).toBeGreaterThan(1);
+    await one.publish(batch([storedEvent([2001], 2000, [8, 8], 2)], 0));
+    await nudge(one, () => index.match([7, 7, 8, 8]).matchedBlocks[0] === 2, 'a block chained onto the live one');
+    expect(sub.isFresh(0)).toBe(true);
+  });
+
   it('replayable gaps, a replay that never answers, then traffic: the index equals the engine (items 22.17, 21.4)', async () => {
     const one = await engine();
     const { index, recorder, sub } = subscribe(one, { replayTimeoutMs: 300 });

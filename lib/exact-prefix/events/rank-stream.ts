@@ -6,6 +6,7 @@
 import type * as Zeromq from 'zeromq';
 import type { KvEventSink } from '../index/exact-index';
 import type { MsgpackLimits } from './msgpack-reader';
+import type { ReplayedBatch } from './replay-client';
 
 export type KvEventType = 'stored' | 'removed' | 'cleared' | 'invalid';
 export type KvGapOutcome = 'replayed' | 'lost';
@@ -49,6 +50,29 @@ export interface RankStream {
   fresh: boolean;
   /** When the last sync started (syncs after a loss are at most one per `replayTimeoutMs`). */
   syncedAt: number;
+  /**
+   * After a replay that did not end, the rank follows the live stream without what the engine
+   * held before: when a catch-up replay is next due (ms, `Date.now()`); `Infinity` when none is.
+   */
+  catchUpAt: number;
+  /** How long after the next failed catch-up the one after it is due (0: the first wait). */
+  catchUpDelay: number;
+  /** The catch-up replay being collected; `null` when none is. */
+  catchUp: CatchUp | null;
+}
+
+/**
+ * A catch-up replay from sequence 0, collected beside the live stream (which goes on being
+ * applied) and swapped in whole once it ended; one that does not end leaves the index as it was.
+ */
+export interface CatchUp {
+  readonly batches: ReplayedBatch[];
+  /** The live messages applied while it is collected: applied again after its batches. */
+  readonly recorded: Array<[number, Buffer]>;
+  /** Payload bytes of both, bounded by `maxPendingBytes`. */
+  bytes: number;
+  /** It ended: the next live message swaps it in. */
+  ready: boolean;
 }
 
 /** What the sequence bookkeeping and the applier need from the subscriber. */

@@ -127,6 +127,9 @@ export function createKvEventSubscriber(options: KvSubscriberOptions): KvEventSu
     pendingBytes: 0,
     fresh: false,
     syncedAt: -Infinity,
+    catchUpAt: Infinity,
+    catchUpDelay: 0,
+    catchUp: null,
   }));
   for (const stream of streams) subscriber(stream);
   const byRank = new Map(streams.map((stream) => [stream.rank, stream]));

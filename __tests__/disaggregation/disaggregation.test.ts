@@ -242,6 +242,36 @@ describe('a failed prefill leg', () => {
     await idle(gateway);
   });
 
+  it('says so in the log once per cause of going decode-only, and once when a prefill leg succeeds again (item 41.16)', async () => {
+    const warnings: string[] = [];
+    const infos: Array<{ fields: object; message: string }> = [];
+    const logger = { warn: (message: string) => warnings.push(message), info: (fields: object, message: string) => infos.push({ fields, message }) };
+    const { prefill, gateway } = await pd('nixl', { retries: false, logger });
+    const send = async (times: number) => {
+      for (let i = 0; i < times; i++) expect((await exchange(gateway.url, { body: COMPLETION })).status).toBe(200);
+    };
+    await send(1);
+    expect([warnings, infos]).toEqual([[], []]);
+    prefill.fault = { kind: 'status', status: 500 };
+    await send(2);
+    prefill.fault = { kind: 'eos' };
+    await send(2);
+    expect(warnings).toEqual([
+      "express-dp-router: prefill leg failed (upstream 'p': The prefill upstream answered with an error.): requests are served decode-only (onPrefillFailure: 'decode-only') until a prefill leg succeeds",
+      "express-dp-router: prefill leg failed (upstream 'p': The prefill upstream answered without kv_transfer_params: it kept no KV cache for a remote decode.): requests are served decode-only (onPrefillFailure: 'decode-only') until a prefill leg succeeds",
+    ]);
+    expect(infos).toEqual([]);
+    prefill.fault = undefined;
+    await send(2);
+    expect(infos).toEqual([{ fields: { decodeOnly: 4 }, message: 'express-dp-router: prefill legs succeed again; 4 requests were served decode-only meanwhile' }]);
+    // A cause told before is told again after a recovery.
+    prefill.fault = { kind: 'status', status: 500 };
+    await send(1);
+    expect(warnings).toHaveLength(3);
+    expect(warnings[2]).toBe(warnings[0]);
+    expect(await outcome(gateway, 'decode_only')).toBe(5);
+  });
+
   it('is retried on another prefill server when its connection is refused', async () => {
     const prefill = await mock({ role: 'prefill' });
     const decode = await mock({ role: 'decode' });

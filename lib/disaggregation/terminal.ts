@@ -22,6 +22,7 @@ import type { RouteEndpoint } from '../upstreams/endpoints';
 import type { FieldScan } from '../request/json-fields';
 import { decodeBody, mooncakeDecodeParams, mooncakePrefillParams, NIXL_PREFILL_PARAMS, prefillBody, scanLegs, transferParamsOf, type RankField } from './leg-bodies';
 import type { DisaggregatedOutcome } from './metrics';
+import { FallbackLog } from './fallback-log';
 import { bootstrapAddress, BootstrapDirectory } from './mooncake';
 import type { PrefillResult } from './prefill-client';
 import { PREFILL_HINT_HEADER, PrefillPool } from './prefill-pool';
@@ -58,6 +59,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
   private readonly bodies: BodyReader;
   private readonly bootstrap: BootstrapDirectory | undefined;
   private readonly rankField: Buffer | undefined;
+  private readonly fallbacks: FallbackLog;
 
   constructor(
     parts: DisaggregationParts,
@@ -70,6 +72,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
     this.bootstrap = config.disaggregation!.connector === 'mooncake' ? new BootstrapDirectory(config.timeouts.connectMs) : undefined;
     const { bodyField } = config.hints;
     this.rankField = bodyField === undefined ? undefined : Buffer.from(bodyField);
+    this.fallbacks = new FallbackLog(config.logger);
   }
 
   proceed(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
@@ -200,7 +203,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
           return;
         }
       }
-      this.prefillFailed(req, res, next, route, bytes, failure);
+      this.prefillFailed(req, res, next, route, bytes, failure, prefill);
     }, next);
   }
 
@@ -212,7 +215,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
         return;
       }
       if (engineId === undefined) {
-        this.prefillFailed(req, res, next, route, bytes, 'no_engine');
+        this.prefillFailed(req, res, next, route, bytes, 'no_engine', prefill);
         return;
       }
       const transferId = `xfer-${requestId}`;
@@ -274,14 +277,15 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
     return params === undefined ? 'no_params' : { params };
   }
 
-  /** The prefill leg failed: decode alone serves (`'decode-only'`), or the gateway answers (`'fail'`). */
-  private prefillFailed(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, bytes: Buffer, failure: PrefillFailure): void {
+  /** The prefill leg (at `prefill`, when one was tried) failed: decode alone serves (`'decode-only'`), or the gateway answers (`'fail'`). */
+  private prefillFailed(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, bytes: Buffer, failure: PrefillFailure, prefill?: RouteEndpoint): void {
     if (this.config.disaggregation!.onPrefillFailure === 'decode-only') {
+      this.fallbacks.fellBack(failure, PREFILL_FAILURES[failure], prefill?.upstream);
       this.decodeWith(req, res, next, route, bytes, undefined, 'decode_only');
       return;
     }
-    if (failure === 'unavailable') this.answer(res, 503, 'ServiceUnavailableError', 'No healthy prefill endpoint is available.');
-    else if (failure === 'connect_timeout' || failure === 'timeout' || failure === 'first_byte_timeout') this.answer(res, 504, 'GatewayTimeoutError', 'The prefill upstream did not answer in time.');
+    if (failure === 'unavailable') this.answer(res, 503, 'ServiceUnavailableError', PREFILL_FAILURES[failure]);
+    else if (failure === 'connect_timeout' || failure === 'timeout' || failure === 'first_byte_timeout') this.answer(res, 504, 'GatewayTimeoutError', PREFILL_FAILURES[failure]);
     else this.answer(res, 502, 'BadGatewayError', PREFILL_FAILURES[failure]);
   }
 
@@ -303,6 +307,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
       }
     }
     this.pool.legMetrics?.outcome(outcome);
+    if (outcome === 'disaggregated') this.fallbacks.succeeded();
     this.tracing.legSent(req, 'decode', route.endpoint!);
     const legMetrics = this.pool.legMetrics;
     if (legMetrics !== undefined) res.once('close', () => clientGone(res) && legMetrics.cancelled('decode'));
@@ -352,7 +357,12 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
   }
 }
 
-const PREFILL_FAILURES: Record<Exclude<PrefillFailure, 'unavailable' | 'connect_timeout' | 'timeout' | 'first_byte_timeout'>, string> = {
+const TOO_SLOW = 'The prefill upstream did not answer in time.';
+const PREFILL_FAILURES: Record<PrefillFailure, string> = {
+  unavailable: 'No healthy prefill endpoint is available.',
+  connect_timeout: TOO_SLOW,
+  timeout: TOO_SLOW,
+  first_byte_timeout: TOO_SLOW,
   refused: 'The prefill upstream refused the connection.',
   reset: 'The prefill upstream closed the connection.',
   too_large: 'The prefill upstream answered more than a prefill answer can be.',

@@ -35,16 +35,24 @@ export interface RouterLogger {
    * (`warn`), coming back at info, each naming the upstream and its ranks.
    */
   healthChanged(upstream: string, ranks: readonly number[], healthy: boolean, why: string): void;
+  /**
+   * Disaggregated requests began to be served decode-only (`fellBack`: a notice, `warn`), or a
+   * prefill leg succeeded again after they were (info, with `fields`); told once per change.
+   */
+  decodeOnly(message: string, fellBack: boolean, fields?: object): void;
 }
 
 const LEVELS = ['debug', 'info', 'error'] as const;
 
-const SILENT: RouterLogger = { perRequest: false, warn: () => undefined, decided: () => undefined, retried: () => undefined, ejected: () => undefined, healthChanged: () => undefined };
+const SILENT: RouterLogger = { perRequest: false, warn: () => undefined, decided: () => undefined, retried: () => undefined, ejected: () => undefined, healthChanged: () => undefined, decodeOnly: () => undefined };
 const PROCESS_WARNINGS: RouterLogger = {
   ...SILENT,
   warn: (message) => process.emitWarning(message, { code: 'DP_ROUTER' }),
   healthChanged: (upstream, ranks, healthy, why) => {
     if (!healthy) process.emitWarning(healthLine(upstream, ranks, healthy, why), { code: 'DP_ROUTER' });
+  },
+  decodeOnly: (message, fellBack) => {
+    if (fellBack) process.emitWarning(message, { code: 'DP_ROUTER' });
   },
 };
 
@@ -100,6 +108,10 @@ export function parseLogger(path: string, value: unknown): RouterLogger {
       // A notice takes a message alone (`warn(message)`), so the upstream and ranks are in its text.
       if (!healthy) logger.warn(message);
       else logger.info?.({ dpRank: { upstream, ranks } }, message);
+    },
+    decodeOnly(message, fellBack, fields = {}) {
+      if (fellBack) logger.warn(message);
+      else logger.info?.(fields, message);
     },
   };
 }

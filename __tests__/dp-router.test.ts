@@ -246,6 +246,41 @@ describe('body-field hints (SGLang)', () => {
     expect(forwarded(1)).toEqual({ prompt: 'x', routed_dp_rank: 2 });
   });
 
+  it('inserts the field with the router\'s rank into a body without it, the rest of the bytes as they came (item 41.17)', async () => {
+    gateway = await startGateway(sglang({}, { trust: false }));
+    const body = '{ "prompt" : "x",\n "max_tokens":3 }';
+    const first = await postRaw(body);
+    const [rank] = first.body.rankHeaders as string[];
+    expect(upstream.seen[0].body.toString()).toBe(`{"routed_dp_rank":${rank}, "prompt" : "x",\n "max_tokens":3 }`);
+    expect(forwarded(0)).toEqual({ routed_dp_rank: Number(rank), prompt: 'x', max_tokens: 3 });
+    const empty = await postRaw(' { } ');
+    expect(upstream.seen[1].body.toString()).toBe(` {"routed_dp_rank":${(empty.body.rankHeaders as string[])[0]} } `);
+    // Not an object: there is no member to add.
+    await postRaw('[1,2]');
+    expect(upstream.seen[2].body.toString()).toBe('[1,2]');
+    expect(await metricValue(gateway.registry, 'dp_router_rank_hints_total')).toBe(0);
+  });
+
+  it('moves an inserted field to the rank a retry goes to', async () => {
+    const dead = await serve(() => undefined);
+    const deadUrl = dead.url;
+    await dead.close();
+    gateway = await startGateway({
+      upstreams: [
+        { url: deadUrl, name: 'dead', dataParallelSize: 2 },
+        { url: upstream.url, name: 'live', startRank: 2, dataParallelSize: 2 },
+      ],
+      policy: 'round-robin',
+      hints: { bodyField: 'routed_dp_rank' },
+    });
+    for (let i = 0; i < 4; i++) expect((await postRaw('{"prompt":"x"}')).status).toBe(200);
+    expect(await metricValue(gateway.registry, 'dp_router_retries_total')).toBeGreaterThan(0);
+    for (const [index, seen] of upstream.seen.entries()) {
+      expect(seen.body.toString()).toBe(`{"routed_dp_rank":${seen.rankHeaders[0]},"prompt":"x"}`);
+      expect(forwarded(index).routed_dp_rank).toBe(Number(seen.rankHeaders[0]));
+    }
+  });
+
   it("writes the rank as the upstream reads it: rank − startRank for 'local', null for 'none'", async () => {
     gateway = await startGateway({
       upstreams: [

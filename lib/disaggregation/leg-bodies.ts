@@ -4,7 +4,7 @@
  * gets the client's bytes as they came except for `kv_transfer_params` (vLLM's Rust front end
  * refuses a repeated member, so a member is replaced, never appended twice).
  */
-import { decodeField, scanFields, type FieldScan, type JsonField } from '../request/json-fields';
+import { decodeField, isObjectText, scanFields, type FieldScan, type JsonField } from '../request/json-fields';
 
 const SPACE = new Set([0x20, 0x09, 0x0a, 0x0d]);
 const encode = (name: string) => Buffer.from(name);
@@ -50,7 +50,7 @@ export interface RankField {
  */
 export function prefillBody(bytes: Buffer, params: string, rankField?: RankField, scan: FieldScan = scanLegs(bytes, rankField)): Buffer | undefined {
   const names = rankField === undefined ? PREFILL_NAMES : [...PREFILL_NAMES, rankField.name];
-  if (!scan.ok || !isObject(bytes)) return undefined;
+  if (!scan.ok || !isObjectText(bytes)) return undefined;
   const { fields } = scan;
   const added = [`"${KV_TRANSFER_PARAMS}":${params}`, '"stream":false', '"max_tokens":1'];
   if (fields[MAX_COMPLETION] !== undefined) added.push('"max_completion_tokens":1');
@@ -82,7 +82,7 @@ export function scanLegs(bytes: Buffer, rankField?: RankField): FieldScan {
  * one JSON object.
  */
 export function decodeBody(bytes: Buffer, params: string | undefined, scan: FieldScan = scanFields(bytes, DECODE_NAMES)): Buffer | undefined {
-  if (!scan.ok || !isObject(bytes)) return undefined;
+  if (!scan.ok || !isObjectText(bytes)) return undefined;
   // The first name of both scans is `kv_transfer_params`.
   const found = scan.fields[KV];
   if (found === undefined && params === undefined) return bytes;
@@ -96,20 +96,13 @@ export function decodeBody(bytes: Buffer, params: string | undefined, scan: Fiel
  */
 export function transferParamsOf(answer: Buffer): string | undefined {
   const scan = scanFields(answer, ANSWER_NAMES);
-  if (!scan.ok || !isObject(answer)) return undefined;
+  if (!scan.ok || !isObjectText(answer)) return undefined;
   const found = scan.fields[0];
   if (found === undefined) return undefined;
   const field = found[found.length - 1];
   const text = answer.toString('utf8', field.start, field.end);
   if (text[0] !== '{' || /^\{\s*\}$/.test(text)) return undefined;
   return text;
-}
-
-/** Whether the (valid) JSON text is an object. */
-function isObject(bytes: Buffer): boolean {
-  let at = 0;
-  while (SPACE.has(bytes[at])) at++;
-  return bytes[at] === 0x7b;
 }
 
 /**

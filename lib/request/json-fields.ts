@@ -240,6 +240,28 @@ function sameBytes(bytes: Uint8Array, start: number, end: number, names: readonl
   return -1;
 }
 
+/** Whether valid JSON text is an object. */
+export function isObjectText(bytes: Uint8Array): boolean {
+  return bytes[skipSpace(bytes, 0)] === 0x7b;
+}
+
+/**
+ * `bytes` (one JSON object without the member) with the member `key` (its encoded name and
+ * colon, `"name":`) and JSON text `value` added first, the rest of the bytes as they were; its
+ * span is pushed onto `fields`.
+ */
+export function insertMember(bytes: Buffer, key: Buffer, value: string, fields: JsonField[]): Buffer {
+  const open = skipSpace(bytes, 0) + 1;
+  const text = Buffer.from(value, 'latin1');
+  const start = open + key.length;
+  fields.push({ keyStart: open, start, end: start + text.length, nodes: 1 });
+  const empty = bytes[skipSpace(bytes, open)] === 0x7d;
+  return Buffer.concat([bytes.subarray(0, open), key, text, empty ? NOTHING : COMMA, bytes.subarray(open)]);
+}
+
+const NOTHING = Buffer.alloc(0);
+const COMMA = Buffer.from(',');
+
 /** Decodes one member's value from its own bytes. */
 export function decodeField(bytes: Uint8Array, field: JsonField): unknown {
   return JSON.parse(Buffer.from(bytes.buffer, bytes.byteOffset + field.start, field.end - field.start).toString('utf8'));

@@ -2,7 +2,7 @@ import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
 import type { BodyLease } from './body-budget';
 import type { EndpointTable } from '../upstreams/endpoints';
 import { atHeaderLimit, countHeaderLines, parseBodyRankHint, parseRankHint, type RankHintResult } from './hint';
-import { decodeField, fieldToken, scanFields, type JsonField } from './json-fields';
+import { decodeField, fieldToken, isObjectText, scanFields, type JsonField } from './json-fields';
 import type { Configuration } from '../options';
 import type { HintOutcome, Policy } from '../types';
 import { extractPrompt } from './prompt';
@@ -113,9 +113,15 @@ export function createRequestInputs(config: Pick<Configuration, 'hints' | 'affin
     return scan.ok ? { bytes, fields: scan.fields, members: undefined } : undefined;
   }
 
-  /** Where the body carries the hint field (`hints.bodyField`), to be rewritten to the rank it is sent to. */
+  /**
+   * Where the body carries the hint field (`hints.bodyField`), to be rewritten to the rank it is
+   * sent to; none yet (`[]`) in a JSON object without it, which gets it, so that an upstream
+   * reading the rank from the body (SGLang's native /generate: `GenerateReqInput.routed_dp_rank`)
+   * always reads the router's rank there.
+   */
   function hintFields(view: BodyView | undefined): JsonField[] | undefined {
-    return HINT === -1 ? undefined : view?.fields[HINT];
+    if (HINT === -1 || view === undefined) return undefined;
+    return view.fields[HINT] ?? (isObjectText(view.bytes) ? [] : undefined);
   }
 
   function bodyHint(view: BodyView | undefined, trusted: boolean): HintVerdict {

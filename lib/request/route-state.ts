@@ -1,7 +1,7 @@
 import { ServerResponse, type ClientRequest, type IncomingHttpHeaders, type IncomingMessage } from 'node:http';
 import type { BodyBudget, BodyLease } from './body-budget';
 import type { RouteEndpoint } from '../upstreams/endpoints';
-import { replaceValues, type JsonField } from './json-fields';
+import { insertMember, replaceValues, type JsonField } from './json-fields';
 import { NO_HINT, type BodyView, type HintVerdict } from './request-inputs';
 import type { RouterEvents } from '../observe/events';
 import type { RouterMetrics } from '../observe/metrics';
@@ -38,6 +38,8 @@ export interface RouteReports {
   readonly freed: ((endpoint: RouteEndpoint) => void) | undefined;
   /** The peer link (`peers`), told of each change to an endpoint's own counts; `undefined` without it. */
   readonly peers: PeerAnnouncer | undefined;
+  /** `hints.bodyField` as a member's start, `"name":`, for a body without it. */
+  readonly hintMember?: Buffer;
 }
 
 /**
@@ -58,7 +60,7 @@ export class RouteState implements Deadlined {
   bodyHead: Buffer | undefined = undefined;
   /** The request's share of the router's body budget, once it holds body bytes. */
   lease: BodyLease | undefined = undefined;
-  /** Where `body` carries the hint field (`hints.bodyField`), rewritten to the rank it is sent to. */
+  /** Where `body` carries the hint field (`hints.bodyField`), rewritten to the rank it is sent to; `[]`: a JSON object the field is added to. */
   hintFields: JsonField[] | undefined = undefined;
   /** Armed while the request body is still arriving (`timeouts.bodyMs`). */
   bodyDeadline: NodeJS.Timeout | undefined = undefined;
@@ -261,12 +263,14 @@ export class RouteState implements Deadlined {
 
   /**
    * Makes the held body's hint field carry the rank header's value for `endpoint` (`null` for
-   * `rankHeader: 'none'`), so that an upstream reading the field sees the router's rank and never
-   * the client's. `Content-Length` follows the new size.
+   * `rankHeader: 'none'`), added first when the body has none, so that an upstream reading the
+   * field sees the router's rank and never the client's. `Content-Length` follows the new size.
    */
   private carryRank(req: IncomingMessage, endpoint: RouteEndpoint): void {
-    if (this.hintFields === undefined || this.body === undefined) return;
-    this.body = replaceValues(this.body, this.hintFields, endpoint.headerValue ?? 'null');
+    const fields = this.hintFields;
+    if (fields === undefined || this.body === undefined) return;
+    const value = endpoint.headerValue ?? 'null';
+    this.body = fields.length === 0 ? insertMember(this.body, this.reports.hintMember!, value, fields) : replaceValues(this.body, fields, value);
     if (this.headers['transfer-encoding'] === undefined) this.headers['content-length'] = String(this.body.length);
   }
 

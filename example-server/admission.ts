@@ -1,5 +1,6 @@
 import type { AdmissionOptions } from '../lib';
 import { redisTokenStore } from '../lib';
+import { redactUrl } from '../lib/upstreams/upstream-url';
 import type { AdmissionFlags } from './cli';
 
 /** The gateway's admission options from its flags, and what closes the Redis client it opened. */
@@ -22,7 +23,7 @@ export async function admissionFromFlags(flags: AdmissionFlags, warn: (message: 
     const client = new Redis(flags.redisUrl, { maxRetriesPerRequest: 1, retryStrategy: (times) => Math.min(times * 200, 2000) });
     let reported = false;
     client.on('error', (error: Error) => {
-      if (!reported) warn(`redis ${flags.redisUrl}: ${error.message}`);
+      if (!reported) warn(`redis ${redactUrl(flags.redisUrl!)}: ${error.message}`);
       reported = true;
     });
     client.on('ready', () => (reported = false));

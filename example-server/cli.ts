@@ -148,7 +148,8 @@ Options:
                                                                          [one tenant]
   --tokens-per-minute N admission: each tenant's token budget, from vLLM's usage [off]
   --redis URL           admission: keep token budgets in Redis (shared by replicas),
-                        e.g. redis://127.0.0.1:6379 (needs the ioredis package)
+                        e.g. redis://127.0.0.1:6379 (needs the ioredis package); with
+                        --tokens-per-minute, env DP_ROUTER_REDIS_URL when not given
   --drain-timeout-ms N  on SIGTERM, wait this long for in-flight requests [30000]
   --log-level LEVEL     fatal | error | warn | info | debug (one line per routing
                         decision) | trace | silent (env LOG_LEVEL)        [info]
@@ -379,6 +380,11 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     throw new UsageError('--kv-events needs --tokenizer PATH: the router tokenizes prompts with the model\'s own tokenizer to look them up');
   }
   settings.peers = peersOf(state, env);
+  // A password in the environment, not on a command line every user of the machine can read.
+  const redisFromEnv = env.DP_ROUTER_REDIS_URL;
+  if (settings.admission.tokensPerMinute !== undefined && settings.admission.redisUrl === undefined && redisFromEnv !== undefined && redisFromEnv !== '') {
+    settings.admission.redisUrl = redisUrl('DP_ROUTER_REDIS_URL', redisFromEnv);
+  }
   return settings;
 }
 
@@ -523,7 +529,7 @@ function httpUrl(flag: string, raw: string): string {
   } catch {
     // answered below
   }
-  throw new UsageError(`${flag} must be an http(s) URL such as http://127.0.0.1:4318, got ${JSON.stringify(raw)}`);
+  throw new UsageError(`${flag} must be an http(s) URL such as http://127.0.0.1:4318, got ${JSON.stringify(redactUrl(raw))}`);
 }
 
 function splitOnce(arg: string): [string, string] {
@@ -568,8 +574,8 @@ function redisUrl(flag: string, raw: string): string {
   try {
     url = new URL(raw);
   } catch {
-    throw new UsageError(`${flag} must be a redis:// URL, e.g. redis://127.0.0.1:6379, got ${JSON.stringify(raw)}`);
+    throw new UsageError(`${flag} must be a redis:// URL, e.g. redis://127.0.0.1:6379, got ${JSON.stringify(redactUrl(raw))}`);
   }
-  if (url.protocol !== 'redis:' && url.protocol !== 'rediss:') throw new UsageError(`${flag} must be a redis:// or rediss:// URL, got ${JSON.stringify(raw)}`);
+  if (url.protocol !== 'redis:' && url.protocol !== 'rediss:') throw new UsageError(`${flag} must be a redis:// or rediss:// URL, got ${JSON.stringify(redactUrl(raw))}`);
   return raw;
 }

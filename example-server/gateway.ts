@@ -6,6 +6,7 @@ import { pinoHttp } from 'pino-http';
 import { Registry } from 'prom-client';
 import { dpRouter, type DpRouter, type UpstreamEntry, type UpstreamOptions } from '../lib';
 import { gatewayErrorOf } from '../lib/errors';
+import { redactUrl } from '../lib/upstreams/upstream-url';
 import { DEFAULT_MOCK_PORT, type GatewaySettings } from './cli';
 import { startMockVllm, type MockVllm, type MockVllmOptions } from './mock-vllm';
 import { admissionFromFlags } from './admission';
@@ -187,7 +188,7 @@ function embeddedUpstream(mock: MockVllm, name: string, dpSize: number, role: 'p
 function describe(url: string, upstreams: readonly UpstreamEntry[], settings: GatewaySettings, mock: MockVllm | undefined): string {
   const targets = upstreams
     .map((upstream) => {
-      const where = 'dns' in upstream && upstream.dns !== undefined ? `every address of ${upstream.dns.name}:${upstream.dns.port}` : mock ? `embedded mock vLLM ${upstream.url}` : upstream.url;
+      const where = 'dns' in upstream && upstream.dns !== undefined ? `every address of ${upstream.dns.name}:${upstream.dns.port}` : mock ? `embedded mock vLLM ${upstream.url}` : redactUrl(upstream.url!);
       const models = upstream.models === undefined ? '' : `, models ${upstream.models.join(', ')}`;
       const role = upstream.role && upstream.role !== 'both' ? `, ${upstream.role}` : '';
       return `${where} ranks ${rankList(upstream)} (${upstream.rankHeader ?? 'global'} header${models}${role})`;

@@ -1,6 +1,7 @@
 import { constants } from 'node:os';
 import pino, { type Logger } from 'pino';
 import pretty from 'pino-pretty';
+import { redactUrl } from '../lib/upstreams/upstream-url';
 import { parseCommandLine, USAGE, UsageError, type GatewaySettings } from './cli';
 import type { RunningTracing } from './tracing';
 
@@ -33,7 +34,7 @@ async function main(): Promise<void> {
   // eslint-disable-next-line @typescript-eslint/no-require-imports
   const { startExampleGateway } = require('./gateway') as typeof import('./gateway');
   const gateway = await startExampleGateway(settings, logger);
-  logger.info({ otlpEndpoint: settings.otlpEndpoint }, gateway.summary);
+  logger.info({ otlpEndpoint: settings.otlpEndpoint && redactUrl(settings.otlpEndpoint) }, gateway.summary);
 
   // A terminal's Ctrl-C reaches every process of the group, and tsx (`npm start`) may forward
   // it once more: the second signal during a drain is ignored, the third forces an exit.

@@ -40,6 +40,26 @@ describe('parseCommandLine', () => {
     expect(() => parse('--redis', 'http://127.0.0.1:6379')).toThrow(/redis:\/\//);
   });
 
+  it('takes the Redis URL from DP_ROUTER_REDIS_URL for the token budget, --redis first, and never echoes a password it refuses (item 41.13)', () => {
+    const env = { DP_ROUTER_REDIS_URL: 'redis://:secret@10.0.0.9:6379' };
+    expect((parseCommandLine(['--tokens-per-minute', '1000'], env) as GatewaySettings).admission).toEqual({ tokensPerMinute: 1000, redisUrl: 'redis://:secret@10.0.0.9:6379' });
+    expect((parseCommandLine(['--tokens-per-minute', '1000', '--redis', 'redis://127.0.0.1:6379'], env) as GatewaySettings).admission.redisUrl).toBe('redis://127.0.0.1:6379');
+    // Only the token budget uses Redis: the variable alone turns nothing on.
+    expect((parseCommandLine([], env) as GatewaySettings).admission).toEqual({});
+    const refused = [
+      () => parse('--redis', 'http://user:secret@127.0.0.1:6379'),
+      () => parse('--redis', 'redis://:se#cret@127.0.0.1:6379'),
+      () => parseCommandLine(['--tokens-per-minute', '1000'], { DP_ROUTER_REDIS_URL: 'rediss//:secret@host' }),
+      () => parse('--otlp-endpoint', 'ftp://user:secret@127.0.0.1:4318'),
+      () => parse('--otlp-endpoint', 'http//user:secret@127.0.0.1:4318'),
+    ];
+    for (const attempt of refused) {
+      expect(attempt).toThrow(UsageError);
+      expect(attempt).not.toThrow(/cret/);
+    }
+    expect(refused[2]).toThrow(/^DP_ROUTER_REDIS_URL must be a redis:\/\/ URL/);
+  });
+
   it('gives --kv-events to the --upstream before it, with --tokenizer', () => {
     const { upstreams, tokenizer } = parse(
       '--policy', 'prefix-aware',

@@ -2,6 +2,7 @@ import { describe, expect, it } from '@jest/globals';
 import request from 'supertest';
 import { Registry } from 'prom-client';
 import { dpRouter, OptionError } from '../../lib';
+import { redactUrl } from '../../lib/upstreams/upstream-url';
 import { parseCommandLine, UsageError } from '../../example-server/cli';
 import { closedAfterEach, echoUpstreams, startGateway, waitFor } from '../helpers';
 
@@ -66,5 +67,21 @@ describe('the example server\'s --upstream', () => {
     expect(() => parseCommandLine(['--upstream', spec])).toThrow(UsageError);
     expect(() => parseCommandLine(['--upstream', spec])).toThrow(message);
     expect(() => parseCommandLine(['--upstream', spec])).not.toThrow(/s3cret/);
+  });
+});
+
+describe('redactUrl, for every URL the gateway prints (item 41.13)', () => {
+  it.each([
+    ['redis://:secret@10.0.0.5:6379/0', 'redis://***@10.0.0.5:6379/0'],
+    ['http://user:secret@10.0.0.5:4318/v1/traces', 'http://***@10.0.0.5:4318/v1/traces'],
+    ['http://user@10.0.0.5', 'http://***@10.0.0.5'],
+    // Not URLs as written: a password with `#` or `/`, a mistyped scheme.
+    ['redis://:se#cr/et@10.0.0.5:6379', 'redis://***@10.0.0.5:6379'],
+    ['rediss//:secret@10.0.0.5', '***@10.0.0.5'],
+    // Nothing to hide: an `@` in a path is not user information.
+    ['http://10.0.0.5:8000/a@b', 'http://10.0.0.5:8000/a@b'],
+    ['tcp://10.0.0.5:5557', 'tcp://10.0.0.5:5557'],
+  ])('%s → %s', (raw, shown) => {
+    expect(redactUrl(raw)).toBe(shown);
   });
 });

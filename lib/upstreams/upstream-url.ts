@@ -35,9 +35,20 @@ export function upstreamUrlProblem(url: URL): { problem: string; fix: string } |
   return undefined;
 }
 
-/** `raw` as it may be printed: the user information of a URL (`user:password@`) becomes `***@`. */
+/**
+ * `raw` as it may be printed (a log line, an error message): the user information of a URL
+ * (`user:password@`) becomes `***@`. In text that does not parse as a URL, everything after
+ * `scheme://` (if any) up to the last `@` goes: a password written without percent-encoding may
+ * hold `/`, `?`, `#` or a space, and a scheme may be mistyped.
+ */
 export function redactUrl(raw: string): string {
-  return raw.replace(/^([a-z][a-z0-9+.-]*:\/\/)[^/?#]*@/i, '$1***@');
+  let parsed: URL;
+  try {
+    parsed = new URL(raw);
+  } catch {
+    return raw.replace(/^([a-z][a-z0-9+.-]*:\/\/)?.*@/is, '$1***@');
+  }
+  return parsed.username === '' && parsed.password === '' ? raw : raw.replace(/^([a-z][a-z0-9+.-]*:\/\/)[^/?#]*@/i, '$1***@');
 }
 
 function bare(pathname: string): string {

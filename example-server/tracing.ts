@@ -1,6 +1,9 @@
+import type { Context, TextMapGetter, TextMapPropagator, TextMapSetter } from '@opentelemetry/api';
+import { TRACE_STATE_HEADER, W3CTraceContextPropagator } from '@opentelemetry/core';
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http';
 import { ExpressInstrumentation } from '@opentelemetry/instrumentation-express';
 import { HttpInstrumentation } from '@opentelemetry/instrumentation-http';
+import { IncomingMessage } from 'node:http';
 import { defaultResource, detectResources, envDetector, resourceFromAttributes, type Resource } from '@opentelemetry/resources';
 import { BatchSpanProcessor } from '@opentelemetry/sdk-trace-base';
 import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
@@ -19,10 +22,10 @@ export function startTracing(endpoint: string): RunningTracing {
   const url = new URL(endpoint);
   if (url.pathname === '/') url.pathname = '/v1/traces';
   const provider = new NodeTracerProvider({ resource: gatewayResource(), spanProcessors: [new BatchSpanProcessor(new OTLPTraceExporter({ url: url.href }))] });
-  provider.register();
+  provider.register({ propagator: new TraceparentOnly() });
   // An instrumentation enables itself when made, on the provider just registered. Probes and
   // scrapes would drown the requests worth seeing.
-  new HttpInstrumentation({ ignoreIncomingRequestHook: (req) => QUIET_PATHS.has(req.url ?? '') });
+  new HttpInstrumentation({ ignoreIncomingRequestHook: (req) => QUIET_PATHS.has(req.url ?? ''), requestHook: dropClientTraceData });
   new ExpressInstrumentation();
   return { shutdown: () => provider.shutdown() };
 }
@@ -41,3 +44,40 @@ export function gatewayResource(): Resource {
 }
 
 const QUIET_PATHS = new Set(['/metrics', '/healthz', '/readyz']);
+
+/**
+ * W3C Trace Context as docs/security.md promises it: a client's `traceparent` is followed (the
+ * gateway's spans, and vLLM's under them, join its trace) and replaced by the gateway's own on
+ * the proxied request. Its `tracestate` (vendors' opaque data, here from an unknown caller) is not
+ * read, so the proxied request carries only what the gateway's spans hold: none unless a sampler
+ * of yours writes some. There is no W3C Baggage propagator: a client's `baggage` (say
+ * `role=admin`) is neither read into the gateway's context nor sent on.
+ */
+class TraceparentOnly implements TextMapPropagator {
+  private readonly w3c = new W3CTraceContextPropagator();
+
+  inject(context: Context, carrier: unknown, setter: TextMapSetter): void {
+    this.w3c.inject(context, carrier, setter);
+  }
+
+  extract(context: Context, carrier: unknown, getter: TextMapGetter): Context {
+    return this.w3c.extract(context, carrier, {
+      keys: (from) => getter.keys(from).filter((key) => key !== TRACE_STATE_HEADER),
+      get: (from, key) => (key === TRACE_STATE_HEADER ? undefined : getter.get(from, key)),
+    });
+  }
+
+  fields(): string[] {
+    return this.w3c.fields();
+  }
+}
+
+/**
+ * The client's own `tracestate` and `baggage` lines leave the request as it arrives: the router
+ * replaces the trace headers only on a request that is sampled, and the proxy copies the rest.
+ */
+function dropClientTraceData(_span: unknown, request: unknown): void {
+  if (!(request instanceof IncomingMessage)) return;
+  delete request.headers[TRACE_STATE_HEADER];
+  delete request.headers.baggage;
+}

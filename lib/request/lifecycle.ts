@@ -98,15 +98,7 @@ export class RequestLifecycle {
     this.namesIndex = config.exposeDecision && policy.namesIndex === true;
     this.reportsShare = parts.tracing.enabled && policy.reportsMatchedShare === true;
     const admission = (this.admission = parts.admission);
-    const { bodyField } = config.hints;
-    this.reports = {
-      config,
-      metrics: parts.metrics,
-      events: parts.events,
-      freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint),
-      peers: parts.peers,
-      hintMember: bodyField === undefined ? undefined : Buffer.from(`${JSON.stringify(bodyField)}:`),
-    };
+    this.reports = { config, metrics: parts.metrics, events: parts.events, freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint), peers: parts.peers, hintMember: parts.inputs.hintMember };
     this.announcesPrefill = parts.peers !== undefined && policy.uncachedBlocks !== undefined;
     this.takesArrived = terminal.handsOn !== true;
     this.passesArrived = this.takesArrived && this.bufferMaxBytes > 0;

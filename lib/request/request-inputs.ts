@@ -70,6 +70,8 @@ export function createRequestInputs(config: Pick<Configuration, 'hints' | 'affin
   // Scanned for whenever a body is: routing by model may begin at run time (discovery, setUpstreams).
   const MODEL = slot('model');
   const encodedNames = names.map((name) => Buffer.from(name));
+  /** The hint field as a member's start, `"name":`, for a body without it. */
+  const hintMember = hintBodyField === undefined ? undefined : Buffer.from(`${JSON.stringify(hintBodyField)}:`);
 
   /** Whether routing needs the body. A body hint field is read whoever sent it: an untrusted one is counted and never forwarded. */
   function wantsBody(req: IncomingMessage): boolean {
@@ -226,7 +228,7 @@ export function createRequestInputs(config: Pick<Configuration, 'hints' | 'affin
     return atHeaderLimit(req.rawHeaders.length / 2, server?.maxHeadersCount);
   }
 
-  return { wantsBody, headerHint, viewOf, parsedBodyView, hintFields, bodyHint, affinityKey, prompt, model };
+  return { wantsBody, headerHint, viewOf, parsedBodyView, hintFields, hintMember, bodyHint, affinityKey, prompt, model };
 }
 
 /** A decoded body's members: a top-level value that is not an object has none. */

@@ -7,7 +7,7 @@
  *   when `reasoning_effort` is set and the request's `chat_template_kwargs` has no
  *   `enable_thinking`, `enable_thinking = reasoning_effort != "none"` over the request's
  *   `chat_template_kwargs` (#43401, the commit itself);
- * - `ChatParams.with_defaults` (vllm/renderers/params.py:91) puts that over the server's defaults
+ * - `ChatParams.with_defaults` (vllm/renderers/params.py:90) puts that over the server's defaults
  *   and the request's tools as `model_dump()` writes them (serve/render/serving.py:542);
  * - `merge_kwargs` (params.py:28) drops every `None` and `"auto"` it puts over something;
  * - transformers' `apply_chat_template` takes `tools`, `documents`, `add_generation_prompt` and

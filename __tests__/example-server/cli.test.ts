@@ -1,6 +1,8 @@
 import { describe, expect, it } from '@jest/globals';
 import { join } from 'node:path';
+import pino from 'pino';
 import { parseCommandLine, UsageError, type GatewaySettings } from '../../example-server/cli';
+import { startExampleGateway } from '../../example-server/gateway';
 
 /** A tokenizer directory that exists: the embedded mock's. */
 const TOKENIZER = join(__dirname, '../../example-server/mock-vllm/tokenizer');
@@ -82,6 +84,15 @@ describe('parseCommandLine', () => {
     expect(parse('--policy', 'prefix-aware', '--tokenizer', TOKENIZER).tokenizer).toBe(TOKENIZER);
     expect(parse('--pd', '--tokenizer', TOKENIZER).tokenizer).toBe(TOKENIZER);
     expect(parse('--prefill', 'http://p:8000', '--decode', 'http://d:8000', '--tokenizer', TOKENIZER).tokenizer).toBe(TOKENIZER);
+  });
+
+  it('reads --default-chat-template-kwargs as a JSON object, as vLLM does, and the gateway hands it to prefixAware', async () => {
+    expect(parse('--policy', 'prefix-aware', '--tokenizer', TOKENIZER, '--default-chat-template-kwargs', '{"enable_thinking": false}').chatTemplateKwargs).toEqual({ enable_thinking: false });
+    expect(() => parse('--default-chat-template-kwargs', "{'enable_thinking': False}")).toThrow(/^--default-chat-template-kwargs must be JSON, e\.g\. '\{"enable_thinking": false\}'/);
+    expect(() => parse('--default-chat-template-kwargs', '[1]')).toThrow(/must be a JSON object/);
+    // The router checks the keys, naming the option's path.
+    const settings = { ...parse('--policy', 'prefix-aware', '--port', '0', '--tokenizer', TOKENIZER, '--default-chat-template-kwargs', '{"tokenize": true}'), upstreams: [{ url: 'http://127.0.0.1:1' }] };
+    await expect(startExampleGateway(settings, pino({ level: 'silent' }))).rejects.toThrow(/`prefixAware\.chatTemplateKwargs\.tokenize` is not a template variable/);
   });
 
   it('reads the log level from LOG_LEVEL, and --log-level over it, and the OTLP endpoint', () => {

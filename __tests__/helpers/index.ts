@@ -7,6 +7,7 @@ export * from './dnsmasq'; // a real dnsmasq on a free loopback port, records ch
 export * from './exchange'; // one client request that never rejects
 export * from './fixtures'; // shared option sets (the seed scenario)
 export * from './lifecycle'; // closedAfterEach: what a test starts is closed after it
+export * from './option-error'; // thrownOptionError: the OptionError a call throws
 export * from './prometheus'; // a real Prometheus server, dashboard queries
 export * from './raw-http'; // hostile bytes both ways over node:net
 export * from './vllm'; // a mock vLLM that can be killed and restarted on its port

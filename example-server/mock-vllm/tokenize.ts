@@ -31,8 +31,11 @@ export function mockTokenizer(): PromptTokenizer {
   return shared;
 }
 
-/** Serves one `/tokenize` request for a server of `model` with context length `maxModelLen`. */
-export async function serveTokenize(model: string, maxModelLen: number, req: IncomingMessage, res: ServerResponse): Promise<void> {
+/**
+ * Serves one `/tokenize` request for a server of `model` with context length `maxModelLen`,
+ * with the mock's tokenizer or `tokenizer` (a test's other model files).
+ */
+export async function serveTokenize(model: string, maxModelLen: number, req: IncomingMessage, res: ServerResponse, tokenizer?: VllmTokenizer): Promise<void> {
   const read = await readJsonBody(req, res);
   if (read === undefined) return;
   const { body } = read;
@@ -42,16 +45,15 @@ export async function serveTokenize(model: string, maxModelLen: number, req: Inc
   if (unknownModel !== undefined) return sendError(res, 404, unknownModel, 'model');
   const isChat = request.messages !== undefined;
   if (!isChat && typeof request.prompt !== 'string') return sendError(res, 400, '`prompt` must be a string (or send `messages`).', 'prompt');
-  independent ??= loadVllmTokenizer(MOCK_TOKENIZER_DIR);
+  const vllm = tokenizer ?? (independent ??= loadVllmTokenizer(MOCK_TOKENIZER_DIR));
   let tokens: number[];
   try {
-    const outcome = independent.tokenize(request);
+    const outcome = vllm.tokenize(request);
     if (!Array.isArray(outcome)) return sendError(res, 400, outcome.error, outcome.param);
     tokens = outcome;
   } catch (error) {
     return sendError(res, 400, `Cannot tokenize this request (${(error as Error).message}).`, isChat ? 'messages' : 'prompt');
   }
-  const tokenizer = independent;
-  const tokenStrs = request.return_token_strs === true ? tokens.map((id) => tokenizer.tokenString(id)) : null;
+  const tokenStrs = request.return_token_strs === true ? tokens.map((id) => vllm.tokenString(id)) : null;
   sendJson(res, 200, JSON.stringify({ count: tokens.length, max_model_len: maxModelLen, tokens, token_strs: tokenStrs }));
 }

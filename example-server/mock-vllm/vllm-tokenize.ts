@@ -3,8 +3,15 @@
  * `@huggingface/tokenizers` and `@huggingface/jinja` used directly on the fixture's files, with
  * pydantic's lax coercion of the boolean fields (vLLM's request models), and Python's string
  * trimming and splitting in templates (python-str.ts, as jinja2 does). Nothing of the
- * router's tokenizing (PromptTokenizer, its chat renderer, its Python strip) is used, so the
- * router's tokenizer-agreement tests can fail.
+ * router's tokenizing (PromptTokenizer, its chat renderer, its Python strip, its template
+ * arguments) is used, so the router's tokenizer-agreement tests can fail.
+ *
+ * Its fields are vLLM 52a31cc's `TokenizeChatRequest` (vllm/entrypoints/serve/tokenize/protocol.py):
+ * there is no `documents` and no `reasoning_effort`, and like every vLLM request model it
+ * ignores fields it does not know; `chat_template_kwargs` is merged under
+ * `add_generation_prompt` and `continue_final_message` (`merge_kwargs`, vllm/renderers/params.py,
+ * which drops None and "auto"), so `documents` reach the template only through it. `tools` are
+ * handed over as pydantic dumps them (`description: null` filled in, declared fields first).
  */
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -33,10 +40,30 @@ export function laxBool(value: unknown): boolean | undefined {
   return undefined;
 }
 
-/** Loads `tokenizer.json` and `tokenizer_config.json` from `dir`. */
-export function loadVllmTokenizer(dir: string): VllmTokenizer {
-  const json = JSON.parse(readFileSync(join(dir, 'tokenizer.json'), 'utf8')) as Record<string, unknown>;
-  const config = JSON.parse(readFileSync(join(dir, 'tokenizer_config.json'), 'utf8')) as Record<string, unknown>;
+const UNTRUSTED_TEMPLATE = 'Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template.';
+
+/** `tools` as vLLM's `ChatCompletionToolsParam.model_dump()` writes them, or the error message. */
+function dumpTools(tools: unknown): Array<Record<string, unknown>> | null | string {
+  if (tools === undefined || tools === null) return null;
+  if (!Array.isArray(tools)) return '`tools` must be a list.';
+  const out: Array<Record<string, unknown>> = [];
+  for (const tool of tools as Array<Record<string, unknown>>) {
+    const fn = tool?.function as Record<string, unknown> | undefined;
+    if (typeof fn !== 'object' || fn === null || typeof fn.name !== 'string') return 'Each tool needs a `function` with a `name`.';
+    const { name, description = null, parameters = null, defer_loading: fnDefer, ...fnRest } = fn;
+    const { type = 'function', function: _function, defer_loading: toolDefer, ...rest } = tool;
+    const defer = fnDefer ?? toolDefer ?? null;
+    const dumpedFunction = { name, description, parameters, ...(defer !== null && { defer_loading: defer }), ...fnRest };
+    out.push({ type, function: dumpedFunction, ...(toolDefer !== undefined && toolDefer !== null && { defer_loading: toolDefer }), ...rest });
+  }
+  return out;
+}
+
+/** Loads `tokenizer.json` and `tokenizer_config.json` from `dir`, or from the two paths given. */
+export function loadVllmTokenizer(dir: string | readonly [string, string]): VllmTokenizer {
+  const [jsonPath, configPath] = typeof dir === 'string' ? [join(dir, 'tokenizer.json'), join(dir, 'tokenizer_config.json')] : dir;
+  const json = JSON.parse(readFileSync(jsonPath, 'utf8')) as Record<string, unknown>;
+  const config = JSON.parse(readFileSync(configPath, 'utf8')) as Record<string, unknown>;
   const { Tokenizer } = loadTokenizersPackage();
   const { Template } = loadJinjaPackage();
   const tokenizer = new Tokenizer(json, config);
@@ -64,8 +91,19 @@ export function loadVllmTokenizer(dir: string): VllmTokenizer {
           ...message,
           content: Array.isArray(message.content) ? (message.content as Array<{ text?: string }>).map((part) => part.text ?? '').join('\n') : (message.content ?? ''),
         }));
-        const kwargs = typeof request.chat_template_kwargs === 'object' && request.chat_template_kwargs !== null ? request.chat_template_kwargs : {};
-        const text = template.render({ ...special, ...kwargs, ...pythonStrFunctions, messages, add_generation_prompt: addGenerationPrompt, continue_final_message: continueFinal, tools: request.tools ?? null, documents: request.documents ?? null });
+        if (request.chat_template !== undefined && request.chat_template !== null) return { error: UNTRUSTED_TEMPLATE, param: 'chat_template' };
+        const own = request.chat_template_kwargs ?? {};
+        if (typeof own !== 'object' || Array.isArray(own)) return { error: '`chat_template_kwargs` must be an object.', param: 'chat_template_kwargs' };
+        const tools = dumpTools(request.tools);
+        if (typeof tools === 'string') return { error: tools, param: 'tools' };
+        // Unknown top-level fields (`documents`, `reasoning_effort`) are ignored, as pydantic's extra="allow" does.
+        const kwargs = new Map(Object.entries(own as Record<string, unknown>));
+        kwargs.set('add_generation_prompt', addGenerationPrompt);
+        kwargs.set('continue_final_message', continueFinal);
+        if (tools !== null && (kwargs.get('tools') ?? null) === null) kwargs.set('tools', tools);
+        for (const [key, value] of kwargs) if (value === null || value === 'auto') kwargs.delete(key);
+        const variables = Object.fromEntries([...kwargs].filter(([key]) => key !== 'continue_final_message'));
+        const text = template.render({ ...special, ...variables, ...pythonStrFunctions, messages, tools: kwargs.get('tools') ?? null, documents: kwargs.get('documents') ?? null });
         return tokenizer.encode(text, { add_special_tokens: addSpecial as boolean }).ids;
       }
       if (typeof request.prompt !== 'string') return { error: '`prompt` must be a string (or send `messages`).', param: 'prompt' };

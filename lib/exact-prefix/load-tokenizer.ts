@@ -7,9 +7,9 @@ import { PromptTokenizer } from './tokenizer/tokenizer';
  * from options.ts: the tokenizer's declarations name `@huggingface/*` types, optional packages a
  * TypeScript consumer without exact routing does not install.
  */
-export function loadTokenizer(path: string, source: TokenizerSource): PromptTokenizer {
+export function loadTokenizer(path: string, source: TokenizerSource, chatTemplateKwargs?: Readonly<Record<string, unknown>>): PromptTokenizer {
   try {
-    return PromptTokenizer.load(source);
+    return PromptTokenizer.load(source, { chatTemplateKwargs });
   } catch (error) {
     return fail(path, `could not be loaded: ${(error as Error).message}`, "Point it at the model's tokenizer.json and tokenizer_config.json (the files the engine serves).");
   }

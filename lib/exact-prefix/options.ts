@@ -3,7 +3,7 @@
  * validated once at creation. The public option types reach this module: it must not import
  * the tokenizer, whose declarations name the optional packages' types (load-tokenizer.ts does).
  */
-import { fail, section, shown, type KeysEnum } from '../option-checks';
+import { fail, isPlainObject, section, shown, type KeysEnum } from '../option-checks';
 import { parsePrefixAware, type PrefixAwareConfig } from '../policies/prefix-aware-options';
 import type { Policy, PolicyName } from '../types';
 import { resolveKvEndpoints } from './events/endpoints';
@@ -45,12 +45,51 @@ function endpointOption(path: string, value: unknown, ranks: readonly number[]):
 export interface PrefixAwareRouterConfig extends PrefixAwareConfig {
   /** `undefined` when not given; loaded (with the built-in `prefix-aware` policy only) by the router's services. */
   readonly tokenizer: TokenizerSource | undefined;
+  /** The servers' `--default-chat-template-kwargs`, as the tokenizer renders chat with them; `{}` when not given. */
+  readonly chatTemplateKwargs: Readonly<Record<string, unknown>>;
 }
 
 /** The router's `prefixAware` option: checked whatever the policy, the tokenizer's form included. */
 export function parseRouterPrefixAware(path: string, value: unknown): PrefixAwareRouterConfig {
-  const { tokenizer, ...settings } = parsePrefixAware(path, value);
-  return { ...settings, tokenizer: parseTokenizer(`${path}.tokenizer`, tokenizer) };
+  const { tokenizer, chatTemplateKwargs, ...settings } = parsePrefixAware(path, value);
+  const files = parseTokenizer(`${path}.tokenizer`, tokenizer);
+  return { ...settings, tokenizer: files, chatTemplateKwargs: parseChatTemplateKwargs(`${path}.chatTemplateKwargs`, chatTemplateKwargs, files) };
+}
+
+/**
+ * Keys of `--default-chat-template-kwargs` that are not template variables: vLLM hands them to
+ * its own calls (vllm/renderers/hf.py `safe_apply_chat_template`; transformers'
+ * `apply_chat_template`), with effects the router does not reproduce.
+ */
+const NOT_VARIABLES: Readonly<Record<string, string>> = {
+  messages: 'vLLM passes the conversation as `messages` itself (rendering then fails)',
+  conversation: 'it is apply_chat_template\'s conversation (rendering then fails)',
+  chat_template: 'vLLM would render with it instead of the model\'s template, which the router does not follow',
+  tokenize: 'vLLM would tokenize inside apply_chat_template and skip `add_special_tokens`, which the router does not follow',
+};
+
+/** `prefixAware.chatTemplateKwargs`: a JSON object, as vLLM's `--default-chat-template-kwargs` takes; `{}` when not given. */
+export function parseChatTemplateKwargs(path: string, value: unknown, tokenizer: TokenizerSource | undefined): Readonly<Record<string, unknown>> {
+  if (value === undefined) return Object.freeze({});
+  const example = 'e.g. `chatTemplateKwargs: { enable_thinking: false }` for `--default-chat-template-kwargs \'{"enable_thinking": false}\'`';
+  if (!isPlainObject(value)) fail(path, `must be an object of chat template variables, got ${shown(value)}`, `Give what the vLLM servers were started with as \`--default-chat-template-kwargs\`, ${example}.`);
+  if (tokenizer === undefined) fail(path, 'is set but `prefixAware.tokenizer` is not: only the tokenizer renders chat templates', "Set `prefixAware.tokenizer` to the model's files too, or remove it.");
+  for (const [key, why] of Object.entries(NOT_VARIABLES)) {
+    if (Object.hasOwn(value, key)) fail(`${path}.${key}`, `is not a template variable: ${why}`, `Remove it; a server started with it renders chat requests another way than the router can.`);
+  }
+  for (const [key, one] of Object.entries(value)) {
+    if (!isJson(one)) fail(`${path}.${key}`, `must be JSON (what vLLM's flag takes), got ${shown(one)}`, `Use strings, numbers, booleans, null, arrays and objects, ${example}.`);
+  }
+  // A copy of the user's object, so that changing it later changes nothing here.
+  return Object.freeze(JSON.parse(JSON.stringify(value)) as Record<string, unknown>);
+}
+
+function isJson(value: unknown, depth = 0): boolean {
+  if (value === null || typeof value === 'string' || typeof value === 'boolean') return true;
+  if (typeof value === 'number') return Number.isFinite(value);
+  if (depth > 32) return false;
+  if (Array.isArray(value)) return value.every((one) => isJson(one, depth + 1));
+  return isPlainObject(value) && Object.getPrototypeOf(value) === Object.prototype && Object.values(value).every((one) => isJson(one, depth + 1));
 }
 
 /**

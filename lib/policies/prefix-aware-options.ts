@@ -55,6 +55,14 @@ export interface PrefixAwareRouterSettings extends PrefixAwareSettings {
    * Default: none (the approximate index only).
    */
   tokenizer?: string | readonly [string, string];
+  /**
+   * What the vLLM servers were started with as `--default-chat-template-kwargs` (a JSON object
+   * of chat template variables, e.g. `{ enable_thinking: false }`): the tokenizer renders every
+   * chat request with them under the request's own `chat_template_kwargs`, as vLLM does. The
+   * router cannot ask a server for them; a difference shows as disagreement with its
+   * `/tokenize`. Needs `tokenizer`. Default: none.
+   */
+  chatTemplateKwargs?: Readonly<Record<string, unknown>>;
 }
 
 /** Options of {@link prefixAware}. */
@@ -84,7 +92,7 @@ const MAX_BLOCKS = 1 << 24;
 
 const SETTINGS_KEYS: KeysEnum<PrefixAwareSettings> = { blockChars: true, maxBlocksPerEndpoint: true, maxBlocksPerRequest: true, contentBalance: true, placementSlack: true };
 const POLICY_KEYS: KeysEnum<PrefixAwareOptions> = { ...SETTINGS_KEYS, fallback: true };
-const ROUTER_KEYS: KeysEnum<PrefixAwareRouterSettings> = { ...SETTINGS_KEYS, tokenizer: true };
+const ROUTER_KEYS: KeysEnum<PrefixAwareRouterSettings> = { ...SETTINGS_KEYS, tokenizer: true, chatTemplateKwargs: true };
 
 function parseSettings(path: string, settings: Record<string, unknown>): PrefixAwareConfig {
   const maxBlocksPerEndpoint = integerOption(pathOf(path, 'maxBlocksPerEndpoint'), settings.maxBlocksPerEndpoint, MAX_BLOCKS_PER_ENDPOINT, 1, MAX_BLOCKS);
@@ -97,10 +105,10 @@ function parseSettings(path: string, settings: Record<string, unknown>): PrefixA
   };
 }
 
-/** The router's `prefixAware` option: checked whatever the policy; the tokenizer as given (exact routing loads it). */
-export function parsePrefixAware(path: string, value: unknown): PrefixAwareConfig & { readonly tokenizer: unknown } {
+/** The router's `prefixAware` option: checked whatever the policy; the tokenizer's options as given (exact routing checks and loads them). */
+export function parsePrefixAware(path: string, value: unknown): PrefixAwareConfig & { readonly tokenizer: unknown; readonly chatTemplateKwargs: unknown } {
   const settings = section(path, value, ROUTER_KEYS);
-  return { ...parseSettings(path, settings), tokenizer: settings.tokenizer };
+  return { ...parseSettings(path, settings), tokenizer: settings.tokenizer, chatTemplateKwargs: settings.chatTemplateKwargs };
 }
 
 /** {@link prefixAware}'s own options, by the same rules as the router's `prefixAware`. */

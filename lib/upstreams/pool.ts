@@ -43,8 +43,10 @@ const tokenizers = new WeakMap<Configuration, PromptTokenizer>();
 function tokenizerOf(config: Configuration, source: TokenizerSource): PromptTokenizer {
   let tokenizer = tokenizers.get(config);
   if (tokenizer === undefined) {
-    tokenizer = loadTokenizer('prefixAware.tokenizer', source);
+    tokenizer = loadTokenizer('prefixAware.tokenizer', source, config.prefixAware.chatTemplateKwargs);
     tokenizers.set(config, tokenizer);
+    // What it cannot render as vLLM does (gpt-oss chat, no chat template), said once at creation.
+    for (const notice of tokenizer.notices) config.logger.warn(`express-dp-router: prefixAware.tokenizer ${notice}`);
   }
   return tokenizer;
 }

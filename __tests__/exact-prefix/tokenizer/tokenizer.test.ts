@@ -99,7 +99,7 @@ describe('PromptTokenizer chat rendering', () => {
     const dump = (template: string) => new PromptTokenizer({ ...files, config: { ...files.config, chat_template: template } });
     const messages = [
       { role: 'system', content: 'S', extra: 'dropped' },
-      { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'f', arguments: '{"x":1}' } }, { id: 'c2', type: 'function', function: { name: 'g', arguments: 'not json' } }] },
+      { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'f', arguments: '{"x":1}' } }, { id: 'c2', type: 'function', function: { name: 'g', arguments: '' } }] },
       { role: 'tool', tool_call_id: 'c1', content: [{ type: 'text', text: 'r1' }, { type: 'text', text: 'r2' }] },
       { role: 'user', name: 'ann', content: [{ type: 'input_text', text: 'a' }, { type: 'text', text: null }, 'b'] },
       { role: 'assistant', content: 'A', tool_calls: [], reasoning: 'R' },
@@ -118,6 +118,14 @@ describe('PromptTokenizer chat rendering', () => {
     expect(asParts[0].content).toEqual([{ type: 'text', text: 'S' }]);
     expect(asParts[2].content).toBe('r1\nr2');
     expect(asParts[3].content).toEqual([{ type: 'text', text: 'a' }, { type: 'text', text: 'b' }]);
+  });
+
+  it('refuses tool call arguments that are not JSON, as vLLM answers 400 (chat_utils.py _postprocess_messages: json.loads)', () => {
+    const call = (arguments_: unknown, type = 'function') => ({ messages: [{ role: 'assistant', content: null, tool_calls: [{ id: 'c', type, function: { name: 'f', arguments: arguments_ } }] }, { role: 'user', content: 'x' }] });
+    expect(tokenizer.tokenize('chat', call('not json'))).toEqual({ refused: 'invalid' });
+    expect(tokenizer.tokenize('chat', call(5))).toEqual({ refused: 'invalid' });
+    expect(tokenizer.tokenize('chat', call('{}', 'custom'))).toEqual({ refused: 'invalid' });
+    expect(tokenizer.tokenize('chat', call(''))).toHaveProperty('prompts');
   });
 
   it.each([

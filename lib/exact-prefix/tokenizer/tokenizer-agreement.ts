@@ -10,7 +10,9 @@
  * (upstream down, an error answer, a timeout) are not counted either way.
  */
 import { smallRequest, SmallHttpError } from '../../upstreams/small-http';
-import type { PromptKind } from './tokenizer';
+import { isRefused } from './refusals';
+import { laxBool, requestTemplateKwargs } from './template-arguments';
+import type { PromptKind } from './tokenizer-options';
 
 /** Options of {@link TokenizerAgreement}. */
 export interface TokenizerAgreementOptions {
@@ -91,6 +93,7 @@ export class TokenizerAgreement {
    * checks it if the sample picks it. Returns at once; never throws.
    */
   offer(kind: PromptKind, body: Record<string, unknown>, tokens: readonly number[]): void {
+    if (!reproducible(kind, body)) return;
     const first = this.offered++ === 0;
     if (this.closed || this.inFlight > 0 || this.now() - this.lastCheck < this.minIntervalMs) return;
     if (!first && !(this.random() < this.sampleRate)) return;
@@ -160,14 +163,31 @@ function reasonOf(error: SmallHttpError, timeoutMs: number): string {
   }
 }
 
-/** vLLM's `/tokenize` body for the same prompt: the fields that change its tokens, nothing else. */
+/**
+ * vLLM's `/tokenize` body for the same prompt: the fields that change its tokens, nothing else;
+ * undefined for a request whose tokens `/tokenize` cannot reproduce, which is then never
+ * counted either way (one such request would otherwise turn exact routing off for the whole
+ * upstream):
+ *
+ * - `truncate_prompt_tokens`: the engine gets the prompt cut, `/tokenize` has no such field;
+ * - `tool_choice: "none"` with tools: a server started with `--exclude-tools-when-tool-choice-none`
+ *   renders the prompt without them (serve/render/serving.py), its `/tokenize` with them.
+ *
+ * `/tokenize` has no `documents` or `reasoning_effort` field (serve/tokenize/protocol.py) but
+ * merges `chat_template_kwargs` as chat does: they go there, with the `enable_thinking` the
+ * chat request's `reasoning_effort` implies (template-arguments.ts).
+ */
 function tokenizeBody(kind: PromptKind, body: Record<string, unknown>, model: string | undefined): string | undefined {
   const out: Record<string, unknown> = {};
   const named = typeof body.model === 'string' ? body.model : model;
   if (named !== undefined) out.model = named;
+  if (!reproducible(kind, body)) return undefined;
   if (kind === 'chat') {
     for (const key of CHAT_FIELDS) if (body[key] !== undefined) out[key] = body[key];
     if (out.messages === undefined) return undefined;
+    const kwargs = requestTemplateKwargs(body, laxBool(body.add_generation_prompt, true) === true, laxBool(body.continue_final_message, false) === true);
+    if (isRefused(kwargs)) return undefined;
+    out.chat_template_kwargs = kwargs;
   } else {
     const prompt = Array.isArray(body.prompt) ? body.prompt[0] : body.prompt;
     // A token-array prompt is used as it is: nothing to verify.
@@ -178,15 +198,13 @@ function tokenizeBody(kind: PromptKind, body: Record<string, unknown>, model: st
   return JSON.stringify(out);
 }
 
-const CHAT_FIELDS = [
-  'messages',
-  'add_generation_prompt',
-  'continue_final_message',
-  'add_special_tokens',
-  'chat_template_kwargs',
-  'tools',
-  'documents',
-];
+/** Whether `/tokenize` can give the tokens the engine gets for `body` (see {@link tokenizeBody}). */
+function reproducible(kind: PromptKind, body: Record<string, unknown>): boolean {
+  if (body.truncate_prompt_tokens !== undefined && body.truncate_prompt_tokens !== null) return false;
+  return !(kind === 'chat' && body.tool_choice === 'none' && body.tools !== undefined && body.tools !== null);
+}
+
+const CHAT_FIELDS = ['messages', 'add_generation_prompt', 'continue_final_message', 'add_special_tokens', 'tools'];
 
 function tokensOf(answer: Buffer): number[] {
   let body: unknown;

@@ -1,55 +1,19 @@
 /**
  * Renders a `/v1/chat/completions` request's messages into the prompt text the engine will
- * see, as vLLM does by default: the model's chat template from `tokenizer_config.json`, given
- * the messages (text parts joined by a newline unless the template loops over content parts),
- * `add_generation_prompt` (default true), `continue_final_message`, `tools`, `documents`,
- * `chat_template_kwargs` and the tokenizer's special tokens (`bos_token`, `eos_token`, ...), as
+ * see, as vLLM does by default: the model's chat template (`chat_template.jinja`, or
+ * `tokenizer_config.json`'s; of a named set, `tool_use` for a request with tools, else
+ * `default`), given the messages (text parts joined by a newline unless the template loops
+ * over content parts), the arguments template-arguments.ts works out (`add_generation_prompt`,
+ * `tools`, `documents`, `reasoning_effort`, `enable_thinking`, `chat_template_kwargs` and the
+ * server's defaults), and the tokenizer's special tokens (`bos_token`, `eos_token`, ...), as
  * transformers' `apply_chat_template` passes them.
  */
 import type * as HfJinja from '@huggingface/jinja';
 import { pythonStrip, renderPythonStrip } from './python-strip';
-import { loadJinjaPackage } from './tokenizer-files';
+import { INVALID, TEMPLATE_ERROR, TOO_LONG, UNSUPPORTED, isRefused, type Refused } from './refusals';
+import { templateArguments } from './template-arguments';
+import { loadJinjaPackage, type ChatTemplates } from './tokenizer-files';
 import { isRecord } from '../../guards';
-
-/**
- * Why a request's prompt is not tokenized here (the caller routes it on the approximate index):
- * `invalid` (vLLM would refuse it too), `unsupported` (images, a client's own template, no
- * template), `template_error` (the template raised), `too_long` (more new text than the
- * tokenizer's `maxUncachedChars`).
- */
-export type RenderRefusal = 'invalid' | 'unsupported' | 'template_error' | 'too_long';
-
-/** A refusal, as an object so no rendered text can be mistaken for one. */
-export interface Refused {
-  refused: RenderRefusal;
-}
-
-const INVALID: Refused = Object.freeze({ refused: 'invalid' });
-const UNSUPPORTED: Refused = Object.freeze({ refused: 'unsupported' });
-const TEMPLATE_ERROR: Refused = Object.freeze({ refused: 'template_error' });
-/** Shared with the tokenizer, whose budget refuses with the same answer. */
-export const TOO_LONG: Refused = Object.freeze({ refused: 'too_long' });
-
-/** Whether `value` is one of the refusals above (never a message or a text). */
-export function isRefused(value: unknown): value is Refused {
-  return value === INVALID || value === UNSUPPORTED || value === TEMPLATE_ERROR || value === TOO_LONG;
-}
-
-const LAX_TRUE = new Set(['1', 'on', 't', 'true', 'y', 'yes']);
-const LAX_FALSE = new Set(['0', 'off', 'f', 'false', 'n', 'no']);
-
-/** pydantic's lax bool (what vLLM's request fields accept): booleans, 0/1, and its words in any case; `fallback` when absent, undefined when refused. */
-export function laxBool(value: unknown, fallback: boolean): boolean | undefined {
-  if (value === undefined || value === null) return fallback;
-  if (typeof value === 'boolean') return value;
-  if (value === 0 || value === 1) return value === 1;
-  if (typeof value === 'string') {
-    const word = value.toLowerCase();
-    if (LAX_TRUE.has(word)) return true;
-    if (LAX_FALSE.has(word)) return false;
-  }
-  return undefined;
-}
 
 /** What a request may bring before its template is rendered (rendering runs on the event loop, ~26 µs a message). */
 export interface RenderLimits {
@@ -59,23 +23,37 @@ export interface RenderLimits {
   maxChars: number;
 }
 
-/** A compiled chat template. */
+interface Compiled {
+  readonly template: HfJinja.Template;
+  /** Whether it iterates over a message's content parts (vLLM's "openai" content format). */
+  readonly partsFormat: boolean;
+}
+
+/** A model's compiled chat templates. */
 export class ChatRenderer {
   private readonly jinja: typeof HfJinja;
-  private readonly template: HfJinja.Template;
+  private readonly templates: ReadonlyMap<string, Compiled>;
   private readonly specialTokens: Record<string, unknown>;
-  /** Whether the template iterates over a message's content parts (vLLM's "openai" content format). */
-  readonly partsFormat: boolean;
 
+  /** Throws, naming the template, when one does not compile. */
   constructor(
-    chatTemplate: string,
+    templates: ChatTemplates,
     config: Record<string, unknown>,
     private readonly limits: RenderLimits = { maxMessages: Infinity, maxChars: Infinity },
+    /** The server's `--default-chat-template-kwargs`. */
+    private readonly serverKwargs: Record<string, unknown> = {},
   ) {
     this.jinja = loadJinjaPackage();
-    this.template = new this.jinja.Template(chatTemplate);
+    const compiled = new Map<string, Compiled>();
+    for (const [name, source] of Object.entries(templates)) {
+      try {
+        compiled.set(name, { template: new this.jinja.Template(source), partsFormat: PARTS_LOOP.test(source) });
+      } catch (error) {
+        throw new Error(`its chat template${name === 'default' ? '' : ` '${name}'`} does not compile here (${(error as Error).message})`);
+      }
+    }
+    this.templates = compiled;
     this.specialTokens = specialTokensOf(config);
-    this.partsFormat = PARTS_LOOP.test(chatTemplate);
   }
 
   /** The rendered prompt, or why not. */
@@ -86,71 +64,65 @@ export class ChatRenderer {
     if (body.chat_template !== undefined && body.chat_template !== null) return UNSUPPORTED;
     // Bounded before rendering: 200k tiny messages took 5.3 s in the template alone.
     if (messages.length > this.limits.maxMessages) return TOO_LONG;
+    const args = templateArguments(body, this.serverKwargs);
+    if (isRefused(args)) return args;
+    // transformers' get_chat_template: of a named set, `tool_use` when there are tools.
+    const compiled = (args.tools !== null ? this.templates.get('tool_use') : undefined) ?? this.templates.get('default');
+    if (compiled === undefined) return TEMPLATE_ERROR;
     const conversation: Record<string, unknown>[] = [];
     let chars = 0;
     for (const message of messages) {
-      const converted = this.convertMessage(message);
+      const converted = convertMessage(message, compiled.partsFormat);
       if (isRefused(converted)) return converted;
       chars += contentLength(converted.content);
       if (chars > this.limits.maxChars) return TOO_LONG;
       conversation.push(converted);
     }
-    // vLLM's request models are pydantic's: `1`, `"true"`, `"yes"` are true there.
-    const continueFinal = laxBool(body.continue_final_message, false);
-    const addGenerationPrompt = laxBool(body.add_generation_prompt, true);
-    if (continueFinal === undefined || addGenerationPrompt === undefined) return INVALID;
-    // transformers refuses both at once, and vLLM's default for the first is true.
-    if (continueFinal && addGenerationPrompt) return INVALID;
-    const kwargs = isRecord(body.chat_template_kwargs) ? body.chat_template_kwargs : {};
     let rendered: string;
     try {
-      rendered = renderPythonStrip(this.jinja, this.template, {
-        ...this.specialTokens,
-        ...kwargs,
-        messages: conversation,
-        add_generation_prompt: addGenerationPrompt,
-        continue_final_message: continueFinal,
-        tools: body.tools ?? null,
-        documents: body.documents ?? null,
-      });
+      rendered = renderPythonStrip(this.jinja, compiled.template, { ...this.specialTokens, ...args.variables, messages: conversation });
     } catch {
       return TEMPLATE_ERROR;
     }
-    return continueFinal ? cutAfterFinalMessage(rendered, conversation[conversation.length - 1]) : rendered;
+    return args.continueFinal ? cutAfterFinalMessage(rendered, conversation[conversation.length - 1]) : rendered;
   }
+}
 
-  /** vLLM's conversation message (chat_utils.py): role, content as the template's format wants it, the fields it keeps. */
-  private convertMessage(message: unknown): Record<string, unknown> | Refused {
-    if (!isRecord(message) || typeof message.role !== 'string') return INVALID;
-    const role = message.role;
-    const texts: string[] = [];
-    const content = message.content;
-    if (typeof content === 'string') {
-      texts.push(content);
-    } else if (Array.isArray(content)) {
-      for (const part of content) {
-        const text = partText(part);
-        if (isRefused(text)) return text;
-        if (text !== undefined) texts.push(text);
-      }
-    } else if (content !== undefined && content !== null) {
-      return INVALID;
+/** vLLM's conversation message (chat_utils.py): role, content as the template's format wants it, the fields it keeps. */
+function convertMessage(message: unknown, partsFormat: boolean): Record<string, unknown> | Refused {
+  if (!isRecord(message) || typeof message.role !== 'string') return INVALID;
+  const role = message.role;
+  const texts: string[] = [];
+  const content = message.content;
+  if (typeof content === 'string') {
+    texts.push(content);
+  } else if (Array.isArray(content)) {
+    for (const part of content) {
+      const text = partText(part);
+      if (isRefused(text)) return text;
+      if (text !== undefined) texts.push(text);
     }
-    // Tool results are always a string: most templates read them as one.
-    const asParts = this.partsFormat && role !== 'tool';
-    const out: Record<string, unknown> = { role, content: asParts ? texts.map((text) => ({ type: 'text', text })) : texts.join('\n') };
-    if (role === 'assistant') {
-      if (Array.isArray(message.tool_calls) && message.tool_calls.length > 0) out.tool_calls = message.tool_calls.map(parseArguments);
-      if (message.reasoning !== undefined && message.reasoning !== null) out.reasoning = out.reasoning_content = message.reasoning;
-    } else if (role === 'tool' && 'tool_call_id' in message) {
-      out.tool_call_id = message.tool_call_id;
-    } else if (role === 'developer') {
-      out.tools = message.tools ?? null;
-    }
-    if (typeof message.name === 'string') out.name = message.name;
-    if (typeof message.task === 'string') out.task = message.task;
-    return out;
+  } else if (content !== undefined && content !== null) {
+    return INVALID;
   }
+  // Tool results are always a string: most templates read them as one.
+  const asParts = partsFormat && role !== 'tool';
+  const out: Record<string, unknown> = { role, content: asParts ? texts.map((text) => ({ type: 'text', text })) : texts.join('\n') };
+  if (role === 'assistant') {
+    if (Array.isArray(message.tool_calls) && message.tool_calls.length > 0) {
+      const calls = message.tool_calls.map(parseArguments);
+      if (calls.some(isRefused)) return INVALID;
+      out.tool_calls = calls;
+    }
+    if (message.reasoning !== undefined && message.reasoning !== null) out.reasoning = out.reasoning_content = message.reasoning;
+  } else if (role === 'tool' && 'tool_call_id' in message) {
+    out.tool_call_id = message.tool_call_id;
+  } else if (role === 'developer') {
+    out.tools = message.tools ?? null;
+  }
+  if (typeof message.name === 'string') out.name = message.name;
+  if (typeof message.task === 'string') out.task = message.task;
+  return out;
 }
 
 function contentLength(content: unknown): number {
@@ -174,23 +146,30 @@ function partText(part: unknown): string | undefined | Refused {
   return typeof text === 'string' ? text : INVALID;
 }
 
-// vLLM's content-format detection walks the template's syntax tree for a loop over
-// `message['content']`; the loop's source text is what that finds.
-const PARTS_LOOP = /\{%-?\s*for\s+\w+\s+in\s+\w+(?:\[\s*['"]content['"]\s*\]|\.content\b)/;
+// vLLM's content-format detection (vllm/renderers/hf.py `_iter_nodes_assign_content_item`) walks
+// the template's syntax tree for a loop over `message['content']` or over a variable named
+// `content`; the loop's source text is what that finds.
+const PARTS_LOOP = /\{%-?\s*for\s+\w+\s+in\s+(?:\w+(?:\[\s*['"]content['"]\s*\]|\.content\b)|content\b)/;
 
-/** vLLM hands templates each tool call's `arguments` parsed from its JSON string (`{}` when it is not JSON). */
-function parseArguments(call: unknown): unknown {
-  if (!isRecord(call) || !isRecord(call.function)) return call;
+/**
+ * vLLM hands templates each tool call's `arguments` parsed from its JSON string, `{}` for an
+ * empty one, and answers 400 to one that is not JSON or a call that is not a function's
+ * (chat_utils.py `_postprocess_messages`).
+ */
+function parseArguments(call: unknown): Record<string, unknown> | Refused {
+  if (!isRecord(call) || !isRecord(call.function) || (call.type !== undefined && call.type !== 'function')) return INVALID;
   const raw = call.function.arguments;
   let parsed: unknown = {};
-  if (typeof raw === 'string') {
+  if (typeof raw === 'string' && raw !== '') {
     try {
       parsed = JSON.parse(raw);
     } catch {
-      parsed = {};
+      return INVALID;
     }
   } else if (typeof raw === 'object' && raw !== null) {
     parsed = raw;
+  } else if (raw !== undefined && raw !== null && raw !== '' && raw !== 0 && raw !== false) {
+    return INVALID;
   }
   return { ...call, function: { ...call.function, arguments: parsed } };
 }
@@ -221,6 +200,14 @@ function specialTokensOf(config: Record<string, unknown>): Record<string, unknow
   }
   const extra = config.additional_special_tokens;
   if (Array.isArray(extra)) tokens.additional_special_tokens = extra.map(tokenText).filter((text) => text !== undefined);
+  // transformers 5 names the tokens of an `extra_special_tokens` object as it names bos_token.
+  const named = config.extra_special_tokens;
+  if (isRecord(named)) {
+    for (const [key, value] of Object.entries(named)) {
+      const text = tokenText(value);
+      if (text !== undefined && !Object.hasOwn(tokens, key)) Object.defineProperty(tokens, key, { value: text, enumerable: true });
+    }
+  }
   return tokens;
 }
 

@@ -3,8 +3,8 @@
  * template), and the optional packages that read them: loaded on first use,
  * so an install without them works until `prefixAware.tokenizer` is configured.
  */
-import { readFileSync, statSync } from 'node:fs';
-import { basename, join } from 'node:path';
+import { readdirSync, readFileSync, statSync } from 'node:fs';
+import { basename, dirname, join } from 'node:path';
 import type * as HfTokenizers from '@huggingface/tokenizers';
 import type * as HfJinja from '@huggingface/jinja';
 import { requireOptional } from '../optional-deps';
@@ -17,6 +17,8 @@ export interface TokenizerFiles {
   tokenizer: Record<string, unknown>;
   /** `tokenizer_config.json` (its chat template, special tokens); `{}` when absent. */
   config: Record<string, unknown>;
+  /** The templates of `chat_template.jinja` (`default`) and `chat_templates/NAME.jinja` beside it, which transformers puts before the config's; absent when there are none. */
+  templateFiles?: ChatTemplates;
   /** Where they came from, for messages. */
   source: string;
 }
@@ -43,7 +45,38 @@ export function readTokenizerFiles(path: string | readonly [tokenizerJson: strin
   }
   const tokenizer = readJson(tokenizerPath, true);
   const config = (configPath !== undefined && readJson(configPath, typeof path !== 'string')) || {};
-  return { tokenizer: tokenizer as Record<string, unknown>, config, source: typeof path === 'string' ? path : path.join(', ') };
+  const templateFiles = readTemplateFiles(dirname(configPath ?? tokenizerPath));
+  return { tokenizer: tokenizer as Record<string, unknown>, config, source: typeof path === 'string' ? path : path.join(', '), ...(templateFiles && { templateFiles }) };
+}
+
+/** The model's chat templates by name: `default` for a single one. */
+export type ChatTemplates = Readonly<Record<string, string>>;
+
+/** transformers' template files in a model directory (tokenization_utils_base.py, `chat_template_file`, `CHAT_TEMPLATE_DIR`). */
+function readTemplateFiles(directory: string): ChatTemplates | undefined {
+  const templates: Record<string, string> = {};
+  const single = readText(join(directory, 'chat_template.jinja'));
+  if (single !== undefined) templates.default = single;
+  let named: string[] = [];
+  try {
+    named = readdirSync(join(directory, 'chat_templates')).filter((name) => name.endsWith('.jinja'));
+  } catch {
+    // No such directory: the usual case.
+  }
+  for (const file of named) {
+    const text = readText(join(directory, 'chat_templates', file));
+    if (text !== undefined) Object.defineProperty(templates, file.slice(0, -'.jinja'.length), { value: text, enumerable: true });
+  }
+  return Object.keys(templates).length === 0 ? undefined : templates;
+}
+
+function readText(path: string): string | undefined {
+  try {
+    return readFileSync(path, 'utf8');
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw new Error(`cannot read ${path}: ${(error as Error).message}`);
+  }
 }
 
 function isDirectory(path: string): boolean {
@@ -114,14 +147,18 @@ export function alternation(literals: string[]): RegExp {
   return new RegExp(sorted.map((literal) => literal.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')).join('|'), 'g');
 }
 
-/** The chat template `tokenizer_config.json` names (vLLM's default of a named list). */
-export function chatTemplateOf(config: Record<string, unknown>): string | undefined {
-  const template = config.chat_template;
-  if (typeof template === 'string') return template;
-  // The list form names several templates; vLLM's default is the one named "default".
-  if (Array.isArray(template)) {
-    const named = template.find((entry) => entry?.name === 'default') as { template?: unknown } | undefined;
-    if (typeof named?.template === 'string') return named.template;
+/**
+ * The model's chat templates as transformers loads them: the template files when there are
+ * any, else `tokenizer_config.json`'s `chat_template` (a string, or a list of named ones).
+ */
+export function chatTemplatesOf(files: TokenizerFiles): ChatTemplates | undefined {
+  if (files.templateFiles !== undefined) return files.templateFiles;
+  const template = files.config.chat_template;
+  if (typeof template === 'string') return { default: template };
+  if (!Array.isArray(template)) return undefined;
+  const named: Record<string, string> = {};
+  for (const entry of template) {
+    if (typeof entry?.name === 'string' && typeof entry?.template === 'string') Object.defineProperty(named, entry.name, { value: entry.template, enumerable: true });
   }
-  return undefined;
+  return Object.keys(named).length === 0 ? undefined : named;
 }

@@ -51,6 +51,9 @@ export function textCutsAgreeOn(whole: (text: string) => number[]): boolean {
   });
 }
 
-function sameIds(a: readonly number[], b: readonly number[]): boolean {
-  return a.length === b.length && a.every((id, at) => id === b[at]);
+/** Whether two id lists are equal. */
+export function sameIds(a: readonly number[], b: readonly number[]): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
 }

@@ -22,68 +22,21 @@
  * whole texts only.
  */
 import type { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
-import { ChatRenderer, TOO_LONG, isRefused, laxBool, type Refused } from './tokenizer-chat';
-import { addedTokens, alternation, chatTemplateOf, loadTokenizersPackage, readTokenizerFiles, type TokenizerFiles } from './tokenizer-files';
+import { chatSupport } from './chat-support';
+import { TOO_LONG, isRefused, type Refused } from './refusals';
+import { laxBool } from './template-arguments';
+import type { ChatRenderer } from './tokenizer-chat';
+import { addedTokens, alternation, loadTokenizersPackage, readTokenizerFiles, type TokenizerFiles } from './tokenizer-files';
 import { IdParts } from './id-parts';
 import { PieceCache } from './piece-cache';
 import { CHUNK_CHARS, FINE_CHARS, forEachChunk } from './text-cuts';
-import { SAMPLE_MESSAGES, SAMPLE_TEXTS, textCutsAgreeOn, wordsAgreeOn } from './tokenizer-samples';
+import { SAMPLE_MESSAGES, SAMPLE_TEXTS, sameIds, textCutsAgreeOn, wordsAgreeOn } from './tokenizer-samples';
+import type { PromptKind, PromptTokenizerOptions, PromptTokenizerStats, TokenizeOutcome } from './tokenizer-options';
 import { WordEncoder } from './word-encoder';
 
-export type { Refused, RenderRefusal } from './tokenizer-chat';
+export type { Refused, RenderRefusal } from './refusals';
 export { readTokenizerFiles, type TokenizerFiles } from './tokenizer-files';
-
-/** Options of {@link PromptTokenizer}. */
-export interface PromptTokenizerOptions {
-  /** Memory held by the prefix cache (token ids and the text they came from; an eighth of it for the word cache). Default 32 MiB. */
-  cacheBytes?: number;
-  /** Requests whose cut-and-cached tokenization is compared with whole-text tokenization before it is trusted. Default 32. */
-  selfCheckRequests?: number;
-  /**
-   * The most text a request may bring that is not in the cache yet, counted in UTF-8 bytes (an
-   * ASCII character is 1, a CJK one 3: what byte-level BPE works through); a request with more
-   * is refused as `too_long`. Tokenizing runs on the event loop (see
-   * bench/tokenize.ts and docs/exact-prefix-routing.md for its cost), so this bounds what one
-   * request, hostile or not, can cost every other. What was tokenized before the budget ran
-   * out stays cached, so a long shared prefix is taken in over a few requests; a single piece
-   * of text with no cut in it (between two added tokens, and with no word boundary at least
-   * every 256 characters) longer than this never is. The first requests' check against
-   * whole-text tokenization is charged to it too, and skipped when it does not fit. Default
-   * 32,768: a budget of new CJK text (the costliest per byte) is ~50–70 ms of CPU on a loaded
-   * core, within the 100 ms a health check may wait.
-   */
-  maxUncachedChars?: number;
-  /**
-   * The most messages a chat request may have; past it the request is refused as `too_long`
-   * before its template is rendered. Each message is also charged to `maxUncachedChars` as 16
-   * bytes of new text (what its rendering costs). Default 1,024 (about 25–40 ms of rendering;
-   * 4,096 took 100 ms).
-   */
-  maxMessages?: number;
-  /** Told once if cutting the text at added tokens changed the tokens (the cache then keeps whole texts only). */
-  onSegmentMismatch?: (text: string) => void;
-}
-
-/** The endpoints whose prompts are tokenized. */
-export type PromptKind = 'chat' | 'completions';
-
-/** A request's prompts as token ids (a completions batch has several), or why not. */
-export type TokenizeOutcome = { prompts: number[][] } | Refused;
-
-/** Cache counters. */
-export interface PromptTokenizerStats {
-  hits: number;
-  misses: number;
-  cachedBytes: number;
-  /** False once cutting at added tokens was found to change the tokens. */
-  segmenting: boolean;
-  /** Whether long pieces are cut between words too (true until the check on samples at the first long piece, or a request, finds it changes the tokens). */
-  cuttingText: boolean;
-  /** Whether new text goes through the word cache (a byte-level BPE tokenizer; true until the check on samples at its first use finds a difference). */
-  wordCache: boolean;
-  /** Requests still to be checked against whole-text tokenization (`selfCheckRequests` at first). */
-  selfChecksLeft: number;
-}
+export type { PromptKind, PromptTokenizerOptions, PromptTokenizerStats, TokenizeOutcome } from './tokenizer-options';
 
 const DEFAULT_CACHE_BYTES = 32 * 1024 * 1024;
 const DEFAULT_MAX_UNCACHED_CHARS = 32_768;
@@ -98,6 +51,8 @@ const OVER_BUDGET = new Error('over budget');
 export class PromptTokenizer {
   private readonly tokenizer: HfTokenizer;
   private readonly chat: ChatRenderer | undefined;
+  /** What the router cannot do with these files as vLLM does (each a sentence naming the files), for a warning at creation. */
+  readonly notices: readonly string[];
   private readonly splitter: RegExp | undefined;
   private readonly addedIds: Map<string, number | undefined>;
   /** Each added token's id as a one-id array, for {@link IdParts}. */
@@ -130,11 +85,12 @@ export class PromptTokenizer {
     const cacheBytes = options.cacheBytes ?? DEFAULT_CACHE_BYTES;
     this.cache = new PieceCache(cacheBytes - Math.floor(cacheBytes / 8));
     this.maxUncachedChars = options.maxUncachedChars ?? DEFAULT_MAX_UNCACHED_CHARS;
-    const template = chatTemplateOf(files.config);
     // Cached text is cheap to tokenize but not to render: what a request may hold in all is
     // bounded at RENDER_CHARS_PER_BUDGET times the new text it may bring.
     const limits = { maxMessages: options.maxMessages ?? DEFAULT_MAX_MESSAGES, maxChars: this.maxUncachedChars * RENDER_CHARS_PER_BUDGET };
-    this.chat = template === undefined ? undefined : new ChatRenderer(template, files.config, limits);
+    const chat = chatSupport(files, limits, { ...options.chatTemplateKwargs });
+    this.chat = chat.renderer;
+    this.notices = chat.notice === undefined ? [] : [chat.notice];
     this.selfChecks = options.selfCheckRequests ?? 32;
     this.onSegmentMismatch = options.onSegmentMismatch;
     this.addedIds = addedTokens(files.tokenizer);
@@ -147,7 +103,7 @@ export class PromptTokenizer {
     this.segmenting = this.splitter !== undefined && this.cutsAgree();
   }
 
-  /** Whether the files had a chat template (without one, chat requests are refused as unsupported). */
+  /** Whether chat requests are rendered here (not without a chat template, nor for gpt-oss: see {@link notices}); otherwise they are refused as unsupported. */
   get hasChatTemplate(): boolean {
     return this.chat !== undefined;
   }
@@ -308,10 +264,6 @@ export class PromptTokenizer {
     return ids;
   }
 
-  /**
-   * Takes what tokenizing `text` costs out of the request's budget: its UTF-8 bytes, which are
-   * what byte-level BPE merges (a CJK character is 3 bytes, and cost as much as 3 ASCII ones).
-   */
   /** Whether the whole-text check of `text` fits in what the request may still spend (then spent). */
   private affords(text: string): boolean {
     if (this.budget === Infinity) return text.length <= this.maxUncachedChars && Buffer.byteLength(text, 'utf8') <= this.maxUncachedChars;
@@ -322,6 +274,10 @@ export class PromptTokenizer {
     return true;
   }
 
+  /**
+   * Takes what tokenizing `text` costs out of the request's budget: its UTF-8 bytes, which are
+   * what byte-level BPE merges (a CJK character is 3 bytes, and cost as much as 3 ASCII ones).
+   */
   private charge(text: string): void {
     // A UTF-16 unit is at least one byte: past the budget in units, it is past it in bytes.
     this.spend(text.length > this.budget ? Infinity : Buffer.byteLength(text, 'utf8'));
@@ -392,11 +348,5 @@ export class PromptTokenizer {
 
 function isTokenIds(values: unknown[]): values is number[] {
   for (const value of values) if (!Number.isSafeInteger(value) || (value as number) < 0) return false;
-  return true;
-}
-
-function sameIds(a: readonly number[], b: readonly number[]): boolean {
-  if (a.length !== b.length) return false;
-  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
   return true;
 }

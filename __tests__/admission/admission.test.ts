@@ -25,12 +25,14 @@ async function gateway(options: Options): Promise<TestGateway> {
 const depth = (gw: TestGateway, priority = 'normal') => metricValue(gw.registry, 'dp_router_queue_depth', { priority });
 const outcome = (gw: TestGateway, name: string) => metricValue(gw.registry, 'dp_router_admission_total', { outcome: name });
 
-/** Sends one request labelled `label` and waits until it is at the upstream or in the queue (`queued` more than before). */
-async function sendInOrder(gw: TestGateway, upstream: HeldUpstream, label: string, headers: Record<string, string> = {}, localAddress?: string) {
-  const before = upstream.arrived.length;
+/** Sends one request labelled `label` and waits until it is at an upstream or in the queue (`queued` more than before). */
+async function sendInOrder(gw: TestGateway, upstream: HeldUpstream | HeldUpstream[], label: string, headers: Record<string, string> = {}, localAddress?: string, body?: string) {
+  const upstreams = Array.isArray(upstream) ? upstream : [upstream];
+  const arrived = () => upstreams.reduce((sum, one) => sum + one.arrived.length, 0);
+  const before = arrived();
   const queuedBefore = await metricValue(gw.registry, 'dp_router_queue_depth');
-  const answer = exchange(gw.url, { headers: { 'x-label': label, ...headers }, localAddress });
-  await waitFor(async () => upstream.arrived.length > before || (await metricValue(gw.registry, 'dp_router_queue_depth')) > queuedBefore, 3000, () => `${label} neither arrived nor queued: ${upstream.arrived}`);
+  const answer = exchange(gw.url, { headers: { 'x-label': label, ...headers }, localAddress, body });
+  await waitFor(async () => arrived() > before || (await metricValue(gw.registry, 'dp_router_queue_depth')) > queuedBefore, 3000, () => `${label} neither arrived nor queued: ${upstreams.map((one) => one.arrived)}`);
   // Wrapped: an async function returning the promise itself would wait for the answer.
   return { done: answer };
 }
@@ -108,6 +110,45 @@ describe('admission control', () => {
     await waitFor(() => upstream.held === 0 && upstream.arrived.length === 3);
     upstream.releaseAll();
     expect((await Promise.all([first.done, hinted.done, free.done])).map((answer) => answer.status)).toEqual([200, 200, 200]);
+  });
+
+  it('gives a freed slot to the first waiter that can use it: a waiter for a busy model never holds back one for the freed model', async () => {
+    const a = await held();
+    const b = await held();
+    const gw = await gateway({ upstreams: [{ url: a.url, name: 'a', models: ['model-a'] }, { url: b.url, name: 'b', models: ['model-b'] }], admission: { maxInflightPerRank: 1 } });
+    const ask = (model: string) => JSON.stringify({ model, prompt: 'hi', max_tokens: 1 });
+    const a1 = await sendInOrder(gw, [a, b], 'a1', {}, undefined, ask('model-a'));
+    const b1 = await sendInOrder(gw, [a, b], 'b1', {}, undefined, ask('model-b'));
+    // a2 waits at the head of the queue for model-a's busy endpoint; b2 waits behind it.
+    const a2 = await sendInOrder(gw, [a, b], 'a2', {}, undefined, ask('model-a'));
+    const b2 = await sendInOrder(gw, [a, b], 'b2', {}, undefined, ask('model-b'));
+    expect(await depth(gw)).toBe(2);
+    b.releaseOne();
+    await waitFor(() => b.arrived.length === 2, 3000, () => `b2 still waits behind a2: ${b.arrived}`);
+    expect(b.arrived).toEqual(['b1', 'b2']);
+    expect(a.arrived).toEqual(['a1']);
+    expect(await depth(gw)).toBe(1);
+    a.releaseOne();
+    await waitFor(() => a.arrived.length === 2);
+    a.releaseAll();
+    b.releaseAll();
+    expect((await Promise.all([a1.done, b1.done, a2.done, b2.done])).map((answer) => answer.status)).toEqual([200, 200, 200, 200]);
+  });
+
+  it('keeps a hinted request in its model’s pool: it waits for its rank there, never taking that rank of another model', async () => {
+    const a = await held();
+    const b = await held();
+    const gw = await gateway({ upstreams: [{ url: a.url, name: 'a', models: ['model-a'] }, { url: b.url, name: 'b', models: ['model-b'] }], hints: { trust: true }, admission: { maxInflightPerRank: 1 } });
+    const body = JSON.stringify({ model: 'model-a', prompt: 'hi', max_tokens: 1 });
+    const first = await sendInOrder(gw, [a, b], 'first', { 'x-data-parallel-rank': '0' }, undefined, body);
+    const second = await sendInOrder(gw, [a, b], 'second', { 'x-data-parallel-rank': '0' }, undefined, body);
+    expect(b.arrived).toEqual([]);
+    expect(await depth(gw)).toBe(1);
+    a.releaseOne();
+    await waitFor(() => a.arrived.length === 2);
+    a.releaseAll();
+    expect((await Promise.all([first.done, second.done])).map((answer) => answer.status)).toEqual([200, 200]);
+    expect(b.arrived).toEqual([]);
   });
 
   it('answers 429 RateLimitError with an integer Retry-After when the queue or a tenant’s share is full', async () => {

@@ -21,7 +21,7 @@ export function releaseCost(waiting: number, tenants: number): { enqueueUs: numb
   const resume = () => endpoint.inflight++;
   const enqueueStart = process.hrtime.bigint();
   for (let i = 0; i < waiting; i++) {
-    admission.wait(res, { tenant: `tenant-${i % tenants}`, priority: i % 3, waitedMs: 0 }, undefined, (free) => free[0], resume);
+    admission.wait(res, { tenant: `tenant-${i % tenants}`, priority: i % 3, waitedMs: 0 }, undefined, undefined, (free) => free[0], resume);
   }
   const enqueueNs = Number(process.hrtime.bigint() - enqueueStart);
   const start = process.hrtime.bigint();

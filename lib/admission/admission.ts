@@ -27,6 +27,8 @@ interface Seat {
   readonly res: ServerResponse;
   /** The rank it waits for (a hint), or `undefined` for any endpoint. */
   readonly rank: number | undefined;
+  /** Where it may go: its model's pool, or `undefined` for every endpoint. */
+  readonly pool: readonly RouteEndpoint[] | undefined;
   /** For any endpoint: the policy's pick among the free ones. */
   readonly choose: ((free: readonly RouteEndpoint[]) => RouteEndpoint | undefined) | undefined;
   readonly resume: Resume;
@@ -46,8 +48,9 @@ const DEFAULT_TENANT = '';
  * The admission stage: who the request is for (tenant, class, budget) before anything is read,
  * and whether an endpoint has room when one is chosen; a request that finds none waits in a
  * fair queue until a slot frees. Requests waiting for any endpoint share one queue; those
- * waiting for a hinted rank wait in that rank's own, and a freed slot goes to the older head
- * of the two (the higher class first).
+ * waiting for a hinted rank wait in that rank's own, and a freed slot goes to the first waiter
+ * of the two that can use it (its model's pool holds the endpoint), the higher class first,
+ * then the older.
  */
 export class Admission {
   private readonly anyEndpoint: FairQueue<Seat>;
@@ -109,11 +112,11 @@ export class Admission {
     return endpoint.inflight >= this.settings.maxInflightPerRank || (endpoint.engineWaiting > 0 && endpoint.inflight > 0);
   }
 
-  /** The least loaded replica of `rank` with room, if any. */
-  freeOfRank(rank: number): RouteEndpoint | undefined {
+  /** The least loaded replica of `rank` with room, if any (in `pool`, a model's endpoints, when given). */
+  freeOfRank(rank: number, pool: readonly RouteEndpoint[] | undefined): RouteEndpoint | undefined {
     let best: RouteEndpoint | undefined;
     for (const replica of this.table.healthyOfRank(rank)) {
-      if (this.full(replica)) continue;
+      if (this.full(replica) || (pool !== undefined && !pool.includes(replica))) continue;
       if (best === undefined || replica.load < best.load) best = replica;
     }
     return best;
@@ -126,10 +129,11 @@ export class Admission {
 
   /**
    * Queues a request that found no room: for `rank` (a hint: it waits for that rank), or for
-   * any endpoint, where `choose` picks among those free when a slot frees. Answers 429 when the
-   * queue or the tenant's share of it is full. Returns the cancel to call if the client leaves.
+   * any endpoint, where `choose` picks among those free when a slot frees; `pool`, its model's
+   * endpoints, bounds both. Answers 429 when the queue or the tenant's share of it is full.
+   * Returns the cancel to call if the client leaves.
    */
-  wait(res: ServerResponse, ticket: AdmissionTicket, rank: number | undefined, choose: Seat['choose'], resume: Resume): (() => void) | undefined {
+  wait(res: ServerResponse, ticket: AdmissionTicket, rank: number | undefined, pool: Seat['pool'], choose: Seat['choose'], resume: Resume): (() => void) | undefined {
     const { settings } = this;
     const tenantWaiting = this.perTenant.get(ticket.tenant) ?? 0;
     if (this.waiting >= settings.maxLength || tenantWaiting >= settings.maxPerTenant) {
@@ -137,7 +141,7 @@ export class Admission {
       return undefined;
     }
     const queue = rank === undefined ? this.anyEndpoint : this.rankQueue(rank);
-    const seat: Seat = { ticket, res, rank, choose, resume, since: performance.now(), timer: undefined };
+    const seat: Seat = { ticket, res, rank, pool, choose, resume, since: performance.now(), timer: undefined };
     const waiter = queue.push(seat, ticket.tenant, ticket.priority);
     seat.timer = setTimeout(() => this.expire(queue, waiter), settings.timeoutMs);
     this.waiting++;
@@ -154,20 +158,24 @@ export class Admission {
   }
 
   /**
-   * A slot on `endpoint` was freed: it goes to the next waiter that can use it (the older head
-   * of this rank's queue and the shared one, by class first), as long as the endpoint has room.
+   * A slot on `endpoint` was freed: it goes to the first waiter, in each queue's own order, that
+   * can use it (its model's pool holds the endpoint), the one of this rank's queue or the shared
+   * one that goes first by class, then age; as long as the endpoint has room. A waiter for a busy
+   * model at the head never holds back one behind it for this endpoint's model.
    */
   freed(endpoint: RouteEndpoint): void {
     if (this.waiting === 0) return;
     this.countRelease();
     const ranked = this.byRank.get(endpoint.rank);
+    const fits = (seat: Seat) => seat.pool === undefined || seat.pool.includes(endpoint);
     while (this.waiting > 0 && endpoint.healthy && !this.full(endpoint)) {
-      const mine = ranked?.peek();
-      const any = this.anyEndpoint.peek();
+      const mine = ranked?.first(fits);
+      const any = this.anyEndpoint.first(fits);
       const next = mine === undefined ? any : any === undefined ? mine : before(mine, any) ? mine : any;
       if (next === undefined) return;
       const seat = next.value;
-      const target = seat.rank === undefined ? seat.choose!(this.free()) : this.freeOfRank(seat.rank);
+      // Never undefined: `endpoint` is free and in the waiter's pool (and of its rank, for a hint).
+      const target = seat.rank === undefined ? seat.choose!(this.free()) : this.freeOfRank(seat.rank, seat.pool);
       if (target === undefined) return;
       this.leave(next === mine ? ranked! : this.anyEndpoint, next, true);
       const waitedMs = performance.now() - seat.since;

@@ -326,7 +326,7 @@ export class RequestLifecycle {
 
   /**
    * Capacity, under admission: the chosen endpoint when it has room; else, for a hint, the least
-   * loaded replica of its rank with room, and for a pick, the policy's pick among the endpoints
+   * loaded replica of its rank with room (in its model's pool), and for a pick, the policy's pick among the endpoints
    * with room; else the request waits in the fair queue (a hint for its rank: it is never
    * moved) and goes on where a slot frees. The decision header carries the time waited.
    */
@@ -352,14 +352,14 @@ export class RequestLifecycle {
       this.terminal.proceed(req, res, next, route);
     };
     const hinted = source === 'hint';
-    const now = admission.full(chosen) ? (hinted ? admission.freeOfRank(chosen.rank) : this.pickFree(route, admission.free())) : chosen;
+    const now = admission.full(chosen) ? (hinted ? admission.freeOfRank(chosen.rank, route.pool) : this.pickFree(route, admission.free())) : chosen;
     if (now !== undefined) {
       admission.admitted();
       go(now);
       return;
     }
     const choose = hinted ? undefined : (free: readonly RouteEndpoint[]) => this.pickFree(route, free);
-    const leave = admission.wait(res, route.ticket!, hinted ? chosen.rank : undefined, choose, (endpoint) => {
+    const leave = admission.wait(res, route.ticket!, hinted ? chosen.rank : undefined, route.pool, choose, (endpoint) => {
       route.leave = undefined;
       try {
         go(endpoint);

@@ -1,6 +1,7 @@
 import { describe, expect, it } from '@jest/globals';
 import { join } from 'node:path';
 import { parseCommandLine, UsageError, type GatewaySettings } from '../../example-server/cli';
+import { admissionFromFlags } from '../../example-server/admission';
 
 /** A tokenizer directory that exists: the embedded mock's. */
 const TOKENIZER = join(__dirname, '../../example-server/mock-vllm/tokenizer');
@@ -38,6 +39,15 @@ describe('parseCommandLine', () => {
     expect(settings.mockMaxNumSeqs).toBe(4);
     expect(() => parse('--tenant-header', 'x tenant')).toThrow(UsageError);
     expect(() => parse('--redis', 'http://127.0.0.1:6379')).toThrow(/redis:\/\//);
+  });
+
+  it('trusts every caller\'s tenant header only with --trust-tenant, which needs --tenant-header', async () => {
+    expect(parse('--tenant-header', 'x-tenant-id').admission).toEqual({ tenantHeader: 'x-tenant-id' });
+    const flags = parse('--tenant-header', 'x-tenant-id', '--trust-tenant').admission;
+    expect(flags).toEqual({ tenantHeader: 'x-tenant-id', trustTenant: true });
+    expect((await admissionFromFlags(flags, () => undefined)).options?.tenant).toEqual({ header: 'x-tenant-id', trust: true });
+    expect((await admissionFromFlags({ tenantHeader: 'x-tenant-id' }, () => undefined)).options?.tenant).toEqual({ header: 'x-tenant-id' });
+    expect(() => parse('--trust-tenant')).toThrow(/--trust-tenant .*--tenant-header NAME/);
   });
 
   it('gives --kv-events to the --upstream before it, with --tokenizer', () => {

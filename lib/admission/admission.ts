@@ -83,7 +83,7 @@ export class Admission {
    */
   admit(req: IncomingMessage, res: ServerResponse, trusted: boolean, go: (ticket: AdmissionTicket) => void): void {
     const { settings } = this;
-    const tenant = this.tenantOf(req);
+    const tenant = this.tenantOf(req, trusted);
     if (tenant === undefined) {
       sendError(res, 400, 'BadRequestError', `The tenant key must be at most ${MAX_TENANT_LENGTH} characters.`, settings.tenantHeader ?? null);
       return;
@@ -224,11 +224,17 @@ export class Admission {
     sendError(res, 429, 'RateLimitError', `The token budget of ${this.settings.tokensPerMinute} tokens per minute is spent; retry after ${retryAfter} s.`);
   }
 
-  private tenantOf(req: IncomingMessage): string | undefined {
+  /** The request's tenant: an untrusted caller's header is ignored (the default tenant); `undefined` for a key too long. */
+  private tenantOf(req: IncomingMessage, hintsTrusted: boolean): string | undefined {
     const { tenantHeader, tenantOf } = this.settings;
     let tenant: unknown;
-    if (tenantHeader !== undefined) tenant = req.headers[tenantHeader];
-    else if (tenantOf !== undefined) tenant = tenantOf(req);
+    if (tenantHeader !== undefined) {
+      const raw = req.headers[tenantHeader];
+      if (raw === undefined || !trustedBy(this.settings.tenantTrust, req, hintsTrusted)) return DEFAULT_TENANT;
+      tenant = raw;
+    } else if (tenantOf !== undefined) {
+      tenant = tenantOf(req);
+    }
     if (typeof tenant !== 'string' || tenant.length === 0) return DEFAULT_TENANT;
     return tenant.length > MAX_TENANT_LENGTH ? undefined : tenant;
   }
@@ -239,8 +245,7 @@ export class Admission {
     const raw = req.headers[priorityHeader];
     if (raw === undefined) return defaultClass;
     delete req.headers[priorityHeader];
-    const trusted = priorityTrust === undefined ? hintsTrusted : priorityTrust === true || (priorityTrust !== false && priorityTrust(req) === true);
-    if (!trusted || typeof raw !== 'string') return defaultClass;
+    if (!trustedBy(priorityTrust, req, hintsTrusted) || typeof raw !== 'string') return defaultClass;
     const index = classes.indexOf(raw.trim().toLowerCase());
     return index === -1 ? defaultClass : index;
   }
@@ -305,6 +310,11 @@ export class Admission {
     }
     this.releasesNow += count;
   }
+}
+
+/** Whether `trust` (`undefined`: the rank hints' rule, already judged as `hintsTrusted`) trusts the caller. */
+function trustedBy(trust: AdmissionSettings['tenantTrust'], req: IncomingMessage, hintsTrusted: boolean): boolean {
+  return trust === undefined ? hintsTrusted : trust === true || (trust !== false && trust(req) === true);
 }
 
 /** Which of two heads goes first: the higher class, then the older. */

@@ -31,7 +31,7 @@ const EXPIRE_MS = String(2 * WINDOW_MS + 5_000);
  *
  * @example
  * import Redis from 'ioredis';
- * dpRouter({ upstreams, admission: { tenant: { header: 'x-tenant-id' }, tokens: { perMinute: 200_000, store: redisTokenStore(new Redis(url)) } } });
+ * dpRouter({ upstreams, admission: { tenant: { header: 'x-tenant-id', trust: true }, tokens: { perMinute: 200_000, store: redisTokenStore(new Redis(url)) } } });
  */
 export function redisTokenStore(client: unknown, options: RedisTokenStoreOptions = {}): TokenStore {
   const send = commandOf(client);

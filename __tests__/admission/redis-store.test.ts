@@ -31,7 +31,7 @@ describe('redisTokenStore', () => {
     started.push({ close: () => redis.stop() });
     const mock = await startMockVllm({ dataParallelSize: 1 });
     started.push(mock);
-    const admission = (prefix: string) => ({ tenant: { header: 'x-tenant-id' }, tokens: { perMinute: 30, store: redisTokenStore(client(redis.url), { prefix }) } });
+    const admission = (prefix: string) => ({ tenant: { header: 'x-tenant-id', trust: true }, tokens: { perMinute: 30, store: redisTokenStore(client(redis.url), { prefix }) } });
     const one = await gateway(mock.url, { admission: admission('t:') });
     const two = await gateway(mock.url, { admission: admission('t:') });
     expect((await send(one, 'a')).status).toBe(200);
@@ -58,7 +58,7 @@ describe('redisTokenStore', () => {
     const warnings: string[] = [];
     const gw = await gateway(mock.url, {
       logger: { warn: (message: string) => warnings.push(message) },
-      admission: { tenant: { header: 'x-tenant-id' }, tokens: { perMinute: 1_000, store: redisTokenStore(client(redis.url)) } },
+      admission: { tenant: { header: 'x-tenant-id', trust: true }, tokens: { perMinute: 1_000, store: redisTokenStore(client(redis.url)) } },
     });
     expect((await send(gw, 'a')).status).toBe(200);
     await redis.stop();

@@ -73,4 +73,38 @@ describe('redisTokenStore', () => {
     await waitFor(async () => (await send(gw, 'a')).status === 200 && warnings.some((line) => line.includes('answers again;')), 10_000);
     expect(warnings.filter((line) => line.includes('answers again;'))).toHaveLength(1);
   });
+
+  it('takes a count that is not a number (another writer on a shared Redis) as a store failure: fail open, counted, logged once, and the key expires', async () => {
+    const redis = await startRedis();
+    started.push({ close: () => redis.stop() });
+    const mock = await startMockVllm({ dataParallelSize: 1 });
+    started.push(mock);
+    const warnings: string[] = [];
+    const gw = await gateway(mock.url, {
+      logger: { warn: (message: string) => warnings.push(message) },
+      admission: { tenant: { header: 'x-tenant-id', trust: true }, tokens: { perMinute: 30, store: redisTokenStore(client(redis.url), { prefix: 'w:' }) } },
+    });
+    const key = `w:a:${Math.floor(Date.now() / 60_000)}`;
+    await client(redis.url).call('SET', key, 'not-a-number');
+    const answers = [];
+    for (let i = 0; i < 3; i++) answers.push(await send(gw, 'a'));
+    expect(answers.map((answer) => [answer.status, answer.headers['retry-after']])).toEqual([
+      [200, undefined],
+      [200, undefined],
+      [200, undefined],
+    ]);
+    await waitFor(async () => (await metricValue(gw.registry, 'dp_router_token_store_errors_total')) >= 3);
+    expect(warnings.filter((line) => line.includes('token store failed'))).toHaveLength(1);
+    // The foreign value is left as it is, but it goes with its window instead of staying for ever.
+    expect(await client(redis.url).call('GET', key)).toBe('not-a-number');
+    const ttl = Number(await client(redis.url).call('PTTL', key));
+    expect(ttl).toBeGreaterThan(60_000);
+    expect(ttl).toBeLessThanOrEqual(125_000);
+    // Another tenant's budget still counts.
+    expect((await send(gw, 'b')).status).toBe(200);
+    expect((await send(gw, 'b')).status).toBe(200);
+    await waitFor(async () => (await send(gw, 'b')).status === 429);
+    const refused = await send(gw, 'b');
+    expect(refused.headers['retry-after']).toMatch(/^[1-9][0-9]*$/);
+  });
 });

@@ -1,5 +1,5 @@
 import type { ServerResponse } from 'node:http';
-import { Admission } from '../../lib/admission/admission';
+import { Admission, AdmissionTicket } from '../../lib/admission/admission';
 import { NO_ADMISSION_METRICS } from '../../lib/admission/metrics';
 import { parseAdmission } from '../../lib/admission/options';
 import { EndpointTable } from '../../lib/upstreams/endpoints';
@@ -21,7 +21,7 @@ export function releaseCost(waiting: number, tenants: number): { enqueueUs: numb
   const resume = () => endpoint.inflight++;
   const enqueueStart = process.hrtime.bigint();
   for (let i = 0; i < waiting; i++) {
-    admission.wait(res, { tenant: `tenant-${i % tenants}`, priority: i % 3, waitedMs: 0 }, undefined, undefined, (free) => free[0], resume);
+    admission.wait(res, new AdmissionTicket(`tenant-${i % tenants}`, i % 3, undefined), undefined, undefined, (free) => free[0], resume);
   }
   const enqueueNs = Number(process.hrtime.bigint() - enqueueStart);
   const start = process.hrtime.bigint();

@@ -1,21 +1,36 @@
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import { sendError } from '../errors';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import { FairQueue, type Waiter } from './fair-queue';
-import { TokenBudget } from './budget';
+import { TokenBudget, type Reservation } from './budget';
+import { reservationOf } from './estimate';
 import type { AdmissionMetrics } from './metrics';
 import { MAX_TENANT_LENGTH, type AdmissionSettings } from './options';
 import { tapUsage } from './usage-tap';
 
 /** What admission knows of one request, from its admission to its end. */
-export class AdmissionTicket {
+export class AdmissionTicket implements Reservation {
   /** Milliseconds waited in the queue (0: a slot was free). */
   waitedMs = 0;
+  /** Request body bytes, for the token estimates. */
+  requestBytes = 0;
+  window = 0;
+  reserved = 0;
+  settled = false;
+  /** Whether the answer is read for its usage, which settles the reservation when it ends. */
+  tapped = false;
   constructor(
     readonly tenant: string,
     /** Index into the configured classes. */
     readonly priority: number,
+    /** The token budget the request reserves on; `undefined` without one. */
+    private readonly budget: TokenBudget | undefined,
   ) {}
+
+  /** The request's response closed: a reservation whose answer is not read is refunded (an error answer, a refusal, a client that left). */
+  ended(): void {
+    if (!this.tapped) this.budget?.settle(this, 0);
+  }
 }
 
 /** Where a released waiter goes on: the endpoint it now holds a slot on is `endpoint`. */
@@ -36,6 +51,16 @@ interface Seat {
   timer: NodeJS.Timeout | undefined;
 }
 
+/** What the token budget reads of a request whose body is in hand (the request's route state). */
+export interface BodyInHand {
+  readonly ticket: AdmissionTicket | undefined;
+  /** The body, when the router holds it. */
+  readonly body: Buffer | undefined;
+  /** The first bytes of a body streamed after buffering stopped. */
+  readonly bodyHead: Buffer | undefined;
+  readonly headers: IncomingHttpHeaders;
+}
+
 /** What admission reports to besides its metrics. */
 export interface AdmissionReports {
   readonly metrics: AdmissionMetrics;
@@ -45,8 +70,9 @@ export interface AdmissionReports {
 const DEFAULT_TENANT = '';
 
 /**
- * The admission stage: who the request is for (tenant, class, budget) before anything is read,
- * and whether an endpoint has room when one is chosen; a request that finds none waits in a
+ * The admission stage: who the request is for (tenant, class) before anything is read; its
+ * token budget once its body is in hand (a reservation, settled when the answer ends); and
+ * whether an endpoint has room when one is chosen. A request that finds none waits in a
  * fair queue until a slot frees. Requests waiting for any endpoint share one queue; those
  * waiting for a hinted rank wait in that rank's own, and a freed slot goes to the first waiter
  * of the two that can use it (its model's pool holds the endpoint), the higher class first,
@@ -77,30 +103,39 @@ export class Admission {
   }
 
   /**
-   * Takes the request's tenant and class (the class header is removed whoever sent it) and
-   * checks its token budget; then `go(ticket)`, unless it was answered here (a tenant key too
-   * long: 400; over budget: 429).
+   * Takes the request's tenant and class (the class header is removed whoever sent it), before
+   * its body is read; `undefined` when it was answered here (a tenant key too long: 400).
    */
-  admit(req: IncomingMessage, res: ServerResponse, trusted: boolean, go: (ticket: AdmissionTicket) => void): void {
-    const { settings } = this;
+  admit(req: IncomingMessage, res: ServerResponse, trusted: boolean): AdmissionTicket | undefined {
     const tenant = this.tenantOf(req, trusted);
     if (tenant === undefined) {
-      sendError(res, 400, 'BadRequestError', `The tenant key must be at most ${MAX_TENANT_LENGTH} characters.`, settings.tenantHeader ?? null);
-      return;
+      sendError(res, 400, 'BadRequestError', `The tenant key must be at most ${MAX_TENANT_LENGTH} characters.`, this.settings.tenantHeader ?? null);
+      return undefined;
     }
-    const ticket = new AdmissionTicket(tenant, this.priorityOf(req, trusted));
-    const budget = this.budget;
-    if (budget === undefined) {
-      go(ticket);
-      return;
-    }
-    const verdict = budget.check(tenant);
+    return new AdmissionTicket(tenant, this.priorityOf(req, trusted), this.budget);
+  }
+
+  /**
+   * The token budget, once the request's body is in hand: its estimate (from the bytes read:
+   * the body the router holds, else its `Content-Length`, else what was read of it before it was
+   * streamed) is reserved when the tenant's use is below the budget, atomically in the store, so
+   * that concurrent requests see each other; then `go()`. Over budget: 429 with `Retry-After`.
+   * The reservation settles when the answer ends ({@link count}) or the response closes
+   * ({@link AdmissionTicket.ended}).
+   */
+  reserve(res: ServerResponse, request: BodyInHand, go: () => void): void {
+    const ticket = request.ticket!;
+    const { body } = request;
+    const requestBytes = (ticket.requestBytes = body?.length ?? (Number(request.headers['content-length']) || request.bodyHead?.length || 0));
+    const budget = this.budget!;
+    const verdict = budget.reserve(ticket, reservationOf(requestBytes, body));
     if (!(verdict instanceof Promise)) {
-      this.judged(res, ticket, verdict, go);
+      this.judged(res, verdict, go);
       return;
     }
     verdict.then((seconds) => {
-      if (!res.destroyed) this.judged(res, ticket, seconds, go);
+      if (!res.destroyed) this.judged(res, seconds, go);
+      else budget.settle(ticket, 0);
     });
   }
 
@@ -138,6 +173,7 @@ export class Admission {
     const tenantWaiting = this.perTenant.get(ticket.tenant) ?? 0;
     if (this.waiting >= settings.maxLength || tenantWaiting >= settings.maxPerTenant) {
       this.refuseFull(res, this.waiting >= settings.maxLength);
+      this.budget?.settle(ticket, 0);
       return undefined;
     }
     const queue = rank === undefined ? this.anyEndpoint : this.rankQueue(rank);
@@ -186,12 +222,13 @@ export class Admission {
     }
   }
 
-  /** Counts the tokens of `answer` against the ticket's tenant once it ends. */
-  count(ticket: AdmissionTicket, req: IncomingMessage, answer: IncomingMessage): void {
+  /** Settles the ticket's reservation to the tokens `answer` used, once it ends (a 2xx answer; any other is refunded when the response closes). */
+  count(ticket: AdmissionTicket, answer: IncomingMessage): void {
     const status = answer.statusCode ?? 0;
-    if (status < 200 || status >= 300) return;
+    if (status < 200 || status >= 300 || ticket.tapped) return;
+    ticket.tapped = true;
     const budget = this.budget!;
-    tapUsage(answer, Number(req.headers['content-length']) || 0, (tokens) => budget.add(ticket.tenant, tokens));
+    tapUsage(answer, ticket.requestBytes, (tokens) => budget.settle(ticket, tokens));
   }
 
   /** The router closes: every waiting request is answered 503 and its timer stopped. */
@@ -214,9 +251,9 @@ export class Admission {
     return this.perTenant.size;
   }
 
-  private judged(res: ServerResponse, ticket: AdmissionTicket, retryAfter: number | undefined, go: (ticket: AdmissionTicket) => void): void {
+  private judged(res: ServerResponse, retryAfter: number | undefined, go: () => void): void {
     if (retryAfter === undefined) {
-      go(ticket);
+      go();
       return;
     }
     this.reports.metrics.outcome('over_budget');

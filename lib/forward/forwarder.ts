@@ -155,7 +155,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     const endpoint = route.endpoint!;
     this.metrics.responded(endpoint, answer, route.started);
     if (this.countsFirstTokens) countFirstToken(endpoint, answer, route.started, route.prefillBlocks > 0 ? route : undefined);
-    if (route.ticket !== undefined && this.admission!.counts) this.admission!.count(route.ticket, req, answer);
+    if (route.ticket !== undefined && this.admission!.counts) this.admission!.count(route.ticket, answer);
     if (answer.statusCode !== undefined && answer.statusCode >= 500) {
       this.metrics.upstreamError(endpoint, 'status_5xx');
       this.detector?.failed(endpoint, 'request', req);

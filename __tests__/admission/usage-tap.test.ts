@@ -51,8 +51,10 @@ describe('UsageScan', () => {
     expect(scan('{"usage":{"prompt_tokens":1}}').total).toBeUndefined();
   });
 
-  it('counts stream events for the estimate', () => {
-    expect(scan(stream, [10, 100]).events).toBe(3);
+  it('counts stream events for the estimate by their blank lines, wherever the chunks are cut', () => {
+    // Three events and `data: [DONE]`.
+    for (let cut = 1; cut < stream.length; cut++) expect([cut, scan(stream, [cut]).events]).toEqual([cut, 4]);
+    for (let cut = 1; cut < stream.length - 1; cut++) expect([cut, scan(stream, [cut, cut + 1]).events]).toEqual([cut, 4]);
     expect(scan('{"usage":{"total_tokens":5}}').events).toBe(0);
   });
 });

@@ -6,9 +6,13 @@
 
 /** Request body bytes a prompt token is taken to cost. */
 const BYTES_PER_TOKEN = 4;
-/** vLLM's chat API reads `max_completion_tokens` first, then `max_tokens` (chat_completion/protocol.py:502 at 52a31cc). */
-const MAX_COMPLETION_TOKENS = Buffer.from('"max_completion_tokens"');
-const MAX_TOKENS = Buffer.from('"max_tokens"');
+/**
+ * vLLM's chat API reads `max_completion_tokens` first, then `max_tokens` (chat_completion/protocol.py:502
+ * at 52a31cc). Searched for without the opening quote, checked after: Node's search runs `memchr`
+ * on a needle's first byte, and quotes are everywhere in JSON.
+ */
+const MAX_COMPLETION_TOKENS = Buffer.from('max_completion_tokens"');
+const MAX_TOKENS = Buffer.from('max_tokens"');
 /** The most digits a count is read with: 15 are exact as a double, and more than any budget. */
 export const MAX_DIGITS = 15;
 
@@ -34,7 +38,8 @@ export function reservationOf(requestBytes: number, body: Buffer | undefined): n
  * integer (a schema's property of that name) is passed over.
  */
 function memberInteger(body: Buffer, name: Buffer): number | undefined {
-  for (let at = body.indexOf(name); at !== -1; at = body.indexOf(name, at + name.length)) {
+  for (let at = body.indexOf(name, 1); at !== -1; at = body.indexOf(name, at + name.length)) {
+    if (body[at - 1] !== 0x22) continue;
     let index = skipSpace(body, at + name.length, body.length);
     if (body[index] !== COLON) continue;
     index = skipSpace(body, index + 1, body.length);

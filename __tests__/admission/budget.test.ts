@@ -1,10 +1,9 @@
 import { describe, expect, it } from '@jest/globals';
-import Redis from 'ioredis';
 import { request as httpRequest } from 'node:http';
 import { redisTokenStore, type Options } from '../../lib';
 import { startMockVllm } from '../../example-server/mock-vllm';
 import { closedAfterEach, exchange, metricValue, serve, startGateway, waitFor, type Exchange, type TestGateway } from '../helpers';
-import { startHeldUpstream, startRedis } from './helpers';
+import { redisClient, startHeldUpstream, startRedis } from './helpers';
 
 const started = closedAfterEach();
 
@@ -14,12 +13,7 @@ async function gateway(options: Options): Promise<TestGateway> {
   return gw;
 }
 
-function client(url: string): Redis {
-  const redis = new Redis(url, { maxRetriesPerRequest: 1, retryStrategy: () => 50 });
-  redis.on('error', () => undefined);
-  started.push({ close: () => void redis.disconnect() });
-  return redis;
-}
+const client = (url: string) => redisClient(url, started);
 
 const tenant = { header: 'x-tenant-id', trust: true };
 // "hello world!" is 3 tokens to the mock and it generates max_tokens: 103 tokens a request.

@@ -1,6 +1,7 @@
 import { describe, expect, it } from '@jest/globals';
 import { request as httpRequest } from 'node:http';
-import { redisTokenStore, type Options } from '../../lib';
+import { redisTokenStore, type Options, type TokenStore } from '../../lib';
+import { createMemoryTokenStore } from '../../lib/admission/memory-store';
 import { startMockVllm } from '../../example-server/mock-vllm';
 import { closedAfterEach, exchange, metricValue, serve, startGateway, waitFor, type Exchange, type TestGateway } from '../helpers';
 import { redisClient, startHeldUpstream, startRedis } from './helpers';
@@ -19,6 +20,13 @@ const tenant = { header: 'x-tenant-id', trust: true };
 // "hello world!" is 3 tokens to the mock and it generates max_tokens: 103 tokens a request.
 const body = JSON.stringify({ model: 'mock-model', prompt: 'hello world!', max_tokens: 100 });
 const PER_REQUEST = 103;
+
+/** A tenant's count in the current window and the one before (a run may cross a minute's end). */
+async function bothWindows(redis: ReturnType<typeof client>, key: string): Promise<number> {
+  const window = Math.floor(Date.now() / 60_000);
+  const [current, previous] = (await redis.call('MGET', `${key}:${window}`, `${key}:${window - 1}`)) as (string | null)[];
+  return Number(current ?? 0) + Number(previous ?? 0);
+}
 
 /** Sends `count` requests at once for tenant `a`, spread over `gateways`. */
 function burst(gateways: TestGateway[], count: number): Promise<Exchange[]> {
@@ -57,7 +65,7 @@ describe('token budgets under concurrency', () => {
     expectWithinBudget(answers, 1_000);
     // Settled to vLLM's usage once every answer ended: the reservations are gone.
     const admitted = answers.filter((answer) => answer.status === 200).length;
-    await waitFor(async () => Number(await client(redis.url).call('GET', `c:a:${Math.floor(Date.now() / 60_000)}`)) === admitted * PER_REQUEST);
+    await waitFor(async () => (await bothWindows(client(redis.url), 'c:a')) === admitted * PER_REQUEST);
   });
 });
 
@@ -117,7 +125,7 @@ describe('what a request is charged', () => {
     const upstream = await startHeldUpstream();
     started.push(upstream);
     const gw = await gateway({ upstreams: [{ url: upstream.url }], admission: { tenant, maxInflightPerRank: 1, queue: { timeoutMs: 150 }, tokens: { perMinute: 1_000, store: redisTokenStore(client(redis.url), { prefix: 'r:' }) } } });
-    const count = async () => Number(await client(redis.url).call('GET', `r:a:${Math.floor(Date.now() / 60_000)}`));
+    const count = () => bothWindows(client(redis.url), 'r:a');
     const ask = JSON.stringify({ model: 'm', prompt: 'hi', max_tokens: 400 });
     const reserved = Math.ceil(Buffer.byteLength(ask) / 4) + 400;
     const running = exchange(gw.url, { body: ask, headers: { 'x-tenant-id': 'a' } });
@@ -148,5 +156,39 @@ describe('what a request is charged', () => {
     const statuses = [];
     for (let i = 0; i < 3; i++) statuses.push((await exchange(gw.url, { body: ask, headers: { 'x-tenant-id': 'a' } })).status);
     expect(statuses).toEqual([400, 400, 400]);
+  });
+
+  it('gives back a reservation the store grants after the client left', async () => {
+    const upstream = await startHeldUpstream();
+    started.push(upstream);
+    // A store of the user's own whose `take` answers when the test says.
+    const memory = createMemoryTokenStore();
+    let grant!: () => void;
+    const granted = new Promise<void>((resolve) => (grant = resolve));
+    let asked = false;
+    let answered = false;
+    const store: TokenStore = {
+      kind: 'slow',
+      read: memory.read,
+      add: memory.add,
+      take: async (...args) => {
+        asked = true;
+        await granted;
+        answered = true;
+        return memory.take!(...args);
+      },
+    };
+    const gw = await gateway({ upstreams: [{ url: upstream.url }], admission: { tenant, tokens: { perMinute: 1_000, store } } });
+    const leaving = httpRequest(`${gw.url}/v1/completions`, { method: 'POST', agent: false, headers: { 'content-type': 'application/json', 'x-tenant-id': 'a' } });
+    leaving.on('error', () => undefined);
+    leaving.end(JSON.stringify({ model: 'm', prompt: 'hi', max_tokens: 500 }));
+    await waitFor(() => asked);
+    leaving.destroy();
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    grant();
+    await waitFor(() => answered);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(memory.read('a', Math.floor(Date.now() / 60_000))).toEqual({ current: 0, previous: 0 });
+    expect(upstream.arrived).toEqual([]);
   });
 });

@@ -225,7 +225,7 @@ export class Admission {
   /** Settles the ticket's reservation to the tokens `answer` used, once it ends (a 2xx answer; any other is refunded when the response closes). */
   count(ticket: AdmissionTicket, answer: IncomingMessage): void {
     const status = answer.statusCode ?? 0;
-    if (status < 200 || status >= 300 || ticket.tapped) return;
+    if (status < 200 || status >= 300 || ticket.tapped || ticket.settled) return;
     ticket.tapped = true;
     const budget = this.budget!;
     tapUsage(answer, ticket.requestBytes, (tokens) => budget.settle(ticket, tokens));

@@ -100,6 +100,8 @@ export class TokenBudget {
     }
     this.recovered();
     if (answer !== undefined) return retryAfterSeconds(answer, now, this.perMinute);
+    // The request ended while the store answered (its client left): nothing will settle this.
+    if (hold.settled) this.add(hold.tenant, window, -amount);
     hold.window = window;
     hold.reserved = amount;
     return undefined;

@@ -53,8 +53,10 @@ export function createMemoryTokenStore(maxTenants = MAX_TENANTS): TokenStore {
     read: (tenant, window) => countsOf(entries.get(tenant), window),
     add,
     take(tenant, window, tokens, limit, previousWeight) {
-      const counts = countsOf(entries.get(tenant), window);
-      if (useOf(counts, previousWeight) >= limit) return counts;
+      const entry = entries.get(tenant);
+      // An entry of this window is read in place; a copy is made only for a refusal's `Retry-After`.
+      const counts = entry !== undefined && entry.window === window ? entry : countsOf(entry, window);
+      if (useOf(counts, previousWeight) >= limit) return { current: counts.current, previous: counts.previous };
       add(tenant, window, tokens);
       return undefined;
     },

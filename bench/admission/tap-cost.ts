@@ -1,5 +1,5 @@
 /**
- * npx tsx bench/admission/tap-cost.ts [--before PATH] [--rounds N] [--streams N]
+ * node --expose-gc --import tsx bench/admission/tap-cost.ts [--before PATH] [--rounds N] [--streams N]
  *
  * CPU per streamed chunk of admission's usage tap (`tapUsage`), in-process: vLLM-shaped chat
  * chunks (`ChatCompletionStreamResponse` as serving.py writes it with `exclude_unset`, 52a31cc),
@@ -10,7 +10,8 @@
  * `git show 8e9d1d2:lib/admission/usage-tap.ts > /tmp/tap-before.ts`) measured side by side,
  * interleaved round by round; medians of the rounds. What a tap allocates shows as garbage
  * collections: young-generation collections (scavenges) per 100 000 chunks, from the `gc`
- * performance entries of each round.
+ * performance entries of each round. With `node --expose-gc --import tsx`, also the memory an
+ * open stream holds for its tap.
  */
 import { EventEmitter } from 'node:events';
 import type { IncomingMessage } from 'node:http';
@@ -104,6 +105,41 @@ async function main(): Promise<void> {
   }
   process.stdout.write(`${CHUNKS + 1} chunks a stream (~${streamChunks(false)[0].length} bytes each), ${streams} streams a round, median of ${rounds} interleaved rounds\n\n`);
   process.stdout.write(`${markdownTable(['stream', 'tap', 'CPU ns per chunk', 'above the floor', 'scavenges per 100k chunks'], rows)}\n`);
+  const gc = (globalThis as { gc?: () => void }).gc;
+  if (gc === undefined) {
+    process.stdout.write('\nMemory per open stream: run with node --expose-gc --import tsx …\n');
+    return;
+  }
+  const contenders: [string, Tap][] = [['floor', floor], ...taps];
+  const held = new Map(contenders.map(([name]) => [name, [] as number[]]));
+  for (let round = 0; round < 3; round++) for (const [name, tap] of contenders) held.get(name)!.push(heldPerStream(tap, gc));
+  const base = median(held.get('floor')!);
+  process.stdout.write(`\nMemory per open stream (${OPEN} streams held open after 20 chunks each, heap and ArrayBuffers after full collections, median of 3)\n\n`);
+  process.stdout.write(`${markdownTable(['tap', 'bytes per stream', 'above the floor'], [...held].map(([name, bytes]) => [name, fixed(median(bytes), 0), name === 'floor' ? '–' : fixed(median(bytes) - base, 0)]))}\n`);
+}
+
+const OPEN = 10_000;
+
+/** Bytes held per stream by `OPEN` answers each tapped and 20 chunks in, still open. */
+function heldPerStream(tap: Tap, gc: () => void): number {
+  const chunks = streamChunks(false).slice(0, 20);
+  gc();
+  gc();
+  const before = process.memoryUsage();
+  const open: EventEmitter[] = [];
+  for (let i = 0; i < OPEN; i++) {
+    const answer = new EventEmitter();
+    tap(answer as unknown as IncomingMessage, 1000, () => undefined);
+    // Fresh Buffers, as a socket hands them over: a tap that kept one would hold it.
+    for (const chunk of chunks) answer.emit('data', Buffer.from(chunk));
+    open.push(answer);
+  }
+  gc();
+  gc();
+  const after = process.memoryUsage();
+  const bytes = (after.heapUsed + after.arrayBuffers - before.heapUsed - before.arrayBuffers) / OPEN;
+  open.length = 0;
+  return bytes;
 }
 
 void main();

@@ -29,15 +29,16 @@ const BACKSLASH = 0x5c;
  */
 export function tapUsage(answer: IncomingMessage, requestBytes: number, done: (tokens: number) => void): void {
   const scan = new UsageScan();
-  let reported = false;
   answer.on('data', (chunk: Buffer) => scan.feed(chunk));
+  // `on`, not `once`: each `once` holds a wrapper and its state for the stream's life, and
+  // `finish` runs its end once either way.
   const finish = () => {
-    if (reported) return;
-    reported = true;
+    if (scan.ended) return;
+    scan.ended = true;
     done(scan.total ?? estimate(requestBytes, scan.events));
   };
-  answer.once('end', finish);
-  answer.once('close', finish);
+  answer.on('end', finish);
+  answer.on('close', finish);
 }
 
 /**
@@ -53,6 +54,8 @@ export class UsageScan {
   total: number | undefined = undefined;
   /** Stream events ended (blank lines), for the estimate. */
   events = 0;
+  /** Whether the answer ended and its count was reported. */
+  ended = false;
   /** Whether the last chunk ended with a line feed not yet paired (a blank line cut between chunks). */
   private endedWithLf = false;
   /** The bytes of a usage object that began in an earlier chunk, while they do not hold its total yet. */

@@ -1,4 +1,4 @@
-import type { AdmissionOptions, AdmissionPriorityOptions, AdmissionQueueOptions } from '../lib/admission/options';
+import type { AdmissionOptions, AdmissionPriorityOptions, AdmissionQueueOptions, AdmissionTenantOptions } from '../lib/admission/options';
 import { getHeapStatistics } from 'node:v8';
 import { describe, expect, it } from '@jest/globals';
 import { Registry } from 'prom-client';
@@ -207,6 +207,7 @@ const wrongValues: Array<[path: string, value: unknown]> = [
   ...rows('admission', { maxInflightPerRank: 0, queue: 5, tenant: 'x-tenant', priority: 'high', tokens: 5 } satisfies WrongValues<AdmissionOptions>),
   ...rows('admission.queue', { maxLength: -1, maxPerTenant: 0.5, timeoutMs: 0, starvationLimit: 0 } satisfies WrongValues<AdmissionQueueOptions>),
   ...rows('admission.priority', { header: 'a b', trust: 'yes', classes: ['High'] } satisfies WrongValues<AdmissionPriorityOptions>),
+  ...rows('admission.tenant', { header: 'a b', trust: 'yes' } satisfies WrongValues<AdmissionTenantOptions>),
   ...rows('admission.tokens', { perMinute: 0 }),
   ...rows('upstreams[0]', {
     url: 'ftp://127.0.0.1',

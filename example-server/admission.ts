@@ -33,7 +33,7 @@ export async function admissionFromFlags(flags: AdmissionFlags, warn: (message: 
   const options: AdmissionOptions = {
     maxInflightPerRank: flags.maxInflightPerRank,
     queue: { maxLength: flags.queueMax, timeoutMs: flags.queueTimeoutMs },
-    ...(flags.tenantHeader !== undefined && { tenant: { header: flags.tenantHeader } }),
+    ...(flags.tenantHeader !== undefined && { tenant: { header: flags.tenantHeader, ...(flags.trustTenant !== undefined && { trust: flags.trustTenant }) } }),
     ...(flags.tokensPerMinute !== undefined && { tokens: { perMinute: flags.tokensPerMinute, store } }),
   };
   return { options, close };

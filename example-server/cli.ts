@@ -60,6 +60,8 @@ export interface AdmissionFlags {
   queueMax?: number;
   queueTimeoutMs?: number;
   tenantHeader?: string;
+  /** `--trust-tenant`: every caller's tenant header is honoured; `undefined`: as `--trust-hints`. */
+  trustTenant?: boolean;
   tokensPerMinute?: number;
   redisUrl?: string;
 }
@@ -150,8 +152,10 @@ Options:
                                                                           another admission flag]
   --queue-max N         admission: requests waiting in total, then 429   [1024]
   --queue-timeout-ms N  admission: longest wait, then 503                [30000]
-  --tenant-header NAME  admission: the fairness (and token budget) key, e.g. x-tenant-id
+  --tenant-header NAME  admission: the fairness (and token budget) key, e.g. x-tenant-id,
+                        honoured for trusted callers only; the others share one tenant
                                                                          [one tenant]
+  --trust-tenant        admission: trust every caller's --tenant-header  [as --trust-hints]
   --tokens-per-minute N admission: each tenant's token budget, from vLLM's usage [off]
   --redis URL           admission: keep token budgets in Redis (shared by replicas),
                         e.g. redis://127.0.0.1:6379 (needs the ioredis package); with
@@ -165,7 +169,7 @@ Options:
   -h, --help            print this help
 
 A flag's value follows it or an '=': --port 8080, --port=8080. Switches (--trust-hints,
---expose-decision, --discover, --pd) take no value, or exactly =true or =false.
+--trust-tenant, --expose-decision, --discover, --pd) take no value, or exactly =true or =false.
 
 Serves the proxied API under /, metrics at GET /metrics, liveness at GET /healthz and
 readiness at GET /readyz. Logs with pino: pretty on a terminal, JSON lines otherwise, one
@@ -282,6 +286,7 @@ const FLAGS: Readonly<Record<string, Flag>> = {
   '--queue-max': { value: (s, raw, flag) => (s.settings.admission.queueMax = integer(flag, raw, 0, 1_000_000)) },
   '--queue-timeout-ms': { value: (s, raw, flag) => (s.settings.admission.queueTimeoutMs = integer(flag, raw, 1, 3_600_000)) },
   '--tenant-header': { value: (s, raw, flag) => (s.settings.admission.tenantHeader = headerName(flag, raw)) },
+  '--trust-tenant': { switch: (s, on) => (s.settings.admission.trustTenant = on) },
   '--tokens-per-minute': { value: (s, raw, flag) => (s.settings.admission.tokensPerMinute = integer(flag, raw, 1, Number.MAX_SAFE_INTEGER)) },
   '--redis': { value: (s, raw, flag) => (s.settings.admission.redisUrl = redisUrl(flag, raw)) },
   '--drain-timeout-ms': { value: (s, raw, flag) => (s.settings.drainTimeoutMs = integer(flag, raw, 0, 3_600_000)) },
@@ -379,6 +384,9 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
   }
   if (state.dnsServers.length > 0 && state.dnsSpecs.length === 0) throw new UsageError('--dns-server is the server --upstream-dns asks: give an --upstream-dns too');
   disaggregate(state);
+  if (settings.admission.trustTenant !== undefined && settings.admission.tenantHeader === undefined) {
+    throw new UsageError('--trust-tenant says whose --tenant-header is honoured: give --tenant-header NAME too');
+  }
   // Only prefix-aware reads a tokenizer (with --pd or --prefill/--decode, the prefill policy is
   // prefix-aware): given to another policy, it would be loaded for nothing and silently unused.
   if (settings.tokenizer !== undefined && settings.policy !== 'prefix-aware' && settings.disaggregation === undefined) {

@@ -38,7 +38,7 @@ export type { PeersOptions } from './peers/peer-options';
 export type { FirstTokenTotals, PeerLoad } from './policies/prefix-aware-ttft';
 export { redisTokenStore } from './admission/redis-store';
 export type { RedisTokenStoreOptions } from './admission/redis-store';
-export type { AdmissionOptions, AdmissionQueueOptions, AdmissionPriorityOptions, AdmissionTokenOptions } from './admission/options';
+export type { AdmissionOptions, AdmissionQueueOptions, AdmissionTenantOptions, AdmissionPriorityOptions, AdmissionTokenOptions } from './admission/options';
 export type { TokenStore, WindowCounts } from './admission/token-window';
 export type { Logger } from './observe/logger';
 export type { Middleware, RoutingHelpers } from './routing';

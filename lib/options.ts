@@ -218,7 +218,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
     loadFeedback: parseLoadFeedback('loadFeedback', options.loadFeedback),
     logger: parseLogger('logger', options.logger),
     disaggregation,
-    admission: parseAdmission('admission', proxy.admission),
+    admission: parseAdmission('admission', proxy.admission, hints.trust),
     peers: parsePeers('peers', proxy.peers),
   };
   for (const part of OWN_PARTS) freezePart(settings[part]);

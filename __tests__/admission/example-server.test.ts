@@ -15,7 +15,7 @@ describe('example server admission flags', () => {
     const redis = await startRedis();
     started.push({ close: () => redis.stop() });
     const settings = parseCommandLine(
-      ['--port', '0', '--dp-size', '1', '--mock-decode-ms', '5', '--mock-max-num-seqs', '1', '--max-inflight-per-rank', '1', '--queue-max', '8', '--queue-timeout-ms', '10000', '--tenant-header', 'x-tenant-id', '--tokens-per-minute', '1000000', '--redis', redis.url, '--expose-decision'],
+      ['--port', '0', '--dp-size', '1', '--mock-decode-ms', '5', '--mock-max-num-seqs', '1', '--max-inflight-per-rank', '1', '--queue-max', '8', '--queue-timeout-ms', '10000', '--tenant-header', 'x-tenant-id', '--trust-tenant', '--tokens-per-minute', '1000000', '--redis', redis.url, '--expose-decision'],
       {},
     ) as GatewaySettings;
     const gateway = await startExampleGateway(settings);

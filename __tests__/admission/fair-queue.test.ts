@@ -30,6 +30,32 @@ describe('FairQueue', () => {
     expect(drain(queue)).toEqual(['h0', 'h1', 'n0', 'l0', 'h2', 'h3', 'h4', 'h5']);
   });
 
+  it('finds the first entry a predicate takes in serving order; a tenant served ahead of its turn goes to the end of the round', () => {
+    const queue = new FairQueue<string>(2, 8);
+    queue.push('a1:x', 'a', 1);
+    queue.push('a2:y', 'a', 1);
+    queue.push('b1:x', 'b', 1);
+    queue.push('c1:y', 'c', 1);
+    queue.push('h1:x', 'h', 0);
+    const y = (label: string) => label.endsWith(':y');
+    // The higher class has none: a's turn, and a's own oldest that fits.
+    expect(queue.first(y)?.value).toBe('a2:y');
+    expect(queue.first((label) => label.startsWith('c'))?.value).toBe('c1:y');
+    expect(queue.first((label) => label === 'none')).toBeUndefined();
+    // The head itself when it fits.
+    expect(queue.first(() => true)?.value).toBe('h1:x');
+    queue.take(queue.first((label) => label.startsWith('c'))!);
+    // c had its turn: a, then b, keep theirs.
+    expect(drain(queue)).toEqual(['h1:x', 'a1:x', 'b1:x', 'a2:y']);
+    queue.push('a3', 'a', 0);
+    queue.push('b3', 'b', 0);
+    queue.push('c3', 'c', 0);
+    queue.push('c4', 'c', 0);
+    queue.push('d3', 'd', 0);
+    queue.take(queue.first((label) => label === 'c3')!);
+    expect(drain(queue)).toEqual(['a3', 'b3', 'd3', 'c4']);
+  });
+
   it('removes an entry from anywhere in O(1), once, and drops an emptied tenant', () => {
     const queue = new FairQueue<string>(1, 8);
     const a = queue.push('a1', 'a', 0);

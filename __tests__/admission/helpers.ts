@@ -1,7 +1,9 @@
+import Redis from 'ioredis';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { freePort } from '../helpers/prometheus';
+import type { Closable } from '../helpers/lifecycle';
 import { waitFor } from '../helpers/wait';
 
 /** A real redis-server on a free loopback port, without persistence; `stop()` kills it by PID. */
@@ -31,6 +33,14 @@ export async function startRedis(port?: number): Promise<TestRedis> {
       await exited;
     },
   };
+}
+
+/** An ioredis client that gives up fast when Redis is gone (the store's own 250 ms deadline covers the rest), disconnected after the test. */
+export function redisClient(url: string, started: Closable[]): Redis {
+  const redis = new Redis(url, { maxRetriesPerRequest: 1, retryStrategy: () => 50 });
+  redis.on('error', () => undefined);
+  started.push({ close: () => void redis.disconnect() });
+  return redis;
 }
 
 /** An upstream that records each request and holds its answer until the test lets it go. */

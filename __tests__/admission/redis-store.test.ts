@@ -1,24 +1,33 @@
 import { describe, expect, it } from '@jest/globals';
-import Redis from 'ioredis';
-import { redisTokenStore, type Options } from '../../lib';
+import { redisTokenStore, type Options, type TokenStore } from '../../lib';
 import { startMockVllm } from '../../example-server/mock-vllm';
 import { closedAfterEach, exchange, metricValue, startGateway, waitFor, type TestGateway } from '../helpers';
-import { startRedis } from './helpers';
+import { redisClient, startRedis } from './helpers';
 
 const started = closedAfterEach();
 
-/** An ioredis client that gives up fast when Redis is gone (the store's own 250 ms deadline covers the rest). */
-function client(url: string): Redis {
-  const redis = new Redis(url, { maxRetriesPerRequest: 1, retryStrategy: () => 50, lazyConnect: false });
-  redis.on('error', () => undefined);
-  started.push({ close: () => void redis.disconnect() });
-  return redis;
-}
+const client = (url: string) => redisClient(url, started);
 
 async function gateway(upstream: string, options: Partial<Options>): Promise<TestGateway> {
   const gw = await startGateway({ upstreams: [{ url: upstream }], logger: false, ...options });
   started.push(gw);
   return gw;
+}
+
+/** A real redis-server and a mock vLLM, stopped after the test. */
+async function redisAndMock() {
+  const redis = await startRedis();
+  started.push({ close: () => redis.stop() });
+  const mock = await startMockVllm({ dataParallelSize: 1 });
+  started.push(mock);
+  return { redis, mock };
+}
+
+/** A gateway with a trusted tenant header's budget in `store`, and the warnings it logs. */
+async function warnedGateway(upstream: string, perMinute: number, store: TokenStore) {
+  const warnings: string[] = [];
+  const gw = await gateway(upstream, { logger: { warn: (message: string) => warnings.push(message) }, admission: { tenant: { header: 'x-tenant-id', trust: true }, tokens: { perMinute, store } } });
+  return { gw, warnings };
 }
 
 // "hello world!" is 3 tokens to the mock, 8 generated: 11 per request.
@@ -27,11 +36,8 @@ const send = (gw: TestGateway, tenant: string) => exchange(gw.url, { body, heade
 
 describe('redisTokenStore', () => {
   it('shares each tenant’s budget between two routers, atomically, with keys that expire', async () => {
-    const redis = await startRedis();
-    started.push({ close: () => redis.stop() });
-    const mock = await startMockVllm({ dataParallelSize: 1 });
-    started.push(mock);
-    const admission = (prefix: string) => ({ tenant: { header: 'x-tenant-id' }, tokens: { perMinute: 30, store: redisTokenStore(client(redis.url), { prefix }) } });
+    const { redis, mock } = await redisAndMock();
+    const admission = (prefix: string) => ({ tenant: { header: 'x-tenant-id', trust: true }, tokens: { perMinute: 30, store: redisTokenStore(client(redis.url), { prefix }) } });
     const one = await gateway(mock.url, { admission: admission('t:') });
     const two = await gateway(mock.url, { admission: admission('t:') });
     expect((await send(one, 'a')).status).toBe(200);
@@ -51,15 +57,8 @@ describe('redisTokenStore', () => {
   });
 
   it('fails open when Redis dies mid-run: traffic goes on, each failure counted, the outage logged once', async () => {
-    const redis = await startRedis();
-    started.push({ close: () => redis.stop() });
-    const mock = await startMockVllm({ dataParallelSize: 1 });
-    started.push(mock);
-    const warnings: string[] = [];
-    const gw = await gateway(mock.url, {
-      logger: { warn: (message: string) => warnings.push(message) },
-      admission: { tenant: { header: 'x-tenant-id' }, tokens: { perMinute: 1_000, store: redisTokenStore(client(redis.url)) } },
-    });
+    const { redis, mock } = await redisAndMock();
+    const { gw, warnings } = await warnedGateway(mock.url, 1_000, redisTokenStore(client(redis.url)));
     expect((await send(gw, 'a')).status).toBe(200);
     await redis.stop();
     const answers = [];
@@ -72,5 +71,32 @@ describe('redisTokenStore', () => {
     started.push({ close: () => again.stop() });
     await waitFor(async () => (await send(gw, 'a')).status === 200 && warnings.some((line) => line.includes('answers again;')), 10_000);
     expect(warnings.filter((line) => line.includes('answers again;'))).toHaveLength(1);
+  });
+
+  it('takes a count that is not a number (another writer on a shared Redis) as a store failure: fail open, counted, logged once, and the key expires', async () => {
+    const { redis, mock } = await redisAndMock();
+    const { gw, warnings } = await warnedGateway(mock.url, 30, redisTokenStore(client(redis.url), { prefix: 'w:' }));
+    const key = `w:a:${Math.floor(Date.now() / 60_000)}`;
+    await client(redis.url).call('SET', key, 'not-a-number');
+    const answers = [];
+    for (let i = 0; i < 3; i++) answers.push(await send(gw, 'a'));
+    expect(answers.map((answer) => [answer.status, answer.headers['retry-after']])).toEqual([
+      [200, undefined],
+      [200, undefined],
+      [200, undefined],
+    ]);
+    await waitFor(async () => (await metricValue(gw.registry, 'dp_router_token_store_errors_total')) >= 3);
+    expect(warnings.filter((line) => line.includes('token store failed'))).toHaveLength(1);
+    // The foreign value is left as it is, but it goes with its window instead of staying for ever.
+    expect(await client(redis.url).call('GET', key)).toBe('not-a-number');
+    const ttl = Number(await client(redis.url).call('PTTL', key));
+    expect(ttl).toBeGreaterThan(60_000);
+    expect(ttl).toBeLessThanOrEqual(125_000);
+    // Another tenant's budget still counts.
+    expect((await send(gw, 'b')).status).toBe(200);
+    expect((await send(gw, 'b')).status).toBe(200);
+    await waitFor(async () => (await send(gw, 'b')).status === 429);
+    const refused = await send(gw, 'b');
+    expect(refused.headers['retry-after']).toMatch(/^[1-9][0-9]*$/);
   });
 });

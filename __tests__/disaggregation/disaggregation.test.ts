@@ -4,7 +4,7 @@ import type { AddressInfo } from 'node:net';
 import OpenAI from 'openai';
 import { startMockVllm, type MockVllm, type MockVllmOptions } from '../../example-server/mock-vllm';
 import { dpRouter, OptionError, type Options } from '../../lib';
-import { allIdle, closedAfterEach, exchange, metricValue, serve, startGateway, waitFor, type TestGateway } from '../helpers';
+import { allIdle, closedAfterEach, exchange, metricValue, rawRequest, serve, startGateway, waitFor, type TestGateway } from '../helpers';
 
 const started = closedAfterEach();
 const COMPLETION = '{"model":"mock-model","prompt":"The quick brown fox jumps over the lazy dog, again and again.","max_tokens":3,"min_tokens":2}';
@@ -140,6 +140,25 @@ describe('NIXL', () => {
     await exchange(plain.gateway.url, { body: COMPLETION, headers: { 'x-data-parallel-prefill-rank': '1' } });
     for (const record of [...generations(plain.prefill), ...generations(plain.decode)]) expect(record.headers!['x-data-parallel-prefill-rank']).toBeUndefined();
     expect(await metricValue(plain.gateway.registry, 'dp_router_rank_hints_total', { outcome: 'untrusted' })).toBe(1);
+  });
+
+  it('strips hop-by-hop headers, and every header Connection names, from both legs alike', async () => {
+    const { prefill, decode, gateway } = await pd();
+    const answer = await rawRequest(
+      gateway.url,
+      'POST /v1/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n' +
+        'Connection: close, X-Secret, X-data-parallel-rank\r\nX-Secret: s\r\nKeep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\n' +
+        `TE: trailers\r\nTrailer: x-t\r\nProxy-Authorization: Basic eDp5\r\nX-Kept: k\r\nContent-Length: ${COMPLETION.length}\r\n\r\n${COMPLETION}`,
+    );
+    expect(answer).toMatch(/^HTTP\/1\.1 200 /);
+    const legs = [generations(prefill)[0], generations(decode)[0]];
+    for (const leg of legs) {
+      for (const name of ['x-secret', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'proxy-authorization']) expect([leg.leg, name, leg.headers![name]]).toEqual([leg.leg, name, undefined]);
+      expect(leg.headers!['x-kept']).toBe('k');
+      // The router's own rank header survives the client's nomination, one per leg.
+      expect(leg.rankHeaders).toEqual([String(leg.rank)]);
+    }
+    await idle(gateway);
   });
 
   it('sends other requests whole to the decode pool', async () => {

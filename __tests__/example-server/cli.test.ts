@@ -3,6 +3,7 @@ import { join } from 'node:path';
 import pino from 'pino';
 import { parseCommandLine, UsageError, type GatewaySettings } from '../../example-server/cli';
 import { startExampleGateway } from '../../example-server/gateway';
+import { admissionFromFlags } from '../../example-server/admission';
 
 /** A tokenizer directory that exists: the embedded mock's. */
 const TOKENIZER = join(__dirname, '../../example-server/mock-vllm/tokenizer');
@@ -60,6 +61,15 @@ describe('parseCommandLine', () => {
       expect(attempt).not.toThrow(/cret/);
     }
     expect(refused[2]).toThrow(/^DP_ROUTER_REDIS_URL must be a redis:\/\/ URL/);
+  });
+
+  it('trusts every caller\'s tenant header only with --trust-tenant, which needs --tenant-header', async () => {
+    expect(parse('--tenant-header', 'x-tenant-id').admission).toEqual({ tenantHeader: 'x-tenant-id' });
+    const flags = parse('--tenant-header', 'x-tenant-id', '--trust-tenant').admission;
+    expect(flags).toEqual({ tenantHeader: 'x-tenant-id', trustTenant: true });
+    expect((await admissionFromFlags(flags, () => undefined)).options?.tenant).toEqual({ header: 'x-tenant-id', trust: true });
+    expect((await admissionFromFlags({ tenantHeader: 'x-tenant-id' }, () => undefined)).options?.tenant).toEqual({ header: 'x-tenant-id' });
+    expect(() => parse('--trust-tenant')).toThrow(/--trust-tenant .*--tenant-header NAME/);
   });
 
   it('gives --kv-events to the --upstream before it, with --tokenizer', () => {

@@ -1,5 +1,5 @@
 import { startMockVllm } from '../../example-server/mock-vllm';
-import { estimate } from '../../lib/admission/usage-tap';
+import { estimate } from '../../lib/admission/estimate';
 
 const WORDS = 'the quick brown fox jumps over the lazy dog while a data parallel engine serves many tenants at once '.split(' ');
 

@@ -25,7 +25,7 @@ async function main(): Promise<void> {
   const offered = 1.5 * fleetRate;
   const quiet: Tenant = { name: 'quiet', rate: offered / 11 };
   const noisy: Tenant = { name: 'noisy', rate: (offered * 10) / 11 };
-  const admission = { maxInflightPerRank: fleet.seqs, tenant: { header: 'x-tenant-id' }, queue: { maxLength: 100_000, timeoutMs: 600_000 } };
+  const admission = { maxInflightPerRank: fleet.seqs, tenant: { header: 'x-tenant-id', trust: true }, queue: { maxLength: 100_000, timeoutMs: 600_000 } };
   process.stdout.write(`fleet: ${fleet.ranks} ranks × ${fleet.seqs} seqs, ${fleet.tokens} tokens × ${fleet.decodeMs} ms: ${fixed(fleetRate, 1)} req/s; offered ${fixed(offered, 1)} req/s (quiet ${fixed(quiet.rate, 1)}, noisy ${fixed(noisy.rate, 1)}), ${seconds} s each\n\n`);
   const [alone] = await runLoad(fleet, [quiet], seconds, undefined);
   const fifo = await runLoad(fleet, [quiet, noisy], seconds, undefined);

@@ -1,5 +1,5 @@
 import type { ServerResponse } from 'node:http';
-import { Admission } from '../../lib/admission/admission';
+import { Admission, AdmissionTicket } from '../../lib/admission/admission';
 import { NO_ADMISSION_METRICS } from '../../lib/admission/metrics';
 import { parseAdmission } from '../../lib/admission/options';
 import { EndpointTable } from '../../lib/upstreams/endpoints';
@@ -12,7 +12,7 @@ import { parseUpstreams } from '../../lib/upstreams/upstream-options';
  */
 export function releaseCost(waiting: number, tenants: number): { enqueueUs: number; releaseUs: number } {
   const table = new EndpointTable(parseUpstreams('upstreams', [{ url: 'http://127.0.0.1:1', dataParallelSize: 1 }]));
-  const settings = parseAdmission('admission', { maxInflightPerRank: 1, queue: { maxLength: waiting, timeoutMs: 3_600_000 }, tenant: { header: 'x-tenant-id' }, priority: {} })!;
+  const settings = parseAdmission('admission', { maxInflightPerRank: 1, queue: { maxLength: waiting, timeoutMs: 3_600_000 }, tenant: { header: 'x-tenant-id', trust: true }, priority: {} })!;
   const admission = new Admission({ ...settings, maxPerTenant: waiting }, table, { metrics: NO_ADMISSION_METRICS, warn: () => undefined });
   const [endpoint] = table.all;
   endpoint.inflight = 1;
@@ -21,7 +21,7 @@ export function releaseCost(waiting: number, tenants: number): { enqueueUs: numb
   const resume = () => endpoint.inflight++;
   const enqueueStart = process.hrtime.bigint();
   for (let i = 0; i < waiting; i++) {
-    admission.wait(res, { tenant: `tenant-${i % tenants}`, priority: i % 3, waitedMs: 0 }, undefined, (free) => free[0], resume);
+    admission.wait(res, new AdmissionTicket(`tenant-${i % tenants}`, i % 3, undefined), undefined, undefined, (free) => free[0], resume);
   }
   const enqueueNs = Number(process.hrtime.bigint() - enqueueStart);
   const start = process.hrtime.bigint();

@@ -84,7 +84,7 @@ if (kind === 'bare-http') {
     if (flag === 'nometrics') extra.metrics = false;
     else if (flag === 'noretry') extra.retries = false;
     // Admission configured with room to spare: what it costs when nothing waits.
-    else if (flag === 'admission') extra.admission = { maxInflightPerRank: 1_000_000, tenant: { header: 'x-tenant-id' } };
+    else if (flag === 'admission') extra.admission = { maxInflightPerRank: 1_000_000, tenant: { header: 'x-tenant-id', trust: true } };
     else if (flag === 'nobuffer') extra.requestBuffering = false;
     else if (flag === 'pino') extra.logger = require('pino')({ level: 'info' }, require('pino').destination('/dev/null'));
     else if (flag === 'otel' || flag === 'otelidle') app.use(spanPerRequest(flag === 'otel'));

@@ -1,21 +1,36 @@
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import { sendError } from '../errors';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import { FairQueue, type Waiter } from './fair-queue';
-import { TokenBudget } from './budget';
+import { TokenBudget, type Reservation } from './budget';
+import { reservationOf } from './estimate';
 import type { AdmissionMetrics } from './metrics';
 import { MAX_TENANT_LENGTH, type AdmissionSettings } from './options';
 import { tapUsage } from './usage-tap';
 
 /** What admission knows of one request, from its admission to its end. */
-export class AdmissionTicket {
+export class AdmissionTicket implements Reservation {
   /** Milliseconds waited in the queue (0: a slot was free). */
   waitedMs = 0;
+  /** Request body bytes, for the token estimates. */
+  requestBytes = 0;
+  window = 0;
+  reserved = 0;
+  settled = false;
+  /** Whether the answer is read for its usage, which settles the reservation when it ends. */
+  tapped = false;
   constructor(
     readonly tenant: string,
     /** Index into the configured classes. */
     readonly priority: number,
+    /** The token budget the request reserves on; `undefined` without one. */
+    private readonly budget: TokenBudget | undefined,
   ) {}
+
+  /** The request's response closed: a reservation whose answer is not read is refunded (an error answer, a refusal, a client that left). */
+  ended(): void {
+    if (!this.tapped) this.budget?.settle(this, 0);
+  }
 }
 
 /** Where a released waiter goes on: the endpoint it now holds a slot on is `endpoint`. */
@@ -27,11 +42,23 @@ interface Seat {
   readonly res: ServerResponse;
   /** The rank it waits for (a hint), or `undefined` for any endpoint. */
   readonly rank: number | undefined;
+  /** Where it may go: its model's pool, or `undefined` for every endpoint. */
+  readonly pool: readonly RouteEndpoint[] | undefined;
   /** For any endpoint: the policy's pick among the free ones. */
   readonly choose: ((free: readonly RouteEndpoint[]) => RouteEndpoint | undefined) | undefined;
   readonly resume: Resume;
   readonly since: number;
   timer: NodeJS.Timeout | undefined;
+}
+
+/** What the token budget reads of a request whose body is in hand (the request's route state). */
+export interface BodyInHand {
+  readonly ticket: AdmissionTicket | undefined;
+  /** The body, when the router holds it. */
+  readonly body: Buffer | undefined;
+  /** The first bytes of a body streamed after buffering stopped. */
+  readonly bodyHead: Buffer | undefined;
+  readonly headers: IncomingHttpHeaders;
 }
 
 /** What admission reports to besides its metrics. */
@@ -43,11 +70,13 @@ export interface AdmissionReports {
 const DEFAULT_TENANT = '';
 
 /**
- * The admission stage: who the request is for (tenant, class, budget) before anything is read,
- * and whether an endpoint has room when one is chosen; a request that finds none waits in a
+ * The admission stage: who the request is for (tenant, class) before anything is read; its
+ * token budget once its body is in hand (a reservation, settled when the answer ends); and
+ * whether an endpoint has room when one is chosen. A request that finds none waits in a
  * fair queue until a slot frees. Requests waiting for any endpoint share one queue; those
- * waiting for a hinted rank wait in that rank's own, and a freed slot goes to the older head
- * of the two (the higher class first).
+ * waiting for a hinted rank wait in that rank's own, and a freed slot goes to the first waiter
+ * of the two that can use it (its model's pool holds the endpoint), the higher class first,
+ * then the older.
  */
 export class Admission {
   private readonly anyEndpoint: FairQueue<Seat>;
@@ -74,30 +103,39 @@ export class Admission {
   }
 
   /**
-   * Takes the request's tenant and class (the class header is removed whoever sent it) and
-   * checks its token budget; then `go(ticket)`, unless it was answered here (a tenant key too
-   * long: 400; over budget: 429).
+   * Takes the request's tenant and class (the class header is removed whoever sent it), before
+   * its body is read; `undefined` when it was answered here (a tenant key too long: 400).
    */
-  admit(req: IncomingMessage, res: ServerResponse, trusted: boolean, go: (ticket: AdmissionTicket) => void): void {
-    const { settings } = this;
-    const tenant = this.tenantOf(req);
+  admit(req: IncomingMessage, res: ServerResponse, trusted: boolean): AdmissionTicket | undefined {
+    const tenant = this.tenantOf(req, trusted);
     if (tenant === undefined) {
-      sendError(res, 400, 'BadRequestError', `The tenant key must be at most ${MAX_TENANT_LENGTH} characters.`, settings.tenantHeader ?? null);
-      return;
+      sendError(res, 400, 'BadRequestError', `The tenant key must be at most ${MAX_TENANT_LENGTH} characters.`, this.settings.tenantHeader ?? null);
+      return undefined;
     }
-    const ticket = new AdmissionTicket(tenant, this.priorityOf(req, trusted));
-    const budget = this.budget;
-    if (budget === undefined) {
-      go(ticket);
-      return;
-    }
-    const verdict = budget.check(tenant);
+    return new AdmissionTicket(tenant, this.priorityOf(req, trusted), this.budget);
+  }
+
+  /**
+   * The token budget, once the request's body is in hand: its estimate (from the bytes read:
+   * the body the router holds, else its `Content-Length`, else what was read of it before it was
+   * streamed) is reserved when the tenant's use is below the budget, atomically in the store, so
+   * that concurrent requests see each other; then `go()`. Over budget: 429 with `Retry-After`.
+   * The reservation settles when the answer ends ({@link count}) or the response closes
+   * ({@link AdmissionTicket.ended}).
+   */
+  reserve(res: ServerResponse, request: BodyInHand, go: () => void): void {
+    const ticket = request.ticket!;
+    const { body } = request;
+    const requestBytes = (ticket.requestBytes = body?.length ?? (Number(request.headers['content-length']) || request.bodyHead?.length || 0));
+    const budget = this.budget!;
+    const verdict = budget.reserve(ticket, reservationOf(requestBytes, body));
     if (!(verdict instanceof Promise)) {
-      this.judged(res, ticket, verdict, go);
+      this.judged(res, verdict, go);
       return;
     }
     verdict.then((seconds) => {
-      if (!res.destroyed) this.judged(res, ticket, seconds, go);
+      if (!res.destroyed) this.judged(res, seconds, go);
+      else budget.settle(ticket, 0);
     });
   }
 
@@ -109,11 +147,11 @@ export class Admission {
     return endpoint.inflight >= this.settings.maxInflightPerRank || (endpoint.engineWaiting > 0 && endpoint.inflight > 0);
   }
 
-  /** The least loaded replica of `rank` with room, if any. */
-  freeOfRank(rank: number): RouteEndpoint | undefined {
+  /** The least loaded replica of `rank` with room, if any (in `pool`, a model's endpoints, when given). */
+  freeOfRank(rank: number, pool: readonly RouteEndpoint[] | undefined): RouteEndpoint | undefined {
     let best: RouteEndpoint | undefined;
     for (const replica of this.table.healthyOfRank(rank)) {
-      if (this.full(replica)) continue;
+      if (this.full(replica) || (pool !== undefined && !pool.includes(replica))) continue;
       if (best === undefined || replica.load < best.load) best = replica;
     }
     return best;
@@ -126,18 +164,20 @@ export class Admission {
 
   /**
    * Queues a request that found no room: for `rank` (a hint: it waits for that rank), or for
-   * any endpoint, where `choose` picks among those free when a slot frees. Answers 429 when the
-   * queue or the tenant's share of it is full. Returns the cancel to call if the client leaves.
+   * any endpoint, where `choose` picks among those free when a slot frees; `pool`, its model's
+   * endpoints, bounds both. Answers 429 when the queue or the tenant's share of it is full.
+   * Returns the cancel to call if the client leaves.
    */
-  wait(res: ServerResponse, ticket: AdmissionTicket, rank: number | undefined, choose: Seat['choose'], resume: Resume): (() => void) | undefined {
+  wait(res: ServerResponse, ticket: AdmissionTicket, rank: number | undefined, pool: Seat['pool'], choose: Seat['choose'], resume: Resume): (() => void) | undefined {
     const { settings } = this;
     const tenantWaiting = this.perTenant.get(ticket.tenant) ?? 0;
     if (this.waiting >= settings.maxLength || tenantWaiting >= settings.maxPerTenant) {
       this.refuseFull(res, this.waiting >= settings.maxLength);
+      this.budget?.settle(ticket, 0);
       return undefined;
     }
     const queue = rank === undefined ? this.anyEndpoint : this.rankQueue(rank);
-    const seat: Seat = { ticket, res, rank, choose, resume, since: performance.now(), timer: undefined };
+    const seat: Seat = { ticket, res, rank, pool, choose, resume, since: performance.now(), timer: undefined };
     const waiter = queue.push(seat, ticket.tenant, ticket.priority);
     seat.timer = setTimeout(() => this.expire(queue, waiter), settings.timeoutMs);
     this.waiting++;
@@ -154,20 +194,24 @@ export class Admission {
   }
 
   /**
-   * A slot on `endpoint` was freed: it goes to the next waiter that can use it (the older head
-   * of this rank's queue and the shared one, by class first), as long as the endpoint has room.
+   * A slot on `endpoint` was freed: it goes to the first waiter, in each queue's own order, that
+   * can use it (its model's pool holds the endpoint), the one of this rank's queue or the shared
+   * one that goes first by class, then age; as long as the endpoint has room. A waiter for a busy
+   * model at the head never holds back one behind it for this endpoint's model.
    */
   freed(endpoint: RouteEndpoint): void {
     if (this.waiting === 0) return;
     this.countRelease();
     const ranked = this.byRank.get(endpoint.rank);
+    const fits = (seat: Seat) => seat.pool === undefined || seat.pool.includes(endpoint);
     while (this.waiting > 0 && endpoint.healthy && !this.full(endpoint)) {
-      const mine = ranked?.peek();
-      const any = this.anyEndpoint.peek();
+      const mine = ranked?.first(fits);
+      const any = this.anyEndpoint.first(fits);
       const next = mine === undefined ? any : any === undefined ? mine : before(mine, any) ? mine : any;
       if (next === undefined) return;
       const seat = next.value;
-      const target = seat.rank === undefined ? seat.choose!(this.free()) : this.freeOfRank(seat.rank);
+      // Never undefined: `endpoint` is free and in the waiter's pool (and of its rank, for a hint).
+      const target = seat.rank === undefined ? seat.choose!(this.free()) : this.freeOfRank(seat.rank, seat.pool);
       if (target === undefined) return;
       this.leave(next === mine ? ranked! : this.anyEndpoint, next, true);
       const waitedMs = performance.now() - seat.since;
@@ -178,12 +222,13 @@ export class Admission {
     }
   }
 
-  /** Counts the tokens of `answer` against the ticket's tenant once it ends. */
-  count(ticket: AdmissionTicket, req: IncomingMessage, answer: IncomingMessage): void {
+  /** Settles the ticket's reservation to the tokens `answer` used, once it ends (a 2xx answer; any other is refunded when the response closes). */
+  count(ticket: AdmissionTicket, answer: IncomingMessage): void {
     const status = answer.statusCode ?? 0;
-    if (status < 200 || status >= 300) return;
+    if (status < 200 || status >= 300 || ticket.tapped || ticket.settled) return;
+    ticket.tapped = true;
     const budget = this.budget!;
-    tapUsage(answer, Number(req.headers['content-length']) || 0, (tokens) => budget.add(ticket.tenant, tokens));
+    tapUsage(answer, ticket.requestBytes, (tokens) => budget.settle(ticket, tokens));
   }
 
   /** The router closes: every waiting request is answered 503 and its timer stopped. */
@@ -206,9 +251,9 @@ export class Admission {
     return this.perTenant.size;
   }
 
-  private judged(res: ServerResponse, ticket: AdmissionTicket, retryAfter: number | undefined, go: (ticket: AdmissionTicket) => void): void {
+  private judged(res: ServerResponse, retryAfter: number | undefined, go: () => void): void {
     if (retryAfter === undefined) {
-      go(ticket);
+      go();
       return;
     }
     this.reports.metrics.outcome('over_budget');
@@ -216,11 +261,17 @@ export class Admission {
     sendError(res, 429, 'RateLimitError', `The token budget of ${this.settings.tokensPerMinute} tokens per minute is spent; retry after ${retryAfter} s.`);
   }
 
-  private tenantOf(req: IncomingMessage): string | undefined {
+  /** The request's tenant: an untrusted caller's header is ignored (the default tenant); `undefined` for a key too long. */
+  private tenantOf(req: IncomingMessage, hintsTrusted: boolean): string | undefined {
     const { tenantHeader, tenantOf } = this.settings;
     let tenant: unknown;
-    if (tenantHeader !== undefined) tenant = req.headers[tenantHeader];
-    else if (tenantOf !== undefined) tenant = tenantOf(req);
+    if (tenantHeader !== undefined) {
+      const raw = req.headers[tenantHeader];
+      if (raw === undefined || !trustedBy(this.settings.tenantTrust, req, hintsTrusted)) return DEFAULT_TENANT;
+      tenant = raw;
+    } else if (tenantOf !== undefined) {
+      tenant = tenantOf(req);
+    }
     if (typeof tenant !== 'string' || tenant.length === 0) return DEFAULT_TENANT;
     return tenant.length > MAX_TENANT_LENGTH ? undefined : tenant;
   }
@@ -231,8 +282,7 @@ export class Admission {
     const raw = req.headers[priorityHeader];
     if (raw === undefined) return defaultClass;
     delete req.headers[priorityHeader];
-    const trusted = priorityTrust === undefined ? hintsTrusted : priorityTrust === true || (priorityTrust !== false && priorityTrust(req) === true);
-    if (!trusted || typeof raw !== 'string') return defaultClass;
+    if (!trustedBy(priorityTrust, req, hintsTrusted) || typeof raw !== 'string') return defaultClass;
     const index = classes.indexOf(raw.trim().toLowerCase());
     return index === -1 ? defaultClass : index;
   }
@@ -297,6 +347,11 @@ export class Admission {
     }
     this.releasesNow += count;
   }
+}
+
+/** Whether `trust` (`undefined`: the rank hints' rule, already judged as `hintsTrusted`) trusts the caller. */
+function trustedBy(trust: AdmissionSettings['tenantTrust'], req: IncomingMessage, hintsTrusted: boolean): boolean {
+  return trust === undefined ? hintsTrusted : trust === true || (trust !== false && trust(req) === true);
 }
 
 /** Which of two heads goes first: the higher class, then the older. */

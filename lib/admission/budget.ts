@@ -1,4 +1,4 @@
-import { retryAfterSeconds, usedAt, windowOf, type TokenStore, type WindowCounts } from './token-window';
+import { isCounts, previousWeight, retryAfterSeconds, useOf, windowOf, type TokenStore, type WindowCounts } from './token-window';
 
 /** How long a store may take before the request goes on without it (fail open). */
 const STORE_TIMEOUT_MS = 250;
@@ -9,10 +9,23 @@ export interface BudgetReports {
   warn(message: string): void;
 }
 
+/** One request's hold on its tenant's budget, from its reservation to its settlement. */
+export interface Reservation {
+  readonly tenant: string;
+  /** The fixed window the reservation was counted in. */
+  window: number;
+  /** Tokens reserved (0: none, the store failed or it was not reserved yet). */
+  reserved: number;
+  /** Whether the answer's tokens were counted (or the reservation refunded): once only. */
+  settled: boolean;
+}
+
 /**
- * A per-tenant token budget over a store. A store that fails or is slow never stops traffic:
- * the request is let through (fail open), each failure counted, and the outage logged once,
- * with one more line when the store answers again.
+ * A per-tenant token budget over a store. A request reserves its estimate when it is admitted,
+ * so that concurrent requests see each other, and settles to what its answer used when that
+ * ends. A store that fails, is slow or answers something other than a count never stops
+ * traffic: the request is let through (fail open), each failure counted, and the outage logged
+ * once, with one more line when the store answers again.
  */
 export class TokenBudget {
   private down = false;
@@ -23,21 +36,24 @@ export class TokenBudget {
     private readonly reports: BudgetReports,
   ) {}
 
-  /** `undefined` when the tenant may go on, else the seconds until its budget allows (for `Retry-After`). */
-  check(tenant: string, now = Date.now()): number | undefined | Promise<number | undefined> {
-    let counts: WindowCounts | Promise<WindowCounts>;
+  /**
+   * Reserves `tokens` (at most the whole budget) for the request when the tenant's use is below
+   * its budget: `undefined` when it may go on, else the seconds until the budget allows (for
+   * `Retry-After`, an integer ≥ 1).
+   */
+  reserve(hold: Reservation, tokens: number, now = Date.now()): number | undefined | Promise<number | undefined> {
+    const window = windowOf(now);
+    const amount = Math.min(Math.max(0, Math.ceil(tokens)), this.perMinute);
+    let answer: WindowCounts | undefined | Promise<WindowCounts | undefined>;
     try {
-      counts = this.store.read(tenant, windowOf(now));
+      answer = this.store.take === undefined ? this.readThenAdd(hold.tenant, window, amount, now) : this.store.take(hold.tenant, window, amount, this.perMinute, previousWeight(now));
     } catch (error) {
       this.failed(error);
       return undefined;
     }
-    if (!(counts instanceof Promise)) return this.verdict(counts, now);
-    return within(counts).then(
-      (read) => {
-        this.recovered();
-        return this.verdict(read, now);
-      },
+    if (!(answer instanceof Promise)) return this.taken(hold, window, amount, answer, now);
+    return within(answer).then(
+      (read) => this.taken(hold, window, amount, read, now),
       (error: unknown) => {
         this.failed(error);
         return undefined;
@@ -45,19 +61,60 @@ export class TokenBudget {
     );
   }
 
-  /** Counts `tokens` the tenant used; a failure is counted and logged, never thrown. */
-  add(tenant: string, tokens: number, now = Date.now()): void {
-    if (!(tokens > 0)) return;
+  /**
+   * The request's answer used `tokens` (0: refund the reservation): the difference from what was
+   * reserved is charged or refunded, in the window reserved in while the sliding minute still
+   * reads it, the rest in the current one. Once per reservation; failures counted, never thrown.
+   */
+  settle(hold: Reservation, tokens: number, now = Date.now()): void {
+    if (hold.settled) return;
+    hold.settled = true;
+    const window = windowOf(now);
+    const { reserved } = hold;
+    if (reserved === 0) {
+      this.add(hold.tenant, window, tokens);
+    } else if (hold.window === window) {
+      this.add(hold.tenant, window, tokens - reserved);
+    } else {
+      if (hold.window === window - 1) this.add(hold.tenant, hold.window, -reserved);
+      this.add(hold.tenant, window, tokens);
+    }
+  }
+
+  /** A store without `take`: read, then add when there is room (two calls; see {@link TokenStore.take}). */
+  private readThenAdd(tenant: string, window: number, tokens: number, now: number): WindowCounts | undefined | Promise<WindowCounts | undefined> {
+    const counts = this.store.read(tenant, window);
+    const decide = (read: WindowCounts): WindowCounts | undefined | Promise<undefined> => {
+      if (!isCounts(read) || useOf(read, previousWeight(now)) >= this.perMinute) return read;
+      const added = this.store.add(tenant, window, tokens);
+      return added instanceof Promise ? added.then(() => undefined) : undefined;
+    };
+    return counts instanceof Promise ? counts.then(decide) : decide(counts);
+  }
+
+  /** The store's answer to a reservation: `undefined` (reserved) or counts over the budget, checked to be counts. */
+  private taken(hold: Reservation, window: number, amount: number, answer: WindowCounts | undefined, now: number): number | undefined {
+    if (answer !== undefined && !isCounts(answer)) {
+      this.failed(new Error(`it answered a count that is not a number (${JSON.stringify(answer).slice(0, 80)})`));
+      return undefined;
+    }
+    this.recovered();
+    if (answer !== undefined) return retryAfterSeconds(answer, now, this.perMinute);
+    // The request ended while the store answered (its client left): nothing will settle this.
+    if (hold.settled) this.add(hold.tenant, window, -amount);
+    hold.window = window;
+    hold.reserved = amount;
+    return undefined;
+  }
+
+  private add(tenant: string, window: number, tokens: number): void {
+    if (tokens === 0 || !Number.isFinite(tokens)) return;
     try {
-      const done = this.store.add(tenant, windowOf(now), tokens);
+      const done = this.store.add(tenant, window, tokens);
       if (done instanceof Promise) within(done).then(() => this.recovered(), (error: unknown) => this.failed(error));
     } catch (error) {
       this.failed(error);
     }
-  }
-
-  private verdict(counts: WindowCounts, now: number): number | undefined {
-    return usedAt(counts, now) < this.perMinute ? undefined : retryAfterSeconds(counts, now, this.perMinute);
   }
 
   private failed(error: unknown): void {

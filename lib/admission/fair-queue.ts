@@ -127,7 +127,29 @@ export class FairQueue<T> {
     return waiter;
   }
 
-  /** Takes `waiter`, which {@link peek} returned, as its turn: the tenant's turn passes and the classes below count one more pass-over. */
+  /**
+   * The first entry, in the order {@link shift} would serve them, that `accepts` takes: the class
+   * to serve, then the others highest first; in a class, the tenants from the one whose turn it
+   * is, each tenant's entries oldest first. The head itself when it is taken (one call).
+   */
+  first(accepts: (value: T) => boolean): Waiter<T> | undefined {
+    const served = this.nextLevel();
+    if (served === undefined) return undefined;
+    const found = firstIn(served, accepts);
+    if (found !== undefined) return found;
+    for (const level of this.levels) {
+      if (level === served || level.size === 0) continue;
+      const other = firstIn(level, accepts);
+      if (other !== undefined) return other;
+    }
+    return undefined;
+  }
+
+  /**
+   * Takes `waiter`, which {@link peek} or {@link first} returned, as its turn: its tenant's turn
+   * passes (a tenant served ahead of its turn goes to the end of the round, so the ones passed
+   * over keep theirs) and the classes below count one more pass-over.
+   */
   take(waiter: Waiter<T>): void {
     const lane = waiter.lane!;
     const level = lane.level;
@@ -140,7 +162,17 @@ export class FairQueue<T> {
         other.passedOver++;
       }
     }
-    level.cursor = lane.next;
+    const cursor = level.cursor!;
+    if (cursor === lane) {
+      level.cursor = lane.next;
+    } else if (cursor.prev !== lane) {
+      lane.prev.next = lane.next;
+      lane.next.prev = lane.prev;
+      lane.prev = cursor.prev;
+      lane.next = cursor;
+      cursor.prev.next = lane;
+      cursor.prev = lane;
+    }
     this.remove(waiter);
   }
 
@@ -187,4 +219,15 @@ export class FairQueue<T> {
     }
     return first;
   }
+}
+
+/** The first entry of one class that `accepts` takes, from the tenant whose turn it is. */
+function firstIn<T>(level: Level<T>, accepts: (value: T) => boolean): Waiter<T> | undefined {
+  const start = level.cursor!;
+  let lane = start;
+  do {
+    for (let waiter = lane.head; waiter !== undefined; waiter = waiter.next) if (accepts(waiter.value)) return waiter;
+    lane = lane.next;
+  } while (lane !== start);
+  return undefined;
 }

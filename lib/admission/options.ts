@@ -9,8 +9,13 @@ export interface AdmissionOptions {
   maxInflightPerRank?: number;
   /** The waiting room. */
   queue?: AdmissionQueueOptions;
-  /** The fairness key: a header, or a function of the request. Default: one tenant for everyone. */
-  tenant?: { header: string } | ((req: IncomingMessage) => string | undefined);
+  /**
+   * The fairness (and token budget) key: a header honoured for trusted callers only (an
+   * untrusted caller is the one default tenant, so fresh ids per request neither fill the queue
+   * past `maxPerTenant` nor escape or spend another tenant's budget), or a function of the
+   * request (your own rule: a verified API key, say). Default: one tenant for everyone.
+   */
+  tenant?: AdmissionTenantOptions | ((req: IncomingMessage) => string | undefined);
   /** Priority classes from a header, honoured for trusted callers only. Default: one class, `normal`. */
   priority?: AdmissionPriorityOptions;
   /** A per-tenant token budget counted from vLLM's `usage`. Default: none. */
@@ -27,6 +32,14 @@ export interface AdmissionQueueOptions {
   timeoutMs?: number;
   /** How often in a row a class with waiters may be passed over for a higher one. Default: `8`. */
   starvationLimit?: number;
+}
+
+/** `admission.tenant` as a header. */
+export interface AdmissionTenantOptions {
+  /** The header naming the tenant. Default: `'x-tenant-id'`. */
+  header?: string;
+  /** Whose header is honoured, as `hints.trust`: a boolean or a function of the request; everyone else is the default tenant. Default: `hints.trust`. */
+  trust?: boolean | ((req: IncomingMessage) => boolean);
 }
 
 /** `admission.priority`. */
@@ -57,9 +70,11 @@ export interface AdmissionSettings {
   /** The tenant header, lower-cased; `undefined` with a function or none. */
   readonly tenantHeader: string | undefined;
   readonly tenantOf: ((req: IncomingMessage) => string | undefined) | undefined;
+  /** Whose tenant header is honoured; `undefined`: the rank hints' rule (`hints.trust`), judged once per request. */
+  readonly tenantTrust: Trust | undefined;
   readonly priorityHeader: string | undefined;
   /** `undefined`: the rank hints' rule (`hints.trust`), judged once per request. */
-  readonly priorityTrust: boolean | ((req: IncomingMessage) => boolean) | undefined;
+  readonly priorityTrust: Trust | undefined;
   readonly classes: readonly string[];
   /** The class of a request without a valid trusted one. */
   readonly defaultClass: number;
@@ -67,23 +82,31 @@ export interface AdmissionSettings {
   readonly store: TokenStore | undefined;
 }
 
+/** A trust rule, as `hints.trust`. */
+type Trust = boolean | ((req: IncomingMessage) => boolean);
+
 /** The longest tenant key taken: a longer one is refused with 400, never stored or hashed. */
 export const MAX_TENANT_LENGTH = 256;
 
 const KEYS: KeysEnum<AdmissionOptions> = { maxInflightPerRank: true, queue: true, tenant: true, priority: true, tokens: true };
 const QUEUE_KEYS: KeysEnum<AdmissionQueueOptions> = { maxLength: true, maxPerTenant: true, timeoutMs: true, starvationLimit: true };
+const TENANT_KEYS: KeysEnum<AdmissionTenantOptions> = { header: true, trust: true };
 const PRIORITY_KEYS: KeysEnum<AdmissionPriorityOptions> = { header: true, trust: true, classes: true };
 const TOKEN_KEYS: KeysEnum<AdmissionTokenOptions> = { perMinute: true, store: true };
 const CLASS_NAME = /^[a-z0-9_-]{1,32}$/;
 
-/** `admission`: `undefined` when left out (nothing waits, nothing is limited). */
-export function parseAdmission(path: string, value: unknown): AdmissionSettings | undefined {
+/**
+ * `admission`: `undefined` when left out (nothing waits, nothing is limited). `hintsTrust`, the
+ * rank hints' rule, is what a left-out `tenant.trust` stands for.
+ */
+export function parseAdmission(path: string, value: unknown, hintsTrust: Trust = false): AdmissionSettings | undefined {
   if (value === undefined || value === false) return undefined;
   const options = section(path, value, KEYS);
   const queue = section(pathOf(path, 'queue'), options.queue, QUEUE_KEYS);
   const maxLength = integerOption(pathOf(path, 'queue.maxLength'), queue.maxLength, 1024, 0, 1_000_000);
   const tenant = parseTenant(pathOf(path, 'tenant'), options.tenant);
-  const keyed = tenant.header !== undefined || tenant.of !== undefined;
+  // A header nobody is trusted to send keys nothing: every request is the default tenant.
+  const keyed = tenant.of !== undefined || (tenant.header !== undefined && (tenant.trust ?? hintsTrust) !== false);
   const share = keyed ? Math.ceil(maxLength / 2) : maxLength;
   const priority = section(pathOf(path, 'priority'), options.priority, PRIORITY_KEYS);
   const classes = options.priority === undefined ? ['normal'] : parseClasses(pathOf(path, 'priority.classes'), priority.classes);
@@ -96,6 +119,7 @@ export function parseAdmission(path: string, value: unknown): AdmissionSettings 
     starvationLimit: integerOption(pathOf(path, 'queue.starvationLimit'), queue.starvationLimit, 8, 1, 1_000_000),
     tenantHeader: tenant.header,
     tenantOf: tenant.of,
+    tenantTrust: tenant.trust,
     priorityHeader: options.priority === undefined ? undefined : headerNameOption(pathOf(path, 'priority.header'), priority.header, 'x-priority'),
     priorityTrust: parseTrust(pathOf(path, 'priority.trust'), priority.trust),
     classes,
@@ -105,13 +129,14 @@ export function parseAdmission(path: string, value: unknown): AdmissionSettings 
   };
 }
 
-function parseTenant(path: string, value: unknown): { header: string | undefined; of: AdmissionSettings['tenantOf'] } {
-  if (value === undefined) return { header: undefined, of: undefined };
-  if (typeof value === 'function') return { header: undefined, of: value as AdmissionSettings['tenantOf'] };
-  if (!isPlainObject(value) || Object.keys(value).some((key) => key !== 'header')) {
-    fail(path, `must be { header } or a function of the request, got ${shown(value)}`, `Use e.g. \`${path}: { header: 'x-tenant-id' }\`.`);
+function parseTenant(path: string, value: unknown): { header: string | undefined; of: AdmissionSettings['tenantOf']; trust: Trust | undefined } {
+  if (value === undefined) return { header: undefined, of: undefined, trust: undefined };
+  if (typeof value === 'function') return { header: undefined, of: value as AdmissionSettings['tenantOf'], trust: undefined };
+  if (!isPlainObject(value)) {
+    fail(path, `must be { header, trust } or a function of the request, got ${shown(value)}`, `Use e.g. \`${path}: { header: 'x-tenant-id', trust: (req) => req.socket.remoteAddress === '10.0.0.1' }\`.`);
   }
-  return { header: headerNameOption(pathOf(path, 'header'), value.header, 'x-tenant-id'), of: undefined };
+  const tenant = section(path, value, TENANT_KEYS);
+  return { header: headerNameOption(pathOf(path, 'header'), tenant.header, 'x-tenant-id'), of: undefined, trust: parseTrust(pathOf(path, 'trust'), tenant.trust) };
 }
 
 function parseClasses(path: string, value: unknown): string[] {
@@ -123,9 +148,9 @@ function parseClasses(path: string, value: unknown): string[] {
   return [...(value as string[])];
 }
 
-function parseTrust(path: string, value: unknown): AdmissionSettings['priorityTrust'] {
+function parseTrust(path: string, value: unknown): Trust | undefined {
   if (value === undefined) return undefined;
-  if (typeof value === 'boolean' || typeof value === 'function') return value as AdmissionSettings['priorityTrust'];
+  if (typeof value === 'boolean' || typeof value === 'function') return value as Trust;
   return fail(path, `must be true, false or a function of the request, got ${shown(value)}`, `Use e.g. \`${path}: (req) => req.socket.remoteAddress === '10.0.0.1'\`.`);
 }
 

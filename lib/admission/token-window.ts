@@ -19,14 +19,27 @@ export interface TokenStore {
   readonly kind: string;
   /** The tenant's counts in fixed window `window` (`floor(ms / WINDOW_MS)`) and the one before. */
   read(tenant: string, window: number): WindowCounts | Promise<WindowCounts>;
-  /** Adds `tokens` to the tenant's count in `window`. */
+  /** Adds `tokens` to the tenant's count in `window` (the current one or the one before); negative: a refund. */
   add(tenant: string, window: number, tokens: number): void | Promise<void>;
+  /**
+   * Optional, and atomic where several gateways share the store: when the tenant's use
+   * (`previous × previousWeight + current`) is below `limit`, adds `tokens` to `current` and
+   * returns `undefined`; otherwise adds nothing and returns the counts it read. Without it the
+   * router reads, then adds: concurrent requests through other gateways may all see room.
+   */
+  take?(tenant: string, window: number, tokens: number, limit: number, previousWeight: number): WindowCounts | undefined | Promise<WindowCounts | undefined>;
 }
 
 /** Whether `value` has a store's shape. */
 export function isTokenStore(value: unknown): value is TokenStore {
   const store = value as Partial<TokenStore> | null;
-  return typeof store === 'object' && store !== null && typeof store.read === 'function' && typeof store.add === 'function';
+  return typeof store === 'object' && store !== null && typeof store.read === 'function' && typeof store.add === 'function' && (store.take === undefined || typeof store.take === 'function');
+}
+
+/** Whether a store's answer is a count: a finite number (another writer on a shared Redis may have left anything). */
+export function isCounts(counts: unknown): counts is WindowCounts {
+  const read = counts as Partial<WindowCounts> | null;
+  return typeof read === 'object' && read !== null && Number.isFinite(read.current) && Number.isFinite(read.previous);
 }
 
 /** The fixed window `now` falls in. */
@@ -34,10 +47,19 @@ export function windowOf(now: number): number {
   return Math.floor(now / WINDOW_MS);
 }
 
+/** How much of the previous window the sliding minute ending at `now` still covers (1 at a window's start, towards 0 at its end). */
+export function previousWeight(now: number): number {
+  return 1 - (now % WINDOW_MS) / WINDOW_MS;
+}
+
 /** Tokens used in the sliding minute ending at `now`. */
 export function usedAt(counts: WindowCounts, now: number): number {
-  const elapsed = (now % WINDOW_MS) / WINDOW_MS;
-  return counts.previous * (1 - elapsed) + counts.current;
+  return useOf(counts, previousWeight(now));
+}
+
+/** Tokens used, the previous window weighted by `weight`; a negative count (a refund whose charge was lost) counts as none. */
+export function useOf(counts: WindowCounts, weight: number): number {
+  return Math.max(0, counts.previous) * weight + Math.max(0, counts.current);
 }
 
 /**
@@ -47,7 +69,8 @@ export function usedAt(counts: WindowCounts, now: number): number {
  */
 export function retryAfterSeconds(counts: WindowCounts, now: number, limit: number): number {
   const into = now % WINDOW_MS;
-  const { current, previous } = counts;
+  const current = Math.max(0, counts.current);
+  const previous = Math.max(0, counts.previous);
   let waitMs: number;
   if (current < limit) {
     // previous × (1 − t/W) + current < limit  ⇔  t > W × (1 − (limit − current) / previous)
@@ -56,5 +79,6 @@ export function retryAfterSeconds(counts: WindowCounts, now: number, limit: numb
   } else {
     waitMs = WINDOW_MS - into + WINDOW_MS * (1 - limit / current);
   }
-  return Math.max(1, Math.ceil(waitMs / 1000));
+  // Counts are checked finite before this; the fallback keeps `Retry-After` an integer whatever comes.
+  return Number.isFinite(waitMs) ? Math.max(1, Math.ceil(waitMs / 1000)) : (2 * WINDOW_MS) / 1000;
 }

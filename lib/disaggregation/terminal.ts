@@ -8,6 +8,7 @@ import type { Tracing } from '../observe/tracing';
 import type { Configuration } from '../options';
 import type { PrefixPickContext } from '../policies/prefix-aware';
 import { hasBody, isJson } from '../request/body';
+import { isWebSocketUpgrade, upstreamRequestStripper, type HopByHopStripper } from '../request/hop-by-hop';
 import { scanFields } from '../request/json-fields';
 import type { BodyView, JudgedHint } from '../request/request-inputs';
 import type { BodyReader, Next } from '../request/body-reader';
@@ -42,8 +43,12 @@ type PrefillFailure = TryFailure | 'too_large' | 'status' | 'no_params' | 'unava
 const GENERATION = /\/v1\/(?:chat\/)?completions(?:\?|$)/;
 /** What a caller's `X-Request-Id` may be to be kept (it goes into Mooncake's `transfer_id`). */
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
-/** Not copied to the prefill leg: hop-by-hop, the body's framing (set anew), and compression (the answer is read). */
-const NOT_COPIED = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade', 'expect', 'host', 'content-length', 'accept-encoding']);
+/**
+ * Not copied to the prefill leg, whose request is stripped of hop-by-hop headers already (the
+ * decode leg's filter, see {@link DisaggregatedTerminal.split}): the `Connection: keep-alive`
+ * left for the agent, the body's framing (set anew), and compression (the answer is read).
+ */
+const NOT_COPIED = new Set(['connection', 'transfer-encoding', 'expect', 'host', 'content-length', 'accept-encoding']);
 const DECISION_HEADER = 'x-dp-router-decision';
 
 /**
@@ -60,6 +65,8 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
   private readonly bootstrap: BootstrapDirectory | undefined;
   private readonly rankField: Buffer | undefined;
   private readonly fallbacks: FallbackLog;
+  /** The forwarder's hop-by-hop filter, applied once before the legs part, so that both send the same headers. */
+  private readonly stripHopByHop: HopByHopStripper;
 
   constructor(
     parts: DisaggregationParts,
@@ -73,11 +80,13 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
     const { bodyField } = config.hints;
     this.rankField = bodyField === undefined ? undefined : Buffer.from(bodyField);
     this.fallbacks = new FallbackLog(config.logger);
+    this.stripHopByHop = upstreamRequestStripper(config.header);
   }
 
   proceed(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
     const path = req.originalUrl ?? req.url ?? '/';
-    if (req.method !== 'POST' || !GENERATION.test(path) || (route.body === undefined && (!hasBody(route.headers) || !isJson(route.headers)))) {
+    // A WebSocket upgrade goes to the forwarder whole, which answers it 501.
+    if (req.method !== 'POST' || !GENERATION.test(path) || isWebSocketUpgrade(route.headers) || (route.body === undefined && (!hasBody(route.headers) || !isJson(route.headers)))) {
       if (req.headers[PREFILL_HINT_HEADER] !== undefined) delete req.headers[PREFILL_HINT_HEADER];
       this.decode.proceed(req, res, next, route);
       return;
@@ -112,6 +121,9 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
   private split(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, path: string, bytes: Buffer): void {
     const { config, pool } = this;
     const { trusted } = route;
+    // In place, before the request id is read or set: a nominated `X-Request-Id` is the client's
+    // connection's, and both legs then carry the same headers (the forwarder's pass finds nothing left).
+    this.stripHopByHop(route.headers);
     const verdict = pool.inputs.headerHint(req, trusted);
     if (req.headers[PREFILL_HINT_HEADER] !== undefined) delete req.headers[PREFILL_HINT_HEADER];
     let prefill: RouteEndpoint | undefined;

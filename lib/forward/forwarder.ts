@@ -3,7 +3,7 @@ import type { Admission } from '../admission/admission';
 import { hasBody } from '../request/body';
 import type { AfterBody, BodyReader, Next } from '../request/body-reader';
 import { sendError } from '../errors';
-import { hopByHopStripper } from '../request/hop-by-hop';
+import { isWebSocketUpgrade, upstreamRequestStripper } from '../request/hop-by-hop';
 import { setForwardedHeaders } from './forwarded-headers';
 import type { Terminal } from '../request/lifecycle';
 import type { RouterMetrics } from '../observe/metrics';
@@ -71,7 +71,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     this.models = parts.models;
     this.admission = parts.admission;
     this.countsFirstTokens = parts.policy.learnsFirstTokens === true;
-    this.stripHopByHop = hopByHopStripper([parts.config.header], 'keep-alive');
+    this.stripHopByHop = upstreamRequestStripper(parts.config.header);
     this.xfwd = parts.config.xfwd;
     this.replayable = (req, res, next, route) => this.send(req, res, next, route);
   }
@@ -83,7 +83,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     const originalUrl = req.originalUrl;
     if (originalUrl !== undefined && req.url !== originalUrl) req.url = originalUrl;
     const { headers } = route;
-    if (headers.upgrade !== undefined && WEBSOCKET.test(headers.upgrade)) {
+    if (isWebSocketUpgrade(headers)) {
       // Stripped like any hop-by-hop header, the upgrade would reach the engine as a plain
       // request to a WebSocket-only route and come back as a puzzling 404 or 403.
       sendError(res, 501, 'NotImplementedError', 'The gateway does not proxy WebSocket upgrades; connect to the vLLM server directly for WebSocket endpoints.', 'upgrade');
@@ -155,7 +155,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     const endpoint = route.endpoint!;
     this.metrics.responded(endpoint, answer, route.started);
     if (this.countsFirstTokens) countFirstToken(endpoint, answer, route.started, route.prefillBlocks > 0 ? route : undefined);
-    if (route.ticket !== undefined && this.admission!.counts) this.admission!.count(route.ticket, req, answer);
+    if (route.ticket !== undefined && this.admission!.counts) this.admission!.count(route.ticket, answer);
     if (answer.statusCode !== undefined && answer.statusCode >= 500) {
       this.metrics.upstreamError(endpoint, 'status_5xx');
       this.detector?.failed(endpoint, 'request', req);
@@ -271,8 +271,6 @@ function replayableSize(req: IncomingMessage, headers: IncomingHttpHeaders, limi
   const size = Number(declared);
   return size > 0 && size <= limit;
 }
-
-const WEBSOCKET = /(?:^|[\s,])websocket(?:$|[\s,/])/i;
 
 /** Whether the endpoint's upstream server already failed this request. */
 function failedBefore(endpoint: RouteEndpoint, tried: readonly RouteEndpoint[]): boolean {

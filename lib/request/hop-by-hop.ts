@@ -56,6 +56,23 @@ export function hopByHopStripper(keep: readonly string[] = [], left: ConnectionL
   };
 }
 
+/**
+ * The one filter every request leg goes through on its way to an upstream (the forwarder's
+ * request, and the prefill leg with `disaggregation`): hop-by-hop headers and what `Connection`
+ * nominates go, the router's own rank header (`rankHeader`, set already) stays, and a
+ * `Connection: keep-alive` is left for the agent, which sends that anyway.
+ */
+export function upstreamRequestStripper(rankHeader: string): HopByHopStripper {
+  return hopByHopStripper([rankHeader], 'keep-alive');
+}
+
+/** Whether a request asks to upgrade to WebSocket, which the gateway does not proxy (answered 501 before anything is stripped). */
+export function isWebSocketUpgrade(headers: IncomingHttpHeaders): boolean {
+  return headers.upgrade !== undefined && WEBSOCKET.test(headers.upgrade);
+}
+
+const WEBSOCKET = /(?:^|[\s,])websocket(?:$|[\s,/])/i;
+
 function remove(headers: IncomingHttpHeaders, name: string): void {
   delete headers[name];
 }

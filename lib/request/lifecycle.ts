@@ -28,7 +28,7 @@ export type { LifecycleParts, Terminal } from './lifecycle-parts';
  * them, each calling the next:
  *
  *   handle    strip the client's rank headers, judge trust and a header hint
- *   admit     admission (a hook: nothing waits yet)
+ *   admit     admission: the tenant and class (nothing waits yet)
  *   readBody  read the body when routing needs it, within `maxBodyBytes` and the body budget;
  *             otherwise buffer it (`requestBuffering`) so that no upstream connection waits on a slow client
  *   decide    judge a body hint; the hinted rank, a rejection, a 503, or the policy's pick
@@ -148,24 +148,19 @@ export class RequestLifecycle {
 
   /**
    * Admission, before the body is read: the tenant and the priority class are taken (the class
-   * header removed), and the token budget checked (429 past it). Capacity is judged at
-   * {@link assign}, where an endpoint has been chosen. Without `admission`: straight on.
+   * header removed). The token budget and capacity are judged at {@link assign}, where the body
+   * is in hand and an endpoint has been chosen. Without `admission`: straight on.
    */
   admit(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
-    const { admission } = this;
-    if (admission === undefined) {
-      this.readBody(req, res, next, route);
-      return;
-    }
     try {
-      admission.admit(req, res, route.trusted, (ticket) => {
-        route.ticket = ticket;
-        this.readBody(req, res, next, route);
-      });
+      // `undefined` when answered there (a tenant key too long).
+      if (this.admission !== undefined && (route.ticket = this.admission.admit(req, res, route.trusted)) === undefined) return;
     } catch (error) {
       // The user's tenant or trust function threw.
       next(error);
+      return;
     }
+    this.readBody(req, res, next, route);
   }
 
   /**
@@ -313,8 +308,11 @@ export class RequestLifecycle {
     note: string | undefined,
     scored: IndexSource | undefined,
   ): void {
-    if (this.admission !== undefined) {
-      this.seat(req, res, next, route, endpoint, source, outcome, note, scored);
+    const { admission } = this;
+    if (admission !== undefined) {
+      // With a token budget, the request's estimate is reserved first (or it is answered 429).
+      if (admission.counts) admission.reserve(res, route, () => this.seat(req, res, next, route, endpoint, source, outcome, note, scored));
+      else this.seat(req, res, next, route, endpoint, source, outcome, note, scored);
       return;
     }
     route.assign(req, res, endpoint, source, outcome, note);
@@ -326,7 +324,7 @@ export class RequestLifecycle {
 
   /**
    * Capacity, under admission: the chosen endpoint when it has room; else, for a hint, the least
-   * loaded replica of its rank with room, and for a pick, the policy's pick among the endpoints
+   * loaded replica of its rank with room (in its model's pool), and for a pick, the policy's pick among the endpoints
    * with room; else the request waits in the fair queue (a hint for its rank: it is never
    * moved) and goes on where a slot frees. The decision header carries the time waited.
    */
@@ -352,14 +350,14 @@ export class RequestLifecycle {
       this.terminal.proceed(req, res, next, route);
     };
     const hinted = source === 'hint';
-    const now = admission.full(chosen) ? (hinted ? admission.freeOfRank(chosen.rank) : this.pickFree(route, admission.free())) : chosen;
+    const now = admission.full(chosen) ? (hinted ? admission.freeOfRank(chosen.rank, route.pool) : this.pickFree(route, admission.free())) : chosen;
     if (now !== undefined) {
       admission.admitted();
       go(now);
       return;
     }
     const choose = hinted ? undefined : (free: readonly RouteEndpoint[]) => this.pickFree(route, free);
-    const leave = admission.wait(res, route.ticket!, hinted ? chosen.rank : undefined, choose, (endpoint) => {
+    const leave = admission.wait(res, route.ticket!, hinted ? chosen.rank : undefined, route.pool, choose, (endpoint) => {
       route.leave = undefined;
       try {
         go(endpoint);

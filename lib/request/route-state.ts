@@ -278,10 +278,12 @@ export class RouteState implements Deadlined {
    * The response closed: stop the deadlines and, when the client left before the answer was
    * complete, the upstream request (http-proxy aborts it only while the request body is still
    * arriving; a client that leaves during a long prefill would otherwise keep the engine busy).
-   * Then the slot held now (a retry may have moved it) is released.
+   * Then the slot held now (a retry may have moved it) is released. A token reservation whose
+   * answer is not read is refunded.
    */
   private closed(): void {
     this.responseClosed = true;
+    this.ticket?.ended();
     clearTimeout(this.bodyDeadline);
     this.lease?.release();
     const held = this.endpoint;

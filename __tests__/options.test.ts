@@ -32,7 +32,7 @@ describe('parseOptions', () => {
   it('resolves every default', () => {
     const config = parse({ upstreams: [{ url }] });
     expect(config).toMatchObject({
-      upstreams: [{ name: 'http://127.0.0.1:8000', url, startRank: 0, dataParallelSize: 1, ranks: [0], rankHeader: 'global', discoverIntervalMs: undefined }],
+      upstreams: [{ name: 'http://127.0.0.1:8000', url, startRank: 0, dataParallelSize: 1, ranks: [0], rankHeader: 'local', discoverIntervalMs: undefined }],
       hints: { trust: false, onInvalid: 'reassign', header: 'x-data-parallel-rank', bodyField: undefined },
       header: 'x-data-parallel-rank',
       affinity: { header: 'x-session-id', bodyField: 'user', loadFactor: 1.25, loadSlack: 4, keyLoadFactor: 1, maxSessions: 65_536 },

@@ -2,7 +2,10 @@
  * An embedded mock of a vLLM OpenAI-compatible server running data parallelism, for the
  * example gateway, the tests and the benchmarks. It behaves like vLLM wherever a gateway can
  * tell (rank header parsing, error shapes, SSE format, `/metrics` names), with no model behind
- * it: answers are deterministic filler that names the rank that served them.
+ * it: answers are deterministic filler that names the rank that served them. The rank header
+ * is an index from 0 into the engines it manages (`startRank` … `startRank + dataParallelSize
+ * − 1`), as vLLM's API server reads it in every load-balancing mode, and only on the paths
+ * vLLM routes by it (mock-vllm/self-balanced.ts).
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
@@ -24,6 +27,7 @@ import { SeqLimit } from './mock-vllm/max-num-seqs';
 import { RequestTimer, SseWriter } from './mock-vllm/stream-writer';
 import { mockTokenizer, serveTokenize } from './mock-vllm/tokenize';
 import { PdRole, type PdAdmission } from './mock-vllm/pd-roles';
+import { SELF_BALANCED_PATHS, serveSelfBalanced } from './mock-vllm/self-balanced';
 import type { PromptTokenizer } from '../lib/exact-prefix/tokenizer/tokenizer';
 import type { MockFault, MockRequestRecord, MockVllm, MockVllmOptions } from './mock-vllm/types';
 
@@ -67,6 +71,10 @@ const ROUTES = new Map<string, { method: string; handle: RouteHandler }>([
   ['/health', { method: 'GET', handle: serveHealth }],
   ['/metrics', { method: 'GET', handle: serveMetrics }],
   ['/tokenize', { method: 'POST', handle: (ctx, req, res) => serveTokenize(ctx.config.model, ctx.config.maxModelLen, req, res) }],
+  ...[...SELF_BALANCED_PATHS].map(([path, kind]): [string, { method: string; handle: RouteHandler }] => [
+    path,
+    { method: 'POST', handle: (ctx, req, res) => serveSelfBalanced(kind, ctx.config.model, ctx.engine, req, res) },
+  ]),
 ]);
 
 /** Starts a mock vLLM data-parallel server; resolves once it listens. */
@@ -130,7 +138,6 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
     port: options.port ?? 0,
     dataParallelSize: options.dataParallelSize ?? 4,
     startRank: options.startRank ?? 0,
-    headerMode: options.headerMode ?? 'global',
     model: options.model ?? 'mock-model',
     prefillMsPerToken: options.prefillMsPerToken ?? 0,
     decodeMsPerToken: options.decodeMsPerToken ?? 0,
@@ -161,8 +168,8 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
   if (!(config.maxNumSeqs >= 1) || (config.maxNumSeqs !== Infinity && !Number.isSafeInteger(config.maxNumSeqs))) {
     throw new TypeError(`startMockVllm: maxNumSeqs must be an integer >= 1, got ${String(config.maxNumSeqs)}`);
   }
-  if (config.headerMode !== 'global' && config.headerMode !== 'local') {
-    throw new TypeError(`startMockVllm: headerMode must be 'global' or 'local', got ${String(config.headerMode)}`);
+  if ('headerMode' in options) {
+    throw new TypeError('startMockVllm: headerMode is gone: vLLM reads X-data-parallel-rank as an index from 0 into the engines a server manages in every mode, and so does the mock');
   }
   if (options.kvEvents !== undefined) {
     config.kvEvents = resolveKvEventsOptions(options.kvEvents, config.startRank + config.dataParallelSize - 1);

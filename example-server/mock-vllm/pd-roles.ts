@@ -116,10 +116,18 @@ export class PdRole {
     return consume(transfer);
   }
 
-  /** Mooncake's bootstrap server (`VLLM_MOONCAKE_BOOTSTRAP_PORT`): `GET /query` names each rank's engine. */
+  /**
+   * Mooncake's bootstrap server (`VLLM_MOONCAKE_BOOTSTRAP_PORT`): `GET /query` names each
+   * engine, keyed as vLLM 52a31cc registers them: by `data_parallel_rank_local` on a hybrid or
+   * external-LB server and by the global index otherwise, which is the same position from 0
+   * among the engines this server manages, the one `X-data-parallel-rank` takes
+   * (mooncake_utils.py:20-25 `get_mooncake_dp_engine_index`, mooncake_connector.py:790).
+   */
   async startBootstrap(host: string, port: number): Promise<{ port: number; close(): Promise<void> }> {
     const answer = JSON.stringify(
-      Object.fromEntries([...this.engines].map(([rank, engineId]) => [String(rank), { engine_id: engineId, worker_addr: { '0': { '0': `${host}:${17000 + rank}` } } }])),
+      Object.fromEntries(
+        [...this.engines].map(([rank, engineId], index) => [String(index), { engine_id: engineId, worker_addr: { '0': { '0': `${host}:${17000 + rank}` } } }]),
+      ),
     );
     const server: Server = createServer((req, res) => {
       if (req.method === 'GET' && req.url === '/query') {

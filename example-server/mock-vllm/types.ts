@@ -6,16 +6,20 @@ export interface MockVllmOptions {
   host?: string;
   /** Port; `0` picks a free one. Default: `0`. */
   port?: number;
-  /** Ranks served (`--data-parallel-size`). Default: `4`. */
-  dataParallelSize?: number;
-  /** First global rank served (`--data-parallel-start-rank`). Default: `0`. */
-  startRank?: number;
   /**
-   * How `X-data-parallel-rank` is read: the global rank (`'global'`, internal LB and the Rust
-   * front end) or the position inside this server, rank − startRank (`'local'`: vLLM's Python
-   * server in hybrid LB). Default: `'global'`.
+   * The engines this server manages, as vLLM's API server counts them: `--data-parallel-size`
+   * on an internal-LB server, `--data-parallel-size-local` on a hybrid-LB node, 1 on an
+   * external-LB server (`--data-parallel-rank`). Default: `4`.
    */
-  headerMode?: 'global' | 'local';
+  dataParallelSize?: number;
+  /**
+   * The global rank of the first (`--data-parallel-start-rank`, or the `--data-parallel-rank`
+   * of an external-LB server). As in vLLM, `X-data-parallel-rank` is an index from 0 into the
+   * engines managed, whatever this is: a node serving global ranks 4–7 takes 0–3 and answers
+   * `data_parallel_rank 4 is out of range [0, 4).` for 4. `/metrics` labels each engine with its
+   * global rank. Default: `0`.
+   */
+  startRank?: number;
   /** Served model name. Default: `'mock-model'`. */
   model?: string;
   /** Simulated prefill time per uncached prompt token, in ms. Default: `0`. */

@@ -134,10 +134,10 @@ export class RouteState implements Deadlined {
     this.reports.events.retried(req, failed, next);
     failed.inflight--;
     failed.sentBlocks -= this.prefillBlocks;
-    this.reports.peers?.changed(failed);
+    if (!failed.balanced) this.reports.peers?.changed(failed);
     this.hold(req, res, next);
     this.attempt++;
-    this.reports.freed?.(failed);
+    if (!failed.balanced) this.reports.freed?.(failed);
   }
 
   /** The first token arrived (or the request ended without one): its prefill leaves its endpoint's `sentBlocks`. */
@@ -244,7 +244,8 @@ export class RouteState implements Deadlined {
     const { config, metrics } = this.reports;
     const source = this.source;
     endpoint.inflight++;
-    if (this.reports.peers !== undefined) {
+    // A balanced endpoint is no rank the peers know, and holds no rank's admission slot.
+    if (this.reports.peers !== undefined && !endpoint.balanced) {
       endpoint.sentBlocks += this.prefillBlocks;
       this.reports.peers.changed(endpoint);
     }
@@ -293,11 +294,12 @@ export class RouteState implements Deadlined {
     const upstream = this.upstreamRequest as UpstreamRequest | undefined;
     if (upstream !== undefined && upstream.res?.complete !== true) upstream.destroy();
     held.inflight--;
+    this.reports.metrics.finished(held, (performance.now() - this.started) / 1000);
+    if (held.balanced) return;
     if (this.reports.peers !== undefined) {
       this.prefilled();
       this.reports.peers.changed(held);
     }
-    this.reports.metrics.finished(held, (performance.now() - this.started) / 1000);
     this.reports.freed?.(held);
   }
 }

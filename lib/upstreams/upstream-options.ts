@@ -130,6 +130,18 @@ const UPSTREAM_KEYS: KeysEnum<UpstreamOptions & Pick<DnsUpstreamOptions, 'dns'>>
   bootstrapPort: true,
 };
 
+/** Whether two configurations reach the same server's ranks with the same header values: a change of either calls for a new look at what the server says. */
+export function reachedAlike(a: UpstreamConfig, b: UpstreamConfig): boolean {
+  return (
+    a.name === b.name &&
+    a.url === b.url &&
+    a.startRank === b.startRank &&
+    a.rankHeader === b.rankHeader &&
+    a.ranks.length === b.ranks.length &&
+    a.ranks.every((rank, index) => rank === b.ranks[index])
+  );
+}
+
 /** Validates an upstream list (creation and `setUpstreams()`). Throws {@link OptionError}. */
 export function parseUpstreams(path: string, value: unknown): UpstreamConfig[] {
   if (!Array.isArray(value) || value.length === 0) {

@@ -243,7 +243,7 @@ const wrongValues: Array<[path: string, value: unknown]> = [
   } satisfies WrongValues<OutlierDetectionOptions>),
   ...rows('healthCheck', { path: 'health', intervalMs: 0, timeoutMs: 0, unhealthyThreshold: 0, healthyThreshold: 1001 } satisfies WrongValues<HealthCheckOptions>),
   ...rows('retries', { attempts: 11, maxBodyBytes: -1 } satisfies WrongValues<RetryOptions>),
-  ...rows('disaggregation', { connector: 'rdma', prefillPolicy: 'fastest', onPrefillFailure: 'retry' } satisfies WrongValues<DisaggregationOptions>),
+  ...rows('disaggregation', { connector: 'rdma', prefillPolicy: 'fastest', onPrefillFailure: 'retry', kvLeaseMs: 0 } satisfies WrongValues<DisaggregationOptions>),
   ...rows('loadFeedback', { intervalMs: 1, timeoutMs: 0, weight: 2 } satisfies WrongValues<LoadFeedbackOptions>),
   // `warn` is what makes a logger: without it the whole `logger` is wrong.
   ...rows('logger', { warn: 'no', info: 'no', debug: 'no', error: 'no', isLevelEnabled: 'no' } satisfies WrongValues<Logger>).map(

@@ -87,7 +87,7 @@ export async function startMockVllm(options: MockVllmOptions = {}): Promise<Mock
   const engine = new MockEngine({ ...config, publishKvEvents: events?.publish });
   const log = new RequestLog(REQUEST_LOG_SIZE);
   let fault: MockFault | undefined;
-  const pd = config.role === 'both' ? undefined : new PdRole(config.role, config.connector, ranks, config.blockTokens);
+  const pd = config.role === 'both' ? undefined : new PdRole(config.role, config.connector, ranks, config.blockTokens, config.kvLeaseMs);
   const seqs = new SeqLimit(config.maxNumSeqs);
   const ctx: ServerContext = { config, engine, log, tokenizer, currentFault: () => fault, pd, seqs };
 
@@ -149,9 +149,10 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
     bootstrapPort: options.bootstrapPort ?? 0,
     recordBodies: options.recordBodies ?? false,
     maxNumSeqs: options.maxNumSeqs ?? Infinity,
+    kvLeaseMs: options.kvLeaseMs ?? 30_000,
     kvEvents: null,
   };
-  const integers = { port: 0, dataParallelSize: 1, startRank: 0, cacheBlocksPerRank: 1, blockTokens: 1, maxModelLen: 1, bootstrapPort: 0 };
+  const integers = { port: 0, dataParallelSize: 1, startRank: 0, cacheBlocksPerRank: 1, blockTokens: 1, maxModelLen: 1, bootstrapPort: 0, kvLeaseMs: 1 };
   for (const [name, minimum] of Object.entries(integers)) {
     const value = config[name as keyof typeof integers];
     if (!Number.isSafeInteger(value) || value < minimum) {
@@ -292,6 +293,7 @@ async function serveGeneration(
     leg = await ctx.pd.admit(read.body as Record<string, unknown>, rank.globalRank, typeof requestId === 'string' ? requestId : undefined, promptTokensOf(request), eos);
     record.leg = leg.kind;
     if (leg.kind === 'refused') return sendError(res, 400, leg.message, 'kv_transfer_params');
+    if (leg.kind === 'failed') return request.stream ? sendStreamError(res, leg.message, 500) : sendError(res, 500, leg.message);
     if (res.destroyed) return;
   }
   // Past `maxNumSeqs` the request waits for a seat in the rank's own queue, as in vLLM.

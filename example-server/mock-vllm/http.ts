@@ -29,10 +29,10 @@ export function sendError(
  * `create_streaming_error_response`, vllm/entrypoints/openai/engine/serving.py:182): `", "` and
  * `": "` between members, non-ASCII escaped; the JSON answers are Starlette's compact form.
  */
-export function sendStreamError(res: ServerResponse, message: string): void {
+export function sendStreamError(res: ServerResponse, message: string, status = 400): void {
   if (res.destroyed || res.headersSent) return;
   res.writeHead(200, SSE_HEADERS);
-  res.write(`data: ${pythonJsonDumps(vllmError(400, message))}\n\n`);
+  res.write(`data: ${pythonJsonDumps(vllmError(status, message))}\n\n`);
   res.end(DONE_EVENT);
 }
 

@@ -59,6 +59,12 @@ export interface MockVllmOptions {
   connector?: 'nixl' | 'mooncake';
   /** A Mooncake prefill's bootstrap server port (`GET /query`); `0` picks a free one. Default: `0`. */
   bootstrapPort?: number;
+  /**
+   * NIXL: how long a prefill keeps a request's KV blocks for its decode, in ms (vLLM's
+   * `kv_lease_duration`): a decode that comes later is answered vLLM's internal error (500; a
+   * stream: 200, then the error event). Default: `30_000`.
+   */
+  kvLeaseMs?: number;
   /** Keep each request's headers and body in its record (tests). Default: `false`. */
   recordBodies?: boolean;
   /** Requests each rank runs at once (vLLM's `--max-num-seqs`); past it they wait, FIFO, in `vllm:num_requests_waiting`. Default: no limit. */
@@ -148,7 +154,7 @@ export interface MockRequestRecord {
   /** With `recordBodies`: the raw body as text. */
   body?: string;
   /** With `role`: the leg served (`'prefill'`, `'decode'`, `'whole'`) or `'refused'`. */
-  leg?: 'prefill' | 'decode' | 'whole' | 'refused';
+  leg?: 'prefill' | 'decode' | 'whole' | 'refused' | 'failed';
 }
 
 /** A snapshot of the mock's counters. */

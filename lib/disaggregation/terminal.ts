@@ -188,6 +188,8 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
       }
       const judged = this.judge(req, prefill, result);
       if (typeof judged === 'object') {
+        // The prefill keeps the blocks for kv_lease_duration from now, unless the decode engine renews it.
+        route.leaseEnds = performance.now() + this.config.disaggregation!.kvLeaseMs;
         this.decodeWith(req, res, next, route, bytes, judged.params, 'disaggregated', scan);
         return;
       }

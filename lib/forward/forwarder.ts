@@ -234,6 +234,8 @@ export class Forwarder implements Terminal, TryOutcomes {
    */
   private retry(req: RoutedRequest, res: ServerResponse, route: RouteState, failed: RouteEndpoint): boolean {
     if (route.attempt >= this.retries.attempts || res.headersSent) return false;
+    // A NIXL decode leg past its KV lease would find the prefill's blocks gone.
+    if (route.leaseEnds !== 0 && performance.now() >= route.leaseEnds) return false;
     // Only what can be replayed byte for byte: a buffered body, or none at all.
     if (route.body === undefined && hasBody(route.headers)) return false;
     const tried = (route.tried ??= []);

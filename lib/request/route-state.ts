@@ -104,6 +104,12 @@ export class RouteState implements Deadlined {
    * endpoint's `sentBlocks` until its first token (or its end); 0 once retired.
    */
   prefillBlocks = 0;
+  /**
+   * A NIXL decode leg: when the prefill's KV blocks are released unless the decode engine has
+   * the request (`performance.now()`, `disaggregation.kvLeaseMs` after the prefill answer); 0
+   * otherwise. Its connects are cut to fit ({@link armDeadlines}) and it is not retried past it.
+   */
+  leaseEnds = 0;
   /** Whether the response's close is watched (one listener per request, see {@link watch}). */
   private watching = false;
 
@@ -128,14 +134,20 @@ export class RouteState implements Deadlined {
     this.reports.events.decided(req, endpoint, source, hintOutcome, this.headers);
   }
 
-  /** A retry: the slot, the rank header, the body's hint field and `req.dpRank` move from the failed endpoint to `next`. */
+  /**
+   * A retry: the slot, the rank header, the body's hint field and `req.dpRank` move from the
+   * failed endpoint to `next`; the decision header keeps what followed the failed endpoint's
+   * receipt (`; index=…`, `; waited_ms=…`, a prefill leg's `; prefill=…`).
+   */
   moveTo(req: RoutedRequest, res: ServerResponse, next: RouteEndpoint): void {
     const failed = this.endpoint!;
     this.reports.events.retried(req, failed, next);
     failed.inflight--;
     failed.sentBlocks -= this.prefillBlocks;
     if (!failed.balanced) this.reports.peers?.changed(failed);
-    this.hold(req, res, next);
+    const shown = this.reports.config.exposeDecision ? res.getHeader(DECISION_HEADER) : undefined;
+    const receipt = failed.receipts[this.source];
+    this.hold(req, res, next, typeof shown === 'string' && shown.startsWith(receipt) && shown.length > receipt.length ? shown.slice(receipt.length) : undefined);
     this.attempt++;
     if (!failed.balanced) this.reports.freed?.(failed);
   }
@@ -174,13 +186,16 @@ export class RouteState implements Deadlined {
    * {@link firstByteExpired}). The answer, a failure or the response's closing clears them; one
    * that expires destroys the upstream request with its code.
    */
-  armDeadlines(proxyReq: ClientRequest, connectMs: number, firstBytes: DeadlineList<RouteState>): void {
+  armDeadlines(proxyReq: ClientRequest, connectMs: number, firstBytes: DeadlineList<RouteState>, attempts: number): void {
     // A try moved on before its own end (a retry) must not leave its timers behind, unreachable.
     this.clearDeadlines();
     this.upstreamRequest = proxyReq;
     const socket = proxyReq.socket;
     if (socket?.connecting) {
-      this.connectDeadline = setTimeout(expire, connectMs, proxyReq, CONNECT_TIMEOUT);
+      // Under a KV lease, each try left gets its share of the lease left: a server that does
+      // not take the connection cannot hold the decode leg past it.
+      const ms = this.leaseEnds === 0 ? connectMs : Math.max(1, Math.min(connectMs, (this.leaseEnds - performance.now()) / (attempts - this.attempt + 1)));
+      this.connectDeadline = setTimeout(expire, ms, proxyReq, CONNECT_TIMEOUT);
       socket.once('connect', () => clearTimeout(this.connectDeadline));
     }
     firstBytes.add(this);

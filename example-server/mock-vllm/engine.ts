@@ -61,7 +61,7 @@ export class MockEngine {
    * `[0, num_ranks)`, `num_ranks` being `data_parallel_size_local` on a hybrid or external-LB
    * server and `data_parallel_size` otherwise (vllm/v1/engine/input_processor.py:252-259), and
    * picks `core_engines[rank]` of the engines it manages, `engine_ranks_managed = range(start,
-   * start + num_ranks)` (vllm/v1/engine/core_client.py:596-606, 1379-1382).
+   * start + num_ranks)` (vllm/v1/engine/core_client.py:596-606, 1382-1407).
    */
   resolveRankHeader(firstCopy: string | undefined): RankRequest {
     if (firstCopy === undefined) return { kind: 'none' };

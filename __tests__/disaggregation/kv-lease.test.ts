@@ -11,23 +11,14 @@ import { describe, expect, it } from '@jest/globals';
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { connect, type Socket } from 'node:net';
 import { startMockVllm, type MockVllm, type MockVllmOptions } from '../../example-server/mock-vllm';
-import type { Endpoint, Policy } from '../../lib';
-import { closedAfterEach, exchange, metricValue, sleep, startGateway, waitFor, type TestGateway } from '../helpers';
+import type { Endpoint, Options, Policy } from '../../lib';
+import { closedAfterEach, keptIn, exchange, metricValue, sleep, startGateway, waitFor, type TestGateway } from '../helpers';
 
 const started = closedAfterEach();
 const COMPLETION = '{"model":"mock-model","prompt":"The quick brown fox jumps over the lazy dog.","max_tokens":3}';
 
-async function mock(options: MockVllmOptions): Promise<MockVllm> {
-  const server = await startMockVllm({ recordBodies: true, dataParallelSize: 1, ...options });
-  started.push(server);
-  return server;
-}
-
-async function gateway(options: Parameters<typeof startGateway>[0]): Promise<TestGateway> {
-  const running = await startGateway(options);
-  started.push(running);
-  return running;
-}
+const mock = (options: MockVllmOptions): Promise<MockVllm> => keptIn(started, startMockVllm({ recordBodies: true, dataParallelSize: 1, ...options }));
+const gateway = (options: Options): Promise<TestGateway> => keptIn(started, startGateway(options));
 
 /** Always the first candidate: the order of `upstreams` decides. */
 const FIRST: Policy = { name: 'first', pick: (candidates: readonly Endpoint[]) => candidates[0] };

@@ -8,23 +8,14 @@
 import { describe, expect, it } from '@jest/globals';
 import { createServer } from 'node:http';
 import { startMockVllm, type MockVllm, type MockVllmOptions } from '../../example-server/mock-vllm';
-import { dpRank, type Endpoint, type Policy } from '../../lib';
+import { dpRank, type Endpoint, type Options, type Policy } from '../../lib';
 import { balancedByVllm } from '../../lib/request/vllm-paths';
-import { closedAfterEach, exchange, metricValue, serve, startEchoUpstream, startGateway, waitFor, type TestGateway } from '../helpers';
+import { closedAfterEach, keptIn, exchange, metricValue, serve, startEchoUpstream, startGateway, waitFor, type TestGateway } from '../helpers';
 
 const started = closedAfterEach();
 
-async function mock(options: MockVllmOptions = {}): Promise<MockVllm> {
-  const server = await startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 20, ...options });
-  started.push(server);
-  return server;
-}
-
-async function gateway(options: Parameters<typeof startGateway>[0]): Promise<TestGateway> {
-  const running = await startGateway(options);
-  started.push(running);
-  return running;
-}
+const mock = (options: MockVllmOptions = {}): Promise<MockVllm> => keptIn(started, startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 20, ...options }));
+const gateway = (options: Options): Promise<TestGateway> => keptIn(started, startGateway(options));
 
 /** A policy that records every pick it is asked for (least load, first on ties). */
 function recordingPolicy(): Policy & { picks: string[] } {

@@ -11,16 +11,12 @@ import { startMockVllm, type MockVllm, type MockVllmOptions } from '../../exampl
 import type { Options, UpstreamOptions } from '../../lib';
 import { enginesProblem, outOfRangeProblem, parseOutOfRange } from '../../lib/upstreams/rank-header-check';
 import { parseUpstreams } from '../../lib/upstreams/upstream-options';
-import { closedAfterEach, exchange, metricValue, startGateway, waitFor, type TestGateway } from '../helpers';
+import { closedAfterEach, keptIn, exchange, metricValue, startGateway, waitFor, type TestGateway } from '../helpers';
 import OUT_OF_RANGE_FIXTURE from '../example-server/fixtures/vllm-rank-out-of-range.json';
 
 const started = closedAfterEach();
 
-async function mock(options: MockVllmOptions): Promise<MockVllm> {
-  const server = await startMockVllm(options);
-  started.push(server);
-  return server;
-}
+const mock = (options: MockVllmOptions): Promise<MockVllm> => keptIn(started, startMockVllm(options));
 
 /** A logger that keeps every line, by level. */
 function recordingLogger() {
@@ -34,11 +30,7 @@ function recordingLogger() {
   };
 }
 
-async function gateway(options: Options): Promise<TestGateway> {
-  const running = await startGateway(options);
-  started.push(running);
-  return running;
-}
+const gateway = (options: Options): Promise<TestGateway> => keptIn(started, startGateway(options));
 
 const COMPLETION = '{"model":"mock-model","prompt":"hi","max_tokens":1}';
 const CHAT_STREAM = JSON.stringify({ model: 'mock-model', messages: [{ role: 'user', content: 'hi' }], max_tokens: 1, stream: true });
@@ -130,6 +122,18 @@ describe('/metrics that contradict the configuration', () => {
     expect(fixed.status).toBe(200);
     expect(fixed.headers['x-dp-router-decision']).toMatch(/^upstream=node-b; rank=[4-7]; source=assigned$/);
     expect(logger.errors()).toHaveLength(1);
+  });
+
+  it('agree with a hybrid node discovered with the default rank header: its ranks get the header it takes', async () => {
+    const node = await mock({ startRank: 4, dataParallelSize: 4 });
+    const logger = recordingLogger();
+    const front = await gateway({ upstreams: [{ url: node.url, name: 'node-b', discover: { intervalMs: 50 } }], logger, exposeDecision: true });
+    await waitFor(() => front.router.endpoints().length === 4);
+    for (let request = 0; request < 4; request++) expect((await exchange(front.url, { body: COMPLETION })).status).toBe(200);
+    const sent = node.stats().requests.filter((record) => record.path === '/v1/completions');
+    expect(sent.map((record) => record.rankHeaders)).toEqual(sent.map((record) => [String(record.rank - 4)]));
+    expect(logger.errors()).toEqual([]);
+    expect(await rejections(front, 'metrics')).toBe(0);
   });
 
   it("after discovery, name rankHeader: 'local' for a hybrid node reached with 'global'", async () => {

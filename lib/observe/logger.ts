@@ -21,7 +21,7 @@ export interface RouterLogger {
   /** A misconfiguration the router works around but the operator must fix: `error` when the logger has it, else a notice. */
   error(fields: object, message: string): void;
   /** The end of such a condition, at info level (nothing without `info`). */
-  info(message: string): void;
+  info(fields: object, message: string): void;
   /**
    * Whether {@link decided} and {@link retried} can ever write: false for the default and for
    * `false`, and for a logger without `debug` and `isLevelEnabled` (console), so that the router
@@ -96,7 +96,7 @@ export function parseLogger(path: string, value: unknown): RouterLogger {
     perRequest: hasDebug,
     warn: (message) => logger.warn(message),
     error: (fields, message) => (logger.error === undefined ? logger.warn(message) : logger.error(fields, message)),
-    info: (message) => logger.info?.({}, message),
+    info: (fields, message) => logger.info?.(fields, message),
     decided(endpoint, source, policy, hintOutcome) {
       if (!debugOn()) return;
       logger.debug!({ dpRank: { upstream: endpoint.upstream, rank: rankOf(endpoint), source }, policy, hintOutcome }, 'express-dp-router: routed');

@@ -181,11 +181,6 @@ export class EndpointTable {
     return this.endpoints;
   }
 
-  /** Each upstream's balanced endpoint (see {@link RouteEndpoint}), in configuration order. */
-  get balanced(): readonly RouteEndpoint[] {
-    return this.balancedAll;
-  }
-
   /** What the metrics count: every endpoint, then every balanced endpoint. */
   get metered(): readonly RouteEndpoint[] {
     return this.meteredAll;
@@ -204,11 +199,6 @@ export class EndpointTable {
   /** The rank endpoints of a balanced endpoint's upstream. */
   ranksOf(balanced: RouteEndpoint): readonly RouteEndpoint[] {
     return this.ranksBehind.get(balanced) ?? [];
-  }
-
-  /** Whether the upstream named `name` has its rank header honoured (the default). */
-  honours(name: string): boolean {
-    return !this.unhonoured.has(name);
   }
 
   /**

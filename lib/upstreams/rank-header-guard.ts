@@ -54,7 +54,7 @@ export class RankHeaderGuard {
     if (!reachedAlike(known.config, upstream)) this.contradictions.delete(upstream.name);
     else if (!known.evidence.delete('metrics') || known.evidence.size > 0) return;
     if (this.table.letVllmBalance(upstream.name, false)) {
-      this.logger.info(`express-dp-router: upstream '${upstream.name}': its /metrics agree with its configuration again; claiming ranks there again.`);
+      this.logger.info({ dpRouter: { upstream: upstream.name } }, `express-dp-router: upstream '${upstream.name}': its /metrics agree with its configuration again; claiming ranks there again.`);
     }
   }
 

@@ -623,10 +623,12 @@ describe('metrics', () => {
     const samples = parseExposition((await request(gateway.url).get('/metrics')).text);
     const allowed: Record<string, string[]> = {
       upstream: ['node-a'],
-      rank: ['0', '2', '4', '6'],
+      // 'vllm': the fixed label of requests vLLM balances itself (paths it does not route by header).
+      rank: ['0', '2', '4', '6', 'vllm'],
       source: ['hint', 'assigned'],
       outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable'],
       kind: ['connect', 'timeout', 'reset', 'status_5xx'],
+      evidence: ['answer', 'metrics'],
     };
     for (const sample of samples) {
       for (const [label, value] of Object.entries(sample.labels)) {

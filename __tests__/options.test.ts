@@ -33,7 +33,7 @@ describe('parseOptions', () => {
   it('resolves every default', () => {
     const config = parse({ upstreams: [{ url }] });
     expect(config).toMatchObject({
-      upstreams: [{ name: 'http://127.0.0.1:8000', url, startRank: 0, dataParallelSize: 1, ranks: [0], rankHeader: 'global', discoverIntervalMs: undefined }],
+      upstreams: [{ name: 'http://127.0.0.1:8000', url, startRank: 0, dataParallelSize: 1, ranks: [0], rankHeader: 'local', discoverIntervalMs: undefined }],
       hints: { trust: false, onInvalid: 'reassign', header: 'x-data-parallel-rank', bodyField: undefined },
       header: 'x-data-parallel-rank',
       affinity: { header: 'x-session-id', bodyField: 'user', loadFactor: 1.25, loadSlack: 4, keyLoadFactor: 1, maxSessions: 65_536 },
@@ -245,7 +245,7 @@ const wrongValues: Array<[path: string, value: unknown]> = [
   } satisfies WrongValues<OutlierDetectionOptions>),
   ...rows('healthCheck', { path: 'health', intervalMs: 0, timeoutMs: 0, unhealthyThreshold: 0, healthyThreshold: 1001 } satisfies WrongValues<HealthCheckOptions>),
   ...rows('retries', { attempts: 11, maxBodyBytes: -1 } satisfies WrongValues<RetryOptions>),
-  ...rows('disaggregation', { connector: 'rdma', prefillPolicy: 'fastest', onPrefillFailure: 'retry' } satisfies WrongValues<DisaggregationOptions>),
+  ...rows('disaggregation', { connector: 'rdma', prefillPolicy: 'fastest', onPrefillFailure: 'retry', kvLeaseMs: 0 } satisfies WrongValues<DisaggregationOptions>),
   ...rows('loadFeedback', { intervalMs: 1, timeoutMs: 0, weight: 2 } satisfies WrongValues<LoadFeedbackOptions>),
   // `warn` is what makes a logger: without it the whole `logger` is wrong.
   ...rows('logger', { warn: 'no', info: 'no', debug: 'no', error: 'no', isLevelEnabled: 'no' } satisfies WrongValues<Logger>).map(

@@ -41,7 +41,8 @@ describe('setUpstreams', () => {
     gateway.router.setUpstreams([{ url: b.url, name: 'b', dataParallelSize: 2, startRank: 2 }]);
     expect(gateway.router.endpoints().map(({ upstream, rank }) => `${upstream}#${rank}`)).toEqual(['b#2', 'b#3']);
     for (let index = 0; index < 4; index++) expect((await request(gateway.url).post('/v1/completions').send({})).status).toBe(200);
-    expect(b.seen.map((seen) => seen.rankHeaders[0]).sort()).toEqual(['2', '2', '3', '3']);
+    // rankHeader 'local' (the default): ranks 2 and 3 of a server starting at 2 are its engines 0 and 1.
+    expect(b.seen.map((seen) => seen.rankHeaders[0]).sort()).toEqual(['0', '0', '1', '1']);
 
     finishA();
     expect(await inFlight).toBe('data: 1\n\ndata: [DONE]\n\n');

@@ -90,8 +90,9 @@ Options:
                         Without @RANKS it serves --start-rank … + --dp-size − 1.
   --dp-size N           ranks of each upstream given without @RANKS, and of the mock [4]
   --start-rank N        first global rank of upstreams given without @RANKS          [0]
-  --rank-header MODE    global | local (hybrid LB: rank − start) | none (external LB,
-                        one server per rank)                             [global]
+  --rank-header MODE    local: rank − start rank, the index vLLM reads in every mode
+                        (internal, hybrid and external LB) | global | none (no header:
+                        one server per rank)                             [local]
   --upstream-dns NAME:PORT[@RANKS]
                         every address NAME resolves to (A and AAAA: a Kubernetes
                         headless Service) is a vLLM server on PORT, re-resolved every 10 s;
@@ -336,7 +337,7 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     models: new Map(),
     lastUpstream: undefined,
     startRank: undefined,
-    rankHeader: 'global',
+    rankHeader: 'local',
     help: false,
     prefillSpecs: [],
     decodeSpecs: [],

@@ -193,7 +193,7 @@ function describe(url: string, upstreams: readonly UpstreamEntry[], settings: Ga
       const where = 'dns' in upstream && upstream.dns !== undefined ? `every address of ${upstream.dns.name}:${upstream.dns.port}` : mock ? `embedded mock vLLM ${upstream.url}` : redactUrl(upstream.url!);
       const models = upstream.models === undefined ? '' : `, models ${upstream.models.join(', ')}`;
       const role = upstream.role && upstream.role !== 'both' ? `, ${upstream.role}` : '';
-      return `${where} ranks ${rankList(upstream)} (${upstream.rankHeader ?? 'global'} header${models}${role})`;
+      return `${where} ranks ${rankList(upstream)} (${upstream.rankHeader ?? 'local'} header${models}${role})`;
     })
     .join(', ');
   const hints = settings.trustHints ? `hints trusted, invalid → ${settings.onInvalid}` : 'hints untrusted';

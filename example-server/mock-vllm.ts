@@ -2,7 +2,10 @@
  * An embedded mock of a vLLM OpenAI-compatible server running data parallelism, for the
  * example gateway, the tests and the benchmarks. It behaves like vLLM wherever a gateway can
  * tell (rank header parsing, error shapes, SSE format, `/metrics` names), with no model behind
- * it: answers are deterministic filler that names the rank that served them.
+ * it: answers are deterministic filler that names the rank that served them. The rank header
+ * is an index from 0 into the engines it manages (`startRank` … `startRank + dataParallelSize
+ * − 1`), as vLLM's API server reads it in every load-balancing mode, and only on the paths
+ * vLLM routes by it (mock-vllm/self-balanced.ts).
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
@@ -24,6 +27,7 @@ import { SeqLimit } from './mock-vllm/max-num-seqs';
 import { RequestTimer, SseWriter } from './mock-vllm/stream-writer';
 import { mockTokenizer, serveTokenize } from './mock-vllm/tokenize';
 import { PdRole, type PdAdmission } from './mock-vllm/pd-roles';
+import { SELF_BALANCED_PATHS, serveSelfBalanced } from './mock-vllm/self-balanced';
 import type { PromptTokenizer } from '../lib/exact-prefix/tokenizer/tokenizer';
 import type { MockFault, MockRequestRecord, MockVllm, MockVllmOptions } from './mock-vllm/types';
 
@@ -67,6 +71,10 @@ const ROUTES = new Map<string, { method: string; handle: RouteHandler }>([
   ['/health', { method: 'GET', handle: serveHealth }],
   ['/metrics', { method: 'GET', handle: serveMetrics }],
   ['/tokenize', { method: 'POST', handle: (ctx, req, res) => serveTokenize(ctx.config.model, ctx.config.maxModelLen, req, res) }],
+  ...[...SELF_BALANCED_PATHS].map(([path, kind]): [string, { method: string; handle: RouteHandler }] => [
+    path,
+    { method: 'POST', handle: (ctx, req, res) => serveSelfBalanced(kind, ctx.config.model, ctx.engine, req, res) },
+  ]),
 ]);
 
 /** Starts a mock vLLM data-parallel server; resolves once it listens. */
@@ -79,7 +87,7 @@ export async function startMockVllm(options: MockVllmOptions = {}): Promise<Mock
   const engine = new MockEngine({ ...config, publishKvEvents: events?.publish });
   const log = new RequestLog(REQUEST_LOG_SIZE);
   let fault: MockFault | undefined;
-  const pd = config.role === 'both' ? undefined : new PdRole(config.role, config.connector, ranks, config.blockTokens);
+  const pd = config.role === 'both' ? undefined : new PdRole(config.role, config.connector, ranks, config.blockTokens, config.kvLeaseMs);
   const seqs = new SeqLimit(config.maxNumSeqs);
   const ctx: ServerContext = { config, engine, log, tokenizer, currentFault: () => fault, pd, seqs };
 
@@ -130,7 +138,6 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
     port: options.port ?? 0,
     dataParallelSize: options.dataParallelSize ?? 4,
     startRank: options.startRank ?? 0,
-    headerMode: options.headerMode ?? 'global',
     model: options.model ?? 'mock-model',
     prefillMsPerToken: options.prefillMsPerToken ?? 0,
     decodeMsPerToken: options.decodeMsPerToken ?? 0,
@@ -142,9 +149,10 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
     bootstrapPort: options.bootstrapPort ?? 0,
     recordBodies: options.recordBodies ?? false,
     maxNumSeqs: options.maxNumSeqs ?? Infinity,
+    kvLeaseMs: options.kvLeaseMs ?? 30_000,
     kvEvents: null,
   };
-  const integers = { port: 0, dataParallelSize: 1, startRank: 0, cacheBlocksPerRank: 1, blockTokens: 1, maxModelLen: 1, bootstrapPort: 0 };
+  const integers = { port: 0, dataParallelSize: 1, startRank: 0, cacheBlocksPerRank: 1, blockTokens: 1, maxModelLen: 1, bootstrapPort: 0, kvLeaseMs: 1 };
   for (const [name, minimum] of Object.entries(integers)) {
     const value = config[name as keyof typeof integers];
     if (!Number.isSafeInteger(value) || value < minimum) {
@@ -161,8 +169,8 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
   if (!(config.maxNumSeqs >= 1) || (config.maxNumSeqs !== Infinity && !Number.isSafeInteger(config.maxNumSeqs))) {
     throw new TypeError(`startMockVllm: maxNumSeqs must be an integer >= 1, got ${String(config.maxNumSeqs)}`);
   }
-  if (config.headerMode !== 'global' && config.headerMode !== 'local') {
-    throw new TypeError(`startMockVllm: headerMode must be 'global' or 'local', got ${String(config.headerMode)}`);
+  if ('headerMode' in options) {
+    throw new TypeError('startMockVllm: headerMode is gone: vLLM reads X-data-parallel-rank as an index from 0 into the engines a server manages in every mode, and so does the mock');
   }
   if (options.kvEvents !== undefined) {
     config.kvEvents = resolveKvEventsOptions(options.kvEvents, config.startRank + config.dataParallelSize - 1);
@@ -285,6 +293,7 @@ async function serveGeneration(
     leg = await ctx.pd.admit(read.body as Record<string, unknown>, rank.globalRank, typeof requestId === 'string' ? requestId : undefined, promptTokensOf(request), eos);
     record.leg = leg.kind;
     if (leg.kind === 'refused') return sendError(res, 400, leg.message, 'kv_transfer_params');
+    if (leg.kind === 'failed') return request.stream ? sendStreamError(res, leg.message, 500) : sendError(res, 500, leg.message);
     if (res.destroyed) return;
   }
   // Past `maxNumSeqs` the request waits for a seat in the rank's own queue, as in vLLM.

@@ -20,6 +20,8 @@ import { decodePool } from './disaggregation/options';
 import { Admission } from './admission/admission';
 import { createAdmissionMetrics } from './admission/metrics';
 import { startPeers, type PeerLink } from './peers/peer-link';
+import { VllmBalancing } from './request/vllm-balancing';
+import { RankHeaderGuard } from './upstreams/rank-header-guard';
 import { createPeerMetrics } from './peers/metrics';
 
 /**
@@ -49,6 +51,10 @@ export class RouterServices {
   readonly admission: Admission | undefined;
   /** The link to the other gateway replicas (`peers`); `undefined` when off. */
   readonly peers: PeerLink | undefined;
+  /** Where requests go that vLLM balances itself (paths it does not route by the rank header). */
+  readonly balancing: VllmBalancing;
+  /** Acts on a server that contradicts how the router reaches its ranks. */
+  readonly rankHeaders: RankHeaderGuard;
   private readonly watch: EngineWatch;
   /** Upstreams found by DNS; started with the first DNS entry. */
   private dns: DnsDiscovery | undefined;
@@ -83,11 +89,17 @@ export class RouterServices {
     this.inputs = pool.inputs;
     const unusedKvEvents = unusedKvEventsNotice(table.upstreams, pool.exact !== undefined, policy.name);
     if (unusedKvEvents !== undefined) config.logger.warn(unusedKvEvents);
-    // Discovery replaces one upstream's ranks and keeps everything else as it is.
-    const watch = (this.watch = watchEngines(table, config.loadFeedback, pool.metrics, (upstream, ranks) => this.discovered(upstream, ranks)));
+    const rankHeaders = (this.rankHeaders = new RankHeaderGuard(table, pool.metrics, config.logger));
+    // Discovery replaces one upstream's ranks and keeps everything else as it is; then the
+    // engines its /metrics name are held against how the router reaches them.
+    const watch = (this.watch = watchEngines(table, config.loadFeedback, pool.metrics, {
+      discovered: (upstream, ranks) => this.discovered(upstream, ranks),
+      engines: (upstream, engines) => rankHeaders.engines(upstream, engines),
+    }));
     this.started.push(() => watch.stop());
     this.bodies = new BodyReader(new BodyBudget(config.maxBufferedBytes), config.timeouts.bodyMs);
     const models = (this.models = createModelRouting(table, (message) => config.logger.warn(message)));
+    this.balancing = new VllmBalancing(table, models.pools);
     this.started.push(() => models.stop());
     if (hasDnsEntries(config.upstreams)) this.dns = this.startDns(config.upstreams);
     this.started.push(() => this.dns?.stop());
@@ -145,8 +157,8 @@ export class RouterServices {
     this.watch.sync();
     this.peers?.sync();
     this.models.reconfigure(this.table.upstreams, change.removed);
-    // New endpoints have room for requests waiting already.
-    for (const endpoint of change.added) this.admission?.freed(endpoint);
+    // New endpoints have room for requests waiting already (a balanced one holds no rank's slot).
+    for (const endpoint of change.added) if (!endpoint.balanced) this.admission?.freed(endpoint);
   }
 
   /** Stops every timer and socket, last started first; the same promise on every call. */

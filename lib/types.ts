@@ -91,8 +91,12 @@ export interface DpRankDecision {
   readonly upstream: string;
   /** The chosen upstream's URL. */
   readonly url: string;
-  /** The global rank. */
-  readonly rank: number;
+  /**
+   * The global rank; `undefined` when vLLM picks the engine: on a path it does not route by the
+   * rank header (`/v1/responses`, embeddings, pooling, score, rerank, classify), or for an
+   * upstream whose rank header it does not honour. No rank header is sent then.
+   */
+  readonly rank: number | undefined;
   readonly source: DecisionSource;
   /** The rank header value sent upstream, or `undefined` for `rankHeader: 'none'`. */
   readonly headerValue: string | undefined;

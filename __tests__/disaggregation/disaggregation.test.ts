@@ -53,8 +53,9 @@ describe('NIXL', () => {
     expect(params).toMatchObject({ do_remote_prefill: true, remote_engine_id: prefill.engineIds!.get(p.rank) });
     expect(d.leg).toBe('decode');
     // One clean rank header per leg, each its own; one request id, the gateway's (the caller is untrusted).
+    // Each the index vLLM reads: rank − the upstream's start rank (decode starts at 4).
     expect(p.rankHeaders).toEqual([String(p.rank)]);
-    expect(d.rankHeaders).toEqual([String(d.rank)]);
+    expect(d.rankHeaders).toEqual([String(d.rank - 4)]);
     expect(p.headers!['x-request-id']).toBe(d.headers!['x-request-id']);
     expect(p.headers!['x-request-id']).not.toBe('client-id');
     expect(answer.headers['x-dp-router-decision']).toBe(`upstream=d; rank=${d.rank}; source=assigned; prefill=p@${p.rank}`);
@@ -189,6 +190,29 @@ describe('Mooncake', () => {
     expect(d.leg).toBe('decode');
     expect(await outcome(gateway, 'disaggregated')).toBe(1);
     await idle(gateway);
+  });
+
+  // vLLM 52a31cc files each engine under its position among the server's engines, rank −
+  // start rank (mooncake_utils.py:20-25, mooncake_connector.py:790): on a node at start rank 2
+  // with 4 engines, "2" is global rank 4's engine and global rank 2's is "0".
+  it('names the engine of a node whose start rank is below its size by rank − start rank', async () => {
+    const prefill = await mock({ role: 'prefill', connector: 'mooncake', startRank: 2, dataParallelSize: 4 });
+    const decode = await mock({ role: 'decode', connector: 'mooncake' });
+    const gateway = await startGateway({
+      upstreams: [
+        { url: prefill.url, name: 'p', startRank: 2, dataParallelSize: 4, ranks: [2], role: 'prefill', bootstrapPort: prefill.bootstrapPort },
+        { url: decode.url, name: 'd', dataParallelSize: 2, role: 'decode' },
+      ],
+      disaggregation: { connector: 'mooncake', onPrefillFailure: 'fail' },
+    });
+    started.push(gateway);
+    const answer = await exchange(gateway.url, { body: COMPLETION });
+    expect(answer.status).toBe(200);
+    const [p] = generations(prefill);
+    expect(p.rank).toBe(2);
+    expect(p.rankHeaders).toEqual(['0']);
+    expect(JSON.parse(generations(decode)[0].body!).kv_transfer_params.remote_engine_id).toBe(prefill.engineIds!.get(2));
+    expect(await outcome(gateway, 'disaggregated')).toBe(1);
   });
 
   it('serves decode-only when the bootstrap server cannot name the engine', async () => {
@@ -391,8 +415,9 @@ describe('the mock roles', () => {
   it('serves the Mooncake bootstrap /query', async () => {
     const prefill = await mock({ role: 'prefill', connector: 'mooncake', startRank: 2 });
     const query = (await (await fetch(`http://127.0.0.1:${prefill.bootstrapPort}/query`)).json()) as Record<string, { engine_id: string }>;
-    expect(Object.keys(query)).toEqual(['2', '3']);
-    expect(query['3'].engine_id).toBe(prefill.engineIds!.get(3));
+    // Keyed as vLLM keys them: the engines' positions on this server, 0 and 1 for global 2 and 3.
+    expect(Object.keys(query)).toEqual(['0', '1']);
+    expect(query['1'].engine_id).toBe(prefill.engineIds!.get(3));
   });
 });
 

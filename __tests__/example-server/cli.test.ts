@@ -126,7 +126,7 @@ describe('parseCommandLine', () => {
 
   it('routes the seed scenario: ranks 0,2,4,6 of an 8-rank server', () => {
     expect(parse('--upstream', 'http://10.0.0.5:8000@0,2,4,6').upstreams).toEqual([
-      { url: 'http://10.0.0.5:8000', startRank: 0, dataParallelSize: 7, ranks: [0, 2, 4, 6], rankHeader: 'global' },
+      { url: 'http://10.0.0.5:8000', startRank: 0, dataParallelSize: 7, ranks: [0, 2, 4, 6], rankHeader: 'local' },
     ]);
   });
 
@@ -145,13 +145,21 @@ describe('parseCommandLine', () => {
     });
   });
 
-  it('sets up hybrid load balancing: local header values from the node start rank', () => {
-    const { upstreams } = parse('--upstream', 'http://node-a:8000@0-3', '--upstream', 'http://node-b:8000@4-7', '--rank-header', 'local');
+  // vLLM reads the header as an index from 0 into the engines a server manages, in every mode
+  // (vllm/v1/engine/input_processor.py:252-259): by default each upstream starts where its ranks do.
+  it('sets up hybrid and external load balancing by default: header values from each server\'s start rank', () => {
+    const { upstreams } = parse('--upstream', 'http://node-a:8000@0-3', '--upstream', 'http://node-b:8000@4-7');
     expect(upstreams.map(({ startRank, rankHeader }) => [startRank, rankHeader])).toEqual([
       [0, 'local'],
       [4, 'local'],
     ]);
-    expect(parse('--upstream', 'http://node-b:8000@5,7', '--start-rank', '4', '--rank-header', 'local').upstreams[0].startRank).toBe(4);
+    const external = parse('--upstream', 'http://h:8000@0', '--upstream', 'http://h:8001@1').upstreams;
+    expect(external.map(({ startRank, rankHeader }) => [startRank, rankHeader])).toEqual([
+      [0, 'local'],
+      [1, 'local'],
+    ]);
+    expect(parse('--upstream', 'http://node-b:8000@5,7', '--start-rank', '4').upstreams[0].startRank).toBe(4);
+    expect(parse('--upstream', 'http://node-b:8000@4-7', '--rank-header', 'global').upstreams[0].rankHeader).toBe('global');
   });
 
   it('reads the routing flags', () => {
@@ -210,9 +218,9 @@ describe('parseCommandLine', () => {
       '--dp-size', '2',
     );
     expect(upstreams).toEqual([
-      { url: 'http://a:8000', startRank: 0, dataParallelSize: 4, ranks: [0, 1, 2, 3], rankHeader: 'global', models: ['llama', 'llama-sql-lora'] },
-      { dns: { name: 'vllm-pods.default.svc.cluster.local', port: 8000, servers: ['10.96.0.10', '127.0.0.1:5353'] }, startRank: 0, dataParallelSize: 2, ranks: [0, 1], rankHeader: 'global' },
-      { dns: { name: 'qwen-pods.default.svc.cluster.local', port: 8001, servers: ['10.96.0.10', '127.0.0.1:5353'] }, startRank: 0, dataParallelSize: 3, ranks: [0, 2], rankHeader: 'global', models: ['qwen'] },
+      { url: 'http://a:8000', startRank: 0, dataParallelSize: 4, ranks: [0, 1, 2, 3], rankHeader: 'local', models: ['llama', 'llama-sql-lora'] },
+      { dns: { name: 'vllm-pods.default.svc.cluster.local', port: 8000, servers: ['10.96.0.10', '127.0.0.1:5353'] }, startRank: 0, dataParallelSize: 2, ranks: [0, 1], rankHeader: 'local' },
+      { dns: { name: 'qwen-pods.default.svc.cluster.local', port: 8001, servers: ['10.96.0.10', '127.0.0.1:5353'] }, startRank: 0, dataParallelSize: 3, ranks: [0, 2], rankHeader: 'local', models: ['qwen'] },
     ]);
   });
 

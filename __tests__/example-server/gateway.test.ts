@@ -57,7 +57,8 @@ describe('the example gateway with the official openai client', () => {
   });
 
   it('surfaces the mock vLLM error for an unknown route as the openai client would', async () => {
-    await expect(client.embeddings.create({ model: 'mock-model', input: 'x' })).rejects.toMatchObject({ status: 404 });
+    // vLLM has no /v1/moderations (the mock serves /v1/embeddings, as vLLM does).
+    await expect(client.moderations.create({ model: 'mock-model', input: 'x' })).rejects.toMatchObject({ status: 404 });
   });
 
   it('serves liveness, readiness and metrics', async () => {

@@ -7,20 +7,47 @@ const ROOT = join(__dirname, '..', '..');
 
 describe('the standalone mock vLLM command', () => {
   it('reads its flags', () => {
-    expect(parseMockCommandLine([])).toEqual({ port: 8000 });
-    expect(parseMockCommandLine(['--port=9000', '--dp-size', '8', '--start-rank', '8', '--model', 'llama', '--decode-ms', '5', '--host', '::1'])).toEqual({
+    expect(parseMockCommandLine([])).toEqual({ port: 8000, dataParallelSize: 4, startRank: 0 });
+    expect(parseMockCommandLine(['--port=9000', '--dp-size', '8', '--model', 'llama', '--decode-ms', '5', '--host', '::1'])).toEqual({
       port: 9000,
       host: '::1',
       dataParallelSize: 8,
-      startRank: 8,
+      startRank: 0,
       model: 'llama',
       decodeMsPerToken: 5,
     });
+    expect(() => parseMockCommandLine(['--bogus'])).toThrow('unknown option "--bogus"');
+  });
+
+  // The load-balancing mode as vLLM 52a31cc decides it from the same flags
+  // (vllm/engine/arg_utils.py:1854-1912): the engines the API server manages.
+  it.each([
+    ['internal LB', ['--data-parallel-size', '8'], { dataParallelSize: 8, startRank: 0 }],
+    ['a hybrid node, inferred from its start rank', ['--data-parallel-size', '8', '--data-parallel-size-local', '4', '--data-parallel-start-rank', '4'], { dataParallelSize: 4, startRank: 4 }],
+    ['a hybrid node at start rank 0', ['--dp-size', '8', '--dp-size-local', '4', '--data-parallel-hybrid-lb'], { dataParallelSize: 4, startRank: 0 }],
+    ['an internal-LB head with local engines only (it runs them all)', ['--dp-size', '8', '--dp-size-local', '4'], { dataParallelSize: 8, startRank: 0 }],
+    ['hybrid with one local engine, which vLLM turns into external LB', ['--dp-size', '4', '--dp-size-local', '1', '--start-rank', '2'], { dataParallelSize: 1, startRank: 2 }],
+    ['external LB', ['--data-parallel-size', '4', '--data-parallel-rank', '3'], { dataParallelSize: 1, startRank: 3 }],
+  ])('reads %s', (_label, argv, expected) => {
+    expect(parseMockCommandLine(argv)).toMatchObject(expected);
+  });
+
+  it.each([
+    [['--dp-size', '8', '--start-rank', '8'], '--data-parallel-start-rank needs --data-parallel-size-local'],
+    [['--data-parallel-hybrid-lb'], '--data-parallel-hybrid-lb needs --data-parallel-size-local'],
+    [['--data-parallel-external-lb'], '--data-parallel-external-lb needs --data-parallel-rank R'],
+    [['--data-parallel-rank', '4'], '--data-parallel-rank 4 is not below --data-parallel-size 4'],
+    [['--dp-size', '8', '--dp-size-local', '4', '--start-rank', '6'], 'passes --data-parallel-size 8'],
+    [['--data-parallel-hybrid-lb=1'], '--data-parallel-hybrid-lb is a switch'],
+  ])('refuses %j', (argv, message) => {
+    expect(() => parseMockCommandLine(argv)).toThrow(message);
+  });
+
+  it('reads its other flags', () => {
     expect(parseMockCommandLine(['--kv-events-port', '5557', '--host', '0.0.0.0'])).toMatchObject({ kvEvents: { host: '0.0.0.0', port: 5557, replayPort: 6557 } });
     expect(parseMockCommandLine(['--help'])).toBe('help');
     expect(() => parseMockCommandLine(['--port', 'x'])).toThrow('--port must be an integer from 0 to 65535, got "x"');
     expect(() => parseMockCommandLine(['--model='])).toThrow('--model needs a value');
-    expect(() => parseMockCommandLine(['--bogus'])).toThrow('unknown option "--bogus"');
   });
 
   it('runs as `npx tsx example-server/mock-vllm.ts --port N` and serves until SIGTERM', async () => {
@@ -31,7 +58,7 @@ describe('the standalone mock vLLM command', () => {
         let out = '';
         child.stdout.on('data', (chunk: Buffer) => {
           out += chunk.toString();
-          const match = /^mock vLLM listening on (http:\/\/127\.0\.0\.1:\d+): model tiny, ranks 0-1\n/.exec(out);
+          const match = /^mock vLLM listening on (http:\/\/127\.0\.0\.1:\d+): model tiny, ranks 0-1 \(X-data-parallel-rank 0-1\)\n/.exec(out);
           if (match) resolve(match[1]);
         });
         child.on('close', () => reject(new Error(`exited before listening: ${out}`)));

@@ -77,7 +77,8 @@ async function feed(mock: MockVllm, endpoint?: string): Promise<Feed> {
 async function post(mock: MockVllm, path: string, body: object, rank?: number): Promise<any> {
   const res = await fetch(mock.url + path, {
     method: 'POST',
-    headers: { 'content-type': 'application/json', ...(rank !== undefined && { 'x-data-parallel-rank': String(rank) }) },
+    // The header is an index from 0 into the mock's engines, as vLLM reads it: global rank − start rank.
+    headers: { 'content-type': 'application/json', ...(rank !== undefined && { 'x-data-parallel-rank': String(rank - (mock.kvEvents?.ranks[0] ?? 0)) }) },
     body: JSON.stringify(body),
   });
   return { status: res.status, body: await res.json() };

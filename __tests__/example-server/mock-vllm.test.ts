@@ -5,9 +5,13 @@ import http from 'node:http';
 import net from 'node:net';
 import { parsePythonInt, startMockVllm, type MockVllm, type MockVllmOptions } from '../../example-server/mock-vllm';
 import { RequestLog } from '../../example-server/mock-vllm/request-log';
+import { SELF_BALANCED_PATHS } from '../../example-server/mock-vllm/self-balanced';
+import OUT_OF_RANGE_FIXTURE from './fixtures/vllm-rank-out-of-range.json';
 import { rawRefusal, sleep, waitFor } from '../helpers';
 
 const PROMTOOL = '/usr/bin/promtool';
+/** vLLM's own bytes for an out-of-range rank (see the fixture's `_source`). */
+const OUT_OF_RANGE = OUT_OF_RANGE_FIXTURE.cases;
 
 /** Every mock a test starts, closed in afterAll even when the test fails. */
 const started: MockVllm[] = [];
@@ -281,25 +285,51 @@ describe('mock vLLM: the rank header', () => {
     });
   });
 
-  it('reads the header as a global rank by default, also past start rank 0', async () => {
+  // vLLM 52a31cc reads the header as an index from 0 into the engines a server manages, in every
+  // mode (vllm/v1/engine/input_processor.py:252-259, core_client.py:596-606): a node serving
+  // global ranks 4-7 takes 0-3, and its /metrics still label the engines 4-7.
+  it('reads the header as an index from 0 into its engines on a node past start rank 0 (hybrid LB)', async () => {
     const server = await mock({ startRank: 4, dataParallelSize: 4 });
-    const served = await post(server, '/v1/completions', { prompt: 'x', max_tokens: 1 }, { 'x-data-parallel-rank': '5' });
-    expect(served.headers.get('x-mock-rank')).toBe('5');
-    expect(((await served.json()) as any).choices[0].text).toBe('rank 5:');
-    const rejected = await post(server, '/v1/completions', { prompt: 'x' }, { 'x-data-parallel-rank': '1' });
-    expect(rejected.status).toBe(400);
-    expect(((await rejected.json()) as any).error.message).toBe('data_parallel_rank 1 is out of range [4, 8).');
-    expect(Object.keys(server.stats().perRank)).toEqual(['4', '5', '6', '7']);
-    expect(server.stats().perRank[5].requests).toBe(1);
-  });
-
-  it('reads the header as rank − startRank in local mode (Python server, hybrid LB)', async () => {
-    const server = await mock({ startRank: 4, dataParallelSize: 4, headerMode: 'local' });
     const served = await post(server, '/v1/completions', { prompt: 'x', max_tokens: 1 }, { 'x-data-parallel-rank': '1' });
     expect(served.headers.get('x-mock-rank')).toBe('5');
-    const rejected = await post(server, '/v1/completions', { prompt: 'x' }, { 'x-data-parallel-rank': '5' });
+    expect(((await served.json()) as any).choices[0].text).toBe('rank 5:');
+    const rejected = await post(server, '/v1/completions', { prompt: 'x' }, { 'x-data-parallel-rank': '6' });
     expect(rejected.status).toBe(400);
-    expect(((await rejected.json()) as any).error.message).toBe('data_parallel_rank 5 is out of range [0, 4).');
+    expect(await rejected.text()).toBe(OUT_OF_RANGE.find((known) => known.rank === 6 && known.numRanks === 4)!.json);
+    expect(Object.keys(server.stats().perRank)).toEqual(['4', '5', '6', '7']);
+    expect(server.stats().perRank[5].requests).toBe(1);
+    expect(await (await fetch(`${server.url}/metrics`)).text()).toContain('vllm:num_requests_running{engine="7",model_name="mock-model"}');
+  });
+
+  it('takes only 0 as a single-rank (external LB) server, with vLLM\'s bytes on a stream', async () => {
+    const server = await mock({ startRank: 3, dataParallelSize: 1 });
+    expect((await post(server, '/v1/completions', { prompt: 'x', max_tokens: 1 }, { 'x-data-parallel-rank': '0' })).headers.get('x-mock-rank')).toBe('3');
+    const streamed = await post(server, '/v1/chat/completions', chat('x', { stream: true }), { 'x-data-parallel-rank': '1' });
+    expect(streamed.status).toBe(200);
+    expect(streamed.headers.get('content-type')).toBe('text/event-stream; charset=utf-8');
+    expect(await streamed.text()).toBe(OUT_OF_RANGE.find((known) => known.rank === 1 && known.numRanks === 1)!.sse);
+  });
+
+  it('refuses the headerMode option it used to have', async () => {
+    await expect(startMockVllm({ headerMode: 'global' } as MockVllmOptions)).rejects.toThrow(/headerMode is gone/);
+  });
+
+  it.each([...SELF_BALANCED_PATHS.keys()])('ignores the header on %s, which vLLM balances itself', async (path) => {
+    const server = await mock({ decodeMsPerToken: 20 });
+    const abort = new AbortController();
+    // Engines 0 and 1 busy: vLLM's own pick is engine 2, whatever the header names.
+    const held = [
+      await post(server, '/v1/chat/completions', chat('x', { stream: true, max_tokens: 100 }), { 'x-data-parallel-rank': '0' }, abort.signal),
+      await post(server, '/v1/chat/completions', chat('x', { stream: true, max_tokens: 100 }), { 'x-data-parallel-rank': '1' }, abort.signal),
+    ];
+    const body = { model: 'mock-model', input: 'x', text_1: 'q', text_2: 'd', query: 'q', documents: ['d'] };
+    for (const header of ['0', '9']) {
+      const res = await post(server, path, body, { 'x-data-parallel-rank': header });
+      expect([res.status, res.headers.get('x-mock-rank')]).toEqual([200, '2']);
+      await res.text();
+    }
+    abort.abort();
+    await Promise.allSettled(held.map((res) => res.text()));
   });
 });
 

@@ -124,10 +124,12 @@ describe('properties over hostile input', () => {
   it('takes no metric label value from the client, whatever it sent', async () => {
     const allowed: Record<string, string[]> = {
       upstream: ['node-a'],
-      rank: ROUTABLE,
+      // 'vllm': the fixed label of requests vLLM balances itself (paths it does not route by header).
+      rank: [...ROUTABLE, 'vllm'],
       source: ['hint', 'assigned'],
       outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable'],
       kind: ['connect', 'timeout', 'reset', 'status_5xx'],
+      evidence: ['answer', 'metrics'],
     };
     for (const gateway of [reassigning, rejecting]) {
       for (const sample of parseExposition(await gateway.registry.metrics())) {

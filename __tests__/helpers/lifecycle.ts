@@ -16,3 +16,10 @@ export function closedAfterEach(): Closable[] {
   });
   return started;
 }
+
+/** Waits for what `starting` starts and puts it on `started` (a {@link closedAfterEach} list): closed after the test. */
+export async function keptIn<T extends Closable>(started: Closable[], starting: Promise<T>): Promise<T> {
+  const thing = await starting;
+  started.push(thing);
+  return thing;
+}

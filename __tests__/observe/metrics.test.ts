@@ -26,9 +26,21 @@ describe('createMetrics', () => {
     const samples = parseExposition(await registry.metrics());
     expect(sumSamples(samples, 'dp_router_requests_total', { rank: '3', source: 'hint' })).toBe(1);
     expect(sumSamples(samples, 'dp_router_requests_total', { rank: '1' })).toBe(0);
-    expect(samples.filter((sample) => sample.name === 'dp_router_requests_total')).toHaveLength(4);
+    // Two endpoints by source, and the upstream's balanced one (rank "vllm": requests vLLM balances itself), which no hint reaches.
+    expect(samples.filter((sample) => sample.name === 'dp_router_requests_total').map(({ labels }) => `${labels.rank}/${labels.source}`)).toEqual([
+      '1/hint',
+      '1/assigned',
+      '3/hint',
+      '3/assigned',
+      'vllm/assigned',
+    ]);
     expect(sumSamples(samples, 'dp_router_upstream_errors_total', { rank: '1', kind: 'timeout' })).toBe(1);
-    expect(samples.filter((sample) => sample.name === 'dp_router_upstream_errors_total')).toHaveLength(8);
+    expect(samples.filter((sample) => sample.name === 'dp_router_upstream_errors_total')).toHaveLength(12);
+    expect(samples.filter((sample) => sample.name === 'dp_router_endpoint_healthy').map((sample) => sample.labels.rank)).toEqual(['1', '3']);
+    expect(samples.filter((sample) => sample.name === 'dp_router_rank_header_rejections_total').map((sample) => sample.labels)).toEqual([
+      { upstream: 'a', evidence: 'answer' },
+      { upstream: 'a', evidence: 'metrics' },
+    ]);
     expect(sumSamples(samples, 'dp_router_rank_hints_total', { outcome: 'accepted' })).toBe(1);
     expect(sumSamples(samples, 'dp_router_request_duration_seconds_count', { rank: '3' })).toBe(1);
     expect(sumSamples(samples, 'dp_router_request_duration_seconds_count', { rank: '1' })).toBe(0);
@@ -46,6 +58,7 @@ describe('createMetrics', () => {
       expect(samples.filter((sample) => sample.name === name).map((sample) => sample.labels)).toEqual([
         { upstream: 'a', rank: '1' },
         { upstream: 'a', rank: '3' },
+        { upstream: 'a', rank: 'vllm' },
       ]);
       expect(sumSamples(samples, name)).toBe(0);
     }
@@ -61,7 +74,7 @@ describe('createMetrics', () => {
     metrics.track(table.reconfigure(tableOf('a', [3]).upstreams), []);
     samples = parseExposition(await registry.metrics());
     for (const name of ['dp_router_time_to_first_token_seconds_count', 'dp_router_retries_total', 'dp_router_ejections_total']) {
-      expect(samples.filter((sample) => sample.name === name).map((sample) => sample.labels.rank)).toEqual(['3']);
+      expect(samples.filter((sample) => sample.name === name).map((sample) => sample.labels.rank)).toEqual(['3', 'vllm']);
     }
   });
 

@@ -24,9 +24,10 @@ export interface Admission {
 
 /** The options that shape the ranks. */
 export interface EngineConfig {
+  /** The engines this server manages (`--data-parallel-size`, or `--data-parallel-size-local` on a hybrid node). */
   dataParallelSize: number;
+  /** The global rank of the first (`--data-parallel-start-rank`, or `--data-parallel-rank` in external LB). */
   startRank: number;
-  headerMode: 'global' | 'local';
   cacheBlocksPerRank: number;
   blockTokens: number;
   /**
@@ -55,17 +56,19 @@ export class MockEngine {
 
   /**
    * Reads the first header copy (Starlette's `headers.get`) with Python `int()`; what `int()`
-   * rejects is ignored, as vLLM's Python server does.
+   * rejects is ignored, as vLLM's Python server does. The value is an index from 0 into the
+   * engines this server manages, in every load-balancing mode: vLLM 52a31cc checks it against
+   * `[0, num_ranks)`, `num_ranks` being `data_parallel_size_local` on a hybrid or external-LB
+   * server and `data_parallel_size` otherwise (vllm/v1/engine/input_processor.py:252-259), and
+   * picks `core_engines[rank]` of the engines it manages, `engine_ranks_managed = range(start,
+   * start + num_ranks)` (vllm/v1/engine/core_client.py:596-606, 1382-1407).
    */
   resolveRankHeader(firstCopy: string | undefined): RankRequest {
     if (firstCopy === undefined) return { kind: 'none' };
     const value = parsePythonInt(firstCopy);
     if (value === null) return { kind: 'none' };
-    const lowest = this.config.headerMode === 'local' ? 0 : this.config.startRank;
-    const index = Number(value - BigInt(lowest));
-    if (index >= 0 && index < this.ranks.length) return { kind: 'rank', rank: this.ranks[index] };
-    const end = lowest + this.ranks.length;
-    return { kind: 'out_of_range', message: `data_parallel_rank ${value} is out of range [${lowest}, ${end}).` };
+    if (value >= 0n && value < BigInt(this.ranks.length)) return { kind: 'rank', rank: this.ranks[Number(value)] };
+    return { kind: 'out_of_range', message: `data_parallel_rank ${value} is out of range [0, ${this.ranks.length}).` };
   }
 
   /** vLLM's own pick without a header: least `waiting*4 + running` (no queue here), ties to the lowest rank. */

@@ -23,12 +23,26 @@ export function sendError(
   sendJson(res, status, JSON.stringify(vllmError(status, message, param)), headers);
 }
 
-/** vLLM's answer to a streaming request that fails after the stream began: HTTP 200, an error event, `[DONE]`. */
-export function sendStreamError(res: ServerResponse, message: string): void {
+/**
+ * vLLM's answer to a streaming request that fails after the stream began: HTTP 200, an error
+ * event, `[DONE]`. The event is Python's `json.dumps` of the error (vLLM 52a31cc,
+ * `create_streaming_error_response`, vllm/entrypoints/openai/engine/serving.py:182): `", "` and
+ * `": "` between members, non-ASCII escaped; the JSON answers are Starlette's compact form.
+ */
+export function sendStreamError(res: ServerResponse, message: string, status = 400): void {
   if (res.destroyed || res.headersSent) return;
   res.writeHead(200, SSE_HEADERS);
-  res.write(`data: ${JSON.stringify(vllmError(400, message))}\n\n`);
+  res.write(`data: ${pythonJsonDumps(vllmError(status, message))}\n\n`);
   res.end(DONE_EVENT);
+}
+
+/** Python's `json.dumps(value)` with its defaults, for the plain values of an error body. */
+export function pythonJsonDumps(value: unknown): string {
+  if (value === null) return 'null';
+  if (typeof value === 'string') return JSON.stringify(value).replace(/[\u007f-\uffff]/g, (char) => `\\u${char.charCodeAt(0).toString(16).padStart(4, '0')}`);
+  if (Array.isArray(value)) return `[${value.map(pythonJsonDumps).join(', ')}]`;
+  if (typeof value === 'object') return `{${Object.entries(value as Record<string, unknown>).map(([key, member]) => `${pythonJsonDumps(key)}: ${pythonJsonDumps(member)}`).join(', ')}}`;
+  return JSON.stringify(value);
 }
 
 /** The request body, or why there is none to use. */

@@ -22,11 +22,15 @@ export type PdAdmission =
   | { readonly kind: 'prefill'; readonly params: string | undefined; readonly commit: () => void }
   /** A decode of a transfer: the prompt's KV cache came from the prefill. */
   | { readonly kind: 'decode' }
-  | { readonly kind: 'refused'; readonly message: string };
+  | { readonly kind: 'refused'; readonly message: string }
+  /** Taken, but the KV cache could not be read: the prefill released its blocks (its lease ran out). */
+  | { readonly kind: 'failed'; readonly message: string };
 
 interface Transfer {
   readonly engineId: string;
   consumed: boolean;
+  /** NIXL: when the prefill releases the blocks (`performance.now()`), unless a decode has them. */
+  readonly expires: number;
 }
 
 /** Every transfer a prefill mock made in this process: NIXL's by `engine/request id`, Mooncake's by `transfer_id`. */
@@ -46,11 +50,17 @@ export class PdRole {
   /** Engine id by global rank (vLLM's `kv_transfer_config.engine_id`, a uuid). */
   readonly engines: ReadonlyMap<number, string>;
 
+  /**
+   * `kvLeaseMs`: how long a NIXL prefill keeps a request's blocks for its decode, as vLLM 52a31cc's
+   * `kv_lease_duration` (30 s; nixl/scheduler.py:70-73, 642): a decode that comes later fails
+   * to load them, which vLLM's default `kv_load_failure_policy: 'fail'` answers as an internal error.
+   */
   constructor(
     readonly role: MockRole,
     readonly connector: MockConnector,
     ranks: readonly number[],
     private readonly blockTokens: number,
+    private readonly kvLeaseMs = 30_000,
   ) {
     this.engines = new Map(ranks.map((rank) => [rank, randomUUID()]));
   }
@@ -97,7 +107,7 @@ export class PdRole {
       remote_port: SIDE_CHANNEL_PORT + rank,
       tp_size: 1,
     });
-    return { kind: 'prefill', params, commit: () => register(`nixl/${engineId}/${requestKey}`, engineId) };
+    return { kind: 'prefill', params, commit: () => register(`nixl/${engineId}/${requestKey}`, engineId, performance.now() + this.kvLeaseMs) };
   }
 
   private decodeNixl(kv: Record<string, unknown>): PdAdmission {
@@ -116,10 +126,18 @@ export class PdRole {
     return consume(transfer);
   }
 
-  /** Mooncake's bootstrap server (`VLLM_MOONCAKE_BOOTSTRAP_PORT`): `GET /query` names each rank's engine. */
+  /**
+   * Mooncake's bootstrap server (`VLLM_MOONCAKE_BOOTSTRAP_PORT`): `GET /query` names each
+   * engine, keyed as vLLM 52a31cc registers them: by `data_parallel_rank_local` on a hybrid or
+   * external-LB server and by the global index otherwise, which is the same position from 0
+   * among the engines this server manages, the one `X-data-parallel-rank` takes
+   * (mooncake_utils.py:20-25 `get_mooncake_dp_engine_index`, mooncake_connector.py:790).
+   */
   async startBootstrap(host: string, port: number): Promise<{ port: number; close(): Promise<void> }> {
     const answer = JSON.stringify(
-      Object.fromEntries([...this.engines].map(([rank, engineId]) => [String(rank), { engine_id: engineId, worker_addr: { '0': { '0': `${host}:${17000 + rank}` } } }])),
+      Object.fromEntries(
+        [...this.engines].map(([rank, engineId], index) => [String(index), { engine_id: engineId, worker_addr: { '0': { '0': `${host}:${17000 + rank}` } } }]),
+      ),
     );
     const server: Server = createServer((req, res) => {
       if (req.method === 'GET' && req.url === '/query') {
@@ -149,8 +167,8 @@ function refused(message: string): PdAdmission {
   return { kind: 'refused', message };
 }
 
-function register(key: string, engineId: string): void {
-  TRANSFERS.set(key, { engineId, consumed: false });
+function register(key: string, engineId: string, expires = Infinity): void {
+  TRANSFERS.set(key, { engineId, consumed: false, expires });
   // Bounded like a KV cache: the oldest transfers go first.
   if (TRANSFERS.size > 100_000) TRANSFERS.delete(TRANSFERS.keys().next().value!);
   const waiting = WAITERS.get(key);
@@ -162,6 +180,7 @@ function consume(transfer: Transfer | undefined): PdAdmission {
   if (transfer === undefined) return refused('kv_transfer_params name a transfer no prefill made.');
   if (transfer.consumed) return refused('kv_transfer_params name a transfer already read by a decode.');
   transfer.consumed = true;
+  if (performance.now() > transfer.expires) return { kind: 'failed', message: 'Internal server error' };
   return { kind: 'decode' };
 }
 

@@ -6,16 +6,20 @@ export interface MockVllmOptions {
   host?: string;
   /** Port; `0` picks a free one. Default: `0`. */
   port?: number;
-  /** Ranks served (`--data-parallel-size`). Default: `4`. */
-  dataParallelSize?: number;
-  /** First global rank served (`--data-parallel-start-rank`). Default: `0`. */
-  startRank?: number;
   /**
-   * How `X-data-parallel-rank` is read: the global rank (`'global'`, internal LB and the Rust
-   * front end) or the position inside this server, rank − startRank (`'local'`: vLLM's Python
-   * server in hybrid LB). Default: `'global'`.
+   * The engines this server manages, as vLLM's API server counts them: `--data-parallel-size`
+   * on an internal-LB server, `--data-parallel-size-local` on a hybrid-LB node, 1 on an
+   * external-LB server (`--data-parallel-rank`). Default: `4`.
    */
-  headerMode?: 'global' | 'local';
+  dataParallelSize?: number;
+  /**
+   * The global rank of the first (`--data-parallel-start-rank`, or the `--data-parallel-rank`
+   * of an external-LB server). As in vLLM, `X-data-parallel-rank` is an index from 0 into the
+   * engines managed, whatever this is: a node serving global ranks 4–7 takes 0–3 and answers
+   * `data_parallel_rank 4 is out of range [0, 4).` for 4. `/metrics` labels each engine with its
+   * global rank. Default: `0`.
+   */
+  startRank?: number;
   /** Served model name. Default: `'mock-model'`. */
   model?: string;
   /** Simulated prefill time per uncached prompt token, in ms. Default: `0`. */
@@ -55,6 +59,12 @@ export interface MockVllmOptions {
   connector?: 'nixl' | 'mooncake';
   /** A Mooncake prefill's bootstrap server port (`GET /query`); `0` picks a free one. Default: `0`. */
   bootstrapPort?: number;
+  /**
+   * NIXL: how long a prefill keeps a request's KV blocks for its decode, in ms (vLLM's
+   * `kv_lease_duration`): a decode that comes later is answered vLLM's internal error (500; a
+   * stream: 200, then the error event). Default: `30_000`.
+   */
+  kvLeaseMs?: number;
   /** Keep each request's headers and body in its record (tests). Default: `false`. */
   recordBodies?: boolean;
   /** Requests each rank runs at once (vLLM's `--max-num-seqs`); past it they wait, FIFO, in `vllm:num_requests_waiting`. Default: no limit. */
@@ -144,7 +154,7 @@ export interface MockRequestRecord {
   /** With `recordBodies`: the raw body as text. */
   body?: string;
   /** With `role`: the leg served (`'prefill'`, `'decode'`, `'whole'`) or `'refused'`. */
-  leg?: 'prefill' | 'decode' | 'whole' | 'refused';
+  leg?: 'prefill' | 'decode' | 'whole' | 'refused' | 'failed';
 }
 
 /** A snapshot of the mock's counters. */

@@ -188,6 +188,38 @@ export class Admission {
     };
   }
 
+  /**
+   * Capacity for a request that chose `chosen`: it goes on there when it has room; else, for a
+   * hint (`hinted`), on the least loaded replica of its rank with room (in its model's pool), and for a pick, on
+   * `choose`'s pick among the endpoints with room; else it waits in the fair queue (a hint for
+   * its rank: it is never moved) and goes on where a slot frees. `go` is called with the
+   * endpoint, now or later (`failed` takes what it throws then). Returns the cancel of a wait.
+   */
+  seat(
+    res: ServerResponse,
+    request: { ticket: AdmissionTicket | undefined; leave: (() => void) | undefined; pool: Seat['pool'] },
+    chosen: RouteEndpoint,
+    hinted: boolean,
+    choose: (free: readonly RouteEndpoint[]) => RouteEndpoint | undefined,
+    go: (endpoint: RouteEndpoint) => void,
+    failed: (error: unknown) => void,
+  ): (() => void) | undefined {
+    const now = this.full(chosen) ? (hinted ? this.freeOfRank(chosen.rank, request.pool) : choose(this.free())) : chosen;
+    if (now !== undefined) {
+      this.admitted();
+      go(now);
+      return undefined;
+    }
+    return this.wait(res, request.ticket!, hinted ? chosen.rank : undefined, request.pool, hinted ? undefined : choose, (endpoint) => {
+      request.leave = undefined;
+      try {
+        go(endpoint);
+      } catch (error) {
+        failed(error);
+      }
+    });
+  }
+
   /** Counts a request that went on without waiting. */
   admitted(): void {
     this.reports.metrics.outcome('admitted');

@@ -55,7 +55,7 @@ export class BootstrapDirectory {
 
   constructor(private readonly timeoutMs: number) {}
 
-  /** The engine id serving global `rank` of `upstream` (or its local rank, for a server counting from 0); `undefined` when the bootstrap server does not say. */
+  /** The engine id serving global `rank` of `upstream` ({@link bootstrapKey}); `undefined` when the bootstrap server does not say. */
   async engineOf(upstream: UpstreamConfig, rank: number): Promise<string | undefined> {
     const address = bootstrapAddress(upstream);
     let entry = this.known.get(address);
@@ -79,7 +79,22 @@ export class BootstrapDirectory {
 }
 
 function lookup(engines: Map<number, string>, upstream: UpstreamConfig, rank: number): string | undefined {
-  return engines.get(rank) ?? engines.get(rank - upstream.startRank);
+  return engines.get(bootstrapKey(upstream, rank));
+}
+
+/**
+ * Where a bootstrap server files the engine of global `rank`: its position from 0 among the
+ * engines the server manages, rank − startRank, in every mode. vLLM 52a31cc registers each
+ * engine under `data_parallel_rank_local` on a hybrid or external-LB server and under its global
+ * index on an internal-LB one, whose start rank is 0 (mooncake_utils.py:20-25
+ * `get_mooncake_dp_engine_index`, mooncake_connector.py:790), and its own proxy asks for the key
+ * it sends as `X-data-parallel-rank` (examples/disaggregated/mooncake_connector/
+ * mooncake_connector_proxy.py:56-57, 271). Taking the global rank first would name another
+ * engine of a node whose start rank is below its size (global 2 of a node at start 2 is its
+ * engine "0", but "2" is there too).
+ */
+export function bootstrapKey(upstream: UpstreamConfig, rank: number): number {
+  return rank - upstream.startRank;
 }
 
 /**

@@ -1,4 +1,4 @@
-import { fail, oneOf, section, shown, type KeysEnum } from '../option-checks';
+import { fail, integerOption, oneOf, section, shown, type KeysEnum } from '../option-checks';
 import { parsePolicy } from '../policies/by-name';
 import type { Policy, PolicyName } from '../types';
 import type { UpstreamConfig } from '../upstreams/upstream-options';
@@ -25,6 +25,14 @@ export interface DisaggregationOptions {
    * prefills it itself; `'fail'` answers 502 (504 for a timeout). Default: `'decode-only'`.
    */
   onPrefillFailure?: PrefillFailureMode;
+  /**
+   * NIXL: how long a prefill server keeps a request's KV blocks for the decode leg to start
+   * reading them, in ms: the servers' `kv_connector_extra_config.kv_lease_duration` (vLLM
+   * 52a31cc: 30 s; the decode engine renews the lease once the request reaches it). The decode
+   * leg's connects are cut to fit the lease left, and it is not retried past it.
+   * Default: `30_000`.
+   */
+  kvLeaseMs?: number;
 }
 
 /** `disaggregation`, resolved. */
@@ -33,13 +41,16 @@ export interface DisaggregationConfig {
   /** A built-in policy's name or the user's Policy: built with the router's services. */
   readonly prefillPolicy: PolicyName | Policy;
   readonly onPrefillFailure: PrefillFailureMode;
+  readonly kvLeaseMs: number;
 }
 
 const CONNECTORS: readonly Connector[] = ['nixl', 'mooncake'];
 const FAILURE_MODES: readonly PrefillFailureMode[] = ['decode-only', 'fail'];
 const PREFILL_POLICY: PolicyName = 'prefix-aware';
 const ON_PREFILL_FAILURE: PrefillFailureMode = 'decode-only';
-const KEYS: KeysEnum<DisaggregationOptions> = { connector: true, prefillPolicy: true, onPrefillFailure: true };
+/** vLLM 52a31cc's `kv_lease_duration` default (nixl/scheduler.py:70-73), in ms. */
+const KV_LEASE_MS = 30_000;
+const KEYS: KeysEnum<DisaggregationOptions> = { connector: true, prefillPolicy: true, onPrefillFailure: true, kvLeaseMs: true };
 
 /**
  * `disaggregation` and the upstreams' roles, checked together: a role or a bootstrap port
@@ -63,6 +74,7 @@ export function parseDisaggregation(path: string, value: unknown, upstreams: rea
     connector,
     prefillPolicy: parsePolicy(`${path}.prefillPolicy`, options.prefillPolicy ?? PREFILL_POLICY),
     onPrefillFailure: oneOf(`${path}.onPrefillFailure`, options.onPrefillFailure, FAILURE_MODES, ON_PREFILL_FAILURE),
+    kvLeaseMs: integerOption(`${path}.kvLeaseMs`, options.kvLeaseMs, KV_LEASE_MS, 1, 2 ** 31 - 1),
   };
 }
 

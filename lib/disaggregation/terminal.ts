@@ -11,6 +11,7 @@ import { hasBody, isJson } from '../request/body';
 import { isWebSocketUpgrade, upstreamRequestStripper, type HopByHopStripper } from '../request/hop-by-hop';
 import { scanFields } from '../request/json-fields';
 import type { BodyView, JudgedHint } from '../request/request-inputs';
+import { hintRejection } from '../request/hint-rejection';
 import type { BodyReader, Next } from '../request/body-reader';
 import type { Terminal } from '../request/lifecycle';
 import type { RouteState, RoutedRequest } from '../request/route-state';
@@ -202,6 +203,8 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
       }
       const judged = this.judge(req, prefill, result);
       if (typeof judged === 'object') {
+        // The prefill keeps the blocks for kv_lease_duration from now, unless the decode engine renews it.
+        route.leaseEnds = performance.now() + this.config.disaggregation!.kvLeaseMs;
         this.decodeWith(req, res, next, route, bytes, judged.params, 'disaggregated', scan);
         return;
       }
@@ -356,10 +359,8 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
   }
 
   private reject(res: ServerResponse, verdict: JudgedHint): void {
-    const name = verdict.param;
-    if (verdict.outcome === 'malformed') this.answer(res, 400, 'BadRequestError', `${name} must be a single non-negative decimal rank without sign, spaces or leading zeros.`, name);
-    else if (verdict.outcome === 'out_of_range') this.answer(res, 400, 'BadRequestError', `${name} ${verdict.rank} is not a routable prefill rank (routable: ${this.pool.table.routableRanks}).`, name);
-    else this.answer(res, 503, 'ServiceUnavailableError', `Prefill rank ${verdict.rank} has no healthy endpoint.`, name);
+    const answer = hintRejection(verdict, 'prefill', this.pool.table.routableRanks);
+    this.answer(res, answer.status, answer.type, answer.message, answer.param);
   }
 
   /** The gateway's own answer, counted `failed`. */

@@ -17,6 +17,9 @@ import type { PickContext, Policy, UpstreamErrorKind } from '../types';
 import { countFirstToken } from '../observe/first-event';
 import { clientGone, createUpstreamProxy, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
 import type { ModelRouting } from '../pools/model-routing';
+import type { VllmBalancing } from '../request/vllm-balancing';
+import type { RankHeaderGuard } from '../upstreams/rank-header-guard';
+import { watchRankRejection } from '../upstreams/rank-rejection';
 
 /** What the forwarder works with, built before it. */
 export interface ForwarderParts {
@@ -29,6 +32,10 @@ export interface ForwarderParts {
   /** A retry stays in the request's model pool. */
   readonly models: ModelRouting;
   readonly admission: Admission | undefined;
+  /** A request vLLM balances is retried on another upstream's balanced endpoint. */
+  readonly balancing: VllmBalancing;
+  /** Told of vLLM's refusals of a rank header. */
+  readonly rankHeaders: RankHeaderGuard;
 }
 
 /**
@@ -47,6 +54,8 @@ export class Forwarder implements Terminal, TryOutcomes {
   private readonly policy: Policy;
   private readonly models: ModelRouting;
   private readonly admission: Admission | undefined;
+  private readonly balancing: VllmBalancing;
+  private readonly rankHeaders: RankHeaderGuard;
   /** Whether the policy learns from each endpoint's first tokens (`learnsFirstTokens`). */
   private readonly countsFirstTokens: boolean;
   /** The router's own rank header, set already, survives a client's `Connection` nomination; the upstream agent keeps connections alive. */
@@ -70,6 +79,8 @@ export class Forwarder implements Terminal, TryOutcomes {
     this.policy = parts.policy;
     this.models = parts.models;
     this.admission = parts.admission;
+    this.balancing = parts.balancing;
+    this.rankHeaders = parts.rankHeaders;
     this.countsFirstTokens = parts.policy.learnsFirstTokens === true;
     this.stripHopByHop = upstreamRequestStripper(parts.config.header);
     this.xfwd = parts.config.xfwd;
@@ -156,6 +167,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     this.metrics.responded(endpoint, answer, route.started);
     if (this.countsFirstTokens) countFirstToken(endpoint, answer, route.started, route.prefillBlocks > 0 ? route : undefined);
     if (route.ticket !== undefined && this.admission!.counts) this.admission!.count(route.ticket, answer);
+    if (endpoint.headerValue !== undefined) watchRankRejection(answer, (refused, numRanks) => this.rankHeaders.refused(endpoint, refused, numRanks));
     if (answer.statusCode !== undefined && answer.statusCode >= 500) {
       this.metrics.upstreamError(endpoint, 'status_5xx');
       this.detector?.failed(endpoint, 'request', req);
@@ -222,14 +234,20 @@ export class Forwarder implements Terminal, TryOutcomes {
    */
   private retry(req: RoutedRequest, res: ServerResponse, route: RouteState, failed: RouteEndpoint): boolean {
     if (route.attempt >= this.retries.attempts || res.headersSent) return false;
+    // A NIXL decode leg past its KV lease would find the prefill's blocks gone.
+    if (route.leaseEnds !== 0 && performance.now() >= route.leaseEnds) return false;
     // Only what can be replayed byte for byte: a buffered body, or none at all.
     if (route.body === undefined && hasBody(route.headers)) return false;
     const tried = (route.tried ??= []);
     tried.push(failed);
     const { admission } = this;
     // Under admission a retry goes only where there is room: capacity holds for retries too.
-    const skip = admission === undefined ? (endpoint: RouteEndpoint) => failedBefore(endpoint, tried) : (endpoint: RouteEndpoint) => failedBefore(endpoint, tried) || admission.full(endpoint);
-    const next = route.source === 'hint' ? this.table.leastLoadedOfRank(failed.rank, skip) : this.pickAgain(req, route, skip);
+    const skip = admission === undefined ? (endpoint: RouteEndpoint) => failedBefore(endpoint, tried) : (endpoint: RouteEndpoint) => failedBefore(endpoint, tried) || (!endpoint.balanced && admission.full(endpoint));
+    const next = failed.balanced
+      ? this.balancing.pick(route, skip)
+      : route.source === 'hint'
+        ? this.table.leastLoadedOfRank(failed.rank, skip)
+        : this.pickAgain(req, route, skip);
     if (next === undefined) return false;
     route.moveTo(req, res, next);
     // http-proxy-middleware calls `next` only on its own errors; the first try's `next` belongs
@@ -297,7 +315,8 @@ function answerFailure(req: IncomingMessage, res: ServerResponse, failure: TryFa
 }
 
 function rankOf(req: IncomingMessage): string {
-  return req.dpRank ? ` for data-parallel rank ${req.dpRank.rank}` : '';
+  const rank = req.dpRank?.rank;
+  return rank === undefined ? '' : ` for data-parallel rank ${rank}`;
 }
 
 /** http-proxy-middleware failed before proxying a retry: answer here. */

@@ -58,6 +58,7 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
   const agent = upstream.url.startsWith('https:') ? new HttpsAgent(agentOptions) : new HttpAgent(agentOptions);
   const stopIdleSweep = closeIdleSockets(agent, IDLE_SOCKET_MS);
   const { connectMs: connectTimeoutMs, firstByteMs: firstByteTimeoutMs } = config.timeouts;
+  const { attempts } = config.retries;
   const checkHeaders = lenientParser();
   const firstBytes = new DeadlineList<RouteState>(firstByteTimeoutMs, (route) => route.firstByteExpired());
   // http-proxy's events carry only `req` and `res`: each try's state rides on its response,
@@ -105,7 +106,7 @@ export function createUpstreamProxy(upstream: UpstreamConfig, config: Configurat
       (proxyReq as TaggedRequest)[TRY] = route;
       if (route.body !== undefined) proxyReq.write(route.body);
       else if (route.bodyHead !== undefined) proxyReq.write(route.bodyHead);
-      route.armDeadlines(proxyReq, connectTimeoutMs, firstBytes);
+      route.armDeadlines(proxyReq, connectTimeoutMs, firstBytes, attempts);
       // Node's client hands a 101 with `Upgrade` only to an 'upgrade' listener and otherwise
       // drops the socket without an event, which would leave the client without an answer.
       proxyReq.on('upgrade', (_answer: IncomingMessage, socket: Socket) => refuse(route, req, res, socket, 'switched protocols unasked (101)'));

@@ -18,6 +18,10 @@ export interface Logger {
 export interface RouterLogger {
   /** A run-time notice (a body parser mounted first, ranks discovered), as a plain message. */
   warn(message: string): void;
+  /** A misconfiguration the router works around but the operator must fix: `error` when the logger has it, else a notice. */
+  error(fields: object, message: string): void;
+  /** The end of such a condition, at info level (nothing without `info`). */
+  info(fields: object, message: string): void;
   /**
    * Whether {@link decided} and {@link retried} can ever write: false for the default and for
    * `false`, and for a logger without `debug` and `isLevelEnabled` (console), so that the router
@@ -44,10 +48,21 @@ export interface RouterLogger {
 
 const LEVELS = ['debug', 'info', 'error'] as const;
 
-const SILENT: RouterLogger = { perRequest: false, warn: () => undefined, decided: () => undefined, retried: () => undefined, ejected: () => undefined, healthChanged: () => undefined, decodeOnly: () => undefined };
+const SILENT: RouterLogger = {
+  perRequest: false,
+  warn: () => undefined,
+  error: () => undefined,
+  info: () => undefined,
+  decided: () => undefined,
+  retried: () => undefined,
+  ejected: () => undefined,
+  healthChanged: () => undefined,
+  decodeOnly: () => undefined,
+};
 const PROCESS_WARNINGS: RouterLogger = {
   ...SILENT,
   warn: (message) => process.emitWarning(message, { code: 'DP_ROUTER' }),
+  error: (_fields, message) => process.emitWarning(message, { code: 'DP_ROUTER' }),
   healthChanged: (upstream, ranks, healthy, why) => {
     if (!healthy) process.emitWarning(healthLine(upstream, ranks, healthy, why), { code: 'DP_ROUTER' });
   },
@@ -89,19 +104,21 @@ export function parseLogger(path: string, value: unknown): RouterLogger {
   return {
     perRequest: hasDebug,
     warn: (message) => logger.warn(message),
+    error: (fields, message) => (logger.error === undefined ? logger.warn(message) : logger.error(fields, message)),
+    info: (fields, message) => logger.info?.(fields, message),
     decided(endpoint, source, policy, hintOutcome) {
       if (!debugOn()) return;
-      logger.debug!({ dpRank: { upstream: endpoint.upstream, rank: endpoint.rank, source }, policy, hintOutcome }, 'express-dp-router: routed');
+      logger.debug!({ dpRank: { upstream: endpoint.upstream, rank: rankOf(endpoint), source }, policy, hintOutcome }, 'express-dp-router: routed');
     },
     retried(failed, next) {
       if (!debugOn()) return;
       logger.debug!(
-        { dpRank: { upstream: next.upstream, rank: next.rank }, failed: { upstream: failed.upstream, rank: failed.rank } },
+        { dpRank: { upstream: next.upstream, rank: rankOf(next) }, failed: { upstream: failed.upstream, rank: rankOf(failed) } },
         'express-dp-router: retrying on another endpoint',
       );
     },
     ejected(endpoint) {
-      logger.info?.({ dpRank: { upstream: endpoint.upstream, rank: endpoint.rank } }, 'express-dp-router: endpoint ejected after consecutive failures');
+      logger.info?.({ dpRank: { upstream: endpoint.upstream, rank: rankOf(endpoint) } }, 'express-dp-router: endpoint ejected after consecutive failures');
     },
     healthChanged(upstream, ranks, healthy, why) {
       const message = healthLine(upstream, ranks, healthy, why);
@@ -114,4 +131,9 @@ export function parseLogger(path: string, value: unknown): RouterLogger {
       else logger.info?.(fields, message);
     },
   };
+}
+
+/** An endpoint's rank as logged: `'vllm'` where vLLM picks the engine (a negative rank, `NO_RANK`). */
+function rankOf(endpoint: Endpoint): number | 'vllm' {
+  return endpoint.rank < 0 ? 'vllm' : endpoint.rank;
 }

@@ -43,6 +43,13 @@ export function parseMetrics(path: string, value: unknown): MetricsConfig | unde
 export type { HintOutcome, UpstreamErrorKind } from '../types';
 
 export const HINT_OUTCOMES: readonly HintOutcome[] = ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable'];
+/**
+ * What told the router an upstream does not take its rank header (`rank_header_rejections_total`):
+ * an `answer` (vLLM's 400 `data_parallel_rank N is out of range [0, M).`, or that error as a
+ * stream's first event), or a read of its `/metrics` whose engines contradict the configuration.
+ */
+export type RankHeaderEvidence = 'answer' | 'metrics';
+export const RANK_HEADER_EVIDENCE: readonly RankHeaderEvidence[] = ['answer', 'metrics'];
 export const UPSTREAM_ERROR_KINDS: readonly UpstreamErrorKind[] = ['connect', 'timeout', 'reset', 'status_5xx'];
 /** From a cached short completion to a long generation. */
 const DURATION_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
@@ -52,10 +59,12 @@ const FIRST_TOKEN_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 
 /** What the instruments read of an endpoint (the router's `RouteEndpoint`); typed here so that metrics depend on no other part. */
 export interface MeteredEndpoint {
   readonly upstream: string;
-  /** The rank as a label value, made once. */
+  /** The rank as a label value, made once (`vllm` where vLLM picks the engine). */
   readonly rankLabel: string;
   readonly inflight: number;
   readonly healthy: boolean;
+  /** The upstream's one endpoint without a rank: its series stand for the upstream too. */
+  readonly balanced: boolean;
 }
 
 /** The router's instruments; a no-op stands in when metrics are off. */
@@ -75,6 +84,8 @@ export interface RouterMetrics {
   ejected(endpoint: MeteredEndpoint): void;
   /** A failed read of an upstream's `/metrics` (discovery, load feedback). */
   scrapeFailed(upstream: string): void;
+  /** The upstream does not take the rank header the router sends it, by `evidence`. */
+  rankHeaderRejected(upstream: string, evidence: RankHeaderEvidence): void;
   /** Follows a reconfiguration: zero-filled series for new endpoints, none left for removed ones. */
   track(change: { added: readonly MeteredEndpoint[]; removed: readonly MeteredEndpoint[] }, scrapedUpstreams: readonly string[]): void;
   /** Stops reporting this router's gauges (the families stay for other routers). */
@@ -84,7 +95,8 @@ export interface RouterMetrics {
 /** An endpoint's series: plain fields, read at scrape time (collected-metrics.ts). */
 interface EndpointInstruments {
   readonly labels: { upstream: string; rank: string };
-  readonly requests: Record<DecisionSource, CounterSeries>;
+  /** A balanced endpoint has no `hint` series: a hint never goes there. */
+  readonly requests: Partial<Record<DecisionSource, CounterSeries>>;
   readonly duration: HistogramSeries;
   readonly firstToken: HistogramSeries;
   readonly errors: Record<UpstreamErrorKind, CounterSeries>;
@@ -103,7 +115,7 @@ const gaugeSources = new WeakMap<object, Set<GaugeSource>>();
 export function createMetrics(
   registry: Registry,
   prefix: string,
-  table: { readonly all: readonly MeteredEndpoint[] },
+  table: { readonly metered: readonly MeteredEndpoint[] },
   scrapedUpstreams: readonly string[],
 ): RouterMetrics {
   const requests = counterFamily(registry, `${prefix}requests_total`, 'Requests dispatched, by endpoint and where the rank came from.', ['upstream', 'rank', 'source']).join();
@@ -120,14 +132,29 @@ export function createMetrics(
   const retries = counterFamily(registry, `${prefix}retries_total`, 'Requests sent again to another endpoint, by the endpoint that failed them.', ['upstream', 'rank']).join();
   const ejections = counterFamily(registry, `${prefix}ejections_total`, 'Times the outlier detector took the endpoint out of rotation.', ['upstream', 'rank']).join();
   const scrapes = counterFamily(registry, `${prefix}upstream_scrape_failures_total`, "Failed reads of an upstream's /metrics for discovery or load feedback.", ['upstream']).join();
-  const families = [requests, duration, firstToken, hints, errors, retries, ejections, scrapes];
+  const rejections = counterFamily(
+    registry,
+    `${prefix}rank_header_rejections_total`,
+    'Times an upstream contradicted the rank header the router sends it: an out-of-range answer, or /metrics engines that disagree with its configuration.',
+    ['upstream', 'evidence'],
+  ).join();
+  const families = [requests, duration, firstToken, hints, errors, retries, ejections, scrapes, rejections];
 
   const instruments = new Map<MeteredEndpoint, EndpointInstruments>();
+  /** By upstream, made with its balanced endpoint. */
+  const refusals = new Map<string, Record<RankHeaderEvidence, CounterSeries>>();
   const instrument = (endpoint: MeteredEndpoint) => {
     const labels = { upstream: endpoint.upstream, rank: endpoint.rankLabel };
+    if (endpoint.balanced) {
+      const upstream = endpoint.upstream;
+      refusals.set(upstream, { answer: rejections.add({ upstream, evidence: 'answer' }), metrics: rejections.add({ upstream, evidence: 'metrics' }) });
+    }
     instruments.set(endpoint, {
       labels,
-      requests: { hint: requests.add({ ...labels, source: 'hint' }), assigned: requests.add({ ...labels, source: 'assigned' }) },
+      requests: {
+        ...(!endpoint.balanced && { hint: requests.add({ ...labels, source: 'hint' }) }),
+        assigned: requests.add({ ...labels, source: 'assigned' }),
+      },
       duration: duration.add(labels),
       firstToken: firstToken.add(labels),
       errors: Object.fromEntries(UPSTREAM_ERROR_KINDS.map((kind) => [kind, errors.add({ ...labels, kind })])) as EndpointInstruments['errors'],
@@ -139,13 +166,17 @@ export function createMetrics(
     const known = instruments.get(endpoint);
     if (!known) return;
     instruments.delete(endpoint);
-    requests.remove(known.requests.hint);
-    requests.remove(known.requests.assigned);
+    if (known.requests.hint !== undefined) requests.remove(known.requests.hint);
+    requests.remove(known.requests.assigned!);
     duration.remove(known.duration);
     firstToken.remove(known.firstToken);
     for (const kind of UPSTREAM_ERROR_KINDS) errors.remove(known.errors[kind]);
     retries.remove(known.retries);
     ejections.remove(known.ejections);
+    const refused = endpoint.balanced ? refusals.get(endpoint.upstream) : undefined;
+    if (refused === undefined) return;
+    refusals.delete(endpoint.upstream);
+    for (const evidence of RANK_HEADER_EVIDENCE) rejections.remove(refused[evidence]);
   };
   const scraped = new Map<string, CounterSeries>();
   const watchScrapes = (upstreams: readonly string[]) => {
@@ -156,15 +187,16 @@ export function createMetrics(
     }
     for (const upstream of upstreams) if (!scraped.has(upstream)) scraped.set(upstream, scrapes.add({ upstream }));
   };
-  table.all.forEach(instrument);
+  table.metered.forEach(instrument);
   watchScrapes(scrapedUpstreams);
   const outcomes = Object.fromEntries(HINT_OUTCOMES.map((outcome) => [outcome, hints.add({ outcome })])) as Record<HintOutcome, CounterSeries>;
 
   const reportInflight: GaugeSource = (gauge) => {
-    for (const endpoint of table.all) gauge.inc(instruments.get(endpoint)!.labels, endpoint.inflight);
+    for (const endpoint of table.metered) gauge.inc(instruments.get(endpoint)!.labels, endpoint.inflight);
   };
   const reportHealth: GaugeSource = (gauge) => {
-    for (const endpoint of table.all) gauge.set(instruments.get(endpoint)!.labels, endpoint.healthy ? 1 : 0);
+    // Endpoints only: an upstream's balanced one is no endpoint a policy picks, and follows its server.
+    for (const endpoint of table.metered) if (!endpoint.balanced) gauge.set(instruments.get(endpoint)!.labels, endpoint.healthy ? 1 : 0);
   };
   const unsubscribe = [
     sharedGauge(registry, `${prefix}inflight_requests`, 'Requests dispatched and not yet finished, by endpoint.', reportInflight),
@@ -175,7 +207,7 @@ export function createMetrics(
   // instruments: its series are gone, and it is not counted.
   return {
     hint: (outcome) => outcomes[outcome].inc(),
-    dispatched: (endpoint, source) => instruments.get(endpoint)?.requests[source].inc(),
+    dispatched: (endpoint, source) => instruments.get(endpoint)?.requests[source]?.inc(),
     finished: (endpoint, seconds) => instruments.get(endpoint)?.duration.observe(seconds),
     upstreamError: (endpoint, kind) => instruments.get(endpoint)?.errors[kind].inc(),
     responded: (endpoint, response, started) => {
@@ -193,6 +225,7 @@ export function createMetrics(
     retried: (endpoint) => instruments.get(endpoint)?.retries.inc(),
     ejected: (endpoint) => instruments.get(endpoint)?.ejections.inc(),
     scrapeFailed: (upstream) => scraped.get(upstream)?.inc(),
+    rankHeaderRejected: (upstream, evidence) => refusals.get(upstream)?.[evidence].inc(),
     track: ({ added, removed }, upstreams) => {
       removed.forEach(forget);
       added.forEach(instrument);
@@ -215,6 +248,7 @@ export const NO_METRICS: RouterMetrics = {
   retried: () => undefined,
   ejected: () => undefined,
   scrapeFailed: () => undefined,
+  rankHeaderRejected: () => undefined,
   track: () => undefined,
   close: () => undefined,
 };

@@ -113,7 +113,7 @@ export function createTracing(policy: string, load: () => unknown = requireApi):
       delete headers.tracestate;
       spans.set(req, span);
       span.setAttribute('dp_router.upstream', endpoint.upstream);
-      span.setAttribute('dp_router.rank', endpoint.rank);
+      setRank(span, endpoint);
       span.setAttribute('dp_router.source', source);
       span.setAttribute('dp_router.policy', policy);
       if (hintOutcome !== undefined) span.setAttribute('dp_router.hint_outcome', hintOutcome);
@@ -141,12 +141,12 @@ export function createTracing(policy: string, load: () => unknown = requireApi):
       const span = spans.get(req);
       if (span === undefined) return;
       span.setAttribute('dp_router.upstream', next.upstream);
-      span.setAttribute('dp_router.rank', next.rank);
+      setRank(span, next);
       span.addEvent('dp_router.retry', {
         'dp_router.failed_upstream': failed.upstream,
-        'dp_router.failed_rank': failed.rank,
+        ...(failed.rank >= 0 && { 'dp_router.failed_rank': failed.rank }),
         'dp_router.upstream': next.upstream,
-        'dp_router.rank': next.rank,
+        ...(next.rank >= 0 && { 'dp_router.rank': next.rank }),
       });
     },
     ejected(endpoint) {
@@ -179,4 +179,13 @@ function requireApi(): unknown {
   // A plain require: the package ships CommonJS (the ESM entry re-exports it), and a bundler
   // sees a static string it can leave external.
   return require('@opentelemetry/api');
+}
+
+/**
+ * `dp_router.rank`, or, where vLLM picks the engine (a path it balances itself, or an upstream
+ * whose rank header it does not honour: the endpoint's rank is negative), `dp_router.engine_chosen_by: 'vllm'`.
+ */
+function setRank(span: { setAttribute(name: string, value: string | number): unknown }, endpoint: Endpoint): void {
+  if (endpoint.rank >= 0) span.setAttribute('dp_router.rank', endpoint.rank);
+  else span.setAttribute('dp_router.engine_chosen_by', 'vllm');
 }

@@ -69,6 +69,12 @@ export class ModelPools<E extends PooledEndpoint> {
     return [...(this.served.get(upstream) ?? [])];
   }
 
+  /** Whether the upstream serves `model` (an upstream whose models are not known serves every model). */
+  serves(upstream: string, model: string): boolean {
+    const models = this.served.get(upstream);
+    return models === undefined || models.has(model);
+  }
+
   /** Whether `model` is a LoRA adapter (a learned card with a `parent`). */
   isAdapter(model: string): boolean {
     return this.adapters.has(model);

@@ -12,6 +12,7 @@ import type { BodyReader, Next } from './body-reader';
 import type { RequestInputs } from './request-inputs';
 import type { RouteState, RoutedRequest } from './route-state';
 import type { PeerAnnouncer } from '../peers/peer-link';
+import type { VllmBalancing } from './vllm-balancing';
 
 /**
  * What follows a decision, injected at construction: dpRank's hand-on to the next middleware,
@@ -50,4 +51,6 @@ export interface LifecycleParts {
   readonly models: ModelRouting;
   /** Admission control; `undefined` when off. */
   readonly admission: Admission | undefined;
+  /** Where requests go that vLLM balances itself. */
+  readonly balancing: VllmBalancing;
 }

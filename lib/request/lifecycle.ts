@@ -18,6 +18,9 @@ import { leastLoadedOfRank, type ModelRouting } from '../pools/model-routing';
 import type { ModelPools } from '../pools/model-pools';
 import type { Admission } from '../admission/admission';
 import { exactContext } from './exact-context';
+import { hintRejection } from './hint-rejection';
+import { balancedByVllm } from './vllm-paths';
+import type { VllmBalancing } from './vllm-balancing';
 import type { LifecycleParts, Terminal } from './lifecycle-parts';
 
 export type { Next } from './body-reader';
@@ -58,6 +61,8 @@ export class RequestLifecycle {
   /** `models.pools`, whose `active` and `listed` every request reads. */
   private readonly pools: ModelPools<RouteEndpoint>;
   private readonly admission: Admission | undefined;
+  /** Where requests go that vLLM balances itself. */
+  private readonly balancing: VllmBalancing;
   /** Exact prefix routing, when the policy scores on a prefix index (`namesIndex`). */
   private readonly exact: ExactLookup | undefined;
   /** The decision header names the index that scored the rank (docs/exact-prefix-routing.md). */
@@ -94,6 +99,7 @@ export class RequestLifecycle {
     const policy = (this.policy = parts.policy);
     this.models = parts.models;
     this.pools = parts.models.pools;
+    this.balancing = parts.balancing;
     this.exact = policy.namesIndex === true ? parts.exact : undefined;
     this.namesIndex = config.exposeDecision && policy.namesIndex === true;
     this.reportsShare = parts.tracing.enabled && policy.reportsMatchedShare === true;
@@ -228,6 +234,8 @@ export class RequestLifecycle {
     const body = route.view;
     if (body !== undefined && this.pools.active && !this.choosePool(req, res, route, body)) return;
     route.hintFields = inputs.hintFields(body);
+    // vLLM ignores the rank header on this path: no rank is claimed, and hints play no part.
+    if (balancedByVllm(req.originalUrl ?? req.url ?? '/')) return this.assignBalanced(req, res, next, route, this.balancing.pick(route));
     const verdict = route.headerHint === NO_HINT ? inputs.bodyHint(body, route.trusted) : route.headerHint;
     if (verdict.outcome !== 'none') this.metrics.hint(verdict.outcome);
     // Judged available: the rank has a healthy replica (in a model's pool, it may have none there: the policy picks).
@@ -241,8 +249,10 @@ export class RequestLifecycle {
       return;
     }
     const candidates = this.candidates(req, route);
-    if (candidates.length === 0) {
-      sendError(res, 503, 'ServiceUnavailableError', 'No healthy data-parallel endpoint is available.');
+    // An upstream whose rank header is not honoured takes requests as vLLM balances them, by load.
+    const instead = this.table.unhonouredBalanced().length === 0 ? undefined : this.balancing.instead(route, candidates);
+    if (instead !== undefined || candidates.length === 0) {
+      this.assignBalanced(req, res, next, route, instead);
       return;
     }
     const { policy } = this;
@@ -269,6 +279,17 @@ export class RequestLifecycle {
     const index = picking.exact?.source ?? 'approximate';
     const note = this.namesIndex ? `; index=${index}` : undefined;
     this.assign(req, res, next, route, chosen, 'assigned', verdict.outcome === 'none' ? undefined : verdict.outcome, note, this.reportsShare && prompt !== undefined ? index : undefined);
+  }
+
+  /**
+   * A balanced endpoint takes the request, or 503 without one. It holds no rank's slot (no
+   * admission seat) and tells no model preference: nothing records a choice vLLM makes.
+   */
+  private assignBalanced(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, endpoint: RouteEndpoint | undefined): void {
+    if (endpoint === undefined) return sendError(res, 503, 'ServiceUnavailableError', 'No healthy data-parallel endpoint is available.');
+    this.admission?.admitted();
+    route.assign(req, res, endpoint, 'assigned', undefined);
+    this.terminal.proceed(req, res, next, route);
   }
 
   /**
@@ -322,12 +343,7 @@ export class RequestLifecycle {
     this.terminal.proceed(req, res, next, route);
   }
 
-  /**
-   * Capacity, under admission: the chosen endpoint when it has room; else, for a hint, the least
-   * loaded replica of its rank with room (in its model's pool), and for a pick, the policy's pick among the endpoints
-   * with room; else the request waits in the fair queue (a hint for its rank: it is never
-   * moved) and goes on where a slot frees. The decision header carries the time waited.
-   */
+  /** Capacity, under admission ({@link Admission.seat}); the decision header carries the time waited. */
   private seat(
     req: RoutedRequest,
     res: ServerResponse,
@@ -349,22 +365,7 @@ export class RequestLifecycle {
       this.tracing.admitted(req, admission.settings.classes[ticket.priority], waitedMs);
       this.terminal.proceed(req, res, next, route);
     };
-    const hinted = source === 'hint';
-    const now = admission.full(chosen) ? (hinted ? admission.freeOfRank(chosen.rank, route.pool) : this.pickFree(route, admission.free())) : chosen;
-    if (now !== undefined) {
-      admission.admitted();
-      go(now);
-      return;
-    }
-    const choose = hinted ? undefined : (free: readonly RouteEndpoint[]) => this.pickFree(route, free);
-    const leave = admission.wait(res, route.ticket!, hinted ? chosen.rank : undefined, route.pool, choose, (endpoint) => {
-      route.leave = undefined;
-      try {
-        go(endpoint);
-      } catch (error) {
-        next(error);
-      }
-    });
+    const leave = admission.seat(res, route, chosen, source === 'hint', (free) => this.pickFree(route, free), go, next);
     if (leave !== undefined) route.queued(res, leave);
   }
 
@@ -378,14 +379,8 @@ export class RequestLifecycle {
   }
 
   private reject(res: ServerResponse, verdict: JudgedHint): void {
-    const name = verdict.param;
-    if (verdict.outcome === 'malformed') {
-      sendError(res, 400, 'BadRequestError', `${name} must be a single non-negative decimal rank without sign, spaces or leading zeros.`, name);
-    } else if (verdict.outcome === 'out_of_range') {
-      sendError(res, 400, 'BadRequestError', `${name} ${verdict.rank} is not a routable data-parallel rank (routable: ${this.table.routableRanks}).`, name);
-    } else {
-      sendError(res, 503, 'ServiceUnavailableError', `Data-parallel rank ${verdict.rank} has no healthy endpoint.`, name);
-    }
+    const answer = hintRejection(verdict, 'data-parallel', this.table.routableRanks);
+    sendError(res, answer.status, answer.type, answer.message, answer.param);
   }
 }
 

@@ -10,11 +10,11 @@ import type { DecisionSource, DpRankDecision } from '../types';
 export class RankDecision implements DpRankDecision {
   readonly upstream: string;
   readonly url: string;
-  readonly rank: number;
+  readonly rank: number | undefined;
   readonly source: DecisionSource;
   readonly headerValue: string | undefined;
 
-  constructor(upstream: string, url: string, rank: number, source: DecisionSource, headerValue: string | undefined) {
+  constructor(upstream: string, url: string, rank: number | undefined, source: DecisionSource, headerValue: string | undefined) {
     this.upstream = upstream;
     this.url = url;
     this.rank = rank;

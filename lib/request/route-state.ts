@@ -106,6 +106,12 @@ export class RouteState implements Deadlined {
    * endpoint's `sentBlocks` until its first token (or its end); 0 once retired.
    */
   prefillBlocks = 0;
+  /**
+   * A NIXL decode leg: when the prefill's KV blocks are released unless the decode engine has
+   * the request (`performance.now()`, `disaggregation.kvLeaseMs` after the prefill answer); 0
+   * otherwise. Its connects are cut to fit ({@link armDeadlines}) and it is not retried past it.
+   */
+  leaseEnds = 0;
   /** Whether the response's close is watched (one listener per request, see {@link watch}). */
   private watching = false;
 
@@ -130,16 +136,22 @@ export class RouteState implements Deadlined {
     this.reports.events.decided(req, endpoint, source, hintOutcome, this.headers);
   }
 
-  /** A retry: the slot, the rank header, the body's hint field and `req.dpRank` move from the failed endpoint to `next`. */
+  /**
+   * A retry: the slot, the rank header, the body's hint field and `req.dpRank` move from the
+   * failed endpoint to `next`; the decision header keeps what followed the failed endpoint's
+   * receipt (`; index=…`, `; waited_ms=…`, a prefill leg's `; prefill=…`).
+   */
   moveTo(req: RoutedRequest, res: ServerResponse, next: RouteEndpoint): void {
     const failed = this.endpoint!;
     this.reports.events.retried(req, failed, next);
     failed.inflight--;
     failed.sentBlocks -= this.prefillBlocks;
-    this.reports.peers?.changed(failed);
-    this.hold(req, res, next);
+    if (!failed.balanced) this.reports.peers?.changed(failed);
+    const shown = this.reports.config.exposeDecision ? res.getHeader(DECISION_HEADER) : undefined;
+    const receipt = failed.receipts[this.source];
+    this.hold(req, res, next, typeof shown === 'string' && shown.startsWith(receipt) && shown.length > receipt.length ? shown.slice(receipt.length) : undefined);
     this.attempt++;
-    this.reports.freed?.(failed);
+    if (!failed.balanced) this.reports.freed?.(failed);
   }
 
   /** The first token arrived (or the request ended without one): its prefill leaves its endpoint's `sentBlocks`. */
@@ -176,13 +188,16 @@ export class RouteState implements Deadlined {
    * {@link firstByteExpired}). The answer, a failure or the response's closing clears them; one
    * that expires destroys the upstream request with its code.
    */
-  armDeadlines(proxyReq: ClientRequest, connectMs: number, firstBytes: DeadlineList<RouteState>): void {
+  armDeadlines(proxyReq: ClientRequest, connectMs: number, firstBytes: DeadlineList<RouteState>, attempts: number): void {
     // A try moved on before its own end (a retry) must not leave its timers behind, unreachable.
     this.clearDeadlines();
     this.upstreamRequest = proxyReq;
     const socket = proxyReq.socket;
     if (socket?.connecting) {
-      this.connectDeadline = setTimeout(expire, connectMs, proxyReq, CONNECT_TIMEOUT);
+      // Under a KV lease, each try left gets its share of the lease left: a server that does
+      // not take the connection cannot hold the decode leg past it.
+      const ms = this.leaseEnds === 0 ? connectMs : Math.max(1, Math.min(connectMs, (this.leaseEnds - performance.now()) / (attempts - this.attempt + 1)));
+      this.connectDeadline = setTimeout(expire, ms, proxyReq, CONNECT_TIMEOUT);
       socket.once('connect', () => clearTimeout(this.connectDeadline));
     }
     firstBytes.add(this);
@@ -246,7 +261,8 @@ export class RouteState implements Deadlined {
     const { config, metrics } = this.reports;
     const source = this.source;
     endpoint.inflight++;
-    if (this.reports.peers !== undefined) {
+    // A balanced endpoint is no rank the peers know, and holds no rank's admission slot.
+    if (this.reports.peers !== undefined && !endpoint.balanced) {
       endpoint.sentBlocks += this.prefillBlocks;
       this.reports.peers.changed(endpoint);
     }
@@ -299,11 +315,12 @@ export class RouteState implements Deadlined {
     const upstream = this.upstreamRequest as UpstreamRequest | undefined;
     if (upstream !== undefined && upstream.res?.complete !== true) upstream.destroy();
     held.inflight--;
+    this.reports.metrics.finished(held, (performance.now() - this.started) / 1000);
+    if (held.balanced) return;
     if (this.reports.peers !== undefined) {
       this.prefilled();
       this.reports.peers.changed(held);
     }
-    this.reports.metrics.finished(held, (performance.now() - this.started) / 1000);
     this.reports.freed?.(held);
   }
 }

@@ -1,4 +1,4 @@
-import type { UpstreamConfig } from './upstream-options';
+import { reachedAlike, type UpstreamConfig } from './upstream-options';
 import type { DecisionSource, Endpoint, EndpointSnapshot } from '../types';
 import type { PeerLoad } from '../policies/prefix-aware-ttft';
 import { RankDecision } from '../request/rank-decision';
@@ -54,7 +54,17 @@ export class UpstreamServer extends Circuit {
   }
 }
 
-/** An endpoint as the router keeps it: the public view plus what dispatch needs. */
+/** The rank of an endpoint where vLLM picks the engine ({@link RouteEndpoint.balanced}): no rank at all. */
+export const NO_RANK = -1;
+/** The `rank` label of such an endpoint's series. */
+export const VLLM_RANK_LABEL = 'vllm';
+
+/**
+ * An endpoint as the router keeps it: the public view plus what dispatch needs. One per
+ * (upstream, rank), and one more per upstream for the requests vLLM balances itself (`balanced`:
+ * paths it does not route by the rank header, or an upstream whose header is not honoured),
+ * which claims no rank: no header, `rank` {@link NO_RANK}, label `rank="vllm"`.
+ */
 export class RouteEndpoint implements Endpoint, PeerLoad {
   readonly key: string;
   readonly upstream: string;
@@ -104,21 +114,28 @@ export class RouteEndpoint implements Endpoint, PeerLoad {
   firstTokens = 0;
   firstTokenSeconds = 0;
 
-  /** `server` is shared by every endpoint reached through the same URL (see {@link EndpointTable}). */
+  /** Whether vLLM picks the engine of this endpoint's requests (see the class). */
+  readonly balanced: boolean;
+
+  /**
+   * `server` is shared by every endpoint reached through the same URL (see {@link EndpointTable});
+   * `rank` {@link NO_RANK} makes the upstream's balanced endpoint.
+   */
   constructor(
     readonly config: UpstreamConfig,
     rank: number,
     readonly server: UpstreamServer = new UpstreamServer(config.url),
   ) {
+    const balanced = (this.balanced = rank === NO_RANK);
     this.upstream = config.name;
     this.rank = rank;
-    this.rankLabel = String(rank);
-    this.key = `${config.name}#${rank}`;
+    this.rankLabel = balanced ? VLLM_RANK_LABEL : String(rank);
+    this.key = `${config.name}#${this.rankLabel}`;
     this.headerValue =
-      config.rankHeader === 'global' ? this.rankLabel : config.rankHeader === 'local' ? String(rank - config.startRank) : undefined;
-    const receipt = (source: DecisionSource) => `upstream=${this.upstream}; rank=${rank}; source=${source}`;
+      balanced || config.rankHeader === 'none' ? undefined : config.rankHeader === 'global' ? this.rankLabel : String(rank - config.startRank);
+    const receipt = (source: DecisionSource) => `upstream=${this.upstream}; rank=${this.rankLabel}; source=${source}`;
     this.receipts = { hint: receipt('hint'), assigned: receipt('assigned') };
-    const decision = (source: DecisionSource) => new RankDecision(this.upstream, config.url, rank, source, this.headerValue);
+    const decision = (source: DecisionSource) => new RankDecision(this.upstream, config.url, balanced ? undefined : rank, source, this.headerValue);
     this.decisions = { hint: decision('hint'), assigned: decision('assigned') };
   }
 
@@ -139,6 +156,14 @@ export class RouteEndpoint implements Endpoint, PeerLoad {
  */
 export class EndpointTable {
   private endpoints: readonly RouteEndpoint[] = [];
+  /** One balanced endpoint per upstream, in configuration order, and the rank endpoints behind each. */
+  private balancedAll: readonly RouteEndpoint[] = [];
+  private ranksBehind = new Map<RouteEndpoint, readonly RouteEndpoint[]>();
+  private healthyBalancedAll: readonly RouteEndpoint[] = [];
+  private unhonouredAll: readonly RouteEndpoint[] = [];
+  private meteredAll: readonly RouteEndpoint[] = [];
+  /** Upstreams whose rank header is not honoured: vLLM balances their requests ({@link letVllmBalance}). */
+  private readonly unhonoured = new Set<string>();
   private configs: readonly UpstreamConfig[] = [];
   private byRank = new Map<number, RouteEndpoint[]>();
   private healthyAll: readonly RouteEndpoint[] = [];
@@ -154,6 +179,39 @@ export class EndpointTable {
   /** Every endpoint, in configuration order. */
   get all(): readonly RouteEndpoint[] {
     return this.endpoints;
+  }
+
+  /** What the metrics count: every endpoint, then every balanced endpoint. */
+  get metered(): readonly RouteEndpoint[] {
+    return this.meteredAll;
+  }
+
+  /** The healthy balanced endpoints: where a request on a path vLLM balances itself may go. */
+  healthyBalanced(): readonly RouteEndpoint[] {
+    return this.healthyBalancedAll;
+  }
+
+  /** The healthy balanced endpoints of upstreams whose rank header is not honoured: they serve every request. */
+  unhonouredBalanced(): readonly RouteEndpoint[] {
+    return this.unhonouredAll;
+  }
+
+  /** The rank endpoints of a balanced endpoint's upstream. */
+  ranksOf(balanced: RouteEndpoint): readonly RouteEndpoint[] {
+    return this.ranksBehind.get(balanced) ?? [];
+  }
+
+  /**
+   * Stops (`true`) or resumes claiming ranks on an upstream: while vLLM balances it, its rank
+   * endpoints leave the candidate lists and its balanced endpoint takes its requests. A
+   * reconfiguration that changes the upstream resumes. Returns whether anything changed.
+   */
+  letVllmBalance(name: string, on: boolean): boolean {
+    if (on === this.unhonoured.has(name) || (on && !this.configs.some((config) => config.name === name))) return false;
+    if (on) this.unhonoured.add(name);
+    else this.unhonoured.delete(name);
+    this.refresh();
+    return true;
   }
 
   /** The upstreams as configured now. */
@@ -177,7 +235,7 @@ export class EndpointTable {
    * on a removed endpoint finish on it.
    */
   reconfigure(upstreams: readonly UpstreamConfig[]): { added: RouteEndpoint[]; removed: RouteEndpoint[] } {
-    const previous = new Map(this.endpoints.map((endpoint) => [endpoint.key, endpoint]));
+    const previous = new Map(this.meteredAll.map((endpoint) => [endpoint.key, endpoint]));
     // A server that stays keeps its circuit: an ejected one stays out for every entry naming its URL.
     const servers = new Map<string, UpstreamServer>();
     const serverOf = (url: string) => {
@@ -204,6 +262,27 @@ export class EndpointTable {
         return endpoint;
       }),
     );
+    // A balanced endpoint stays as rank endpoints do; an upstream reached otherwise now is honoured again.
+    const ranksBehind = new Map<RouteEndpoint, readonly RouteEndpoint[]>();
+    const before = new Map(this.configs.map((config) => [config.name, config]));
+    for (const name of this.unhonoured) {
+      const now = upstreams.find((upstream) => upstream.name === name);
+      if (now === undefined || !reachedAlike(before.get(name)!, now)) this.unhonoured.delete(name);
+    }
+    const balanced = upstreams.map((upstream) => {
+      let endpoint = previous.get(`${upstream.name}#${VLLM_RANK_LABEL}`);
+      if (endpoint?.servesAs(upstream)) previous.delete(endpoint.key);
+      else {
+        endpoint = new RouteEndpoint(upstream, NO_RANK, serverOf(upstream.url));
+        endpoint.healthy = endpoint.server.passes;
+        added.push(endpoint);
+      }
+      ranksBehind.set(endpoint, next.filter((rank) => rank.upstream === upstream.name));
+      return endpoint;
+    });
+    this.balancedAll = balanced;
+    this.ranksBehind = ranksBehind;
+    this.meteredAll = [...next, ...balanced];
     this.configs = upstreams;
     this.serverUrls = new Set(upstreams.map((upstream) => upstream.url)).size;
     this.endpoints = next;
@@ -264,9 +343,9 @@ export class EndpointTable {
     return this.setHealthy(endpoint, endpoint.probeUp && endpoint.circuit.passes && endpoint.server.passes);
   }
 
-  /** {@link updateHealth} for every endpoint behind one server. */
+  /** {@link updateHealth} for every endpoint behind one server, balanced ones included. */
   updateServerHealth(server: UpstreamServer): void {
-    for (const endpoint of this.endpoints) if (endpoint.server === server) this.updateHealth(endpoint);
+    for (const endpoint of this.meteredAll) if (endpoint.server === server) this.updateHealth(endpoint);
   }
 
   /** The server behind `url` now, if any endpoint is reached through it. */
@@ -288,10 +367,15 @@ export class EndpointTable {
   }
 
   private refresh(): void {
-    this.healthyAll = this.endpoints.filter((endpoint) => endpoint.healthy);
+    const { unhonoured } = this;
+    // The ranks of an upstream vLLM balances are no candidates: its balanced endpoint is.
+    const candidate = (endpoint: RouteEndpoint) => endpoint.healthy && !unhonoured.has(endpoint.upstream);
+    this.healthyAll = this.endpoints.filter(candidate);
     this.healthyByRank = new Map();
     for (const [rank, replicas] of this.byRank) {
-      this.healthyByRank.set(rank, replicas.filter((endpoint) => endpoint.healthy));
+      this.healthyByRank.set(rank, replicas.filter(candidate));
     }
+    this.healthyBalancedAll = this.balancedAll.filter((endpoint) => endpoint.healthy);
+    this.unhonouredAll = this.healthyBalancedAll.filter((endpoint) => unhonoured.has(endpoint.upstream));
   }
 }

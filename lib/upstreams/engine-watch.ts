@@ -12,8 +12,13 @@ export interface EngineWatch {
   stop(): void;
 }
 
-/** Called when an upstream's `engine` labels name other ranks than it is configured with. */
-export type RanksDiscovered = (upstream: UpstreamConfig, ranks: readonly number[]) => void;
+/** What a read of an upstream's `/metrics` tells. */
+export interface EngineReports {
+  /** Its `engine` labels name other ranks than it is configured with (with `discover`). */
+  discovered(upstream: UpstreamConfig, ranks: readonly number[]): void;
+  /** The engines its labels name (global ranks, ascending, at least one), after any discovery, against the configuration now. */
+  engines(upstream: UpstreamConfig, engines: readonly number[]): void;
+}
 
 interface Target {
   name: string;
@@ -44,7 +49,7 @@ export function watchEngines(
   table: EndpointTable,
   feedback: LoadFeedbackConfig | undefined,
   metrics: RouterMetrics,
-  discovered: RanksDiscovered,
+  reports: EngineReports,
 ): EngineWatch {
   const targets = new Map<string, Target>();
   const timeoutMs = feedback?.timeoutMs ?? DISCOVER_TIMEOUT_MS;
@@ -77,9 +82,10 @@ export function watchEngines(
         endpoint.engineWaiting = engine?.waiting ?? 0;
       }
     }
-    if (upstream.discoverIntervalMs !== undefined && report.engines.length > 0 && !sameRanks(upstream.ranks, report.engines)) {
-      discovered(upstream, report.engines);
-    }
+    if (report.engines.length === 0) return;
+    if (upstream.discoverIntervalMs !== undefined && !sameRanks(upstream.ranks, report.engines)) reports.discovered(upstream, report.engines);
+    const now = current(target.name);
+    if (now !== undefined) reports.engines(now, report.engines);
   };
 
   const fail = (target: Target) => {

@@ -32,7 +32,8 @@ export type HealthChange = (endpoints: readonly RouteEndpoint[], up: boolean) =>
  */
 export function startHealthChecks(table: EndpointTable, config: HealthCheckConfig, changed: HealthChange = () => undefined): HealthChecker {
   const targets = new Map<string, Target>();
-  for (const endpoint of table.all) {
+  // Balanced endpoints too: the requests vLLM balances need a server that is up.
+  for (const endpoint of table.metered) {
     const url = endpoint.config.url;
     let target = targets.get(url);
     if (target === undefined) {

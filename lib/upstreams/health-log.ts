@@ -12,6 +12,8 @@ export function logHealthChange(logger: RouterLogger, check: HealthCheckConfig, 
     : `failed ${check.unhealthyThreshold} health check${check.unhealthyThreshold === 1 ? '' : 's'} in a row (GET ${check.path})`;
   const ranks = new Map<string, number[]>();
   for (const endpoint of endpoints) {
+    // The upstream's balanced endpoint (no rank) follows its server; the ranks name it.
+    if (endpoint.rank < 0) continue;
     const list = ranks.get(endpoint.upstream);
     if (list) list.push(endpoint.rank);
     else ranks.set(endpoint.upstream, [endpoint.rank]);

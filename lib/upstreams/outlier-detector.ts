@@ -198,8 +198,9 @@ export class OutlierDetector {
     circuit.failingClients.length = 0;
     const coolDown = Math.min(this.config.baseEjectionMs * 2 ** Math.min(circuit.ejections, 30), this.config.maxEjectionMs);
     circuit.ejections++;
-    // A server's ejection takes out each of its endpoints: each counts one.
-    for (const endpoint of this.table.all) if (endpoint.circuit === circuit || endpoint.server === circuit) this.metrics.ejected(endpoint);
+    // A server's ejection takes out each of its endpoints: each rank counts one (its balanced
+    // endpoint, out with it, counts only ejections of its own).
+    for (const endpoint of this.table.metered) if (endpoint.circuit === circuit || (endpoint.server === circuit && !endpoint.balanced)) this.metrics.ejected(endpoint);
     changed();
     const timer = setTimeout(() => {
       this.timers.delete(timer);

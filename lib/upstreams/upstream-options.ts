@@ -29,9 +29,12 @@ export interface UpstreamOptions {
   /** Route only to these global ranks. Default: every rank it serves. */
   ranks?: readonly number[];
   /**
-   * The rank header value sent to this upstream: `'global'` (internal load balancing),
-   * `'local'` (rank − startRank: hybrid load balancing on vLLM's Python server) or `'none'`
-   * (external load balancing: one server per rank, no header). Default: `'global'`.
+   * The rank header value sent to this upstream: `'local'`, rank − startRank, the index from 0
+   * into the engines the server manages, which is what vLLM's API server reads in every mode
+   * (internal load balancing, where startRank is 0 and it is the global rank; a hybrid-LB node;
+   * an external-LB server, which takes only 0); `'global'`, the global rank, for a server that
+   * reads it so; or `'none'`, no header (external load balancing: the URL selects the rank).
+   * Default: `'local'`.
    */
   rankHeader?: RankHeaderMode;
   /**
@@ -104,7 +107,7 @@ export interface UpstreamConfig {
 
 const DATA_PARALLEL_SIZE = 1;
 const START_RANK = 0;
-const RANK_HEADER: RankHeaderMode = 'global';
+const RANK_HEADER: RankHeaderMode = 'local';
 const RANK_HEADER_MODES: readonly RankHeaderMode[] = ['global', 'local', 'none'];
 const ROLES: readonly UpstreamRole[] = ['prefill', 'decode', 'both'];
 /** vLLM's engine count bound: the largest data-parallel size an upstream may declare. */
@@ -126,6 +129,18 @@ const UPSTREAM_KEYS: KeysEnum<UpstreamOptions & Pick<DnsUpstreamOptions, 'dns'>>
   role: true,
   bootstrapPort: true,
 };
+
+/** Whether two configurations reach the same server's ranks with the same header values: a change of either calls for a new look at what the server says. */
+export function reachedAlike(a: UpstreamConfig, b: UpstreamConfig): boolean {
+  return (
+    a.name === b.name &&
+    a.url === b.url &&
+    a.startRank === b.startRank &&
+    a.rankHeader === b.rankHeader &&
+    a.ranks.length === b.ranks.length &&
+    a.ranks.every((rank, index) => rank === b.ranks[index])
+  );
+}
 
 /** Validates an upstream list (creation and `setUpstreams()`). Throws {@link OptionError}. */
 export function parseUpstreams(path: string, value: unknown): UpstreamConfig[] {

@@ -152,12 +152,13 @@ describe('NIXL', () => {
         `TE: trailers\r\nTrailer: x-t\r\nProxy-Authorization: Basic eDp5\r\nX-Kept: k\r\nContent-Length: ${COMPLETION.length}\r\n\r\n${COMPLETION}`,
     );
     expect(answer).toMatch(/^HTTP\/1\.1 200 /);
-    const legs = [generations(prefill)[0], generations(decode)[0]];
+    // Each leg's header is its rank inside its server (rankHeader 'local'): decode starts at rank 4.
+    const legs = [{ ...generations(prefill)[0], startRank: 0 }, { ...generations(decode)[0], startRank: 4 }];
     for (const leg of legs) {
       for (const name of ['x-secret', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'proxy-authorization']) expect([leg.leg, name, leg.headers![name]]).toEqual([leg.leg, name, undefined]);
       expect(leg.headers!['x-kept']).toBe('k');
       // The router's own rank header survives the client's nomination, one per leg.
-      expect(leg.rankHeaders).toEqual([String(leg.rank)]);
+      expect(leg.rankHeaders).toEqual([String(leg.rank - leg.startRank)]);
     }
     await idle(gateway);
   });

@@ -6,7 +6,7 @@ import type { EngineBlockHash, KvBlockStored, KvEvent } from '../../../lib/exact
 import { KvExactIndex } from '../../../lib/exact-prefix/index/exact-index';
 import { randomHashKey } from '../../../lib/exact-prefix/index/keyed-hash';
 import { decodeKvEventBatch } from '../../../lib/exact-prefix/events/decode';
-import { RECORDINGS, payloadOf, vllmRecording } from '../vllm-recordings';
+import { RECORDINGS, payloadOf, vllmRecording, type VllmRecording } from '../vllm-recordings';
 
 function stored(hashes: EngineBlockHash[], parent: EngineBlockHash | null, tokens: number[], more: Partial<KvBlockStored> = {}): KvEvent {
   return { type: 'stored', blockHashes: hashes, parentBlockHash: parent, tokenIds: tokens, blockSize: 2, loraId: null, loraName: null, medium: null, extraKeyed: null, groupIdx: null, ...more };
@@ -190,15 +190,20 @@ describe('KvExactIndex', () => {
   });
 });
 
-/** An index of rank 2 fed every event of a recording of vLLM 52a31cc (fixtures/vllm-52a31cc), decoded by the router's decoder. */
-function fedWith(name: (typeof RECORDINGS)[number], change: (event: KvEvent) => KvEvent = (event) => event): KvExactIndex {
+/** Applies the first `count` messages of a recording of vLLM 52a31cc (fixtures/vllm-52a31cc), decoded by the router's decoder, to its rank. */
+function apply(index: KvExactIndex, recording: VllmRecording, count = recording.frames.length, change: (event: KvEvent) => KvEvent = (event) => event): void {
+  for (let at = 0; at < count; at++) {
+    const decoded = decodeKvEventBatch(payloadOf(recording, at));
+    if (!decoded.ok) throw new Error(`${recording.name} message ${at}: ${decoded.reason}`);
+    for (const event of decoded.batch.events) expect(index.applyEvent(recording.dataParallelRank, change(event))).toBe(true);
+  }
+}
+
+/** An index of the recording's rank fed every one of its events. */
+function fedWith(name: (typeof RECORDINGS)[number], change?: (event: KvEvent) => KvEvent): KvExactIndex {
   const recording = vllmRecording(name);
   const index = new KvExactIndex({ ranks: [recording.dataParallelRank] });
-  recording.frames.forEach((_, at) => {
-    const decoded = decodeKvEventBatch(payloadOf(recording, at));
-    if (!decoded.ok) throw new Error(`${name} message ${at}: ${decoded.reason}`);
-    for (const event of decoded.batch.events) expect(index.applyEvent(recording.dataParallelRank, change(event))).toBe(true);
-  });
+  apply(index, recording, undefined, change);
   return index;
 }
 
@@ -249,12 +254,7 @@ describe('KvExactIndex on vLLM 52a31cc events', () => {
   it('follows removals and a reset of one full-attention group', () => {
     const index = new KvExactIndex({ ranks: [2] });
     const recording = vllmRecording('plain');
-    const after = (count: number) => {
-      for (let at = 0; at < count; at++) {
-        const decoded = decodeKvEventBatch(payloadOf(recording, at));
-        if (decoded.ok) for (const event of decoded.batch.events) index.applyEvent(2, event);
-      }
-    };
+    const after = (count: number) => apply(index, recording, count);
     after(2);
     expect(index.match([...upTo(8), ...upTo(28, 20)]).matchedBlocks[0]).toBe(4);
     index.clearRank(2);

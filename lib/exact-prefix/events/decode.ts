@@ -224,7 +224,7 @@ function* inChunks(length: number, check: (from: number, to: number) => boolean)
 }
 
 // Field order of each event in the array layout, after the tag (vLLM's declaration order;
-// later releases append fields, and msgspec leaves out trailing defaults).
+// later releases append fields, so older ones wrote shorter arrays).
 const STORED_FIELDS = ['block_hashes', 'parent_block_hash', 'token_ids', 'block_size', 'lora_id', 'medium', 'lora_name', 'extra_keys', 'group_idx', 'kv_cache_spec_kind'] as const;
 const REMOVED_FIELDS = ['block_hashes', 'medium', 'group_idx'] as const;
 

@@ -14,6 +14,7 @@
  * keys (multimodal inputs, `cache_salt`) cannot be matched from token ids alone, so neither
  * they nor their descendants are indexed. LoRA blocks are indexed under their adapter's name
  * (the name vLLM puts first in their extra keys, #33304).
+ *
  * Of a hybrid model's KV-cache groups, each rank follows one (kv-group.ts): its store and
  * removal events count, the other groups' are left out.
  */
@@ -109,7 +110,6 @@ export const KV_INDEX_BYTES_PER_BLOCK = 170;
 
 const DOMAIN_ROOT = 1;
 const DOMAIN_LORA = 2;
-
 
 /** The exact index; pure and synchronous. */
 export class KvExactIndex implements KvEventSink {

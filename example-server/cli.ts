@@ -105,7 +105,8 @@ Options:
   --kv-events ENDPOINT[,REPLAY_ENDPOINT]
                         the --upstream before it publishes KV events (vLLM's
                         --kv-events-config), e.g. tcp://10.0.0.5:5557,tcp://10.0.0.5:5558:
-                        rank 0's ports, offset by the global rank as vLLM does
+                        rank 0's ports, offset by the global rank as vLLM does (vLLM's
+                        endpoint must be tcp://*:5557: with a host it connects out)
   --tokenizer PATH      the model's tokenizer (a directory with tokenizer.json and
                         tokenizer_config.json; it must exist): with --kv-events,
                         prefix-aware routes on the engines' own KV-cache events. Only

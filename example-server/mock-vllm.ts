@@ -13,7 +13,7 @@ import { MockEngine, type RankState } from './mock-vllm/engine';
 import { resolveKvEventsOptions, startEngineEvents, type EngineEvents, type KvEventsConfig } from './mock-vllm/engine-events';
 import { dieAfterFlush, pathOf, readJsonBody, sendError, sendJson, sendStreamError, SSE_HEADERS } from './mock-vllm/http';
 import { renderMetrics } from './mock-vllm/metrics';
-import { unknownModelMessage } from './mock-vllm/models';
+import { adapterOf, unknownModelMessage } from './mock-vllm/models';
 import {
   completionBody,
   isProblem,
@@ -150,6 +150,7 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
     recordBodies: options.recordBodies ?? false,
     maxNumSeqs: options.maxNumSeqs ?? Infinity,
     kvLeaseMs: options.kvLeaseMs ?? 30_000,
+    loraModules: options.loraModules ?? [],
     kvEvents: null,
   };
   const integers = { port: 0, dataParallelSize: 1, startRank: 0, cacheBlocksPerRank: 1, blockTokens: 1, maxModelLen: 1, bootstrapPort: 0, kvLeaseMs: 1 };
@@ -168,6 +169,9 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
   if (config.connector !== 'nixl' && config.connector !== 'mooncake') throw new TypeError(`startMockVllm: connector must be 'nixl' or 'mooncake', got ${String(config.connector)}`);
   if (!(config.maxNumSeqs >= 1) || (config.maxNumSeqs !== Infinity && !Number.isSafeInteger(config.maxNumSeqs))) {
     throw new TypeError(`startMockVllm: maxNumSeqs must be an integer >= 1, got ${String(config.maxNumSeqs)}`);
+  }
+  if (!Array.isArray(config.loraModules) || config.loraModules.some((name) => typeof name !== 'string' || name === '' || name === config.model)) {
+    throw new TypeError(`startMockVllm: loraModules must be adapter names other than the served model's, such as ['sql-lora'], got ${JSON.stringify(config.loraModules)}`);
   }
   if ('headerMode' in options) {
     throw new TypeError('startMockVllm: headerMode is gone: vLLM reads X-data-parallel-rank as an index from 0 into the engines a server manages in every mode, and so does the mock');
@@ -253,7 +257,9 @@ function serveModels(ctx: ServerContext, _req: IncomingMessage, res: ServerRespo
   const { model, maxModelLen } = ctx.config;
   const created = Math.floor(Date.now() / 1000);
   const card = { id: model, object: 'model', created, owned_by: 'vllm', root: model, parent: null, max_model_len: maxModelLen };
-  sendJson(res, 200, JSON.stringify({ object: 'list', data: [card] }));
+  // Adapters follow the base model, their parent (models/serving.py show_available_models).
+  const adapters = ctx.config.loraModules.map((name) => ({ id: name, object: 'model', created, owned_by: 'vllm', root: `/adapters/${name}`, parent: model, max_model_len: null }));
+  sendJson(res, 200, JSON.stringify({ object: 'list', data: [card, ...adapters] }));
 }
 
 function serveMetrics(ctx: ServerContext, _req: IncomingMessage, res: ServerResponse): void {
@@ -271,7 +277,7 @@ async function serveGeneration(
 ): Promise<void> {
   const read = await readJsonBody(req, res);
   if (read === undefined) return;
-  const unknownModel = unknownModelMessage(ctx.config.model, read.body);
+  const unknownModel = unknownModelMessage(ctx.config.model, read.body, ctx.config.loraModules);
   if (unknownModel !== undefined) return sendError(res, 404, unknownModel, 'model');
   if (ctx.config.recordBodies) {
     record.headers = { ...req.headers };
@@ -299,14 +305,15 @@ async function serveGeneration(
   // Past `maxNumSeqs` the request waits for a seat in the rank's own queue, as in vLLM.
   const seated = ctx.seqs.seat(rank.globalRank, res);
   if (seated !== true && !(await seated)) return;
-  const admitted = ctx.engine.admit(rank, request.prompts, request.tokenIds);
+  const adapter = adapterOf(read.body, ctx.config.loraModules);
+  const admitted = ctx.engine.admit(rank, request.prompts, request.tokenIds, adapter);
   const { promptTokens } = admitted;
   // The decode of a transfer read the prompt's KV cache from the prefill: nothing left to compute.
   const cachedTokens = leg?.kind === 'decode' ? promptTokens : admitted.cachedTokens;
   record.rank = rank.globalRank;
   const timer = releaseOnClose(ctx, rank, res);
 
-  const generation: Generation = { request, model: ctx.config.model, rank: rank.globalRank, promptTokens, cachedTokens };
+  const generation: Generation = { request, model: adapter?.name ?? ctx.config.model, rank: rank.globalRank, promptTokens, cachedTokens };
   const prefillMs = ctx.config.prefillMsPerToken * (promptTokens - cachedTokens);
   const rankHeader = { 'x-mock-rank': String(rank.globalRank) };
   if (!request.stream) {

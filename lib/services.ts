@@ -78,6 +78,8 @@ export class RouterServices {
       registry: this.registry,
       tracing: this.tracing,
       scraped: (upstreams) => watchedUpstreams(upstreams, config.loadFeedback),
+      // Read per request, once the model pools (built below) exist.
+      isAdapter: (model) => this.models.pools.isAdapter(model),
     }));
     this.started.push(() => pool.close());
     this.policy = policy;

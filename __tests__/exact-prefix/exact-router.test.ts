@@ -98,6 +98,20 @@ describe('exact prefix routing through the router (real ZMQ, the mock vLLM)', ()
     expect(approximatePlacement(chat(SYSTEM, 'And the capital of Spain?'))).not.toBe(holder);
   });
 
+  it("routes a LoRA request to the rank holding its adapter's blocks (vLLM keys them [lora_name], #33304)", async () => {
+    const mock = await startMockVllm({ dataParallelSize: RANKS, kvEvents: {}, model: 'mock-model', loraModules: ['sql-lora'] });
+    started.push(mock);
+    const gw = await gateway(mock);
+    await join(mock, gw);
+    const lora = (question: string) => ({ ...chat(SYSTEM, question), model: 'sql-lora' });
+    const holder = (approximatePlacement(chat(SYSTEM, 'Which tables?')) + 1) % RANKS;
+    const blocksBefore = await metricValue(gw.registry, 'dp_router_kv_index_blocks', { rank: String(holder) });
+    expect((await send(mock.url, lora('Which tables?'), '/v1/chat/completions', holder)).rank).toBe(holder);
+    await waitFor(async () => (await metricValue(gw.registry, 'dp_router_kv_index_blocks', { rank: String(holder) })) > blocksBefore, 5000, "the adapter's blocks indexed");
+    expect(await send(gw.url, lora('Which columns?'))).toEqual({ rank: holder, decision: `upstream=mock; rank=${holder}; source=assigned; index=exact` });
+    expect(approximatePlacement(chat(SYSTEM, 'Which columns?'))).not.toBe(holder);
+  });
+
   it('routes a rank whose stream is stale on the approximate index, and says so', async () => {
     const mock = await startMock();
     const gw = await gateway(mock);

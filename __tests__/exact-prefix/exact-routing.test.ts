@@ -95,6 +95,27 @@ describe('createExactRouting', () => {
     expect(again.matched[0]).toBe(0);
   });
 
+  it("scores a LoRA request under its adapter, known from the model pools before any event named it: never on the base model's blocks", async () => {
+    const mock = await startMockVllm({ dataParallelSize: RANKS, kvEvents: {}, model: 'mock-model', loraModules: ['sql-lora'] });
+    started.push(mock);
+    const pools = route(mock, { isAdapter: (model) => model === 'sql-lora' });
+    const events = route(mock);
+    await join(mock, pools, events);
+    const candidates = fakeEndpoints(RANKS).map((endpoint) => ({ ...endpoint, upstream: 'u' }));
+    const base = chat(SYSTEMS[2], 'Which tables?');
+    await post(mock, '/v1/chat/completions', base, 2);
+    await heldOn(pools, base, 2, candidates);
+    await heldOn(events, base, 2, candidates);
+    const lora = { ...base, model: 'sql-lora' };
+    // vLLM hashes the adapter's blocks with its name: rank 2's base blocks are no hit for it.
+    expect(Math.max(...pools.lookup('chat', lora, candidates)!.matched)).toBe(0);
+    // Known from events alone, the adapter is scored as the base model until one of its blocks is stored.
+    expect(events.lookup('chat', lora, candidates)!.matched[2]).toBeGreaterThan(0);
+    await post(mock, '/v1/chat/completions', lora, 1);
+    await waitFor(() => pools.lookup('chat', lora, candidates)!.matched[1] > 0 && events.lookup('chat', lora, candidates)!.matched[1] > 0, 5000, "the adapter's blocks on rank 1");
+    expect(events.lookup('chat', lora, candidates)!.matched[2]).toBe(0);
+  });
+
   it('speculative entries expire when no event confirms them, and the rank goes stale until its next batch', async () => {
     const mock = await startMock();
     let clock = Date.now();

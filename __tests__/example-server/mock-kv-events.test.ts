@@ -7,6 +7,9 @@ import { createKvEventSubscriber, type KvEventSubscriber } from '../../lib/exact
 import { PromptTokenizer } from '../../lib/exact-prefix/tokenizer/tokenizer';
 import { closedAfterEach } from '../helpers';
 import { Recorder, freePortRun, untilJoined } from '../exact-prefix/helpers';
+import { payloadOf, vllmRecording } from '../exact-prefix/vllm-recordings';
+import { loadZeromq } from '../../lib/exact-prefix/optional-deps';
+import { Unpackr } from 'msgpackr';
 
 const BLOCK = 16;
 const started = closedAfterEach();
@@ -166,7 +169,7 @@ describe('mock vLLM with kvEvents', () => {
     expect(tokens[0]).toBe(router(mock).encodeWhole('', true)[0]);
   });
 
-  it.each<KvLayout>(['v0.9', 'v0.10', 'array-batch', 'map'])('feeds the index in the %s layout', async (layout) => {
+  it.each<KvLayout>(['current', 'v0.9', 'v0.10', 'array-batch', 'map'])('feeds the index in the %s layout', async (layout) => {
     const mock = await startMock({ dataParallelSize: 1, kvEvents: { layout } });
     const { index, recorder } = await feed(mock);
     const stored = recorder.count(0, 'stored');
@@ -269,12 +272,87 @@ describe('mock vLLM with kvEvents', () => {
     expect(mock.stats().perRank[0].requests).toBe(0);
   });
 
+  it("publishes vLLM 52a31cc's layout by default: the shape its own publisher sent (fixtures/vllm-52a31cc)", async () => {
+    const mock = await startMock({ dataParallelSize: 1 });
+    const sub = new (loadZeromq().Subscriber)({ linger: 0, receiveTimeout: 200 });
+    started.push({ close: async () => sub.close() });
+    sub.connect(mock.kvEvents!.endpoints[0]);
+    sub.subscribe();
+    let frames: Buffer[] | undefined;
+    for (let attempt = 0; attempt < 100 && frames === undefined; attempt++) {
+      await complete(mock, 0, promptOfBlocks(router(mock), 2, `shape${attempt}x`).prompt);
+      frames = await sub.receive().catch(() => undefined);
+    }
+    const unpack = (payload: Buffer) => new Unpackr({ useRecords: false, int64AsType: 'bigint' }).unpack(payload) as unknown;
+    // Field by field: ints, floats, strings, nils and arrays where vLLM has them.
+    const shape = (value: unknown): unknown => {
+      if (Array.isArray(value)) return value.length > 0 && typeof value[0] !== 'object' ? ['array of', shape(value[0])] : value.map(shape);
+      if (typeof value === 'bigint' || (typeof value === 'number' && Number.isInteger(value))) return 'int';
+      return typeof value === 'number' ? 'float' : value === null ? 'nil' : value;
+    };
+    const vllm = vllmRecording('plain');
+    expect(frames).toHaveLength(3);
+    expect(shape(unpack(frames![2]))).toEqual(shape(unpack(payloadOf(vllm, 0))));
+  });
+
+  it("serves LoRA adapters as vLLM does: listed under the base model, cached apart from it, their blocks keyed [lora_name] (#33304)", async () => {
+    const mock = await startMock({ loraModules: ['sql-lora'] });
+    const models = (await (await fetch(`${mock.url}/v1/models`)).json()) as { data: Array<{ id: string; parent: string | null }> };
+    expect(models.data.map((card) => [card.id, card.parent])).toEqual([['mock-model', null], ['sql-lora', 'mock-model']]);
+    const { index, sink, recorder } = await feed(mock);
+    const chat = { messages: [{ role: 'system', content: SYSTEM }, { role: 'user', content: 'Which tables are there?' }], max_tokens: 1 };
+    const before = sink.events.length;
+    const stored = [recorder.count(0, 'stored'), recorder.count(1, 'stored')];
+    const lora = await post(mock, '/v1/chat/completions', { ...chat, model: 'sql-lora' }, 1);
+    expect(lora.status).toBe(200);
+    expect(lora.body.model).toBe('sql-lora');
+    expect((await post(mock, '/v1/chat/completions', { ...chat, model: 'mock-model' }, 0)).status).toBe(200);
+    await storedOn(recorder, 0, stored[0] + 1);
+    await storedOn(recorder, 1, stored[1] + 1);
+    const tokens = (router(mock).tokenize('chat', chat) as { prompts: number[][] }).prompts[0];
+    const blocks = Math.floor(tokens.length / BLOCK);
+    const [event] = sink.stored(1, before);
+    expect(event).toMatchObject({ loraId: 1, loraName: 'sql-lora', extraKeyed: Array(blocks).fill(false), groupIdx: 0, kvCacheSpecKind: 'full_attention' });
+    expect(Array.from(index.match(tokens, { loraName: 'sql-lora' }).matchedBlocks)).toEqual([0, blocks]);
+    expect(Array.from(index.match(tokens).matchedBlocks)).toEqual([blocks, 0]);
+    // The engine agrees: the adapter's request finds nothing of the base model's blocks.
+    const again = await post(mock, '/v1/chat/completions', { ...chat, model: 'sql-lora' }, 0);
+    expect(again.body.usage.prompt_tokens_details.cached_tokens).toBe(0);
+    expect((await post(mock, '/v1/chat/completions', { ...chat, model: 'other-lora' }, 0)).status).toBe(404);
+  });
+
+  it('publishes as a hybrid-attention model with hybrid: the index follows the full-attention group through the sliding group\'s evictions', async () => {
+    const mock = await startMock({ dataParallelSize: 1, kvEvents: { hybrid: true } });
+    const { index, sink, recorder } = await feed(mock);
+    const before = sink.events.length;
+    const stored = recorder.count(0, 'stored');
+    const { prompt, tokens } = promptOfBlocks(router(mock), 3, 'hybrid');
+    await complete(mock, 0, prompt);
+    await storedOn(recorder, 0, stored + 2);
+    expect(sink.stored(0, before).map((event) => [event.groupIdx, event.kvCacheSpecKind])).toEqual([[0, 'sliding_window'], [1, 'full_attention']]);
+    expect(recorder.count(0, 'removed')).toBeGreaterThanOrEqual(2);
+    expect(index.match(tokens).matchedBlocks[0]).toBe(3);
+  });
+
+  it("publishes an offloading connector's CPU stores with offload: neither indexed nor invalid", async () => {
+    const mock = await startMock({ dataParallelSize: 1, kvEvents: { offload: true } });
+    const { index, recorder } = await feed(mock);
+    const stored = recorder.count(0, 'stored');
+    const { prompt, tokens } = promptOfBlocks(router(mock), 2, 'offload');
+    await complete(mock, 0, prompt);
+    await storedOn(recorder, 0, stored + 1);
+    expect(index.match(tokens).matchedBlocks[0]).toBe(2);
+    expect(recorder.count(0, 'invalid')).toBe(0);
+    expect(recorder.count(0, 'stored')).toBe(stored + 1);
+  });
+
   it.each<[string, object, RegExp]>([
     ['an unknown key', { ports: 5557 }, /kvEvents\.ports is not an option/],
     ['a port past 65535 once offset', { port: 65535 }, /kvEvents\.port must be 0 .* global rank 1/],
     ['a negative replay port', { replayPort: -1 }, /kvEvents\.replayPort/],
     ['an unknown layout', { layout: 'v1' }, /kvEvents\.layout must be one of/],
     ['a zero buffer', { bufferSteps: 0 }, /kvEvents\.bufferSteps must be an integer >= 1/],
+    ['a hybrid flag that is not a boolean', { hybrid: 'yes' }, /kvEvents\.hybrid must be true or false/],
   ])('refuses %s with a TypeError naming the option', async (_name, kvEvents, message) => {
     await expect(startMockVllm({ dataParallelSize: 2, kvEvents: kvEvents as MockVllmOptions['kvEvents'] })).rejects.toThrow(message);
   });

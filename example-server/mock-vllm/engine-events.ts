@@ -6,8 +6,8 @@ import { startMockKvPublisher, type KvLayout, type MockKvEvent, type MockKvPubli
 import { MOCK_TOKENIZER_DIR } from './tokenize';
 import type { MockKvEvents, MockKvEventsOptions } from './types';
 
-const LAYOUTS: readonly KvLayout[] = ['v0.9', 'v0.10', 'array-batch', 'map'];
-const KEYS = new Set(['host', 'port', 'replayPort', 'layout', 'topic', 'bufferSteps']);
+const LAYOUTS: readonly KvLayout[] = ['current', 'v0.9', 'v0.10', 'array-batch', 'map'];
+const KEYS = new Set(['host', 'port', 'replayPort', 'layout', 'topic', 'bufferSteps', 'hybrid', 'offload']);
 
 /** The option with every default filled in. */
 export type KvEventsConfig = Required<MockKvEventsOptions>;
@@ -25,9 +25,11 @@ export function resolveKvEventsOptions(options: MockKvEventsOptions, lastRank: n
     host: options.host ?? '127.0.0.1',
     port: options.port ?? 0,
     replayPort: options.replayPort === undefined ? 0 : options.replayPort,
-    layout: options.layout ?? 'map',
+    layout: options.layout ?? 'current',
     topic: options.topic ?? '',
     bufferSteps: options.bufferSteps ?? 10_000,
+    hybrid: options.hybrid ?? false,
+    offload: options.offload ?? false,
   };
   if (typeof config.host !== 'string' || config.host === '') throw new TypeError(`${path}.host must be an address such as '127.0.0.1', got ${String(config.host)}`);
   for (const name of ['port', 'replayPort'] as const) {
@@ -41,6 +43,9 @@ export function resolveKvEventsOptions(options: MockKvEventsOptions, lastRank: n
   if (typeof config.topic !== 'string') throw new TypeError(`${path}.topic must be a string, got ${String(config.topic)}`);
   if (!Number.isSafeInteger(config.bufferSteps) || config.bufferSteps < 1) {
     throw new TypeError(`${path}.bufferSteps must be an integer >= 1, got ${String(config.bufferSteps)}`);
+  }
+  for (const name of ['hybrid', 'offload'] as const) {
+    if (typeof config[name] !== 'boolean') throw new TypeError(`${path}.${name} must be true or false, got ${String(config[name])}`);
   }
   return config;
 }
@@ -81,8 +86,44 @@ export async function startEngineEvents(config: KvEventsConfig, ranks: readonly 
     publish(rank, events) {
       const dropping = toDrop.get(rank) ?? 0;
       if (dropping > 0) toDrop.set(rank, dropping - 1);
-      publisher.publish(rank, events, { drop: dropping > 0 }).catch(() => {});
+      publisher.publish(rank, shaped(events, config), { drop: dropping > 0 }).catch(() => {});
     },
     close: () => publisher.close(),
   };
+}
+
+/**
+ * The cache's events (one full-attention group) as the configured model publishes them: a
+ * hybrid model's sliding-window group 0 before its full-attention group 1, and an offloading
+ * connector's CPU stores after the GPU events (scheduler.py appends the connector's events).
+ */
+function shaped(events: MockKvEvent[], config: KvEventsConfig): MockKvEvent[] {
+  if (!config.hybrid && !config.offload) return events;
+  const out: MockKvEvent[] = [];
+  if (config.hybrid) {
+    for (const event of events) {
+      if (event.type === 'AllBlocksCleared') {
+        out.push(event);
+        continue;
+      }
+      if (event.type === 'BlockRemoved') {
+        out.push({ ...event, groupIdx: 0 }, { ...event, groupIdx: 1 });
+        continue;
+      }
+      out.push({ ...event, groupIdx: 0, kvCacheSpecKind: 'sliding_window', kvCacheSpecSlidingWindow: event.blockSize });
+      // The window is one block: the run's blocks before its last are freed, and evicted first.
+      for (const hash of event.blockHashes.slice(0, -1)) out.push({ type: 'BlockRemoved', blockHashes: [hash], medium: 'GPU', groupIdx: 0 });
+      out.push({ ...event, groupIdx: 1, kvCacheSpecKind: 'full_attention' });
+    }
+  } else {
+    out.push(...events);
+  }
+  if (config.offload) {
+    for (const event of events) {
+      if (event.type !== 'BlockStored') continue;
+      // As OffloadingConnectorScheduler.take_events builds them (offloading/scheduler.py).
+      out.push({ type: 'BlockStored', blockHashes: event.blockHashes, parentBlockHash: null, tokenIds: [], blockSize: 0, loraId: null, medium: 'CPU', loraName: null });
+    }
+  }
+  return out;
 }

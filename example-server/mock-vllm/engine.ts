@@ -1,5 +1,5 @@
 import type { MockKvEvent } from './kv-events';
-import { PrefixCache, TokenPrefixCache, countTokens } from './prefix-cache';
+import { PrefixCache, TokenPrefixCache, countTokens, type MockAdapter } from './prefix-cache';
 import { parsePythonInt } from './python-int';
 import type { MockRankStats } from './types';
 
@@ -82,16 +82,17 @@ export class MockEngine {
 
   /**
    * Marks a request running on `rank` and runs its prompts through the prefix cache: their
-   * token ids when the mock tokenizes (`tokenIds`, one array per prompt), else their texts.
+   * token ids when the mock tokenizes (`tokenIds`, one array per prompt, under the LoRA
+   * `adapter` the request names), else their texts.
    */
-  admit(rank: RankState, prompts: readonly string[], tokenIds?: readonly number[][]): Admission {
+  admit(rank: RankState, prompts: readonly string[], tokenIds?: readonly number[][], adapter?: MockAdapter): Admission {
     let promptTokens = 0;
     let cachedTokens = 0;
     const { cache } = rank;
     if (cache instanceof TokenPrefixCache) {
       const events: MockKvEvent[] = [];
       for (const ids of tokenIds ?? []) {
-        const admitted = cache.admit(ids);
+        const admitted = cache.admit(ids, adapter);
         promptTokens += ids.length;
         cachedTokens += admitted.cachedTokens;
         events.push(...admitted.events);

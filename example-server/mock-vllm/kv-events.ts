@@ -5,8 +5,9 @@
  * a replay request `[identity, empty, start seq]` with `[identity, empty, seq, payload]` for
  * every buffered batch from that sequence on, then `[identity, empty, −1, empty]`.
  *
- * Payloads are encoded as msgspec encodes vLLM's structs, byte for byte, in each layout vLLM
- * has shipped; the tests keep hand-checked fixtures of that encoding.
+ * Payloads are encoded as msgspec encodes vLLM's structs, byte for byte: the tests hold the
+ * bytes vLLM 52a31cc's own publisher sent (fixtures/vllm-52a31cc) and check this encoder
+ * reproduces them.
  */
 import type * as Zeromq from 'zeromq';
 import { loadZeromq } from '../../lib/exact-prefix/optional-deps';
@@ -24,22 +25,29 @@ export type MockKvEvent =
       loraId?: number | null;
       medium?: string | null;
       loraName?: string | null;
-      /** Omitted from the encoding when null or absent (a msgspec default). */
+      /** Per block: `[lora_name, …mm keys, cache_salt]`, or null for a block without extra keys. */
       extraKeys?: Array<Array<string | number> | null> | null;
       groupIdx?: number | null;
+      /** `full_attention`, `sliding_window`, … (vLLM #40984). */
+      kvCacheSpecKind?: string | null;
+      kvCacheSpecSlidingWindow?: number | null;
     }
   | { type: 'BlockRemoved'; blockHashes: PyBlockHash[]; medium?: string | null; groupIdx?: number | null }
   | { type: 'AllBlocksCleared' };
 
 /**
- * The layouts vLLM has shipped:
- * - 'v0.9': batch and events `array_like`; BlockStored up to `lora_id`, BlockRemoved only
- *   `block_hashes`; the batch's `data_parallel_rank` only when set;
- * - 'v0.10': as 'v0.9' with `medium` on both events;
- * - 'array-batch': the batch `array_like`, events as tagged maps (a transitional layout);
- * - 'map': batch and events as maps, events tagged by `type` (vLLM's current layout).
+ * The layouts of KV-event payloads:
+ * - 'current': vLLM's layout at 52a31cc (kv_events.py:25-109): the batch `[ts, events, rank]`,
+ *   each event an array, its tag first: `BlockStored` with all 11 fields, `BlockRemoved` with
+ *   `block_hashes, medium, group_idx`. msgspec writes every field of an `array_like` struct,
+ *   defaults included (its `omit_defaults` applies to maps only);
+ * - 'v0.9': BlockStored up to `lora_id`, BlockRemoved only `block_hashes`, no batch rank (vLLM
+ *   before #18925);
+ * - 'v0.10': as 'v0.9' with `medium` on both events and the rank when set;
+ * - 'array-batch' and 'map': events (and the batch) as maps tagged by `type`. vLLM never wrote
+ *   these (its structs have always been `array_like`); other producers may, and the router reads them.
  */
-export type KvLayout = 'v0.9' | 'v0.10' | 'array-batch' | 'map';
+export type KvLayout = 'current' | 'v0.9' | 'v0.10' | 'array-batch' | 'map';
 
 export interface MockKvBatch {
   ts: number;
@@ -52,8 +60,12 @@ export function encodeKvBatch(batch: MockKvBatch, layout: KvLayout): Buffer {
   const out = new Writer();
   const rank = batch.dataParallelRank ?? null;
   const arrayBatch = layout !== 'map';
-  if (arrayBatch) {
-    // array_like with omit_defaults: a trailing default (rank None) is left out.
+  if (layout === 'current') {
+    out.arrayHeader(3);
+    out.float(batch.ts);
+    encodeEvents(out, batch.events, layout);
+    out.value(rank);
+  } else if (arrayBatch) {
     out.arrayHeader(rank === null ? 2 : 3);
     out.float(batch.ts);
     encodeEvents(out, batch.events, layout);
@@ -76,7 +88,7 @@ function encodeEvents(out: Writer, events: MockKvEvent[], layout: KvLayout): voi
   out.arrayHeader(events.length);
   for (const event of events) {
     const fields = eventFields(event, layout);
-    if (layout === 'v0.9' || layout === 'v0.10') {
+    if (layout === 'current' || layout === 'v0.9' || layout === 'v0.10') {
       out.arrayHeader(fields.length + 1);
       out.str(event.type);
       for (const [, value] of fields) out.value(value);
@@ -97,11 +109,13 @@ type Field = [string, unknown];
 function eventFields(event: MockKvEvent, layout: KvLayout): Field[] {
   const legacy = layout === 'v0.9';
   const arrays = legacy || layout === 'v0.10';
+  const current = layout === 'current';
   switch (event.type) {
     case 'BlockRemoved': {
       const fields: Field[] = [['block_hashes', event.blockHashes]];
       if (!legacy) fields.push(['medium', event.medium ?? null]);
-      if (!arrays && event.groupIdx != null) fields.push(['group_idx', event.groupIdx]);
+      if (current) fields.push(['group_idx', event.groupIdx ?? null]);
+      else if (!arrays && event.groupIdx != null) fields.push(['group_idx', event.groupIdx]);
       return fields;
     }
     case 'BlockStored': {
@@ -116,7 +130,16 @@ function eventFields(event: MockKvEvent, layout: KvLayout): Field[] {
       fields.push(['medium', event.medium ?? null]);
       if (arrays) return fields;
       fields.push(['lora_name', event.loraName ?? null]);
-      // Fields with a None default: omitted while None (omit_defaults=True).
+      if (current) {
+        fields.push(
+          ['extra_keys', event.extraKeys ?? null],
+          ['group_idx', event.groupIdx ?? null],
+          ['kv_cache_spec_kind', event.kvCacheSpecKind ?? null],
+          ['kv_cache_spec_sliding_window', event.kvCacheSpecSlidingWindow ?? null],
+        );
+        return fields;
+      }
+      // A map leaves out fields with a None default while None (omit_defaults=True).
       if (event.extraKeys != null) fields.push(['extra_keys', event.extraKeys]);
       if (event.groupIdx != null) fields.push(['group_idx', event.groupIdx]);
       return fields;
@@ -229,7 +252,7 @@ class Writer {
 export interface MockKvPublisherOptions {
   /** Global ranks to publish for. */
   ranks: readonly number[];
-  /** Layout of the payloads. Default 'map'. */
+  /** Layout of the payloads. Default 'current'. */
   layout?: KvLayout;
   /** Default ''. */
   topic?: string;
@@ -277,7 +300,7 @@ export interface MockKvPublisher {
 /** Binds every rank's sockets. */
 export async function startMockKvPublisher(options: MockKvPublisherOptions): Promise<MockKvPublisher> {
   const zmq = loadZeromq();
-  const layout = options.layout ?? 'map';
+  const layout = options.layout ?? 'current';
   const topic = options.topic ?? '';
   const bufferSteps = options.bufferSteps ?? 10_000;
   const ports = options.ports ?? 'ephemeral';

@@ -91,10 +91,18 @@ export interface TokenAdmission {
   events: MockKvEvent[];
 }
 
+/** A LoRA adapter a request names (vLLM's `LoRARequest`: `lora_name`, `lora_int_id`). */
+export interface MockAdapter {
+  readonly name: string;
+  readonly id: number;
+}
+
 /**
  * One rank's prefix cache in blocks of token ids, as vLLM's block pool keeps it: full blocks
- * only, each keyed by a hash chained over its parent's (the root's parent is 0), in a bounded
- * LRU that reports what it stores and evicts as vLLM's KV events.
+ * only, each keyed by a hash chained over its parent's (the root's parent is 0, or the hash of
+ * a LoRA adapter's name: vLLM hashes a LoRA request's blocks with the name among their extra
+ * keys, so they never match the base model's), in a bounded LRU that reports what it stores and
+ * evicts as vLLM's KV events, every block in group 0 of one full-attention group.
  *
  * Like vLLM, which frees a request's blocks tail first, a prompt's blocks are ranked so that its
  * first block is the most recently used: a parent is never evicted before its child, so what a
@@ -119,8 +127,8 @@ export class TokenPrefixCache {
     return this.blocks.size / this.capacityBlocks;
   }
 
-  /** Counts the cached leading tokens of `ids`, then caches its full blocks (at most the capacity's worth). */
-  admit(ids: readonly number[]): TokenAdmission {
+  /** Counts the cached leading tokens of `ids` (under `adapter`'s name when given), then caches its full blocks (at most the capacity's worth). */
+  admit(ids: readonly number[], adapter?: MockAdapter): TokenAdmission {
     const size = this.blockTokens;
     // A prompt longer than the whole cache keeps its first blocks (vLLM would not admit it at all).
     const fullBlocks = Math.min(Math.floor(ids.length / size), this.capacityBlocks);
@@ -129,7 +137,8 @@ export class TokenPrefixCache {
     const hashes: number[] = [];
     let leadingHits = 0;
     let missing = 0;
-    for (let block = 0, hash = 0; block < fullBlocks; block++) {
+    const root = adapter === undefined ? 0 : hashBlock(0, adapter.name, 0, adapter.name.length);
+    for (let block = 0, hash = root; block < fullBlocks; block++) {
       hash = hashBlock(hash, ids, block * size, (block + 1) * size);
       hashes.push(hash);
       const held = this.blocks.has(hash);
@@ -137,7 +146,7 @@ export class TokenPrefixCache {
       if (!held) missing++;
     }
     const events: MockKvEvent[] = [];
-    const stored = this.storedEvents(ids, hashes);
+    const stored = this.storedEvents(ids, hashes, adapter);
     // What the prompt holds already is used first, so that making room never evicts it.
     this.rank(hashes, (hash) => this.blocks.has(hash));
     const evicted: number[] = [];
@@ -146,14 +155,18 @@ export class TokenPrefixCache {
       evicted.push(hash);
     }
     for (const hash of evicted) this.blocks.delete(hash);
-    if (evicted.length > 0) events.push({ type: 'BlockRemoved', blockHashes: evicted, medium: 'GPU' });
+    // vLLM sends one BlockRemoved per evicted block (block_pool.py _maybe_evict_cached_block).
+    for (const hash of evicted) events.push({ type: 'BlockRemoved', blockHashes: [hash], medium: 'GPU', groupIdx: 0 });
     this.rank(hashes, () => true);
     events.push(...stored);
     return { cachedTokens: leadingHits * size, events };
   }
 
-  /** One `BlockStored` per run of consecutive blocks not held yet, naming the block before it as parent. */
-  private storedEvents(ids: readonly number[], hashes: readonly number[]): MockKvEvent[] {
+  /**
+   * One `BlockStored` per run of consecutive blocks not held yet, naming the block before it as
+   * parent, with vLLM's per-block extra keys: `[lora_name]` for an adapter's blocks (#33304), else none.
+   */
+  private storedEvents(ids: readonly number[], hashes: readonly number[], adapter: MockAdapter | undefined): MockKvEvent[] {
     const size = this.blockTokens;
     const events: MockKvEvent[] = [];
     let block = 0;
@@ -170,7 +183,12 @@ export class TokenPrefixCache {
         parentBlockHash: first === 0 ? null : hashes[first - 1],
         tokenIds: ids.slice(first * size, block * size),
         blockSize: size,
+        loraId: adapter?.id ?? null,
         medium: 'GPU',
+        loraName: adapter?.name ?? null,
+        extraKeys: Array.from({ length: block - first }, () => (adapter === undefined ? null : [adapter.name])),
+        groupIdx: 0,
+        kvCacheSpecKind: 'full_attention',
       });
     }
     return events;

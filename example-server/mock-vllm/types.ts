@@ -69,6 +69,13 @@ export interface MockVllmOptions {
   recordBodies?: boolean;
   /** Requests each rank runs at once (vLLM's `--max-num-seqs`); past it they wait, FIFO, in `vllm:num_requests_waiting`. Default: no limit. */
   maxNumSeqs?: number;
+  /**
+   * LoRA adapters served (vLLM's `--lora-modules NAME=PATH`), listed by `/v1/models` with the
+   * served model as parent. A request naming one is cached under it: its blocks match only
+   * requests for the same adapter, and their `BlockStored` events carry `lora_id` (from 1, in
+   * this order), `lora_name` and `extra_keys` `[[name], …]`, as vLLM's. Default: `[]`.
+   */
+  loraModules?: string[];
 }
 
 /** Where and how the mock publishes KV events (see {@link MockVllmOptions.kvEvents}). */
@@ -83,8 +90,22 @@ export interface MockKvEventsOptions {
   port?: number;
   /** Rank 0's replay ROUTER port, offset like `port`; `0`: ports of the OS's choice; `null`: no replay socket. Default: `0`. */
   replayPort?: number | null;
-  /** The payload layout, one of the msgpack layouts vLLM has shipped. Default: `'map'` (current vLLM). */
+  /** The payload layout (kv-events.ts `KvLayout`). Default: `'current'`, vLLM's at 52a31cc. */
   layout?: KvLayout;
+  /**
+   * Publish as a hybrid-attention model does (vLLM #37688, #40984): every event twice, group 0
+   * a `sliding_window` group (window: one block) first, as vLLM orders Gemma-3's and gpt-oss's
+   * groups, then group 1 `full_attention`. The sliding group drops a prompt's blocks before its
+   * last as soon as it stores them (`BlockRemoved` for group 0 only), as vLLM's frees them once
+   * the window has passed and evicts them first. Default: `false`.
+   */
+  hybrid?: boolean;
+  /**
+   * Publish an offloading connector's events beside the GPU ones (vLLM's OffloadingConnector):
+   * a `BlockStored` of medium `CPU`, `block_size` 0, no token ids and no parent for every block
+   * stored. Default: `false`.
+   */
+  offload?: boolean;
   /** The topic frame (vLLM's `KVEventsConfig.topic`). Default: `''`. */
   topic?: string;
   /** Batches kept per rank for replay (vLLM's `buffer_steps`). Default: `10000`. */

@@ -58,6 +58,12 @@ export interface ExactRoutingOptions {
   agreementSampleRate?: number;
   /** Least time between two agreement checks of an upstream. Default: 1,000 ms. */
   agreementIntervalMs?: number;
+  /**
+   * Whether a request's `model` names a LoRA adapter (the router's model pools know those their
+   * upstreams' `/v1/models` list): its blocks are keyed under the adapter even before an event
+   * named it, so it is not scored against the base model's. Default: adapters events named only.
+   */
+  isAdapter?: (model: string) => boolean;
   /** Told once per kind of trouble (a disagreeing tokenizer, a failing stream). */
   warn?: (message: string) => void;
   /** The clock. Default: `Date.now`. */
@@ -217,8 +223,10 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
     if (!('prompts' in outcome)) return undefined;
     const tokens = outcome.prompts[0];
     // A LoRA request is scored under its adapter, as the index stores its blocks (vLLM's
-    // `model` names the adapter); a name no event has carried is scored as the base model.
+    // `model` names the adapter); a name neither an event nor the model pools know is scored as
+    // the base model.
     const model = typeof body.model === 'string' ? body.model : undefined;
+    const adapterIn = (stream: UpstreamStream) => (model !== undefined && (stream.index.isAdapter(model) || options.isAdapter?.(model) === true) ? model : undefined);
     const matched = new Int32Array(candidates.length).fill(-1);
     let promptBlocks = 0;
     // One lookup per upstream, shared by its candidates; its block keys kept for the speculation.
@@ -230,7 +238,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
       if (stream === undefined || !serving(stream, candidate.rank)) continue;
       let blocks = found.get(stream);
       if (blocks === undefined) {
-        const loraName = model !== undefined && stream.index.isAdapter(model) ? model : undefined;
+        const loraName = adapterIn(stream);
         const keys = stream.memo.keysFor(tokens, partsOf(tokens));
         keysOf.set(stream, keys);
         const match = stream.index.match(tokens, { now: now(), loraName, keys });
@@ -248,7 +256,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
       const chosen = candidates[at];
       const stream = streams.get(chosen.upstream)!;
       const time = now();
-      const loraName = model !== undefined && stream.index.isAdapter(model) ? model : undefined;
+      const loraName = adapterIn(stream);
       stream.index.speculate(chosen.rank, tokens, time + speculativeMs, { loraName, keys: keysOf.get(stream) });
       if (matched[at] < promptBlocks && !stream.awaiting.has(chosen.rank)) stream.awaiting.set(chosen.rank, time);
       stream.agreement.offer(kind, body, tokens);

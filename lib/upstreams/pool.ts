@@ -33,6 +33,8 @@ export interface PoolParts {
   readonly scraped?: (upstreams: readonly UpstreamConfig[]) => string[];
   /** The endpoints whose health changes this pool tells (another pool may tell the rest). Default: all. */
   readonly tellsHealthOf?: (endpoint: RouteEndpoint) => boolean;
+  /** Whether a model name is a LoRA adapter (the model pools'), for exact routing. Default: as KV events say. */
+  readonly isAdapter?: (model: string) => boolean;
 }
 
 const NOT_SCRAPED = (): string[] => [];
@@ -98,6 +100,7 @@ export class UpstreamPool {
             upstreams: table.upstreams,
             tokenizer: tokenizerOf(config, tokenizer),
             metrics: config.metrics,
+            isAdapter: parts.isAdapter,
             warn: (message) => config.logger.warn(message),
           }));
     if (exact !== undefined) this.started.push(() => exact.close());

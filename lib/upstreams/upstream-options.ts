@@ -45,9 +45,10 @@ export interface UpstreamOptions {
    */
   discover?: boolean | DiscoverOptions;
   /**
-   * Where this server's engines publish KV-cache events (vLLM's `--kv-events-config`): with
-   * `prefixAware.tokenizer`, the `prefix-aware` policy routes its ranks on the blocks the
-   * engines report holding (docs/exact-prefix-routing.md). Default: none.
+   * Where this server's engines publish KV-cache events (vLLM's `--kv-events-config`, whose
+   * `endpoint` must bind `tcp://*:PORT`: with a host name vLLM's publisher connects out instead):
+   * with `prefixAware.tokenizer`, the `prefix-aware` policy routes its ranks on the blocks the
+   * engines report holding (docs/exact-prefix-routing.md, docs/vllm-compatibility.md). Default: none.
    */
   kvEvents?: KvEventsOptions;
   /**

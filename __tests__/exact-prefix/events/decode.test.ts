@@ -5,6 +5,7 @@ import { DECODE_CHUNK, DEFAULT_KV_LIMITS, decodeKvEventBatch, decodeKvEventBatch
 import { MsgpackReader } from '../../../lib/exact-prefix/events/msgpack-reader';
 import { encodeKvBatch, type KvLayout, type MockKvBatch } from '../../../example-server/mock-vllm/kv-events';
 import { fixture } from '../helpers';
+import { RECORDINGS, decodedBatch, mockBatch, payloadOf, routerEvent, vllmRecording } from '../vllm-recordings';
 
 const bytes0to31 = Buffer.from(Array.from({ length: 32 }, (_, i) => i));
 const bytes32to63 = Buffer.from(Array.from({ length: 32 }, (_, i) => i + 32));
@@ -27,7 +28,7 @@ const cases: Array<{ file: string; layout: KvLayout; batch: MockKvBatch; decoded
       dataParallelRank: null,
       invalidEvents: 0,
       events: [
-        { type: 'stored', blockHashes: [-2, 0xfedcba9876543210n], parentBlockHash: null, tokenIds: [1, 300, 70000, 5], blockSize: 2, loraId: null, loraName: null, medium: null, extraKeyed: null, groupIdx: null },
+        { type: 'stored', blockHashes: [-2, 0xfedcba9876543210n], parentBlockHash: null, tokenIds: [1, 300, 70000, 5], blockSize: 2, loraId: null, loraName: null, medium: null, extraKeyed: null, groupIdx: null, kvCacheSpecKind: null },
         { type: 'removed', blockHashes: [-2], medium: null, groupIdx: null },
         { type: 'cleared' },
       ],
@@ -49,7 +50,7 @@ const cases: Array<{ file: string; layout: KvLayout; batch: MockKvBatch; decoded
       dataParallelRank: 5,
       invalidEvents: 0,
       events: [
-        { type: 'stored', blockHashes: [2n ** 63n], parentBlockHash: -(2n ** 63n), tokenIds: [7, 8], blockSize: 2, loraId: null, loraName: null, medium: 'GPU', extraKeyed: null, groupIdx: null },
+        { type: 'stored', blockHashes: [2n ** 63n], parentBlockHash: -(2n ** 63n), tokenIds: [7, 8], blockSize: 2, loraId: null, loraName: null, medium: 'GPU', extraKeyed: null, groupIdx: null, kvCacheSpecKind: null },
         { type: 'removed', blockHashes: [2n ** 63n], medium: 'CPU', groupIdx: null },
       ],
     },
@@ -71,7 +72,7 @@ const cases: Array<{ file: string; layout: KvLayout; batch: MockKvBatch; decoded
       dataParallelRank: 3,
       invalidEvents: 0,
       events: [
-        { type: 'stored', blockHashes: [bytes0to31.toString('latin1')], parentBlockHash: bytes32to63.toString('latin1'), tokenIds: [1, 2], blockSize: 2, loraId: null, loraName: null, medium: 'GPU', extraKeyed: null, groupIdx: null },
+        { type: 'stored', blockHashes: [bytes0to31.toString('latin1')], parentBlockHash: bytes32to63.toString('latin1'), tokenIds: [1, 2], blockSize: 2, loraId: null, loraName: null, medium: 'GPU', extraKeyed: null, groupIdx: null, kvCacheSpecKind: null },
         { type: 'removed', blockHashes: [bytes0to31.toString('latin1')], medium: 'GPU', groupIdx: null },
         { type: 'cleared' },
       ],
@@ -84,7 +85,8 @@ const cases: Array<{ file: string; layout: KvLayout; batch: MockKvBatch; decoded
       ts: 1.5,
       dataParallelRank: 0,
       events: [
-        { type: 'BlockStored', blockHashes: [10, 11], parentBlockHash: null, tokenIds: [1, 2], blockSize: 1, loraId: 7, loraName: 'sql-lora', extraKeys: [null, ['salt']], groupIdx: 0 },
+        // As vLLM keys a LoRA request's blocks (#33304): the adapter's name first in every block, cache_salt on the first.
+        { type: 'BlockStored', blockHashes: [10, 11], parentBlockHash: null, tokenIds: [1, 2], blockSize: 1, loraId: 7, loraName: 'sql-lora', extraKeys: [['sql-lora', 'salt'], ['sql-lora']], groupIdx: 0 },
       ],
     },
     decoded: {
@@ -92,11 +94,38 @@ const cases: Array<{ file: string; layout: KvLayout; batch: MockKvBatch; decoded
       dataParallelRank: 0,
       invalidEvents: 0,
       events: [
-        { type: 'stored', blockHashes: [10, 11], parentBlockHash: null, tokenIds: [1, 2], blockSize: 1, loraId: 7, loraName: 'sql-lora', medium: null, extraKeyed: [false, true], groupIdx: 0 },
+        { type: 'stored', blockHashes: [10, 11], parentBlockHash: null, tokenIds: [1, 2], blockSize: 1, loraId: 7, loraName: 'sql-lora', medium: null, extraKeyed: [true, false], groupIdx: 0, kvCacheSpecKind: null },
       ],
     },
   },
 ];
+
+// Every message vLLM 52a31cc's own publisher sent (fixtures/vllm-52a31cc: the inputs are in its README).
+const recorded = RECORDINGS.flatMap((name) => vllmRecording(name).frames.map((_, at) => ({ name, at })));
+
+describe('vLLM 52a31cc recordings', () => {
+  it.each(recorded)('decodes $name message $at as vLLM itself reads it, no event invalid', ({ name, at }) => {
+    const recording = vllmRecording(name);
+    const vllm = decodedBatch(recording, at);
+    expect(decodeKvEventBatch(payloadOf(recording, at))).toEqual({
+      ok: true,
+      batch: { ts: vllm.ts, dataParallelRank: vllm.data_parallel_rank, invalidEvents: 0, events: vllm.events.map(routerEvent) },
+    });
+  });
+
+  it.each(recorded)("the mock's encoder writes $name message $at byte for byte", ({ name, at }) => {
+    const recording = vllmRecording(name);
+    expect(encodeKvBatch(mockBatch(decodedBatch(recording, at)), 'current').toString('hex')).toBe(recording.frames[at][2]);
+  });
+
+  it('reads a LoRA block whose only extra key is its adapter as keyed by token ids, and a salted or multimodal one as not', () => {
+    const [lora, salted, saltedBase] = (decodeKvEventBatch(payloadOf(vllmRecording('lora'), 0)) as { ok: true; batch: { events: Array<{ extraKeyed: boolean[] }> } }).batch.events;
+    // vLLM: [["sql-lora"], ["sql-lora"]], [["sql-lora", "tenant-a"], ["sql-lora"]], [["tenant-a"], null].
+    expect(lora.extraKeyed).toEqual([false, false]);
+    expect(salted.extraKeyed).toEqual([true, false]);
+    expect(saltedBase.extraKeyed).toEqual([true, false]);
+  });
+});
 
 describe('decodeKvEventBatch', () => {
   it.each(cases)('decodes the $layout layout from its byte-exact fixture ($file)', ({ file, decoded }) => {

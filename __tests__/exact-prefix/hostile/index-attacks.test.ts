@@ -45,11 +45,11 @@ describe('KvExactIndex under a hostile publisher', () => {
     expect(evicting).toBeLessThan(filling * 4 + 100);
   });
 
-  it('learns the block size from GPU group-0 stores only, per rank (item 22.8)', () => {
+  it("learns the block size from the followed group's GPU stores only, per rank (item 22.8)", () => {
     const index = new KvExactIndex({ ranks: [0, 1] });
-    // CPU offload and KV group 1 with 64-token blocks come first.
+    // CPU offload and a sliding-window group 1 with 64-token blocks come first.
     index.applyEvent(0, stored([1], null, Array(64).fill(5), { blockSize: 64, medium: 'CPU' }));
-    index.applyEvent(0, stored([2], null, Array(64).fill(5), { blockSize: 64, groupIdx: 1 }));
+    index.applyEvent(0, stored([2], null, Array(64).fill(5), { blockSize: 64, groupIdx: 1, kvCacheSpecKind: 'sliding_window' }));
     // An empty store with an absurd size teaches nothing.
     index.applyEvent(1, stored([], null, [], { blockSize: 1_000_003 }));
     expect(index.applyEvent(0, stored([10, 11], null, [1, 2, 3, 4], { blockSize: 2 }))).toBe(true);

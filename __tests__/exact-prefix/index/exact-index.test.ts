@@ -5,6 +5,8 @@ import { runInNewContext } from 'node:vm';
 import type { EngineBlockHash, KvBlockStored, KvEvent } from '../../../lib/exact-prefix/events/decode';
 import { KvExactIndex } from '../../../lib/exact-prefix/index/exact-index';
 import { randomHashKey } from '../../../lib/exact-prefix/index/keyed-hash';
+import { decodeKvEventBatch } from '../../../lib/exact-prefix/events/decode';
+import { RECORDINGS, payloadOf, vllmRecording, type VllmRecording } from '../vllm-recordings';
 
 function stored(hashes: EngineBlockHash[], parent: EngineBlockHash | null, tokens: number[], more: Partial<KvBlockStored> = {}): KvEvent {
   return { type: 'stored', blockHashes: hashes, parentBlockHash: parent, tokenIds: tokens, blockSize: 2, loraId: null, loraName: null, medium: null, extraKeyed: null, groupIdx: null, ...more };
@@ -84,10 +86,9 @@ describe('KvExactIndex', () => {
     expect(index.totalBlocks).toBe(0);
   });
 
-  it('routes on GPU blocks of group 0 only: other media, groups and unknown parents are skipped', () => {
+  it('routes on GPU blocks only: other media and unknown parents are skipped', () => {
     const index = new KvExactIndex({ ranks: [0] });
     index.applyEvent(0, stored([10], null, [1, 2], { medium: 'CPU' }));
-    index.applyEvent(0, stored([11], null, [1, 2], { groupIdx: 1 }));
     index.applyEvent(0, stored([12], 777, [3, 4]));
     expect(index.totalBlocks).toBe(0);
     index.applyEvent(0, stored([10], null, [1, 2], { medium: 'GPU' }));
@@ -186,6 +187,83 @@ describe('KvExactIndex', () => {
       index.speculate(0, prompt, Infinity);
       expect(index.speculativeBlocks).toBe(0);
     });
+  });
+});
+
+/** Applies the first `count` messages of a recording of vLLM 52a31cc (fixtures/vllm-52a31cc), decoded by the router's decoder, to its rank. */
+function apply(index: KvExactIndex, recording: VllmRecording, count = recording.frames.length, change: (event: KvEvent) => KvEvent = (event) => event): void {
+  for (let at = 0; at < count; at++) {
+    const decoded = decodeKvEventBatch(payloadOf(recording, at));
+    if (!decoded.ok) throw new Error(`${recording.name} message ${at}: ${decoded.reason}`);
+    for (const event of decoded.batch.events) expect(index.applyEvent(recording.dataParallelRank, change(event))).toBe(true);
+  }
+}
+
+/** An index of the recording's rank fed every one of its events. */
+function fedWith(name: (typeof RECORDINGS)[number], change?: (event: KvEvent) => KvEvent): KvExactIndex {
+  const recording = vllmRecording(name);
+  const index = new KvExactIndex({ ranks: [recording.dataParallelRank] });
+  apply(index, recording, undefined, change);
+  return index;
+}
+
+const upTo = (last: number, first = 1) => Array.from({ length: last - first + 1 }, (_, i) => first + i);
+
+describe('KvExactIndex on vLLM 52a31cc events', () => {
+  it("indexes a LoRA request's blocks under its adapter: a request naming it matches, the base model and a salted prompt do not", () => {
+    const index = fedWith('lora');
+    // Prompt 1..9 under sql-lora, salted under sql-lora, salted without adapter (README).
+    expect(index.match(upTo(9), { loraName: 'sql-lora' }).matchedBlocks[0]).toBe(2);
+    expect(index.match(upTo(9)).matchedBlocks[0]).toBe(0);
+    expect(index.match(upTo(9), { loraName: 'other-lora' }).matchedBlocks[0]).toBe(0);
+    expect(index.isAdapter('sql-lora')).toBe(true);
+  });
+
+  it("follows the full-attention group of a hybrid model: a sliding-window group's evictions do not hide a prefix the engine still holds", () => {
+    // Group 0 (sliding window) removes blocks 0..2 of prompt 1..17; group 1 (full attention) keeps all four.
+    const index = fedWith('hybrid-window');
+    expect(index.match(upTo(17)).matchedBlocks[0]).toBe(4);
+    expect(index.match(upTo(68, 60)).matchedBlocks[0]).toBe(2);
+    expect(index.blockCount(2)).toBe(6);
+  });
+
+  it('follows the group of highest index when the events name no kind (vLLM between #37688 and #40984)', () => {
+    const index = fedWith('hybrid-window', (event) => (event.type === 'stored' ? { ...event, kvCacheSpecKind: null } : event));
+    expect(index.match(upTo(17)).matchedBlocks[0]).toBe(4);
+  });
+
+  it("reads a hybrid model with two block sizes on its full-attention group's size, the masked sliding-window store skipped", () => {
+    const index = fedWith('hybrid-masked');
+    expect(index.match(upTo(17))).toMatchObject({ blockSize: 8, promptBlocks: 2 });
+    expect(index.match(upTo(17)).matchedBlocks[0]).toBe(2);
+  });
+
+  it("applies a hybrid model's removals to the followed group", () => {
+    const index = fedWith('hybrid-evict');
+    expect(index.match(upTo(9)).matchedBlocks[0]).toBe(0);
+    expect(index.match(upTo(58, 50)).matchedBlocks[0]).toBe(2);
+    expect(index.blockCount(2)).toBe(2);
+  });
+
+  it("leaves an offloading connector's CPU blocks out, its removals touching no GPU block", () => {
+    const index = fedWith('offload');
+    expect(index.match(upTo(9)).matchedBlocks[0]).toBe(2);
+    expect(index.blockCount(2)).toBe(2);
+  });
+
+  it('follows removals and a reset of one full-attention group', () => {
+    const index = new KvExactIndex({ ranks: [2] });
+    const recording = vllmRecording('plain');
+    const after = (count: number) => apply(index, recording, count);
+    after(2);
+    expect(index.match([...upTo(8), ...upTo(28, 20)]).matchedBlocks[0]).toBe(4);
+    index.clearRank(2);
+    after(3);
+    expect(index.match(upTo(120, 100)).matchedBlocks[0]).toBe(5);
+    expect(index.match(upTo(8)).matchedBlocks[0]).toBe(0);
+    index.clearRank(2);
+    after(4);
+    expect(index.blockCount(2)).toBe(0);
   });
 });
 

@@ -2,7 +2,7 @@
  * One payload of a rank's stream applied to the index: decoded in slices, refused when it
  * names another rank, and its events applied a slice at a time, with the counts told.
  */
-import { decodeKvEventBatchCooperatively, type KvBlockStored, type KvEvent } from './decode';
+import { decodeKvEventBatchCooperatively, onGpu, type KvBlockStored, type KvEvent } from './decode';
 import { WORK_SLICE, spend, spendDecoded } from './cooperative';
 import type { RankStream, StreamContext } from './rank-stream';
 
@@ -31,6 +31,9 @@ export async function applyPayload(context: StreamContext, stream: RankStream, s
   let cleared = 0;
   let invalid = batch.invalidEvents;
   for (const event of batch.events) {
+    // Another tier's events (an offloading connector's CPU blocks) are neither the GPU cache's
+    // nor invalid: left out of the index and of the counts.
+    if (event.type !== 'cleared' && !onGpu(event.medium)) continue;
     let ok = true;
     for (const part of slices(event)) {
       if (!sink.applyEvent(rank, part)) ok = false;
@@ -51,7 +54,8 @@ export async function applyPayload(context: StreamContext, stream: RankStream, s
 
 /** A stored event cut into parts of at most WORK_SLICE blocks, each chained onto the last block of the one before, so one event can be applied between yields. */
 export function* slices(event: KvEvent): Generator<KvEvent> {
-  if (event.type !== 'stored' || event.blockHashes.length <= WORK_SLICE) {
+  // A store with masked blocks cannot be cut by position (the index skips it whole).
+  if (event.type !== 'stored' || event.blockHashes.length <= WORK_SLICE || event.tokenIds.length !== event.blockHashes.length * event.blockSize) {
     yield event;
     return;
   }

@@ -8,6 +8,11 @@
  * - block hashes as integers (64-bit, signed or not) or as bytes (SHA-256 based hashes).
  * Every combination is accepted; fields a later release appends are ignored by earlier
  * readers, as msgspec does. Nothing here throws: a bad payload is a typed failure.
+ *
+ * vLLM itself has only ever written arrays (every release's `EventBatch` and `KVCacheEvent` are
+ * `array_like=True`), and msgspec writes every field of an array_like struct, defaults too
+ * (its `omit_defaults` applies to maps only: msgspec issue #720): at 52a31cc a batch is
+ * `[ts, events, rank]` and a `BlockStored` the tag and 11 fields (kv_events.py:25-73).
  */
 import { MsgpackReader, type MsgpackFailure, type MsgpackLimits } from './msgpack-reader';
 import { isRecord } from '../../guards';
@@ -27,11 +32,28 @@ export interface KvBlockStored {
   blockSize: number;
   loraId: number | null;
   loraName: string | null;
-  /** `null` (older vLLM) means GPU. */
+  /**
+   * `null` (older vLLM) means GPU; any other value is a KV connector's tier (the offloading
+   * connector's `CPU`, LMCache's, Mooncake's `cpu`), whose events carry hashes only: their
+   * `blockSize` and `tokenIds` are not checked, and read as 0 and empty.
+   */
   medium: string | null;
-  /** Per block: whether its hash took extra keys (multimodal inputs, cache_salt, …). */
+  /**
+   * Per block: whether its hash took extra keys beyond the LoRA adapter's name: multimodal
+   * inputs, `cache_salt`, prompt embeddings, which token ids cannot reproduce. vLLM puts the
+   * adapter's name first in every block's keys of a LoRA request (kv_cache_utils.py
+   * `generate_block_hash_extra_keys`, #33304), so `[lora_name]` alone is not extra here: the
+   * index keys LoRA blocks under the adapter's name.
+   */
   extraKeyed: boolean[] | null;
   groupIdx: number | null;
+  /** The KV-cache group's kind: `full_attention`, `sliding_window`, `mla_attention`, … (vLLM #40984); `null` or absent before. */
+  kvCacheSpecKind?: string | null;
+}
+
+/** Whether an event's medium is the GPU prefix cache (vLLM's `MEDIUM_GPU`, kv_events.py:46, or unset before it). */
+export function onGpu(medium: string | null): boolean {
+  return medium === null || medium === 'GPU';
 }
 
 /** Blocks the engine evicted. */
@@ -164,8 +186,10 @@ function* decodeSteps(payload: Uint8Array, limits: Readonly<MsgpackLimits>): Gen
         event = decodeRemoved(fields, hashes);
       } else {
         const tokens = fieldOf(fields, 'token_ids');
-        let tokensValid = false;
-        if (hashes !== null && Array.isArray(tokens)) {
+        const medium = optionalString(fieldOf(fields, 'medium'));
+        // Another tier's tokens are not read, so not checked.
+        let tokensValid = medium !== undefined && !onGpu(medium);
+        if (!tokensValid && hashes !== null && Array.isArray(tokens)) {
           const check = (from: number, to: number) => validTokens(tokens, from, to);
           if (tokens.length <= DECODE_CHUNK) {
             tokensValid = check(0, tokens.length);
@@ -200,8 +224,8 @@ function* inChunks(length: number, check: (from: number, to: number) => boolean)
 }
 
 // Field order of each event in the array layout, after the tag (vLLM's declaration order;
-// later releases append fields, and msgspec leaves out trailing defaults).
-const STORED_FIELDS = ['block_hashes', 'parent_block_hash', 'token_ids', 'block_size', 'lora_id', 'medium', 'lora_name', 'extra_keys', 'group_idx'] as const;
+// later releases append fields, so older ones wrote shorter arrays).
+const STORED_FIELDS = ['block_hashes', 'parent_block_hash', 'token_ids', 'block_size', 'lora_id', 'medium', 'lora_name', 'extra_keys', 'group_idx', 'kv_cache_spec_kind'] as const;
 const REMOVED_FIELDS = ['block_hashes', 'medium', 'group_idx'] as const;
 
 /** An event's tag and where its fields are: an array in field order, or a map. */
@@ -232,28 +256,37 @@ function decodeRemoved(fields: EventFields, blockHashes: EngineBlockHash[] | nul
   return { type: 'removed', blockHashes, medium, groupIdx };
 }
 
-/** `blockHashes` converted and `tokensValid` (each token an id) checked by the caller. */
+/** `blockHashes` converted and `tokensValid` (each token an id, or another tier's event) checked by the caller. */
 function decodeStored(fields: EventFields, blockHashes: EngineBlockHash[] | null, tokensValid: boolean): KvBlockStored | null {
   // The array layout always carries the four leading fields; a map may omit the parent.
   if (fields.order !== null && (fields.item as unknown[]).length - 1 < 4) return null;
   const parentRaw = fieldOf(fields, 'parent_block_hash');
   const parentBlockHash = parentRaw === undefined || parentRaw === null ? null : blockHash(parentRaw);
-  const tokenIds = fieldOf(fields, 'token_ids') as number[];
-  const blockSize = fieldOf(fields, 'block_size');
   const loraId = optionalCount(fieldOf(fields, 'lora_id'));
   const loraName = optionalString(fieldOf(fields, 'lora_name'));
   const medium = optionalString(fieldOf(fields, 'medium'));
   const groupIdx = optionalCount(fieldOf(fields, 'group_idx'));
-  if (blockHashes === null || !tokensValid || parentBlockHash === undefined || !isCount(blockSize) || blockSize === 0) return null;
-  if (loraId === undefined || loraName === undefined || medium === undefined || groupIdx === undefined) return null;
-  if (tokenIds.length !== blockHashes.length * blockSize) return null;
+  const kvCacheSpecKind = optionalString(fieldOf(fields, 'kv_cache_spec_kind'));
+  if (blockHashes === null || !tokensValid || parentBlockHash === undefined) return null;
+  if (loraId === undefined || loraName === undefined || medium === undefined || groupIdx === undefined || kvCacheSpecKind === undefined) return null;
+  if (!onGpu(medium)) {
+    // An offloading connector's store: no parent, block size 0, no token ids (offloading/scheduler.py take_events).
+    const size = fieldOf(fields, 'block_size');
+    return { type: 'stored', blockHashes, parentBlockHash, tokenIds: [], blockSize: isCount(size) ? size : 0, loraId, loraName, medium, extraKeyed: null, groupIdx, kvCacheSpecKind };
+  }
+  const tokenIds = fieldOf(fields, 'token_ids') as number[];
+  const blockSize = fieldOf(fields, 'block_size');
+  if (!isCount(blockSize) || blockSize === 0) return null;
+  // The token ids run from the first new block to the last (block_pool.py cache_full_blocks), and a
+  // sliding-window group leaves out the hashes of blocks it masks: more ids than hashes × size.
+  if (tokenIds.length % blockSize !== 0 || tokenIds.length < blockHashes.length * blockSize) return null;
   const extraRaw = fieldOf(fields, 'extra_keys');
   let extraKeyed: boolean[] | null = null;
   if (extraRaw !== undefined && extraRaw !== null) {
     if (!Array.isArray(extraRaw) || extraRaw.length !== blockHashes.length) return null;
-    extraKeyed = extraRaw.map((entry) => entry !== null);
+    extraKeyed = extraRaw.map((entry) => entry !== null && !(Array.isArray(entry) && entry.length === 1 && entry[0] === loraName && loraName !== null));
   }
-  return { type: 'stored', blockHashes, parentBlockHash, tokenIds, blockSize, loraId, loraName, medium, extraKeyed, groupIdx };
+  return { type: 'stored', blockHashes, parentBlockHash, tokenIds, blockSize, loraId, loraName, medium, extraKeyed, groupIdx, kvCacheSpecKind };
 }
 
 function convertHashes(raw: unknown[], into: EngineBlockHash[], from: number, to: number): boolean {

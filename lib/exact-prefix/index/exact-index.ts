@@ -7,17 +7,21 @@
  * (`--prefix-caching-hash-algo`, PYTHONHASHSEED) need not be known or matched; a map from the
  * engine's hash to the router's key per rank resolves parents and removals.
  *
- * What counts: a block in the GPU cache (`medium` GPU or unset) of KV-cache group 0 (or
- * unset). Blocks in another medium (CPU offload, disk) are not routed on: a hit there still
+ * What counts: a block in the GPU cache (`medium` GPU or unset) of the KV-cache group each rank
+ * follows. Blocks in another medium (CPU offload, disk) are not routed on: a hit there still
  * costs a transfer back and their removals name that medium only, so mixing them in would
  * let a CPU eviction hide a GPU block or the reverse. Blocks whose engine hash took extra
  * keys (multimodal inputs, `cache_salt`) cannot be matched from token ids alone, so neither
- * they nor their descendants are indexed. LoRA blocks are indexed under their adapter's name.
+ * they nor their descendants are indexed. LoRA blocks are indexed under their adapter's name
+ * (the name vLLM puts first in their extra keys, #33304).
+ *
+ * Of a hybrid model's KV-cache groups, each rank follows one (kv-group.ts): its store and
+ * removal events count, the other groups' are left out.
  */
-import type { KvEvent } from '../events/decode';
-import type { EngineBlockHash } from '../events/decode';
+import { onGpu, type EngineBlockHash, type KvBlockStored, type KvEvent } from '../events/decode';
 import { DOMAIN_BLOCK, keysFor, nextKey, type BlockKeys } from './block-keys';
 import { chainHash, engineHashKey, processHashKey, type HashKey } from './keyed-hash';
+import { betterGroup, groupClass, NO_GROUP } from './kv-group';
 import { SpeculativeEntries } from './speculative-entries';
 
 export type { BlockKeys } from './block-keys';
@@ -77,8 +81,12 @@ interface RankState {
   speculative: SpeculativeEntries;
   /** Where eviction resumes: one sweep over the blocks, not a restart at the head per evicted block. */
   hand: Iterator<[number, Entry]> | null;
-  /** This rank's block size, learned from its first GPU group-0 store (0 before). */
+  /** This rank's block size, learned from its first store in the group it follows (0 before). */
   blockSize: number;
+  /** The KV-cache group followed (vLLM's `group_idx`, 0 when unset), NO_GROUP before any store. */
+  group: number;
+  /** Its {@link groupClass}. */
+  groupClass: number;
 }
 
 /** Options of {@link KvExactIndex.match}. */
@@ -124,7 +132,7 @@ export class KvExactIndex implements KvEventSink {
 
   constructor(options: KvExactIndexOptions) {
     this.ranks = [...options.ranks];
-    this.states = this.ranks.map(() => ({ blocks: new Map(), byEngine: new Map(), speculative: new SpeculativeEntries(), hand: null, blockSize: 0 }));
+    this.states = this.ranks.map(() => ({ blocks: new Map(), byEngine: new Map(), speculative: new SpeculativeEntries(), hand: null, blockSize: 0, group: NO_GROUP, groupClass: 0 }));
     this.maxSpeculative = Math.max(1, options.maxSpeculativeBlocks ?? 65_536);
     this.ranks.forEach((rank, at) => this.position.set(rank, at));
     this.perRankMax = Math.max(1, Math.floor((options.maxBlocks ?? 1_048_576) / Math.max(1, this.ranks.length)));
@@ -157,14 +165,18 @@ export class KvExactIndex implements KvEventSink {
         this.clearState(state);
         return true;
       case 'removed':
-        if (!this.counts(event.medium, event.groupIdx)) return true;
+        // Another group's removal may name the same hash as a block of this one (vLLM keys
+        // every group's blocks by the same request hashes).
+        if (!onGpu(event.medium) || (event.groupIdx ?? 0) !== state.group) return true;
         for (const hash of event.blockHashes) this.remove(state, engineHashKey(this.key, hash));
         return true;
       case 'stored': {
-        // Other media and KV groups are not routed on, and their block size (an offload
-        // tier's, a sliding-window group's) says nothing about the GPU cache's.
-        if (!this.counts(event.medium, event.groupIdx)) return true;
+        // Other media and groups are not routed on, and their block size (an offload tier's, a
+        // sliding-window group's) says nothing about the followed group's.
+        if (!onGpu(event.medium) || !this.follows(state, event)) return true;
         if (event.blockHashes.length === 0) return true;
+        // Masked blocks (a sliding-window group's): which ids each hash covers is not said.
+        if (event.tokenIds.length !== event.blockHashes.length * event.blockSize) return true;
         if (event.blockSize !== state.blockSize) {
           // A rank holding nothing may (re)learn: its engine restarted with another size.
           if (state.blockSize !== 0 && state.blocks.size > 0) return false;
@@ -201,7 +213,11 @@ export class KvExactIndex implements KvEventSink {
 
   clearRank(rank: number): void {
     const at = this.position.get(rank);
-    if (at !== undefined) this.clearState(this.states[at]);
+    if (at === undefined) return;
+    const state = this.states[at];
+    this.clearState(state);
+    // A restarted engine may serve another model: its groups are learned again.
+    state.group = NO_GROUP;
   }
 
   /**
@@ -275,8 +291,16 @@ export class KvExactIndex implements KvEventSink {
     return false;
   }
 
-  private counts(medium: string | null, groupIdx: number | null): boolean {
-    return (medium === null || medium === 'GPU') && (groupIdx === null || groupIdx === 0);
+  /** Whether the rank follows the group of this store, after switching to it if it is a better one (forgetting the other's blocks). */
+  private follows(state: RankState, event: KvBlockStored): boolean {
+    const group = event.groupIdx ?? 0;
+    if (group === state.group) return true;
+    const kind = groupClass(event.kvCacheSpecKind);
+    if (!betterGroup(state, group, kind)) return false;
+    if (state.group !== NO_GROUP) this.clearState(state);
+    state.group = group;
+    state.groupClass = kind;
+    return true;
   }
 
   private loraRoot(name: string): number {

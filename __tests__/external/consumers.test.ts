@@ -16,7 +16,7 @@ import {
 } from './consumer-sources';
 
 /**
- * The package as users get it: `npm pack` (which builds through `prepack`), then the tarball
+ * The package as users get it: `npm pack` (which builds through `prepare`), then the tarball
  * installed into a throwaway directory in os.tmpdir() with three consumer projects sharing its
  * node_modules: CommonJS, ESM and TypeScript. The install is `npm ci --offline`, from the npm
  * cache that this repository's own `npm ci` filled, with the exact versions it pins.

@@ -89,6 +89,7 @@ export class RouterServices {
     this.bodies = new BodyReader(new BodyBudget(config.maxBufferedBytes), config.timeouts.bodyMs);
     const models = (this.models = createModelRouting(table, (message) => config.logger.warn(message)));
     this.started.push(() => models.stop());
+    models.declareSources(config.upstreams);
     if (hasDnsEntries(config.upstreams)) this.dns = this.startDns(config.upstreams);
     this.started.push(() => this.dns?.stop());
     this.admission = this.startAdmission();
@@ -115,6 +116,7 @@ export class RouterServices {
    * with them, DNS discovery follows the entries and applies what their names resolve to.
    */
   setSources(sources: readonly UpstreamConfig[]): void {
+    this.models.declareSources(sources);
     if (this.dns === undefined && !hasDnsEntries(sources)) this.reconfigure(sources);
     else (this.dns ??= this.startDns([])).set(sources);
   }

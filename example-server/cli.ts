@@ -3,7 +3,7 @@ import { existsSync } from 'node:fs';
 import type { DnsUpstreamOptions, PolicyName, RankHeaderMode, UpstreamOptions } from '../lib';
 import { resolveKvEndpoints } from '../lib/exact-prefix/events/endpoints';
 import type { KvEventsOptions } from '../lib/exact-prefix/events/source';
-import { redactUrl, upstreamUrlProblem } from '../lib/upstreams/upstream-url';
+import { AUTHORIZATION, redactUrl, upstreamUrlProblem } from '../lib/upstreams/upstream-url';
 
 /** An upstream as the gateway passes it to the router, with where its KV events are published. */
 export type GatewayUpstream = (UpstreamOptions | DnsUpstreamOptions) & { kvEvents?: KvEventsOptions };
@@ -91,7 +91,8 @@ Options:
   --upstream-dns NAME:PORT[@RANKS]
                         every address NAME resolves to (A and AAAA: a Kubernetes
                         headless Service) is a vLLM server on PORT, re-resolved every 10 s;
-                        each is named NAME/ADDRESS. Repeatable.
+                        each is named NAME/ADDRESS (NAME:PORT/ADDRESS for a NAME given with
+                        two ports). Repeatable; a NAME:PORT given again adds ranks.
   --dns-server ADDR     the DNS server --upstream-dns asks, e.g. 10.96.0.10 or
                         127.0.0.1:5353; repeatable                       [the system's]
   --model NAME          the --upstream (or --upstream-dns) before it serves model NAME;
@@ -263,7 +264,7 @@ const FLAGS: Readonly<Record<string, Flag>> = {
     value: (s, raw, flag) => {
       const previous = s.prefillSpecs[s.prefillSpecs.length - 1];
       if (previous === undefined) throw new UsageError(`${flag} names the Mooncake bootstrap port of the --prefill before it`);
-      s.bootstrapPorts.set(parseUpstreamSpec(previous, s.settings.dpSize).url, integer(flag, raw, 1, 65535));
+      s.bootstrapPorts.set(parseUpstreamSpec(previous, s.settings.dpSize, 0, '--prefill').url, integer(flag, raw, 1, 65535));
     },
   },
   '--pd': { switch: (s, on) => (s.pd = on) },
@@ -361,12 +362,15 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     const events = kvEvents.get(upstream.url);
     return { ...withModels(upstream, upstream.url), ...(events && { kvEvents: events }) };
   });
-  for (const spec of state.dnsSpecs) {
-    const { name, port, ranks } = parseDnsSpec(spec, settings.dpSize, state.startRank);
+  const dnsEntries = mergeDnsSpecs(state.dnsSpecs, settings.dpSize, state.startRank);
+  for (const [key, { name, port, ranks }] of dnsEntries) {
     const start = state.startRank ?? ranks[0];
     const dns = { name, port, ...(state.dnsServers.length > 0 && { servers: state.dnsServers }) };
-    const entry = { dns, startRank: start, dataParallelSize: ranks[ranks.length - 1] - start + 1, ranks, rankHeader: state.rankHeader };
-    settings.upstreams.push(withModels(entry, `dns:${name}:${port}`));
+    // Each address is an upstream named NAME/ADDRESS (NAME:PORT/ADDRESS for a name given with
+    // two ports), so that two entries resolving to one address stay two upstreams.
+    const label = [...dnsEntries.values()].some((other) => other.name === name && other.port !== port) ? `${name}:${port}` : name;
+    const entry = { dns, name: label, startRank: start, dataParallelSize: ranks[ranks.length - 1] - start + 1, ranks, rankHeader: state.rankHeader };
+    settings.upstreams.push(withModels(entry, key));
   }
   if (state.dnsServers.length > 0 && state.dnsSpecs.length === 0) throw new UsageError('--dns-server is the server --upstream-dns asks: give an --upstream-dns too');
   disaggregate(state);
@@ -413,7 +417,7 @@ function disaggregate(state: ParseState): void {
   }
   settings.disaggregation = { connector: state.connector ?? 'nixl' };
   const merge = (specs: string[], role: 'prefill' | 'decode') =>
-    mergeUpstreams(specs, settings.dpSize, state.startRank, state.rankHeader).map((upstream) => {
+    mergeUpstreams(specs, settings.dpSize, state.startRank, state.rankHeader, `--${role}`).map((upstream) => {
       const bootstrapPort = role === 'prefill' ? state.bootstrapPorts.get(upstream.url) : undefined;
       return { ...upstream, role, ...(bootstrapPort !== undefined && { bootstrapPort }) };
     });
@@ -424,10 +428,10 @@ function disaggregate(state: ParseState): void {
  * Turns `URL[@RANKS]` specs into upstreams, one per URL. vllm-router names one rank per
  * `URL@RANK` and repeats the URL; here repeats add ranks to the same upstream.
  */
-function mergeUpstreams(specs: readonly string[], dpSize: number, startRank: number | undefined, rankHeader: RankHeaderMode): UpstreamOptions[] {
+function mergeUpstreams(specs: readonly string[], dpSize: number, startRank: number | undefined, rankHeader: RankHeaderMode, flag = '--upstream'): UpstreamOptions[] {
   const byUrl = new Map<string, Set<number>>();
   for (const spec of specs) {
-    const { url, ranks } = parseUpstreamSpec(spec, dpSize, startRank);
+    const { url, ranks } = parseUpstreamSpec(spec, dpSize, startRank, flag);
     const known = byUrl.get(url) ?? new Set<number>();
     ranks.forEach((rank) => known.add(rank));
     byUrl.set(url, known);
@@ -437,19 +441,31 @@ function mergeUpstreams(specs: readonly string[], dpSize: number, startRank: num
     // A server's start rank is where its ranks begin unless given, as vLLM's
     // --data-parallel-start-rank is.
     const start = startRank ?? ranks[0];
-    if (start > ranks[0]) throw new UsageError(`--upstream ${url} routes rank ${ranks[0]}, below --start-rank ${start}`);
+    if (start > ranks[0]) throw new UsageError(`${flag} ${redactUrl(url)} routes rank ${ranks[0]}, below --start-rank ${start}`);
     return { url, startRank: start, dataParallelSize: ranks[ranks.length - 1] - start + 1, ranks, rankHeader };
   });
 }
 
+/** `--upstream-dns` entries by `dns:NAME:PORT` (the key `--model` uses): one given again adds ranks, as a repeated `--upstream` does. */
+function mergeDnsSpecs(specs: readonly string[], dpSize: number, startRank: number | undefined): Map<string, { name: string; port: number; ranks: number[] }> {
+  const entries = new Map<string, { name: string; port: number; ranks: number[] }>();
+  for (const spec of specs) {
+    const { name, port, ranks } = parseDnsSpec(spec, dpSize, startRank);
+    const key = `dns:${name}:${port}`;
+    const known = entries.get(key)?.ranks ?? [];
+    entries.set(key, { name, port, ranks: [...new Set([...known, ...ranks])].sort((a, b) => a - b) });
+  }
+  return entries;
+}
+
 /** `NAME:PORT[@RANKS]` of `--upstream-dns`. */
 function parseDnsSpec(spec: string, dpSize: number, startRank: number | undefined): { name: string; port: number; ranks: number[] } {
-  const found = /^([A-Za-z0-9_][A-Za-z0-9_.-]*):(\d{1,5})(?:@([0-9,\- ]+))?$/.exec(spec);
+  const found = /^([A-Za-z0-9_][A-Za-z0-9_.-]*):(\d{1,5})(?:@(.+))?$/.exec(spec);
   if (!found || Number(found[2]) < 1 || Number(found[2]) > 65535) {
     throw new UsageError(`--upstream-dns ${JSON.stringify(spec)} is not NAME:PORT[@RANKS], e.g. vllm.default.svc.cluster.local:8000`);
   }
   const start = startRank ?? 0;
-  const ranks = found[3] === undefined ? Array.from({ length: dpSize }, (_, offset) => start + offset) : [...new Set(parseRankList(spec, found[3]))].sort((a, b) => a - b);
+  const ranks = found[3] === undefined ? Array.from({ length: dpSize }, (_, offset) => start + offset) : [...new Set(parseRankList(`--upstream-dns ${JSON.stringify(spec)}`, found[3]))].sort((a, b) => a - b);
   if (startRank !== undefined && startRank > ranks[0]) throw new UsageError(`--upstream-dns ${spec} routes rank ${ranks[0]}, below --start-rank ${startRank}`);
   return { name: found[1], port: Number(found[2]), ranks };
 }
@@ -464,34 +480,46 @@ function dnsServer(flag: string, raw: string): string {
   return raw;
 }
 
-function parseUpstreamSpec(spec: string, dpSize: number, startRank = 0): { url: string; ranks: number[] } {
+/**
+ * What may follow a URL's user information: a host (a name or address, or `[IPv6]`), then an
+ * optional port and path. Anything else after the last `@` is a rank list, well formed or not.
+ */
+const HOST_AFTER_AT = /^(?:\[[0-9A-Za-z:.%]+\]|[A-Za-z0-9._-]*[A-Za-z._-][A-Za-z0-9._-]*)(?::\d*)?(?:[/?#].*)?$/;
+
+function parseUpstreamSpec(spec: string, dpSize: number, startRank = 0, flag = '--upstream'): { url: string; ranks: number[] } {
   const at = spec.lastIndexOf('@');
-  const hasRanks = at > spec.indexOf('//') + 1 && /^[0-9,\- ]+$/.test(spec.slice(at + 1));
+  // A typo in the ranks (`URL@0,2,x`) is a bad rank list, not credentials with a host `0,2,x`.
+  const tail = spec.slice(at + 1);
+  const hasRanks = at > spec.indexOf('//') + 1 && (/^[0-9,\- ]+$/.test(tail) || !HOST_AFTER_AT.test(tail));
   const url = hasRanks ? spec.slice(0, at) : spec;
+  const ranksText = hasRanks ? spec.slice(at) : '';
   // Never print a password: every message below names the spec without user information.
-  const shownSpec = JSON.stringify(redactUrl(url) + (hasRanks ? spec.slice(at) : ''));
+  const shownSpec = JSON.stringify(redactUrl(url) + ranksText);
   let parsed: URL;
   try {
     parsed = new URL(url);
     if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') throw new Error();
   } catch {
-    throw new UsageError(`--upstream ${shownSpec} is not an http(s) URL[@RANKS]`);
+    throw new UsageError(`${flag} ${shownSpec} is not an http(s) URL[@RANKS]`);
   }
   const problem = upstreamUrlProblem(parsed);
-  if (problem) throw new UsageError(`--upstream ${shownSpec} ${problem.problem}. ${problem.fix}`);
+  if (problem) {
+    const key = problem.credentials ? ` (${AUTHORIZATION.replace('the router', 'the gateway')})` : '';
+    throw new UsageError(`${flag} ${shownSpec} ${problem.problem}: give ${flag} ${problem.url}${ranksText} instead${key}`);
+  }
   if (!hasRanks) return { url, ranks: Array.from({ length: dpSize }, (_, offset) => startRank + offset) };
-  return { url, ranks: parseRankList(shownSpec, spec.slice(at + 1)) };
+  return { url, ranks: parseRankList(`${flag} ${shownSpec}`, spec.slice(at + 1)) };
 }
 
-/** `0,2,4,6`, `4-7` or a mix such as `0-1,6`. */
-function parseRankList(shownSpec: string, list: string): number[] {
+/** `0,2,4,6`, `4-7` or a mix such as `0-1,6`; `where` names the flag and spec in messages. */
+function parseRankList(where: string, list: string): number[] {
   const ranks: number[] = [];
   for (const part of list.split(',')) {
     const range = /^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$/.exec(part);
-    if (!range) throw new UsageError(`--upstream ${shownSpec}: ranks must look like 0,2,4,6 or 4-7`);
+    if (!range) throw new UsageError(`${where}: ${JSON.stringify(part)} is not a rank: ranks after the @ look like 0,2,4,6 or 4-7`);
     const first = Number(range[1]);
     const last = range[2] === undefined ? first : Number(range[2]);
-    if (last < first || last - first > 65536) throw new UsageError(`--upstream ${shownSpec}: range ${part.trim()} runs backwards or is too long`);
+    if (last < first || last - first > 65536) throw new UsageError(`${where}: range ${part.trim()} runs backwards or is too long`);
     for (let rank = first; rank <= last; rank++) ranks.push(rank);
   }
   return ranks;

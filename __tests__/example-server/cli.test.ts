@@ -170,9 +170,34 @@ describe('parseCommandLine', () => {
     );
     expect(upstreams).toEqual([
       { url: 'http://a:8000', startRank: 0, dataParallelSize: 4, ranks: [0, 1, 2, 3], rankHeader: 'global', models: ['llama', 'llama-sql-lora'] },
-      { dns: { name: 'vllm-pods.default.svc.cluster.local', port: 8000, servers: ['10.96.0.10', '127.0.0.1:5353'] }, startRank: 0, dataParallelSize: 2, ranks: [0, 1], rankHeader: 'global' },
-      { dns: { name: 'qwen-pods.default.svc.cluster.local', port: 8001, servers: ['10.96.0.10', '127.0.0.1:5353'] }, startRank: 0, dataParallelSize: 3, ranks: [0, 2], rankHeader: 'global', models: ['qwen'] },
+      { dns: { name: 'vllm-pods.default.svc.cluster.local', port: 8000, servers: ['10.96.0.10', '127.0.0.1:5353'] }, name: 'vllm-pods.default.svc.cluster.local', startRank: 0, dataParallelSize: 2, ranks: [0, 1], rankHeader: 'global' },
+      { dns: { name: 'qwen-pods.default.svc.cluster.local', port: 8001, servers: ['10.96.0.10', '127.0.0.1:5353'] }, name: 'qwen-pods.default.svc.cluster.local', startRank: 0, dataParallelSize: 3, ranks: [0, 2], rankHeader: 'global', models: ['qwen'] },
     ]);
+  });
+
+  it('names --upstream-dns upstreams NAME/ADDRESS (NAME:PORT/ADDRESS for a name given with two ports), and merges a NAME:PORT given again', () => {
+    const { upstreams } = parse('--upstream-dns', 'a.test:8000@0', '--upstream-dns', 'a.test:8001', '--upstream-dns', 'b.test:8000@1', '--upstream-dns', 'b.test:8000@3', '--model', 'm', '--dp-size', '1');
+    expect(upstreams.map((upstream) => [upstream.name, upstream.ranks, upstream.models])).toEqual([
+      ['a.test:8000', [0], undefined],
+      ['a.test:8001', [0], undefined],
+      ['b.test', [1, 3], ['m']],
+    ]);
+  });
+
+  it('reads what follows the last @ as ranks unless it is a host: a mistyped rank list is said to be one', () => {
+    expect(() => parse('--upstream', 'http://10.0.0.5:8000@0,2,x')).toThrow('--upstream "http://10.0.0.5:8000@0,2,x": "x" is not a rank: ranks after the @ look like 0,2,4,6 or 4-7');
+    expect(() => parse('--upstream', 'http://10.0.0.5:8000@0;2')).toThrow(/"0;2" is not a rank/);
+    expect(() => parse('--upstream-dns', 'vllm.test:8000@0,x')).toThrow('--upstream-dns "vllm.test:8000@0,x": "x" is not a rank');
+    // A host after user information is credentials, refused without printing them, in the CLI's words.
+    const credentials = () => parse('--upstream', 'http://admin:s3cret@vllm.internal:8000@0-3');
+    expect(credentials).toThrow(/^--upstream "http:\/\/\*\*\*@vllm\.internal:8000@0-3" carries credentials .*: give --upstream http:\/\/vllm\.internal:8000@0-3 instead \(vLLM's --api-key is checked against each client's own `Authorization: Bearer …`, which the gateway passes through\)$/);
+    expect(credentials).not.toThrow(/s3cret|url:/);
+  });
+
+  it('says how to fix a URL in CLI words, naming the flag it came with', () => {
+    expect(() => parse('--upstream', 'http://h:8000/v1@0-3')).toThrow(/^--upstream "http:\/\/h:8000\/v1@0-3" ends in \/v1, an OpenAI base URL: .*: give --upstream http:\/\/h:8000@0-3 instead$/);
+    expect(() => parse('--upstream', 'http://h:8000/?x=1')).toThrow(/: give --upstream http:\/\/h:8000 instead$/);
+    expect(() => parse('--prefill', 'http://p:8000/v1', '--decode', 'http://d:8000')).toThrow(/^--prefill "http:\/\/p:8000\/v1" ends in \/v1.*: give --prefill http:\/\/p:8000 instead$/);
   });
 
   it('answers help', () => {

@@ -1,6 +1,7 @@
 import { describe, expect, it } from '@jest/globals';
 import { createServer, request, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import pino from 'pino';
 import { Registry } from 'prom-client';
 import { dpRouter, OptionError } from '../../lib';
 import { parseCommandLine, type GatewaySettings } from '../../example-server/cli';
@@ -288,6 +289,26 @@ describe('upstreams found by DNS', () => {
     await waitFor(() => gateway.router.endpoints().length === 2);
     for (let i = 0; i < 2; i++) expect((await exchange(gateway.url, { body: '{}' })).status).toBe(200);
     expect(new Set(pods.hits)).toEqual(new Set(['127.0.0.2', '127.0.0.3']));
+  });
+
+  it('the example server names each address of --upstream-dns NAME/ADDRESS: entries resolving to one address stay apart', async () => {
+    const [first, second] = [await startServers(['127.0.0.2']), await startServers(['127.0.0.2'])];
+    const dns = await dnsmasq([
+      ['127.0.0.2', 'a.test'],
+      ['127.0.0.2', 'b.test'],
+    ]);
+    const lines: string[] = [];
+    const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(line) });
+    const argv = ['--upstream-dns', `a.test:${first.port}`, '--upstream-dns', `b.test:${second.port}`, '--upstream-dns', `b.test:${first.port}`];
+    const settings = parseCommandLine([...argv, '--dns-server', dns.server, '--dp-size', '1', '--port', '0', '--policy', 'round-robin']) as GatewaySettings;
+    const gateway = await startExampleGateway({ ...settings, drainTimeoutMs: 100 }, logger);
+    started.push(gateway);
+    await waitFor(() => gateway.router.endpoints().length === 3);
+    // b.test is given with two ports: its upstreams carry the port too.
+    expect(gateway.router.endpoints().map(({ upstream }) => upstream)).toEqual(['a.test/127.0.0.2', `b.test:${second.port}/127.0.0.2`, `b.test:${first.port}/127.0.0.2`]);
+    expect(lines.filter((line) => line.includes('two upstreams would be named'))).toEqual([]);
+    for (let i = 0; i < 3; i++) expect((await exchange(gateway.url, { body: '{}' })).status).toBe(200);
+    expect([first.hits.length, second.hits.length]).toEqual([2, 1]);
   });
 
   it.each([

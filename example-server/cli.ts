@@ -24,8 +24,8 @@ export interface GatewaySettings {
   /** Delay per generated token of the embedded mock, so streaming is visible. */
   mockDecodeMs: number;
   /**
-   * The embedded mock's port (prometheus.yml scrapes it); `undefined`: {@link DEFAULT_MOCK_PORT},
-   * or a free port when that one is taken.
+   * The embedded mock's port (prometheus.yml scrapes it); `undefined`: {@link DEFAULT_MOCK_PORT}
+   * (an error when taken), or any free port when the gateway's `port` is 0.
    */
   mockPort: number | undefined;
   /** How long SIGTERM waits for in-flight requests before exiting anyway. */
@@ -136,7 +136,7 @@ Options:
   --pd                  embedded mocks: one prefill server and one decode server
   --mock-decode-ms N    embedded mock: delay per generated token         [0]
   --mock-port N         embedded mock's port (prometheus.yml scrapes it); 0 = any
-                        [30001, or any free port when it is taken]
+                        [30001 (taken: an error); any with --port 0]
   --mock-max-num-seqs N embedded mock: requests each rank runs at once (vLLM's
                         --max-num-seqs); past it they wait in the engine  [no limit]
   --max-inflight-per-rank N

@@ -101,6 +101,18 @@ describeProcess('npm start (the process)', () => {
     ]);
   });
 
+  it('exits 1 with one line naming the listener and the flag when its port is taken', async () => {
+    const holder = await serve(() => undefined);
+    const port = new URL(holder.url).port;
+    try {
+      const { code, stderr } = await exited(run(['--port', port, '--mock-port', '0']));
+      expect(code).toBe(1);
+      expect(stderr.trim().split('\n')).toEqual([`express-dp-router: the gateway cannot listen on 127.0.0.1:${port}: another process holds that port (EADDRINUSE); give --port N or set PORT (0: any free port)`]);
+    } finally {
+      await holder.close();
+    }
+  });
+
   it('logs where it listens, and on SIGTERM lets an in-flight stream finish before exiting', async () => {
     const child = run(['--port', '0', '--mock-decode-ms', '25']);
     const done = exited(child);
@@ -282,18 +294,41 @@ describe("the embedded mock's port", () => {
     }
   });
 
-  it('is the default port when free, and any free port when it is taken', async () => {
+  it('is the default port when free; taken, it is an error naming --mock-port, never a silent move prometheus.yml would not follow', async () => {
     const port = await freePort();
     const first = await startMockOnPort(undefined, {}, port);
-    const second = await startMockOnPort(undefined, {}, port);
     try {
       expect(first.port).toBe(port);
-      expect(second.port).not.toBe(port);
-      expect((await fetch(`${second.url}/health`)).status).toBe(200);
-      // Asked for by name, a taken port is an error.
-      await expect(startMockOnPort(port, {})).rejects.toThrow(/EADDRINUSE/);
+      await expect(startMockOnPort(undefined, {}, port)).rejects.toThrow(
+        `the embedded mock vLLM, where example-server/prometheus.yml scrapes it, cannot listen on 127.0.0.1:${port}: another process holds that port (EADDRINUSE); give --mock-port N (0: any free port; prometheus.yml's vllm job then needs that port)`,
+      );
+      await expect(startMockOnPort(port, {})).rejects.toThrow(`the embedded mock vLLM cannot listen on 127.0.0.1:${port}: another process holds that port (EADDRINUSE); give --mock-port N`);
     } finally {
-      await Promise.all([first.close(), second.close()]);
+      await first.close();
+    }
+  });
+
+  it('is any free port when the gateway is on any port (--port 0)', async () => {
+    const gateway = await startExampleGateway(parseCommandLine(['--port', '0']) as GatewaySettings);
+    try {
+      expect((await fetch(`${gateway.mock!.url}/health`)).status).toBe(200);
+    } finally {
+      await gateway.close();
+    }
+  });
+});
+
+describe("the gateway's own port", () => {
+  it('taken, is an error naming the gateway, its address and the flag or variable that moves it', async () => {
+    const holder = await serve(() => undefined);
+    const port = Number(new URL(holder.url).port);
+    try {
+      const settings = parseCommandLine(['--port', String(port), '--upstream', 'http://127.0.0.1:9']) as GatewaySettings;
+      await expect(startExampleGateway(settings)).rejects.toThrow(
+        `the gateway cannot listen on 127.0.0.1:${port}: another process holds that port (EADDRINUSE); give --port N or set PORT (0: any free port)`,
+      );
+    } finally {
+      await holder.close();
     }
   });
 });

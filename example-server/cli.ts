@@ -84,7 +84,8 @@ Options:
                         a vLLM server; RANKS like 0,2,4,6 or 4-7 (global ranks).
                         Repeatable; a URL given again adds ranks (vllm-router's URL@RANK).
                         Without @RANKS it serves --start-rank … + --dp-size − 1.
-  --dp-size N           ranks of each upstream given without @RANKS, and of the mock [4]
+  --dp-size N           ranks of every upstream given without @RANKS (one value for
+                        all), and of the mock                            [4]
   --start-rank N        first global rank of upstreams given without @RANKS          [0]
   --rank-header MODE    global | local (hybrid LB: rank − start) | none (external LB,
                         one server per rank)                             [global]
@@ -159,7 +160,14 @@ Options:
   -h, --help            print this help
 
 A flag's value follows it or an '=': --port 8080, --port=8080. Switches (--trust-hints,
---expose-decision, --discover, --pd) take no value, or exactly =true or =false.
+--expose-decision, --discover, --pd) take no value, or exactly =true or =false. --model,
+--kv-events and --bootstrap-port belong to the --upstream (--upstream-dns, --prefill) before
+them; the other flags belong to the whole gateway and are given once (--upstream and the
+like may repeat): --dp-size, --start-rank and --rank-header apply to every upstream, so give a
+server of another size its ranks as URL@RANKS. A flag the others leave without effect
+(--tokenizer or --placement-slack without --policy prefix-aware, --on-invalid without
+--trust-hints, --load-feedback-weight without --load-feedback-ms, a --mock-* flag with an
+--upstream) is refused, with the reason.
 
 Serves the proxied API under /, metrics at GET /metrics, liveness at GET /healthz and
 readiness at GET /readyz. Logs with pino: pretty on a terminal, JSON lines otherwise, one
@@ -332,11 +340,17 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     connector: undefined,
   };
 
+  /** Every flag given, and each single-value flag's value (a second one is refused). */
+  const given = new Map<string, string | undefined>();
   for (let index = 0; index < argv.length; index++) {
     const arg = argv[index];
     const [flag, inline] = arg.startsWith('--') && arg.includes('=') ? splitOnce(arg) : [arg, undefined];
     const spec = Object.hasOwn(FLAGS, flag) ? FLAGS[flag] : undefined;
-    if (spec === undefined) throw new UsageError(`unknown option ${JSON.stringify(arg)} (see --help)`);
+    if (spec === undefined) throw new UsageError(notAnOption(arg, argv[index - 1]));
+    if (!REPEATABLE.has(flag) && 'value' in spec && given.has(flag)) {
+      throw new UsageError(repeated(flag, given.get(flag)!, inline ?? argv[index + 1] ?? ''));
+    }
+    given.set(flag, inline ?? argv[index + 1]);
     if ('switch' in spec) {
       if (inline !== undefined && inline !== 'true' && inline !== 'false') {
         throw new UsageError(`${flag} is a switch: give it alone, or as ${flag}=true or ${flag}=false, got ${JSON.stringify(arg)}`);
@@ -374,16 +388,72 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
   }
   if (state.dnsServers.length > 0 && state.dnsSpecs.length === 0) throw new UsageError('--dns-server is the server --upstream-dns asks: give an --upstream-dns too');
   disaggregate(state);
-  // Only prefix-aware reads a tokenizer (with --pd or --prefill/--decode, the prefill policy is
-  // prefix-aware): given to another policy, it would be loaded for nothing and silently unused.
-  if (settings.tokenizer !== undefined && settings.policy !== 'prefix-aware' && settings.disaggregation === undefined) {
-    throw new UsageError(`--tokenizer is read only by --policy prefix-aware (or --pd, --prefill and --decode), and the policy is ${settings.policy}: add --policy prefix-aware or drop --tokenizer`);
-  }
+  refuseWithoutEffect(state, given);
   if (kvEvents.size > 0 && settings.tokenizer === undefined) {
     throw new UsageError('--kv-events needs --tokenizer PATH: the router tokenizes prompts with the model\'s own tokenizer to look them up');
   }
   settings.peers = peersOf(state, env);
   return settings;
+}
+
+/**
+ * A flag that the rest of the command line leaves without effect is refused, with the reason: a
+ * flag accepted and then ignored would mislead whoever reads the command line.
+ */
+function refuseWithoutEffect(state: ParseState, given: ReadonlyMap<string, unknown>): void {
+  const { settings } = state;
+  // Only prefix-aware reads a tokenizer and a placement slack (with --pd or --prefill/--decode,
+  // the prefill policy is prefix-aware).
+  if (settings.policy !== 'prefix-aware' && settings.disaggregation === undefined) {
+    for (const flag of ['--tokenizer', '--placement-slack']) {
+      if (given.has(flag)) throw new UsageError(`${flag} is read only by --policy prefix-aware (or --pd, --prefill and --decode), and the policy is ${settings.policy}: add --policy prefix-aware or drop ${flag}`);
+    }
+  }
+  if (given.has('--load-feedback-weight') && settings.loadFeedbackMs === 0) {
+    throw new UsageError('--load-feedback-weight weighs the engine load --load-feedback-ms polls, and that is off: add --load-feedback-ms N or drop --load-feedback-weight');
+  }
+  if (given.has('--on-invalid') && !settings.trustHints) {
+    throw new UsageError('--on-invalid says what an invalid trusted hint gets, and hints are untrusted (each is removed unread): add --trust-hints or drop --on-invalid');
+  }
+  const upstreamFlag = ['--upstream', '--upstream-dns', '--prefill', '--decode'].find((flag) => given.has(flag));
+  const mockFlag = ['--mock-port', '--mock-decode-ms', '--mock-max-num-seqs'].find((flag) => given.has(flag));
+  if (upstreamFlag !== undefined && mockFlag !== undefined) {
+    throw new UsageError(`${mockFlag} sets up the embedded mock vLLM, which does not start with ${upstreamFlag}: drop ${mockFlag}`);
+  }
+  const everyUrlRanked = [...state.upstreamSpecs, ...state.prefillSpecs, ...state.decodeSpecs].every((spec) => parseUpstreamSpec(spec, 1).explicit);
+  const everyNameRanked = state.dnsSpecs.every((spec) => parseDnsSpec(spec, 1, undefined).explicit);
+  if (given.has('--dp-size') && upstreamFlag !== undefined && everyUrlRanked && everyNameRanked) {
+    throw new UsageError('--dp-size gives the ranks of each upstream given without @RANKS (and of the embedded mock), and every upstream here gives its own: drop --dp-size');
+  }
+}
+
+/** The answer to an argument that is no flag: a value after a switch, a stray word, an unknown option. */
+function notAnOption(arg: string, previous: string | undefined): string {
+  if (arg.startsWith('-')) return `unknown option ${JSON.stringify(arg)} (see --help)`;
+  const previousFlag = previous !== undefined && Object.hasOwn(FLAGS, previous) ? FLAGS[previous] : undefined;
+  if (previousFlag !== undefined && 'switch' in previousFlag) {
+    return `${previous} is a switch and takes no value, got ${JSON.stringify(arg)} after it: give ${previous} alone to turn it on, or ${previous}=false`;
+  }
+  return `unexpected argument ${JSON.stringify(arg)}: every option starts with -- (see --help)`;
+}
+
+/** Flags given once per upstream or per item; any other flag with a value is given at most once. */
+const REPEATABLE: ReadonlySet<string> = new Set(['--upstream', '--upstream-dns', '--dns-server', '--model', '--kv-events', '--peer', '--prefill', '--decode', '--bootstrap-port']);
+/**
+ * Flags that apply to every upstream, though they may be written after one as `--model` is, and
+ * what to give instead of a second value.
+ */
+const EVERY_UPSTREAM: Readonly<Record<string, string>> = {
+  '--dp-size': '; give a server of another size its ranks as URL@RANKS, e.g. http://10.0.0.6:8000@0-3',
+  '--start-rank': '; without --start-rank, each server starts at the first rank of its URL@RANKS',
+  '--rank-header': '',
+};
+
+/** A single-value flag given again, both values shown without user information. */
+function repeated(flag: string, first: string, second: string): string {
+  const shown = `(${JSON.stringify(redactUrl(first))}, then ${JSON.stringify(redactUrl(second))})`;
+  if (Object.hasOwn(EVERY_UPSTREAM, flag)) return `${flag} is given twice ${shown}: one value applies to every upstream, not to the one before it${EVERY_UPSTREAM[flag]}`;
+  return `${flag} is given twice ${shown}: it takes one value; give it once`;
 }
 
 /**
@@ -459,7 +529,7 @@ function mergeDnsSpecs(specs: readonly string[], dpSize: number, startRank: numb
 }
 
 /** `NAME:PORT[@RANKS]` of `--upstream-dns`. */
-function parseDnsSpec(spec: string, dpSize: number, startRank: number | undefined): { name: string; port: number; ranks: number[] } {
+function parseDnsSpec(spec: string, dpSize: number, startRank: number | undefined): { name: string; port: number; ranks: number[]; explicit: boolean } {
   const found = /^([A-Za-z0-9_][A-Za-z0-9_.-]*):(\d{1,5})(?:@(.+))?$/.exec(spec);
   if (!found || Number(found[2]) < 1 || Number(found[2]) > 65535) {
     throw new UsageError(`--upstream-dns ${JSON.stringify(spec)} is not NAME:PORT[@RANKS], e.g. vllm.default.svc.cluster.local:8000`);
@@ -467,7 +537,7 @@ function parseDnsSpec(spec: string, dpSize: number, startRank: number | undefine
   const start = startRank ?? 0;
   const ranks = found[3] === undefined ? Array.from({ length: dpSize }, (_, offset) => start + offset) : [...new Set(parseRankList(`--upstream-dns ${JSON.stringify(spec)}`, found[3]))].sort((a, b) => a - b);
   if (startRank !== undefined && startRank > ranks[0]) throw new UsageError(`--upstream-dns ${spec} routes rank ${ranks[0]}, below --start-rank ${startRank}`);
-  return { name: found[1], port: Number(found[2]), ranks };
+  return { name: found[1], port: Number(found[2]), ranks, explicit: found[3] !== undefined };
 }
 
 /** A DNS server address as node:dns takes it: an IP address with an optional port. */
@@ -486,7 +556,7 @@ function dnsServer(flag: string, raw: string): string {
  */
 const HOST_AFTER_AT = /^(?:\[[0-9A-Za-z:.%]+\]|[A-Za-z0-9._-]*[A-Za-z._-][A-Za-z0-9._-]*)(?::\d*)?(?:[/?#].*)?$/;
 
-function parseUpstreamSpec(spec: string, dpSize: number, startRank = 0, flag = '--upstream'): { url: string; ranks: number[] } {
+function parseUpstreamSpec(spec: string, dpSize: number, startRank = 0, flag = '--upstream'): { url: string; ranks: number[]; explicit: boolean } {
   const at = spec.lastIndexOf('@');
   // A typo in the ranks (`URL@0,2,x`) is a bad rank list, not credentials with a host `0,2,x`.
   const tail = spec.slice(at + 1);
@@ -507,8 +577,8 @@ function parseUpstreamSpec(spec: string, dpSize: number, startRank = 0, flag = '
     const key = problem.credentials ? ` (${AUTHORIZATION.replace('the router', 'the gateway')})` : '';
     throw new UsageError(`${flag} ${shownSpec} ${problem.problem}: give ${flag} ${problem.url}${ranksText} instead${key}`);
   }
-  if (!hasRanks) return { url, ranks: Array.from({ length: dpSize }, (_, offset) => startRank + offset) };
-  return { url, ranks: parseRankList(`${flag} ${shownSpec}`, spec.slice(at + 1)) };
+  if (!hasRanks) return { url, ranks: Array.from({ length: dpSize }, (_, offset) => startRank + offset), explicit: false };
+  return { url, ranks: parseRankList(`${flag} ${shownSpec}`, spec.slice(at + 1)), explicit: true };
 }
 
 /** `0,2,4,6`, `4-7` or a mix such as `0-1,6`; `where` names the flag and spec in messages. */

@@ -4,12 +4,13 @@ import type { AddressInfo } from 'node:net';
 import type { Logger as PinoLogger } from 'pino';
 import { pinoHttp } from 'pino-http';
 import { Registry } from 'prom-client';
-import { dpRouter, type DpRouter, type UpstreamEntry, type UpstreamOptions } from '../lib';
+import { dpRouter, type AdmissionOptions, type DpRouter, type UpstreamEntry, type UpstreamOptions } from '../lib';
 import { gatewayErrorOf } from '../lib/errors';
 import { DEFAULT_MOCK_PORT, type GatewaySettings } from './cli';
 import { startMockVllm, type MockVllm, type MockVllmOptions } from './mock-vllm';
 import { admissionFromFlags } from './admission';
 import { listenProblem } from './listen-problem';
+import { servicesSummary } from './startup-line';
 
 /** A running example gateway. */
 export interface RunningGateway {
@@ -140,7 +141,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
       await prefillMock?.close();
     })());
 
-  const summary = describe(url, upstreams, settings, mock) + (mockStart?.eventsOff === undefined ? '' : `; the mock publishes no KV events (${mockStart.eventsOff})`);
+  const summary = describe(url, upstreams, settings, mock, admission.options) + (mockStart?.eventsOff === undefined ? '' : `; the mock publishes no KV events (${mockStart.eventsOff})`);
   return { server, router, url, mock, prefillMock, summary, close };
 }
 
@@ -201,7 +202,7 @@ function embeddedUpstream(mock: MockVllm, name: string, dpSize: number, role: 'p
   };
 }
 
-function describe(url: string, upstreams: readonly UpstreamEntry[], settings: GatewaySettings, mock: MockVllm | undefined): string {
+function describe(url: string, upstreams: readonly UpstreamEntry[], settings: GatewaySettings, mock: MockVllm | undefined, admission: AdmissionOptions | undefined): string {
   const targets = upstreams
     .map((upstream) => {
       const where = 'dns' in upstream && upstream.dns !== undefined ? `every address of ${upstream.dns.name}:${upstream.dns.port}` : mock ? `embedded mock vLLM ${upstream.url}` : upstream.url;
@@ -213,7 +214,7 @@ function describe(url: string, upstreams: readonly UpstreamEntry[], settings: Ga
   const hints = settings.trustHints ? `hints trusted, invalid → ${settings.onInvalid}` : 'hints untrusted';
   const exact = settings.policy === 'prefix-aware' && upstreams.some((upstream) => upstream.kvEvents !== undefined) ? ' (exact, on KV events)' : '';
   const pd = settings.disaggregation ? `; prefill/decode disaggregated (${settings.disaggregation.connector}, prefill policy prefix-aware)` : '';
-  return `express-dp-router listening on ${url} → ${targets}; policy ${settings.policy}${exact}${pd}; ${hints}; metrics at ${url}/metrics`;
+  return `express-dp-router listening on ${url} → ${targets}; policy ${settings.policy}${exact}${pd}; ${hints}${servicesSummary(settings, admission)}; metrics at ${url}/metrics`;
 }
 
 function rankList(upstream: UpstreamEntry): string {

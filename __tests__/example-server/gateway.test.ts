@@ -7,6 +7,7 @@ import request from 'supertest';
 import { parseCommandLine, type GatewaySettings } from '../../example-server/cli';
 import { startExampleGateway, startMockOnPort, type RunningGateway } from '../../example-server/gateway';
 import { expressMajor, serve } from '../helpers/app';
+import { freeUdpPort } from '../helpers/udp';
 import { waitFor } from '../helpers/wait';
 
 const ROOT = join(__dirname, '..', '..');
@@ -314,6 +315,34 @@ describe("the embedded mock's port", () => {
       expect((await fetch(`${gateway.mock!.url}/health`)).status).toBe(200);
     } finally {
       await gateway.close();
+    }
+  });
+});
+
+describe('the start-up line', () => {
+  it('says what admission, its Redis and the peers are, never a password or the peers\' secret', async () => {
+    const lines: string[] = [];
+    const logger = pino({ level: 'warn' }, { write: (line: string) => void lines.push(line) });
+    const [listen, other] = [await freeUdpPort(), await freeUdpPort()];
+    const argv = ['--port', '0', '--max-inflight-per-rank', '2', '--tenant-header', 'X-Tenant-Id', '--tokens-per-minute', '5000', '--redis', 'redis://:s3cret-pw@127.0.0.1:9'];
+    const peers = ['--peer-listen', `127.0.0.1:${listen}`, '--peer', `127.0.0.1:${other}`];
+    const secret = 'a peers secret nobody may read';
+    const gateway = await startExampleGateway(parseCommandLine([...argv, ...peers], { DP_ROUTER_PEER_SECRET: secret }) as GatewaySettings, logger);
+    try {
+      expect(gateway.summary).toContain(
+        '; admission: 2 in flight per rank, then a queue of 1024 (30000 ms at most), tenants by x-tenant-id, 5000 tokens per minute per tenant counted in Redis redis://***@127.0.0.1:9',
+      );
+      expect(gateway.summary).toContain(`; peers: UDP 127.0.0.1:${listen} with 1 replica address(es); metrics at`);
+      expect(gateway.summary).not.toMatch(/s3cret|nobody may read/);
+    } finally {
+      await gateway.close();
+    }
+    const plain = await startExampleGateway(parseCommandLine(['--port', '0', '--queue-max', '10']) as GatewaySettings);
+    try {
+      expect(plain.summary).toContain('; admission: 32 in flight per rank, then a queue of 10 (30000 ms at most), one tenant; metrics at');
+      expect(plain.summary).not.toContain('peers');
+    } finally {
+      await plain.close();
     }
   });
 });

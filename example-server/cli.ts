@@ -574,8 +574,8 @@ function parseUpstreamSpec(spec: string, dpSize: number, startRank = 0, flag = '
   }
   const problem = upstreamUrlProblem(parsed);
   if (problem) {
-    const key = problem.credentials ? ` (${AUTHORIZATION.replace('the router', 'the gateway')})` : '';
-    throw new UsageError(`${flag} ${shownSpec} ${problem.problem}: give ${flag} ${problem.url}${ranksText} instead${key}`);
+    const apiKey = problem.credentials ? ` (${AUTHORIZATION})` : '';
+    throw new UsageError(`${flag} ${shownSpec} ${problem.problem}: give ${flag} ${problem.url}${ranksText} instead${apiKey}`);
   }
   if (!hasRanks) return { url, ranks: Array.from({ length: dpSize }, (_, offset) => startRank + offset), explicit: false };
   return { url, ranks: parseRankList(`${flag} ${shownSpec}`, spec.slice(at + 1)), explicit: true };

@@ -89,7 +89,7 @@ export class RouterServices {
     this.bodies = new BodyReader(new BodyBudget(config.maxBufferedBytes), config.timeouts.bodyMs);
     const models = (this.models = createModelRouting(table, (message) => config.logger.warn(message)));
     this.started.push(() => models.stop());
-    models.declareSources(config.upstreams);
+    models.declareSources(decodePool(config.upstreams));
     if (hasDnsEntries(config.upstreams)) this.dns = this.startDns(config.upstreams);
     this.started.push(() => this.dns?.stop());
     this.admission = this.startAdmission();

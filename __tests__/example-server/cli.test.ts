@@ -190,7 +190,7 @@ describe('parseCommandLine', () => {
     expect(() => parse('--upstream-dns', 'vllm.test:8000@0,x')).toThrow('--upstream-dns "vllm.test:8000@0,x": "x" is not a rank');
     // A host after user information is credentials, refused without printing them, in the CLI's words.
     const credentials = () => parse('--upstream', 'http://admin:s3cret@vllm.internal:8000@0-3');
-    expect(credentials).toThrow(/^--upstream "http:\/\/\*\*\*@vllm\.internal:8000@0-3" carries credentials .*: give --upstream http:\/\/vllm\.internal:8000@0-3 instead \(vLLM's --api-key is checked against each client's own `Authorization: Bearer …`, which the gateway passes through\)$/);
+    expect(credentials).toThrow(/^--upstream "http:\/\/\*\*\*@vllm\.internal:8000@0-3" carries credentials .*: give --upstream http:\/\/vllm\.internal:8000@0-3 instead \(vLLM's --api-key is checked against each client's own `Authorization: Bearer …`, which the router passes through\)$/);
     expect(credentials).not.toThrow(/s3cret|url:/);
   });
 

@@ -4,7 +4,7 @@
 // module state, one set of metric families, one `instanceof`).
 //
 // A build whose inputs (lib/, the compiler settings, the pinned dependencies, this script) are
-// byte for byte those of the last one is skipped: `npm pack` builds through `prepack`, and the
+// byte for byte those of the last one is skipped: `npm ci` and `npm pack` build through `prepare`, and the
 // tests pack the tarball once per Node line. `--force` builds anyway.
 import { createHash } from 'node:crypto';
 import { createRequire } from 'node:module';

@@ -3,7 +3,7 @@ import { existsSync } from 'node:fs';
 import type { DnsUpstreamOptions, PolicyName, RankHeaderMode, UpstreamOptions } from '../lib';
 import { resolveKvEndpoints } from '../lib/exact-prefix/events/endpoints';
 import type { KvEventsOptions } from '../lib/exact-prefix/events/source';
-import { redactUrl, upstreamUrlProblem } from '../lib/upstreams/upstream-url';
+import { AUTHORIZATION, redactUrl, upstreamUrlProblem } from '../lib/upstreams/upstream-url';
 
 /** An upstream as the gateway passes it to the router, with where its KV events are published. */
 export type GatewayUpstream = (UpstreamOptions | DnsUpstreamOptions) & { kvEvents?: KvEventsOptions };
@@ -26,8 +26,8 @@ export interface GatewaySettings {
   /** Delay per generated token of the embedded mock, so streaming is visible. */
   mockDecodeMs: number;
   /**
-   * The embedded mock's port (prometheus.yml scrapes it); `undefined`: {@link DEFAULT_MOCK_PORT},
-   * or a free port when that one is taken.
+   * The embedded mock's port (prometheus.yml scrapes it); `undefined`: {@link DEFAULT_MOCK_PORT}
+   * (an error when taken), or any free port when the gateway's `port` is 0.
    */
   mockPort: number | undefined;
   /** How long SIGTERM waits for in-flight requests before exiting anyway. */
@@ -88,7 +88,8 @@ Options:
                         a vLLM server; RANKS like 0,2,4,6 or 4-7 (global ranks).
                         Repeatable; a URL given again adds ranks (vllm-router's URL@RANK).
                         Without @RANKS it serves --start-rank … + --dp-size − 1.
-  --dp-size N           ranks of each upstream given without @RANKS, and of the mock [4]
+  --dp-size N           ranks of every upstream given without @RANKS (one value for
+                        all), and of the mock                            [4]
   --start-rank N        first global rank of upstreams given without @RANKS          [0]
   --rank-header MODE    local: rank − start rank, the index vLLM reads in every mode
                         (internal, hybrid and external LB) | global | none (no header:
@@ -96,7 +97,8 @@ Options:
   --upstream-dns NAME:PORT[@RANKS]
                         every address NAME resolves to (A and AAAA: a Kubernetes
                         headless Service) is a vLLM server on PORT, re-resolved every 10 s;
-                        each is named NAME/ADDRESS. Repeatable.
+                        each is named NAME/ADDRESS (NAME:PORT/ADDRESS for a NAME given with
+                        two ports). Repeatable; a NAME:PORT given again adds ranks.
   --dns-server ADDR     the DNS server --upstream-dns asks, e.g. 10.96.0.10 or
                         127.0.0.1:5353; repeatable                       [the system's]
   --model NAME          the --upstream (or --upstream-dns) before it serves model NAME;
@@ -145,7 +147,7 @@ Options:
   --pd                  embedded mocks: one prefill server and one decode server
   --mock-decode-ms N    embedded mock: delay per generated token         [0]
   --mock-port N         embedded mock's port (prometheus.yml scrapes it); 0 = any
-                        [30001, or any free port when it is taken]
+                        [30001 (taken: an error); any with --port 0]
   --mock-max-num-seqs N embedded mock: requests each rank runs at once (vLLM's
                         --max-num-seqs); past it they wait in the engine  [no limit]
   --max-inflight-per-rank N
@@ -171,7 +173,14 @@ Options:
   -h, --help            print this help
 
 A flag's value follows it or an '=': --port 8080, --port=8080. Switches (--trust-hints,
---trust-tenant, --expose-decision, --discover, --pd) take no value, or exactly =true or =false.
+--trust-tenant, --expose-decision, --discover, --pd) take no value, or exactly =true or =false. --model,
+--kv-events and --bootstrap-port belong to the --upstream (--upstream-dns, --prefill) before
+them; the other flags belong to the whole gateway and are given once (--upstream and the
+like may repeat): --dp-size, --start-rank and --rank-header apply to every upstream, so give a
+server of another size its ranks as URL@RANKS. A flag the others leave without effect
+(--tokenizer or --placement-slack without --policy prefix-aware, --on-invalid without
+--trust-hints, --load-feedback-weight without --load-feedback-ms, a --mock-* flag with an
+--upstream) is refused, with the reason.
 
 Serves the proxied API under /, metrics at GET /metrics, liveness at GET /healthz and
 readiness at GET /readyz. Logs with pino: pretty on a terminal, JSON lines otherwise, one
@@ -277,7 +286,7 @@ const FLAGS: Readonly<Record<string, Flag>> = {
     value: (s, raw, flag) => {
       const previous = s.prefillSpecs[s.prefillSpecs.length - 1];
       if (previous === undefined) throw new UsageError(`${flag} names the Mooncake bootstrap port of the --prefill before it`);
-      s.bootstrapPorts.set(parseUpstreamSpec(previous, s.settings.dpSize).url, integer(flag, raw, 1, 65535));
+      s.bootstrapPorts.set(parseUpstreamSpec(previous, s.settings.dpSize, 0, '--prefill').url, integer(flag, raw, 1, 65535));
     },
   },
   '--pd': { switch: (s, on) => (s.pd = on) },
@@ -347,11 +356,17 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     connector: undefined,
   };
 
+  /** Every flag given, and each single-value flag's value (a second one is refused). */
+  const given = new Map<string, string | undefined>();
   for (let index = 0; index < argv.length; index++) {
     const arg = argv[index];
     const [flag, inline] = arg.startsWith('--') && arg.includes('=') ? splitOnce(arg) : [arg, undefined];
     const spec = Object.hasOwn(FLAGS, flag) ? FLAGS[flag] : undefined;
-    if (spec === undefined) throw new UsageError(`unknown option ${JSON.stringify(arg)} (see --help)`);
+    if (spec === undefined) throw new UsageError(notAnOption(arg, argv[index - 1]));
+    if (!REPEATABLE.has(flag) && 'value' in spec && given.has(flag)) {
+      throw new UsageError(repeated(flag, given.get(flag)!, inline ?? argv[index + 1] ?? ''));
+    }
+    given.set(flag, inline ?? argv[index + 1]);
     if ('switch' in spec) {
       if (inline !== undefined && inline !== 'true' && inline !== 'false') {
         throw new UsageError(`${flag} is a switch: give it alone, or as ${flag}=true or ${flag}=false, got ${JSON.stringify(arg)}`);
@@ -377,23 +392,22 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     const events = kvEvents.get(upstream.url);
     return { ...withModels(upstream, upstream.url), ...(events && { kvEvents: events }) };
   });
-  for (const spec of state.dnsSpecs) {
-    const { name, port, ranks } = parseDnsSpec(spec, settings.dpSize, state.startRank);
+  const dnsEntries = mergeDnsSpecs(state.dnsSpecs, settings.dpSize, state.startRank);
+  for (const [key, { name, port, ranks }] of dnsEntries) {
     const start = state.startRank ?? ranks[0];
     const dns = { name, port, ...(state.dnsServers.length > 0 && { servers: state.dnsServers }) };
-    const entry = { dns, startRank: start, dataParallelSize: ranks[ranks.length - 1] - start + 1, ranks, rankHeader: state.rankHeader };
-    settings.upstreams.push(withModels(entry, `dns:${name}:${port}`));
+    // Each address is an upstream named NAME/ADDRESS (NAME:PORT/ADDRESS for a name given with
+    // two ports), so that two entries resolving to one address stay two upstreams.
+    const label = [...dnsEntries.values()].some((other) => other.name === name && other.port !== port) ? `${name}:${port}` : name;
+    const entry = { dns, name: label, startRank: start, dataParallelSize: ranks[ranks.length - 1] - start + 1, ranks, rankHeader: state.rankHeader };
+    settings.upstreams.push(withModels(entry, key));
   }
   if (state.dnsServers.length > 0 && state.dnsSpecs.length === 0) throw new UsageError('--dns-server is the server --upstream-dns asks: give an --upstream-dns too');
   disaggregate(state);
   if (settings.admission.trustTenant !== undefined && settings.admission.tenantHeader === undefined) {
     throw new UsageError('--trust-tenant says whose --tenant-header is honoured: give --tenant-header NAME too');
   }
-  // Only prefix-aware reads a tokenizer (with --pd or --prefill/--decode, the prefill policy is
-  // prefix-aware): given to another policy, it would be loaded for nothing and silently unused.
-  if (settings.tokenizer !== undefined && settings.policy !== 'prefix-aware' && settings.disaggregation === undefined) {
-    throw new UsageError(`--tokenizer is read only by --policy prefix-aware (or --pd, --prefill and --decode), and the policy is ${settings.policy}: add --policy prefix-aware or drop --tokenizer`);
-  }
+  refuseWithoutEffect(state, given);
   if (kvEvents.size > 0 && settings.tokenizer === undefined) {
     throw new UsageError('--kv-events needs --tokenizer PATH: the router tokenizes prompts with the model\'s own tokenizer to look them up');
   }
@@ -404,6 +418,66 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     settings.admission.redisUrl = redisUrl('DP_ROUTER_REDIS_URL', redisFromEnv);
   }
   return settings;
+}
+
+/**
+ * A flag that the rest of the command line leaves without effect is refused, with the reason: a
+ * flag accepted and then ignored would mislead whoever reads the command line.
+ */
+function refuseWithoutEffect(state: ParseState, given: ReadonlyMap<string, unknown>): void {
+  const { settings } = state;
+  // Only prefix-aware reads a tokenizer and a placement slack (with --pd or --prefill/--decode,
+  // the prefill policy is prefix-aware).
+  if (settings.policy !== 'prefix-aware' && settings.disaggregation === undefined) {
+    for (const flag of ['--tokenizer', '--placement-slack']) {
+      if (given.has(flag)) throw new UsageError(`${flag} is read only by --policy prefix-aware (or --pd, --prefill and --decode), and the policy is ${settings.policy}: add --policy prefix-aware or drop ${flag}`);
+    }
+  }
+  if (given.has('--load-feedback-weight') && settings.loadFeedbackMs === 0) {
+    throw new UsageError('--load-feedback-weight weighs the engine load --load-feedback-ms polls, and that is off: add --load-feedback-ms N or drop --load-feedback-weight');
+  }
+  if (given.has('--on-invalid') && !settings.trustHints) {
+    throw new UsageError('--on-invalid says what an invalid trusted hint gets, and hints are untrusted (each is removed unread): add --trust-hints or drop --on-invalid');
+  }
+  const upstreamFlag = ['--upstream', '--upstream-dns', '--prefill', '--decode'].find((flag) => given.has(flag));
+  const mockFlag = ['--mock-port', '--mock-decode-ms', '--mock-max-num-seqs'].find((flag) => given.has(flag));
+  if (upstreamFlag !== undefined && mockFlag !== undefined) {
+    throw new UsageError(`${mockFlag} sets up the embedded mock vLLM, which does not start with ${upstreamFlag}: drop ${mockFlag}`);
+  }
+  const everyUrlRanked = [...state.upstreamSpecs, ...state.prefillSpecs, ...state.decodeSpecs].every((spec) => parseUpstreamSpec(spec, 1).explicit);
+  const everyNameRanked = state.dnsSpecs.every((spec) => parseDnsSpec(spec, 1, undefined).explicit);
+  if (given.has('--dp-size') && upstreamFlag !== undefined && everyUrlRanked && everyNameRanked) {
+    throw new UsageError('--dp-size gives the ranks of each upstream given without @RANKS (and of the embedded mock), and every upstream here gives its own: drop --dp-size');
+  }
+}
+
+/** The answer to an argument that is no flag: a value after a switch, a stray word, an unknown option. */
+function notAnOption(arg: string, previous: string | undefined): string {
+  if (arg.startsWith('-')) return `unknown option ${JSON.stringify(arg)} (see --help)`;
+  const previousFlag = previous !== undefined && Object.hasOwn(FLAGS, previous) ? FLAGS[previous] : undefined;
+  if (previousFlag !== undefined && 'switch' in previousFlag) {
+    return `${previous} is a switch and takes no value, got ${JSON.stringify(arg)} after it: give ${previous} alone to turn it on, or ${previous}=false`;
+  }
+  return `unexpected argument ${JSON.stringify(arg)}: every option starts with -- (see --help)`;
+}
+
+/** Flags given once per upstream or per item; any other flag with a value is given at most once. */
+const REPEATABLE: ReadonlySet<string> = new Set(['--upstream', '--upstream-dns', '--dns-server', '--model', '--kv-events', '--peer', '--prefill', '--decode', '--bootstrap-port']);
+/**
+ * Flags that apply to every upstream, though they may be written after one as `--model` is, and
+ * what to give instead of a second value.
+ */
+const EVERY_UPSTREAM: Readonly<Record<string, string>> = {
+  '--dp-size': '; give a server of another size its ranks as URL@RANKS, e.g. http://10.0.0.6:8000@0-3',
+  '--start-rank': '; without --start-rank, each server starts at the first rank of its URL@RANKS',
+  '--rank-header': '',
+};
+
+/** A single-value flag given again, both values shown without user information. */
+function repeated(flag: string, first: string, second: string): string {
+  const shown = `(${JSON.stringify(redactUrl(first))}, then ${JSON.stringify(redactUrl(second))})`;
+  if (Object.hasOwn(EVERY_UPSTREAM, flag)) return `${flag} is given twice ${shown}: one value applies to every upstream, not to the one before it${EVERY_UPSTREAM[flag]}`;
+  return `${flag} is given twice ${shown}: it takes one value; give it once`;
 }
 
 /**
@@ -437,7 +511,7 @@ function disaggregate(state: ParseState): void {
   }
   settings.disaggregation = { connector: state.connector ?? 'nixl' };
   const merge = (specs: string[], role: 'prefill' | 'decode') =>
-    mergeUpstreams(specs, settings.dpSize, state.startRank, state.rankHeader).map((upstream) => {
+    mergeUpstreams(specs, settings.dpSize, state.startRank, state.rankHeader, `--${role}`).map((upstream) => {
       const bootstrapPort = role === 'prefill' ? state.bootstrapPorts.get(upstream.url) : undefined;
       return { ...upstream, role, ...(bootstrapPort !== undefined && { bootstrapPort }) };
     });
@@ -448,10 +522,10 @@ function disaggregate(state: ParseState): void {
  * Turns `URL[@RANKS]` specs into upstreams, one per URL. vllm-router names one rank per
  * `URL@RANK` and repeats the URL; here repeats add ranks to the same upstream.
  */
-function mergeUpstreams(specs: readonly string[], dpSize: number, startRank: number | undefined, rankHeader: RankHeaderMode): UpstreamOptions[] {
+function mergeUpstreams(specs: readonly string[], dpSize: number, startRank: number | undefined, rankHeader: RankHeaderMode, flag = '--upstream'): UpstreamOptions[] {
   const byUrl = new Map<string, Set<number>>();
   for (const spec of specs) {
-    const { url, ranks } = parseUpstreamSpec(spec, dpSize, startRank);
+    const { url, ranks } = parseUpstreamSpec(spec, dpSize, startRank, flag);
     const known = byUrl.get(url) ?? new Set<number>();
     ranks.forEach((rank) => known.add(rank));
     byUrl.set(url, known);
@@ -461,21 +535,33 @@ function mergeUpstreams(specs: readonly string[], dpSize: number, startRank: num
     // A server's start rank is where its ranks begin unless given, as vLLM's
     // --data-parallel-start-rank is.
     const start = startRank ?? ranks[0];
-    if (start > ranks[0]) throw new UsageError(`--upstream ${url} routes rank ${ranks[0]}, below --start-rank ${start}`);
+    if (start > ranks[0]) throw new UsageError(`${flag} ${redactUrl(url)} routes rank ${ranks[0]}, below --start-rank ${start}`);
     return { url, startRank: start, dataParallelSize: ranks[ranks.length - 1] - start + 1, ranks, rankHeader };
   });
 }
 
+/** `--upstream-dns` entries by `dns:NAME:PORT` (the key `--model` uses): one given again adds ranks, as a repeated `--upstream` does. */
+function mergeDnsSpecs(specs: readonly string[], dpSize: number, startRank: number | undefined): Map<string, { name: string; port: number; ranks: number[] }> {
+  const entries = new Map<string, { name: string; port: number; ranks: number[] }>();
+  for (const spec of specs) {
+    const { name, port, ranks } = parseDnsSpec(spec, dpSize, startRank);
+    const key = `dns:${name}:${port}`;
+    const known = entries.get(key)?.ranks ?? [];
+    entries.set(key, { name, port, ranks: [...new Set([...known, ...ranks])].sort((a, b) => a - b) });
+  }
+  return entries;
+}
+
 /** `NAME:PORT[@RANKS]` of `--upstream-dns`. */
-function parseDnsSpec(spec: string, dpSize: number, startRank: number | undefined): { name: string; port: number; ranks: number[] } {
-  const found = /^([A-Za-z0-9_][A-Za-z0-9_.-]*):(\d{1,5})(?:@([0-9,\- ]+))?$/.exec(spec);
+function parseDnsSpec(spec: string, dpSize: number, startRank: number | undefined): { name: string; port: number; ranks: number[]; explicit: boolean } {
+  const found = /^([A-Za-z0-9_][A-Za-z0-9_.-]*):(\d{1,5})(?:@(.+))?$/.exec(spec);
   if (!found || Number(found[2]) < 1 || Number(found[2]) > 65535) {
     throw new UsageError(`--upstream-dns ${JSON.stringify(spec)} is not NAME:PORT[@RANKS], e.g. vllm.default.svc.cluster.local:8000`);
   }
   const start = startRank ?? 0;
-  const ranks = found[3] === undefined ? Array.from({ length: dpSize }, (_, offset) => start + offset) : [...new Set(parseRankList(spec, found[3]))].sort((a, b) => a - b);
+  const ranks = found[3] === undefined ? Array.from({ length: dpSize }, (_, offset) => start + offset) : [...new Set(parseRankList(`--upstream-dns ${JSON.stringify(spec)}`, found[3]))].sort((a, b) => a - b);
   if (startRank !== undefined && startRank > ranks[0]) throw new UsageError(`--upstream-dns ${spec} routes rank ${ranks[0]}, below --start-rank ${startRank}`);
-  return { name: found[1], port: Number(found[2]), ranks };
+  return { name: found[1], port: Number(found[2]), ranks, explicit: found[3] !== undefined };
 }
 
 /** A DNS server address as node:dns takes it: an IP address with an optional port. */
@@ -488,34 +574,46 @@ function dnsServer(flag: string, raw: string): string {
   return raw;
 }
 
-function parseUpstreamSpec(spec: string, dpSize: number, startRank = 0): { url: string; ranks: number[] } {
+/**
+ * What may follow a URL's user information: a host (a name or address, or `[IPv6]`), then an
+ * optional port and path. Anything else after the last `@` is a rank list, well formed or not.
+ */
+const HOST_AFTER_AT = /^(?:\[[0-9A-Za-z:.%]+\]|[A-Za-z0-9._-]*[A-Za-z._-][A-Za-z0-9._-]*)(?::\d*)?(?:[/?#].*)?$/;
+
+function parseUpstreamSpec(spec: string, dpSize: number, startRank = 0, flag = '--upstream'): { url: string; ranks: number[]; explicit: boolean } {
   const at = spec.lastIndexOf('@');
-  const hasRanks = at > spec.indexOf('//') + 1 && /^[0-9,\- ]+$/.test(spec.slice(at + 1));
+  // A typo in the ranks (`URL@0,2,x`) is a bad rank list, not credentials with a host `0,2,x`.
+  const tail = spec.slice(at + 1);
+  const hasRanks = at > spec.indexOf('//') + 1 && (/^[0-9,\- ]+$/.test(tail) || !HOST_AFTER_AT.test(tail));
   const url = hasRanks ? spec.slice(0, at) : spec;
+  const ranksText = hasRanks ? spec.slice(at) : '';
   // Never print a password: every message below names the spec without user information.
-  const shownSpec = JSON.stringify(redactUrl(url) + (hasRanks ? spec.slice(at) : ''));
+  const shownSpec = JSON.stringify(redactUrl(url) + ranksText);
   let parsed: URL;
   try {
     parsed = new URL(url);
     if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') throw new Error();
   } catch {
-    throw new UsageError(`--upstream ${shownSpec} is not an http(s) URL[@RANKS]`);
+    throw new UsageError(`${flag} ${shownSpec} is not an http(s) URL[@RANKS]`);
   }
   const problem = upstreamUrlProblem(parsed);
-  if (problem) throw new UsageError(`--upstream ${shownSpec} ${problem.problem}. ${problem.fix}`);
-  if (!hasRanks) return { url, ranks: Array.from({ length: dpSize }, (_, offset) => startRank + offset) };
-  return { url, ranks: parseRankList(shownSpec, spec.slice(at + 1)) };
+  if (problem) {
+    const apiKey = problem.credentials ? ` (${AUTHORIZATION})` : '';
+    throw new UsageError(`${flag} ${shownSpec} ${problem.problem}: give ${flag} ${problem.url}${ranksText} instead${apiKey}`);
+  }
+  if (!hasRanks) return { url, ranks: Array.from({ length: dpSize }, (_, offset) => startRank + offset), explicit: false };
+  return { url, ranks: parseRankList(`${flag} ${shownSpec}`, spec.slice(at + 1)), explicit: true };
 }
 
-/** `0,2,4,6`, `4-7` or a mix such as `0-1,6`. */
-function parseRankList(shownSpec: string, list: string): number[] {
+/** `0,2,4,6`, `4-7` or a mix such as `0-1,6`; `where` names the flag and spec in messages. */
+function parseRankList(where: string, list: string): number[] {
   const ranks: number[] = [];
   for (const part of list.split(',')) {
     const range = /^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$/.exec(part);
-    if (!range) throw new UsageError(`--upstream ${shownSpec}: ranks must look like 0,2,4,6 or 4-7`);
+    if (!range) throw new UsageError(`${where}: ${JSON.stringify(part)} is not a rank: ranks after the @ look like 0,2,4,6 or 4-7`);
     const first = Number(range[1]);
     const last = range[2] === undefined ? first : Number(range[2]);
-    if (last < first || last - first > 65536) throw new UsageError(`--upstream ${shownSpec}: range ${part.trim()} runs backwards or is too long`);
+    if (last < first || last - first > 65536) throw new UsageError(`${where}: range ${part.trim()} runs backwards or is too long`);
     for (let rank = first; rank <= last; rank++) ranks.push(rank);
   }
   return ranks;

@@ -4,12 +4,14 @@ import type { AddressInfo } from 'node:net';
 import type { Logger as PinoLogger } from 'pino';
 import { pinoHttp } from 'pino-http';
 import { Registry } from 'prom-client';
-import { dpRouter, type DpRouter, type UpstreamEntry, type UpstreamOptions } from '../lib';
+import { dpRouter, type AdmissionOptions, type DpRouter, type UpstreamEntry, type UpstreamOptions } from '../lib';
 import { gatewayErrorOf } from '../lib/errors';
 import { redactUrl } from '../lib/upstreams/upstream-url';
 import { DEFAULT_MOCK_PORT, type GatewaySettings } from './cli';
 import { startMockVllm, type MockVllm, type MockVllmOptions } from './mock-vllm';
 import { admissionFromFlags } from './admission';
+import { listenProblem } from './listen-problem';
+import { servicesSummary } from './startup-line';
 
 /** A running example gateway. */
 export interface RunningGateway {
@@ -109,10 +111,19 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
   app.use(router);
 
   const server = createServer(app);
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(settings.port, settings.host, () => resolve());
-  });
+  try {
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(settings.port, settings.host, () => resolve());
+    });
+  } catch (error) {
+    // Nothing started so far outlives the failed start.
+    await router.close();
+    await admission.close();
+    await mock?.close();
+    await prefillMock?.close();
+    throw listenProblem(error, 'the gateway', hostPort(settings.host, settings.port), 'give --port N or set PORT (0: any free port)');
+  }
   const address = server.address() as AddressInfo;
   const url = `http://${address.family === 'IPv6' ? `[${address.address}]` : address.address}:${address.port}`;
 
@@ -133,7 +144,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
       await prefillMock?.close();
     })());
 
-  const summary = describe(url, upstreams, settings, mock) + (mockStart?.eventsOff === undefined ? '' : `; the mock publishes no KV events (${mockStart.eventsOff})`);
+  const summary = describe(url, upstreams, settings, mock, admission.options) + (mockStart?.eventsOff === undefined ? '' : `; the mock publishes no KV events (${mockStart.eventsOff})`);
   return { server, router, url, mock, prefillMock, summary, close };
 }
 
@@ -151,7 +162,9 @@ async function startMock(settings: GatewaySettings, role?: Pick<MockVllmOptions,
   const options = { dataParallelSize: settings.dpSize, decodeMsPerToken: settings.mockDecodeMs, ...(settings.mockMaxNumSeqs > 0 && { maxNumSeqs: settings.mockMaxNumSeqs }), ...role };
   // The decode server of --pd publishes none: prefill ranks are the ones picked on prefixes.
   if (role?.role === 'decode') return { mock: await startMockVllm(options) };
-  const start = (withEvents: boolean) => startMockOnPort(settings.mockPort, { ...options, ...(withEvents && { kvEvents: {} }) });
+  // A gateway on any port (--port 0: tests, several at once) puts its mock on any port too.
+  const port = settings.mockPort ?? (settings.port === 0 ? 0 : undefined);
+  const start = (withEvents: boolean) => startMockOnPort(port, { ...options, ...(withEvents && { kvEvents: {} }) });
   try {
     return { mock: await start(true) };
   } catch (error) {
@@ -161,17 +174,22 @@ async function startMock(settings: GatewaySettings, role?: Pick<MockVllmOptions,
 }
 
 /**
- * The mock on `--mock-port`; without one, on {@link DEFAULT_MOCK_PORT} where prometheus.yml
- * looks for it, or on any free port when that one is taken (a second `npm start`).
+ * The mock on `--mock-port`; without one, on {@link DEFAULT_MOCK_PORT}, where prometheus.yml
+ * scrapes it. A taken port is an error that names `--mock-port`: a mock moved elsewhere in
+ * silence would leave prometheus.yml scraping whatever holds its port.
  */
 export async function startMockOnPort(port: number | undefined, options: MockVllmOptions, defaultPort = DEFAULT_MOCK_PORT): Promise<MockVllm> {
-  if (port !== undefined) return startMockVllm({ ...options, port });
+  const chosen = port ?? defaultPort;
   try {
-    return await startMockVllm({ ...options, port: defaultPort });
+    return await startMockVllm({ ...options, port: chosen });
   } catch (error) {
-    if ((error as NodeJS.ErrnoException).code !== 'EADDRINUSE') throw error;
-    return startMockVllm({ ...options, port: 0 });
+    const where = port === undefined ? ', where example-server/prometheus.yml scrapes it,' : '';
+    throw listenProblem(error, `the embedded mock vLLM${where}`, hostPort(options.host ?? '127.0.0.1', chosen), 'give --mock-port N (0: any free port; prometheus.yml\'s vllm job then needs that port)');
   }
+}
+
+function hostPort(host: string, port: number): string {
+  return host.includes(':') ? `[${host}]:${port}` : `${host}:${port}`;
 }
 
 /** An embedded mock as an upstream, subscribed to its KV events when it publishes them. */
@@ -187,7 +205,7 @@ function embeddedUpstream(mock: MockVllm, name: string, dpSize: number, role: 'p
   };
 }
 
-function describe(url: string, upstreams: readonly UpstreamEntry[], settings: GatewaySettings, mock: MockVllm | undefined): string {
+function describe(url: string, upstreams: readonly UpstreamEntry[], settings: GatewaySettings, mock: MockVllm | undefined, admission: AdmissionOptions | undefined): string {
   const targets = upstreams
     .map((upstream) => {
       const where = 'dns' in upstream && upstream.dns !== undefined ? `every address of ${upstream.dns.name}:${upstream.dns.port}` : mock ? `embedded mock vLLM ${upstream.url}` : redactUrl(upstream.url!);
@@ -199,7 +217,7 @@ function describe(url: string, upstreams: readonly UpstreamEntry[], settings: Ga
   const hints = settings.trustHints ? `hints trusted, invalid → ${settings.onInvalid}` : 'hints untrusted';
   const exact = settings.policy === 'prefix-aware' && upstreams.some((upstream) => upstream.kvEvents !== undefined) ? ' (exact, on KV events)' : '';
   const pd = settings.disaggregation ? `; prefill/decode disaggregated (${settings.disaggregation.connector}, prefill policy prefix-aware)` : '';
-  return `express-dp-router listening on ${url} → ${targets}; policy ${settings.policy}${exact}${pd}; ${hints}; metrics at ${url}/metrics`;
+  return `express-dp-router listening on ${url} → ${targets}; policy ${settings.policy}${exact}${pd}; ${hints}${servicesSummary(settings, admission)}; metrics at ${url}/metrics`;
 }
 
 function rankList(upstream: UpstreamEntry): string {

@@ -20,7 +20,7 @@ export { ERROR_CODES, OptionError, PolicyError } from './errors';
 export type { ErrorCode } from './errors';
 export type { DpRankOptions, DpRouterOptions, Options } from './options';
 export type { UpstreamOptions, DnsUpstreamOptions, UpstreamEntry, RankHeaderMode, UpstreamRole } from './upstreams/upstream-options';
-export type { DnsOptions } from './pools/dns-options';
+export type { DnsOptions, UpstreamDnsOptions } from './pools/dns-options';
 export type { Connector, DisaggregationOptions, PrefillFailureMode } from './disaggregation/options';
 export type { DiscoverOptions, LoadFeedbackOptions } from './upstreams/engine-watch-options';
 export type { HintOptions } from './request/hint-options';

@@ -103,6 +103,7 @@ export class RouterServices {
     const models = (this.models = createModelRouting(table, (message) => config.logger.warn(message)));
     this.balancing = new VllmBalancing(table, models.pools);
     this.started.push(() => models.stop());
+    models.declareSources(decodePool(config.upstreams));
     if (hasDnsEntries(config.upstreams)) this.dns = this.startDns(config.upstreams);
     this.started.push(() => this.dns?.stop());
     this.admission = this.startAdmission();
@@ -129,6 +130,7 @@ export class RouterServices {
    * with them, DNS discovery follows the entries and applies what their names resolve to.
    */
   setSources(sources: readonly UpstreamConfig[]): void {
+    this.models.declareSources(sources);
     if (this.dns === undefined && !hasDnsEntries(sources)) this.reconfigure(sources);
     else (this.dns ??= this.startDns([])).set(sources);
   }

@@ -185,7 +185,7 @@ describe('parseCommandLine', () => {
       peers: { listen: '0.0.0.0:7946', addresses: ['10.0.0.5:7946', '10.0.0.6:7946'], secret: 'a secret of the replicas' },
     });
     expect(parse()).toMatchObject({ placementSlack: undefined, peers: undefined });
-    expect(parse('--placement-slack', '2.5').placementSlack).toBe(2.5);
+    expect(parse('--policy', 'prefix-aware', '--placement-slack', '2.5').placementSlack).toBe(2.5);
     expect(() => parseCommandLine(argv, {})).toThrow(/--peer-listen needs the replicas' shared secret in DP_ROUTER_PEER_SECRET/);
     expect(() => parseCommandLine(['--peer-listen', '0.0.0.0:7946'], env)).toThrow(/--peer-listen needs the replicas to announce to/);
     expect(() => parseCommandLine(['--peer', '10.0.0.5:7946'], env)).toThrow(/--peer and --peer-dns name the other replicas for --peer-listen/);
@@ -219,9 +219,69 @@ describe('parseCommandLine', () => {
     );
     expect(upstreams).toEqual([
       { url: 'http://a:8000', startRank: 0, dataParallelSize: 4, ranks: [0, 1, 2, 3], rankHeader: 'local', models: ['llama', 'llama-sql-lora'] },
-      { dns: { name: 'vllm-pods.default.svc.cluster.local', port: 8000, servers: ['10.96.0.10', '127.0.0.1:5353'] }, startRank: 0, dataParallelSize: 2, ranks: [0, 1], rankHeader: 'local' },
-      { dns: { name: 'qwen-pods.default.svc.cluster.local', port: 8001, servers: ['10.96.0.10', '127.0.0.1:5353'] }, startRank: 0, dataParallelSize: 3, ranks: [0, 2], rankHeader: 'local', models: ['qwen'] },
+      { dns: { name: 'vllm-pods.default.svc.cluster.local', port: 8000, servers: ['10.96.0.10', '127.0.0.1:5353'] }, name: 'vllm-pods.default.svc.cluster.local', startRank: 0, dataParallelSize: 2, ranks: [0, 1], rankHeader: 'local' },
+      { dns: { name: 'qwen-pods.default.svc.cluster.local', port: 8001, servers: ['10.96.0.10', '127.0.0.1:5353'] }, name: 'qwen-pods.default.svc.cluster.local', startRank: 0, dataParallelSize: 3, ranks: [0, 2], rankHeader: 'local', models: ['qwen'] },
     ]);
+  });
+
+  it('names --upstream-dns upstreams NAME/ADDRESS (NAME:PORT/ADDRESS for a name given with two ports), and merges a NAME:PORT given again', () => {
+    const { upstreams } = parse('--upstream-dns', 'a.test:8000@0', '--upstream-dns', 'a.test:8001', '--upstream-dns', 'b.test:8000@1', '--upstream-dns', 'b.test:8000@3', '--model', 'm', '--dp-size', '1');
+    expect(upstreams.map((upstream) => [upstream.name, upstream.ranks, upstream.models])).toEqual([
+      ['a.test:8000', [0], undefined],
+      ['a.test:8001', [0], undefined],
+      ['b.test', [1, 3], ['m']],
+    ]);
+  });
+
+  it('reads what follows the last @ as ranks unless it is a host: a mistyped rank list is said to be one', () => {
+    expect(() => parse('--upstream', 'http://10.0.0.5:8000@0,2,x')).toThrow('--upstream "http://10.0.0.5:8000@0,2,x": "x" is not a rank: ranks after the @ look like 0,2,4,6 or 4-7');
+    expect(() => parse('--upstream', 'http://10.0.0.5:8000@0;2')).toThrow(/"0;2" is not a rank/);
+    expect(() => parse('--upstream-dns', 'vllm.test:8000@0,x')).toThrow('--upstream-dns "vllm.test:8000@0,x": "x" is not a rank');
+    // A host after user information is credentials, refused without printing them, in the CLI's words.
+    const credentials = () => parse('--upstream', 'http://admin:s3cret@vllm.internal:8000@0-3');
+    expect(credentials).toThrow(/^--upstream "http:\/\/\*\*\*@vllm\.internal:8000@0-3" carries credentials .*: give --upstream http:\/\/vllm\.internal:8000@0-3 instead \(vLLM's --api-key is checked against each client's own `Authorization: Bearer …`, which the router passes through\)$/);
+    expect(credentials).not.toThrow(/s3cret|url:/);
+  });
+
+  it('says how to fix a URL in CLI words, naming the flag it came with', () => {
+    expect(() => parse('--upstream', 'http://h:8000/v1@0-3')).toThrow(/^--upstream "http:\/\/h:8000\/v1@0-3" ends in \/v1, an OpenAI base URL: .*: give --upstream http:\/\/h:8000@0-3 instead$/);
+    expect(() => parse('--upstream', 'http://h:8000/?x=1')).toThrow(/: give --upstream http:\/\/h:8000 instead$/);
+    expect(() => parse('--prefill', 'http://p:8000/v1', '--decode', 'http://d:8000')).toThrow(/^--prefill "http:\/\/p:8000\/v1" ends in \/v1.*: give --prefill http:\/\/p:8000 instead$/);
+  });
+
+  it.each([
+    [['--port', '8080', '--port', '9090'], '--port is given twice ("8080", then "9090"): it takes one value; give it once'],
+    [['--policy', 'round-robin', '--policy=random'], '--policy is given twice ("round-robin", then "random")'],
+    // Never a password, though the values are shown.
+    [['--tokens-per-minute', '9', '--redis', 'redis://:hunter2@h:6379', '--redis', 'redis://u:pw@h:6380'], '--redis is given twice ("redis://***@h:6379", then "redis://***@h:6380")'],
+    // --dp-size reads as if it belonged to the --upstream before it, as --model does; it does not.
+    [['--upstream', 'http://a:8000', '--dp-size', '4', '--upstream', 'http://b:8000', '--dp-size', '8'], '--dp-size is given twice ("4", then "8"): one value applies to every upstream, not to the one before it; give a server of another size its ranks as URL@RANKS'],
+    [['--start-rank', '0', '--start-rank', '4'], '--start-rank is given twice ("0", then "4"): one value applies to every upstream'],
+  ])('refuses a single-value flag given twice: %j', (argv, message) => {
+    expect(() => parseCommandLine(argv)).toThrow(UsageError);
+    expect(() => parseCommandLine(argv)).toThrow(message);
+    expect(() => parseCommandLine(argv)).not.toThrow(/hunter2|pw@/);
+  });
+
+  it.each([
+    [['--placement-slack', '0'], '--placement-slack is read only by --policy prefix-aware (or --pd, --prefill and --decode), and the policy is least-outstanding: add --policy prefix-aware or drop --placement-slack'],
+    [['--policy', 'round-robin', '--placement-slack', '2'], 'the policy is round-robin: add --policy prefix-aware or drop --placement-slack'],
+    [['--load-feedback-weight', '0.3'], '--load-feedback-weight weighs the engine load --load-feedback-ms polls, and that is off: add --load-feedback-ms N or drop --load-feedback-weight'],
+    [['--on-invalid', 'reject'], '--on-invalid says what an invalid trusted hint gets, and hints are untrusted (each is removed unread): add --trust-hints or drop --on-invalid'],
+    [['--upstream', 'http://a:8000', '--mock-decode-ms', '50'], '--mock-decode-ms sets up the embedded mock vLLM, which does not start with --upstream: drop --mock-decode-ms'],
+    [['--upstream-dns', 'vllm.test:8000', '--mock-port', '30001'], '--mock-port sets up the embedded mock vLLM, which does not start with --upstream-dns: drop --mock-port'],
+    [['--upstream', 'http://a:8000@0-3', '--upstream', 'http://b:8000@4-7', '--dp-size', '8'], '--dp-size gives the ranks of each upstream given without @RANKS (and of the embedded mock), and every upstream here gives its own: drop --dp-size'],
+  ])('refuses a flag the others leave without effect, saying why: %j', (argv, message) => {
+    expect(() => parseCommandLine(argv)).toThrow(UsageError);
+    expect(() => parseCommandLine(argv)).toThrow(message);
+  });
+
+  it('takes the same flags where they have an effect', () => {
+    expect(parse('--pd', '--placement-slack', '0').placementSlack).toBe(0);
+    expect(parse('--trust-hints', '--on-invalid', 'reject').onInvalid).toBe('reject');
+    expect(parse('--mock-decode-ms', '50', '--mock-port', '0').mockDecodeMs).toBe(50);
+    expect(parse('--upstream', 'http://a:8000@0-3', '--upstream', 'http://b:8000', '--dp-size', '8').upstreams.map((upstream) => upstream.ranks?.length)).toEqual([4, 8]);
+    expect(parse('--pd', '--dp-size', '2').dpSize).toBe(2);
   });
 
   it('answers help', () => {
@@ -238,7 +298,9 @@ describe('parseCommandLine', () => {
     [['--expose-decision=0'], /--expose-decision is a switch/],
     [['--discover=off'], /--discover is a switch/],
     [['--help=1'], /--help is a switch/],
-    [['--trust-hints', 'false'], /unknown option "false"/],
+    [['--trust-hints', 'false'], /^--trust-hints is a switch and takes no value, got "false" after it: give --trust-hints alone to turn it on, or --trust-hints=false$/],
+    [['--trust-hints', 'yes'], /^--trust-hints is a switch and takes no value, got "yes" after it/],
+    [['--port', '1', '2'], /^unexpected argument "2": every option starts with --/],
     [['--host='], /--host needs a value/],
     [['--tokenizer', ''], /--tokenizer needs a value/],
     [['--policy', 'prefix-aware', '--tokenizer', '/nonexistent/model'], /^--tokenizer "\/nonexistent\/model": no such file or directory$/],

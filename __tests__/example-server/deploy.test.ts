@@ -268,9 +268,10 @@ interface SimulatedBuild {
 
 /**
  * Runs the Dockerfile without Docker: each stage gets a directory, COPY copies from the build
- * context (or an earlier stage), `npm ci` is stood in for by this checkout's node_modules, and
- * the other RUN lines (the compile, the package.json edit) run as written. A RUN this does not
- * know fails the test, so the simulation cannot drift from the Dockerfile unnoticed.
+ * context (or an earlier stage), `npm ci` is stood in for by this checkout's node_modules (then
+ * the package's `prepare` runs, as npm runs it, unless `--ignore-scripts`), and the other RUN
+ * lines (the compile, the package.json edit) run as written. A RUN this does not know fails the
+ * test, so the simulation cannot drift from the Dockerfile unnoticed.
  */
 async function simulateBuild(stages: readonly Stage[], context: readonly string[]): Promise<SimulatedBuild> {
   const root = mkdtempSync(path.join(tmpdir(), 'dp-router-image-'));
@@ -324,6 +325,9 @@ async function simulateStages(root: string, stages: readonly Stage[], context: r
             else if (!/^npm cache clean\b/.test(command)) throw new Error(`the simulated build does not know ${JSON.stringify(command)}`);
           }
           if (!existsSync(path.join(workdir, 'node_modules'))) symlinkSync(path.join(REPO, 'node_modules'), path.join(workdir, 'node_modules'), 'dir');
+          // After installing, npm ci runs the package's own `prepare` (the library's build), with what the stage has copied so far.
+          const { scripts } = JSON.parse(readFileSync(path.join(workdir, 'package.json'), 'utf8')) as { scripts?: Record<string, string> };
+          if (scripts?.prepare !== undefined && !commands.some((command) => /^npm ci\b.*--ignore-scripts/.test(command))) await run('npm', ['run', '--silent', 'prepare'], workdir);
         } else if (/^(npx tsc|node -e) /.test(args)) {
           await run('sh', ['-c', args], workdir);
         } else {

@@ -7,6 +7,7 @@ import request from 'supertest';
 import { parseCommandLine, type GatewaySettings } from '../../example-server/cli';
 import { startExampleGateway, startMockOnPort, type RunningGateway } from '../../example-server/gateway';
 import { expressMajor, serve } from '../helpers/app';
+import { freeUdpPort } from '../helpers/udp';
 import { waitFor } from '../helpers/wait';
 
 const ROOT = join(__dirname, '..', '..');
@@ -100,6 +101,18 @@ describeProcess('npm start (the process)', () => {
     expect(wrongSwitch.stderr.trim().split('\n')).toEqual([
       'express-dp-router: --trust-hints is a switch: give it alone, or as --trust-hints=true or --trust-hints=false, got "--trust-hints=0"',
     ]);
+  });
+
+  it('exits 1 with one line naming the listener and the flag when its port is taken', async () => {
+    const holder = await serve(() => undefined);
+    const port = new URL(holder.url).port;
+    try {
+      const { code, stderr } = await exited(run(['--port', port, '--mock-port', '0']));
+      expect(code).toBe(1);
+      expect(stderr.trim().split('\n')).toEqual([`express-dp-router: the gateway cannot listen on 127.0.0.1:${port}: another process holds that port (EADDRINUSE); give --port N or set PORT (0: any free port)`]);
+    } finally {
+      await holder.close();
+    }
   });
 
   it('logs where it listens, and on SIGTERM lets an in-flight stream finish before exiting', async () => {
@@ -283,18 +296,69 @@ describe("the embedded mock's port", () => {
     }
   });
 
-  it('is the default port when free, and any free port when it is taken', async () => {
+  it('is the default port when free; taken, it is an error naming --mock-port, never a silent move prometheus.yml would not follow', async () => {
     const port = await freePort();
     const first = await startMockOnPort(undefined, {}, port);
-    const second = await startMockOnPort(undefined, {}, port);
     try {
       expect(first.port).toBe(port);
-      expect(second.port).not.toBe(port);
-      expect((await fetch(`${second.url}/health`)).status).toBe(200);
-      // Asked for by name, a taken port is an error.
-      await expect(startMockOnPort(port, {})).rejects.toThrow(/EADDRINUSE/);
+      await expect(startMockOnPort(undefined, {}, port)).rejects.toThrow(
+        `the embedded mock vLLM, where example-server/prometheus.yml scrapes it, cannot listen on 127.0.0.1:${port}: another process holds that port (EADDRINUSE); give --mock-port N (0: any free port; prometheus.yml's vllm job then needs that port)`,
+      );
+      await expect(startMockOnPort(port, {})).rejects.toThrow(`the embedded mock vLLM cannot listen on 127.0.0.1:${port}: another process holds that port (EADDRINUSE); give --mock-port N`);
     } finally {
-      await Promise.all([first.close(), second.close()]);
+      await first.close();
+    }
+  });
+
+  it('is any free port when the gateway is on any port (--port 0)', async () => {
+    const gateway = await startExampleGateway(parseCommandLine(['--port', '0']) as GatewaySettings);
+    try {
+      expect((await fetch(`${gateway.mock!.url}/health`)).status).toBe(200);
+    } finally {
+      await gateway.close();
+    }
+  });
+});
+
+describe('the start-up line', () => {
+  it('says what admission, its Redis and the peers are, never a password or the peers\' secret', async () => {
+    const lines: string[] = [];
+    const logger = pino({ level: 'warn' }, { write: (line: string) => void lines.push(line) });
+    const [listen, other] = [await freeUdpPort(), await freeUdpPort()];
+    const argv = ['--port', '0', '--max-inflight-per-rank', '2', '--tenant-header', 'X-Tenant-Id', '--tokens-per-minute', '5000', '--redis', 'redis://:s3cret-pw@127.0.0.1:9'];
+    const peers = ['--peer-listen', `127.0.0.1:${listen}`, '--peer', `127.0.0.1:${other}`];
+    const secret = 'a peers secret nobody may read';
+    const gateway = await startExampleGateway(parseCommandLine([...argv, ...peers], { DP_ROUTER_PEER_SECRET: secret }) as GatewaySettings, logger);
+    try {
+      expect(gateway.summary).toContain(
+        '; admission: 2 in flight per rank, then a queue of 1024 (30000 ms at most), tenants by x-tenant-id, 5000 tokens per minute per tenant counted in Redis redis://***@127.0.0.1:9',
+      );
+      expect(gateway.summary).toContain(`; peers: UDP 127.0.0.1:${listen} with 1 replica address(es); metrics at`);
+      expect(gateway.summary).not.toMatch(/s3cret|nobody may read/);
+    } finally {
+      await gateway.close();
+    }
+    const plain = await startExampleGateway(parseCommandLine(['--port', '0', '--queue-max', '10']) as GatewaySettings);
+    try {
+      expect(plain.summary).toContain('; admission: 32 in flight per rank, then a queue of 10 (30000 ms at most), one tenant; metrics at');
+      expect(plain.summary).not.toContain('peers');
+    } finally {
+      await plain.close();
+    }
+  });
+});
+
+describe("the gateway's own port", () => {
+  it('taken, is an error naming the gateway, its address and the flag or variable that moves it', async () => {
+    const holder = await serve(() => undefined);
+    const port = Number(new URL(holder.url).port);
+    try {
+      const settings = parseCommandLine(['--port', String(port), '--upstream', 'http://127.0.0.1:9']) as GatewaySettings;
+      await expect(startExampleGateway(settings)).rejects.toThrow(
+        `the gateway cannot listen on 127.0.0.1:${port}: another process holds that port (EADDRINUSE); give --port N or set PORT (0: any free port)`,
+      );
+    } finally {
+      await holder.close();
     }
   });
 });

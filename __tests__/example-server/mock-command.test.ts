@@ -1,5 +1,7 @@
 import { describe, expect, it } from '@jest/globals';
 import { spawn } from 'node:child_process';
+import { createServer } from 'node:net';
+import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { parseMockCommandLine } from '../../example-server/mock-vllm/command';
 
@@ -48,6 +50,22 @@ describe('the standalone mock vLLM command', () => {
     expect(parseMockCommandLine(['--help'])).toBe('help');
     expect(() => parseMockCommandLine(['--port', 'x'])).toThrow('--port must be an integer from 0 to 65535, got "x"');
     expect(() => parseMockCommandLine(['--model='])).toThrow('--model needs a value');
+  });
+
+  it('exits 1 with one line naming its port and --port when the port is taken', async () => {
+    const holder = createServer();
+    await new Promise<void>((resolve) => holder.listen(0, '127.0.0.1', resolve));
+    const { port } = holder.address() as AddressInfo;
+    try {
+      const child = spawn(join(ROOT, 'node_modules', '.bin', 'tsx'), [join(ROOT, 'example-server', 'mock-vllm.ts'), '--port', String(port)], { cwd: ROOT });
+      let stderr = '';
+      child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+      const code = await new Promise<number | null>((resolve) => child.on('close', resolve));
+      expect(code).toBe(1);
+      expect(stderr.trim().split('\n')).toEqual([`mock-vllm: the mock vLLM cannot listen on 127.0.0.1:${port}: another process holds that port (EADDRINUSE); give --port N (0: any free one)`]);
+    } finally {
+      await new Promise((resolve) => holder.close(resolve));
+    }
   });
 
   it('runs as `npx tsx example-server/mock-vllm.ts --port N` and serves until SIGTERM', async () => {

@@ -5,8 +5,9 @@
  * `prometheus` package (.ci/run installs it); skips, loudly, only when a binary is missing.
  */
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { spawnSync } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { networkInterfaces, tmpdir } from 'node:os';
 import path from 'node:path';
 import { parse, stringify } from 'yaml';
 import { DEFAULT_MOCK_PORT, parseCommandLine, type GatewaySettings } from '../../example-server/cli';
@@ -14,6 +15,7 @@ import { startExampleGateway, type RunningGateway } from '../../example-server/g
 import {
   dashboardQueries,
   findExecutable,
+  freePort,
   queryInstant,
   REPO,
   startPrometheus,
@@ -75,6 +77,61 @@ describe('example-server/prometheus.yml', () => {
     expect(defaults.mockPort).toBeUndefined();
     expect(targets).toEqual({ [JOB]: [`127.0.0.1:${defaults.port}`], vllm: [`127.0.0.1:${DEFAULT_MOCK_PORT}`] });
   });
+});
+
+/** Every documented command line that starts Prometheus on the shipped config, with where it is written. */
+function documentedRecipes(): Array<{ where: string; command: string }> {
+  const recipes: Array<{ where: string; command: string }> = [];
+  const docs = readdirSync(path.join(REPO, 'docs')).filter((name) => name.endsWith('.md')).map((name) => `docs/${name}`);
+  for (const file of ['README.md', 'example-server/prometheus.yml', ...docs]) {
+    for (const line of readFileSync(path.join(REPO, file), 'utf8').split('\n')) {
+      const found = /(?:^|[\s`#])(prometheus --config\.file=example-server\/prometheus\.yml[^`\n]*)/.exec(line);
+      if (found) recipes.push({ where: file, command: found[1].trim() });
+    }
+  }
+  return recipes;
+}
+
+describe('the documented Prometheus command', () => {
+  it('is the same everywhere: on loopback only, its data outside the checkout', () => {
+    const recipes = documentedRecipes();
+    expect(recipes.map((recipe) => recipe.where)).toEqual(expect.arrayContaining(['docs/operating.md', 'example-server/prometheus.yml']));
+    for (const { where, command } of recipes) {
+      expect({ where, command }).toEqual({ where, command: recipes[0].command });
+      expect({ where, loopback: /--web\.listen-address=127\.0\.0\.1:\d+(\s|$)/.test(command) }).toEqual({ where, loopback: true });
+      expect({ where, storage: /--storage\.tsdb\.path="\$\{TMPDIR:-\/tmp\}\/[^"]+"/.test(command) }).toEqual({ where, storage: true });
+    }
+  });
+
+  it('run as written from the checkout, writes nothing there and answers on loopback alone', async () => {
+    if (!PROMETHEUS) return void skipped('prometheus');
+    const [{ command }] = documentedRecipes();
+    const port = await freePort();
+    const tmp = mkdtempSync(path.join(tmpdir(), 'dp-router-recipe-'));
+    const before = new Set(readdirSync(REPO));
+    const child = spawn('bash', ['-c', `exec ${command.replace(/127\.0\.0\.1:\d+/, `127.0.0.1:${port}`)}`], {
+      cwd: REPO,
+      env: { ...process.env, TMPDIR: tmp, PATH: `${path.dirname(PROMETHEUS)}:${process.env.PATH ?? ''}` },
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+    let log = '';
+    child.stderr!.setEncoding('utf8').on('data', (chunk: string) => (log += chunk));
+    const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+    try {
+      await waitFor(async () => child.exitCode === null && (await fetch(`http://127.0.0.1:${port}/-/ready`)).ok, 15_000, () => `prometheus did not become ready:\n${log}`, 100);
+      expect([...readdirSync(REPO)].filter((name) => !before.has(name))).toEqual([]);
+      expect(readdirSync(tmp).length).toBeGreaterThan(0);
+      // Any other address of this machine is refused (when it has one).
+      for (const address of Object.values(networkInterfaces()).flat()) {
+        if (address === undefined || address.internal || address.family !== 'IPv4') continue;
+        await expect(fetch(`http://${address.address}:${port}/-/ready`)).rejects.toThrow();
+      }
+    } finally {
+      child.kill('SIGTERM');
+      await exited;
+      rmSync(tmp, { recursive: true, force: true });
+    }
+  }, 30_000);
 });
 
 describe('a real Prometheus scraping the example gateway', () => {

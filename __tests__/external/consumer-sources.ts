@@ -287,3 +287,21 @@ dpRouter({ upstreams: [{ url: 'http://127.0.0.1:8000', dataParalelSize: 8 }] });
 dpRouter({ upstreams: [{ url: 'http://127.0.0.1:8000' }], hints: { trust: 'yes' } });
 dpRouter({ upstreams: [{ url: 'http://127.0.0.1:8000', rankHeader: 'local-rank' }] });
 `;
+
+/**
+ * A TypeScript project with the compiler's defaults (target ES5, CommonJS, `node10` resolution,
+ * declaration files checked: no `skipLibCheck`), as `tsc` runs without a target: the package's
+ * declarations must hold nothing newer than every target reads (a `#private` field is TS18028).
+ */
+export const TS_DEFAULT_CONFIG = JSON.stringify({ compilerOptions: { strict: true, esModuleInterop: true, noEmit: true, types: ['node'] } }, null, 2);
+
+/** The default-target consumer: the README's "Mount it", typed. */
+export const TS_DEFAULT_CONSUMER = String.raw`
+import express from 'express';
+import { dpRouter, type DpRouter } from 'express-dp-router';
+
+const app = express();
+const router: DpRouter = dpRouter({ upstreams: [{ url: 'http://127.0.0.1:8000', dataParallelSize: 8 }] });
+app.get('/metrics', router.metrics);
+app.use(router);
+`;

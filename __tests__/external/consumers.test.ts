@@ -11,12 +11,14 @@ import {
   SCENARIO_CJS,
   TS_CJS_CONSUMER,
   TS_CONFIG,
+  TS_DEFAULT_CONFIG,
+  TS_DEFAULT_CONSUMER,
   TS_ESM_CONSUMER,
   TS_WRONG_OPTIONS,
 } from './consumer-sources';
 
 /**
- * The package as users get it: `npm pack` (which builds through `prepack`), then the tarball
+ * The package as users get it: `npm pack` (which builds through `prepare`), then the tarball
  * installed into a throwaway directory in os.tmpdir() with three consumer projects sharing its
  * node_modules: CommonJS, ESM and TypeScript. The install is `npm ci --offline`, from the npm
  * cache that this repository's own `npm ci` filled, with the exact versions it pins.
@@ -51,6 +53,8 @@ let cjsRun: Started<any>;
 let esmRun: Started<any>;
 /** tsc's error lines; noEmitOnError is off, so the good files are emitted though wrong.ts fails. */
 let tscRun: Started<string[]>;
+/** tsc's error lines for the project compiled with the compiler's default target. */
+let tscDefaultRun: Started<string[]>;
 
 interface PackResult {
   filename: string;
@@ -153,15 +157,18 @@ beforeAll(async () => {
   write('ts/src/app.ts', TS_ESM_CONSUMER);
   write('ts/src/legacy.cts', TS_CJS_CONSUMER);
   write('ts/src/wrong.ts', TS_WRONG_OPTIONS);
+  write('ts-default/tsconfig.json', TS_DEFAULT_CONFIG);
+  write('ts-default/app.ts', TS_DEFAULT_CONSUMER);
 
   cjsRun = start(node('cjs/index.js'));
   esmRun = start(node('esm/index.js'));
-  tscRun = start(
-    run(process.execPath, [tsc, '-p', '.', '--pretty', 'false'], { cwd: join(workspace, 'ts') }).then(
+  const compile = (project: string): Promise<string[]> =>
+    run(process.execPath, [tsc, '-p', '.', '--pretty', 'false'], { cwd: join(workspace, project) }).then(
       () => [],
       (error: { stdout?: string }) => (error.stdout ?? String(error)).split('\n').filter((line) => /error TS\d+/.test(line)),
-    ),
-  );
+    );
+  tscRun = start(compile('ts'));
+  tscDefaultRun = start(compile('ts-default'));
 }, SLOW);
 
 afterAll(() => {
@@ -257,6 +264,16 @@ describe('TypeScript consumer (tsc, module nodenext)', () => {
       expect(esm.decision).toMatchObject({ upstream: 'node-a', rank: 6, source: 'hint', headerValue: '6' });
       expect(esm.parsed).toEqual({ ok: false, reason: 'malformed' });
       expect(await node('ts/out/legacy.cjs')).toEqual({ router: 'function', rank: 2 });
+    },
+    SLOW,
+  );
+});
+
+describe('TypeScript consumer with the compiler\'s defaults (no target: ES5, declarations checked)', () => {
+  it(
+    'compiles the README\'s "Mount it" without an error',
+    async () => {
+      expect(await finished(tscDefaultRun)).toEqual([]);
     },
     SLOW,
   );

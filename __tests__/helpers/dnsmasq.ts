@@ -46,8 +46,19 @@ async function freeDnsPort(): Promise<number> {
   }
 }
 
+/** How the test's dnsmasq answers what its hosts file does not hold. */
+export interface DnsmasqOptions {
+  /**
+   * `true` (default): names under `.test` are answered from the hosts file alone (NXDOMAIN, or no
+   * records of a type it lacks). `false`: such queries are forwarded, to no server at all, so
+   * they are REFUSED: AAAA of a name the hosts file gives only IPv4 addresses, as a dnsmasq
+   * without upstream servers answers it.
+   */
+  local?: boolean;
+}
+
 /** Starts dnsmasq (Debian's package) on a free loopback port, serving `hosts`. */
-export async function startDnsmasq(hosts: ReadonlyArray<readonly [string, string]>): Promise<Dnsmasq> {
+export async function startDnsmasq(hosts: ReadonlyArray<readonly [string, string]>, options: DnsmasqOptions = {}): Promise<Dnsmasq> {
   const dir = mkdtempSync(join(tmpdir(), 'dp-router-dnsmasq-'));
   const file = join(dir, 'hosts');
   const write = (entries: ReadonlyArray<readonly [string, string]>) => writeFileSync(file, entries.map(([address, name]) => `${address} ${name}\n`).join(''));
@@ -87,7 +98,7 @@ export async function startDnsmasq(hosts: ReadonlyArray<readonly [string, string
         '--no-hosts',
         `--addn-hosts=${file}`,
         // Names under .test are answered from the hosts file alone: NXDOMAIN when not there.
-        '--local=/test/',
+        ...(options.local === false ? [] : ['--local=/test/']),
         '--log-facility=-',
         '--pid-file=',
         `--user=${userInfo().username}`,

@@ -2,6 +2,7 @@
  * `npx tsx example-server/mock-vllm.ts [options]` (or `npm run mock -- [options]`): the mock
  * vLLM on its own, for library users who want an upstream to point `dpRouter()` at without a GPU.
  */
+import { listenProblem } from '../listen-problem';
 import { startMockVllm } from '../mock-vllm';
 import type { MockVllmOptions } from './types';
 
@@ -168,7 +169,15 @@ export async function runMockCommand(argv: readonly string[]): Promise<void> {
     process.stdout.write(`${MOCK_USAGE}\n`);
     return;
   }
-  const mock = await startMockVllm(options);
+  let mock;
+  try {
+    mock = await startMockVllm(options);
+  } catch (error) {
+    const problem = listenProblem(error, 'the mock vLLM', `${options.host ?? '127.0.0.1'}:${options.port}`, 'give --port N (0: any free one)');
+    process.stderr.write(`mock-vllm: ${(problem as Error).message}\n`);
+    process.exitCode = 1;
+    return;
+  }
   const start = options.startRank ?? 0;
   const count = options.dataParallelSize ?? 4;
   const ranks = `${start}-${start + count - 1} (X-data-parallel-rank 0-${count - 1})`;

@@ -30,9 +30,13 @@ export interface DnsDiscoveryParts {
 interface Watch {
   readonly key: string;
   readonly dns: DnsConfig;
-  /** What it last resolved to (sorted); none before the first answer. */
+  /** What it last resolved to (sorted, at most `dns.maxAddresses`); none before the first answer. */
   addresses: readonly string[];
   failing: boolean;
+  /** The record type whose failure was told, while the other answers. */
+  partial: RecordType | undefined;
+  /** Whether an answer over `dns.maxAddresses` was told, until one fits again. */
+  capped: boolean;
   poll: { stop(): void } | undefined;
 }
 
@@ -41,9 +45,10 @@ const NO_RECORDS = new Set(['ENOTFOUND', 'ENODATA']);
 
 /**
  * Resolves every DNS entry's name (A and AAAA) at start and every `intervalMs` after the last
- * answer, and applies the upstreams its addresses make whenever they change. NXDOMAIN or no
- * records: no endpoints of that entry. A timeout or a refusal keeps the last known set, and is
- * logged once per outage. Timers are unref'd.
+ * answer, and applies the upstreams its addresses make whenever they change, at most
+ * `maxAddresses` of them (told once while an answer has more). NXDOMAIN or no records: no
+ * endpoints of that entry. A timeout or a refusal keeps the last known set (of that record type
+ * alone when the other answers), and is logged once per outage. Timers are unref'd.
  */
 export function startDnsDiscovery(sources: readonly UpstreamConfig[], parts: DnsDiscoveryParts): DnsDiscovery {
   const watches = new Map<string, Watch>();
@@ -65,22 +70,37 @@ export function startDnsDiscovery(sources: readonly UpstreamConfig[], parts: Dns
 
   const answered = (watch: Watch, result: Resolution) => {
     count(watch.dns, result.outcome);
+    const { name, maxAddresses } = watch.dns;
     if (result.outcome === 'failed') {
       if (!watch.failing) {
         watch.failing = true;
-        parts.warn(
-          `express-dp-router: resolving '${watch.dns.name}' failed (${result.code}); keeping its last ${watch.addresses.length} address(es) until it answers again.`,
-        );
+        parts.warn(`express-dp-router: resolving '${name}' failed (${result.code}); keeping its last ${watch.addresses.length} address(es) until it answers again.`);
       }
     } else {
-      const addresses = result.outcome === 'ok' ? result.addresses : [];
+      const all = result.outcome === 'ok' ? result.addresses : [];
       if (watch.failing) {
         watch.failing = false;
-        parts.warn(`express-dp-router: '${watch.dns.name}' resolves again.`);
+        parts.warn(`express-dp-router: '${name}' resolves again.`);
       }
+      const partial = result.partial;
+      if (partial?.type !== watch.partial) {
+        if (partial !== undefined) {
+          parts.warn(
+            `express-dp-router: resolving '${name}' for ${partial.type} records failed (${partial.code}); using the other record type's answer and the last ${partial.type} addresses (${partial.kept}) until ${partial.type} answers again.`,
+          );
+        } else parts.warn(`express-dp-router: '${name}' answers for ${watch.partial} records again.`);
+        watch.partial = partial?.type;
+      }
+      if (all.length > maxAddresses && !watch.capped) {
+        parts.warn(
+          `express-dp-router: '${name}' resolves to ${all.length} addresses; routing to the first ${maxAddresses} (upstreams[].dns.maxAddresses) and leaving the rest out.`,
+        );
+      }
+      watch.capped = all.length > maxAddresses;
+      const addresses = all.length > maxAddresses ? all.slice(0, maxAddresses) : all;
       if (!sameList(addresses, watch.addresses)) {
         parts.warn(
-          `express-dp-router: '${watch.dns.name}' resolves to ${addresses.length === 0 ? 'no address' : addresses.join(', ')} (was: ${watch.addresses.length === 0 ? 'none' : watch.addresses.join(', ')}); routing to those now.`,
+          `express-dp-router: '${name}' resolves to ${addresses.length === 0 ? 'no address' : addresses.join(', ')} (was: ${watch.addresses.length === 0 ? 'none' : watch.addresses.join(', ')}); routing to those now.`,
         );
         watch.addresses = addresses;
         parts.apply(compose());
@@ -110,7 +130,7 @@ export function startDnsDiscovery(sources: readonly UpstreamConfig[], parts: Dns
     }
     for (const [key, dns] of wanted) {
       if (watches.has(key)) continue;
-      const watch: Watch = { key, dns, addresses: [], failing: false, poll: undefined };
+      const watch: Watch = { key, dns, addresses: [], failing: false, partial: undefined, capped: false, poll: undefined };
       watches.set(key, watch);
       watch.poll = pollName(dns, (result) => answered(watch, result));
     }
@@ -139,17 +159,21 @@ export function startDnsDiscovery(sources: readonly UpstreamConfig[], parts: Dns
 /**
  * Resolves `dns.name` (A and AAAA) at once and every `dns.intervalMs` after the last answer, of
  * `dns.servers` (or the system's), each query bounded by `dns.timeoutMs`; `answered` gets every
- * result until `stop()`. The timer is unref'd.
+ * result until `stop()`. A record type that fails while the other answers counts with its last
+ * known addresses ({@link combineAnswers}). The timer is unref'd.
  */
 export function pollName(dns: DnsConfig, answered: (result: Resolution) => void): { stop(): void } {
   const resolver = new Resolver({ timeout: dns.timeoutMs, tries: 1 });
   if (dns.servers !== undefined) resolver.setServers([...dns.servers]);
   let timer: NodeJS.Timeout | undefined;
   let stopped = false;
+  let known: KnownAddresses = { A: [], AAAA: [] };
   const resolve = () => {
-    resolveAddresses(resolver, dns.name).then((result) => {
+    resolveAddresses(resolver, dns.name).then((answers) => {
       if (stopped) return;
-      answered(result);
+      const combined = combineAnswers(answers, known);
+      known = combined.known;
+      answered(combined.result);
       timer = setTimeout(resolve, dns.intervalMs).unref();
     });
   };
@@ -168,22 +192,55 @@ function keyOf(dns: DnsConfig): string {
   return `${dns.name}\n${dns.port}\n${dns.servers?.join(',') ?? ''}\n${dns.intervalMs}`;
 }
 
-export type Resolution = { outcome: 'ok'; addresses: string[] } | { outcome: 'empty' } | { outcome: 'failed'; code: string };
+/** The address record types asked. */
+export type RecordType = 'A' | 'AAAA';
 
-/** The name's A and AAAA addresses, sorted; `failed` when either query failed for want of an answer. */
-export async function resolveAddresses(resolver: Resolver, name: string): Promise<Resolution> {
+/** A record type that failed while the other answered: its last known addresses (`kept` of them) stood in. */
+export interface PartialFailure {
+  readonly type: RecordType;
+  readonly code: string;
+  readonly kept: number;
+}
+
+export type Resolution =
+  | { outcome: 'ok'; addresses: string[]; partial?: PartialFailure }
+  | { outcome: 'empty'; partial?: PartialFailure }
+  | { outcome: 'failed'; code: string };
+
+/** One record type's answer: its addresses (none for NXDOMAIN or no records), or the code it failed with. */
+export type RecordAnswer = { addresses: string[] } | { code: string };
+
+/** The last addresses each record type answered with. */
+export type KnownAddresses = Readonly<Record<RecordType, readonly string[]>>;
+
+/** The name's A and AAAA answers, each on its own: a server may refuse one type and answer the other. */
+export async function resolveAddresses(resolver: Resolver, name: string): Promise<Record<RecordType, RecordAnswer>> {
   const [v4, v6] = await Promise.allSettled([promised<string[]>((done) => resolver.resolve4(name, done)), promised<string[]>((done) => resolver.resolve6(name, done))]);
-  const addresses: string[] = [];
-  for (const answer of [v4, v6]) {
-    if (answer.status === 'fulfilled') {
-      addresses.push(...answer.value);
-      continue;
-    }
-    const code = String((answer.reason as NodeJS.ErrnoException).code ?? answer.reason);
-    if (!NO_RECORDS.has(code)) return { outcome: 'failed', code };
+  const answer = (settled: PromiseSettledResult<string[]>): RecordAnswer => {
+    if (settled.status === 'fulfilled') return { addresses: settled.value };
+    const code = String((settled.reason as NodeJS.ErrnoException).code ?? settled.reason);
+    return NO_RECORDS.has(code) ? { addresses: [] } : { code };
+  };
+  return { A: answer(v4), AAAA: answer(v6) };
+}
+
+/**
+ * One resolution from the two record types' answers: `failed` only when both failed for want of
+ * an answer; when one failed, its last known addresses stand in (a refusal or a timeout keeps
+ * the last known set, per record type), so one refused type never throws a good answer away.
+ */
+export function combineAnswers(answers: Record<RecordType, RecordAnswer>, known: KnownAddresses): { result: Resolution; known: KnownAddresses } {
+  const { A, AAAA } = answers;
+  if ('code' in A && 'code' in AAAA) return { result: { outcome: 'failed', code: A.code }, known };
+  const next = { A: 'code' in A ? known.A : A.addresses, AAAA: 'code' in AAAA ? known.AAAA : AAAA.addresses };
+  let partial: PartialFailure | undefined;
+  for (const type of ['A', 'AAAA'] as const) {
+    const answer = answers[type];
+    if ('code' in answer) partial = { type, code: answer.code, kept: next[type].length };
   }
-  if (addresses.length === 0) return { outcome: 'empty' };
-  return { outcome: 'ok', addresses: [...new Set(addresses)].sort() };
+  const addresses = [...new Set([...next.A, ...next.AAAA])].sort();
+  const result: Resolution = addresses.length === 0 ? { outcome: 'empty', ...(partial && { partial }) } : { outcome: 'ok', addresses, ...(partial && { partial }) };
+  return { result, known: next };
 }
 
 function promised<T>(start: (done: (error: Error | null, value: T) => void) => void): Promise<T> {

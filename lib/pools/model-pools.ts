@@ -18,6 +18,8 @@ export class ModelPools<E extends PooledEndpoint> {
   /** Served model names per upstream; absent: it serves every model. */
   private served = new Map<string, ReadonlySet<string>>();
   private wildcard = false;
+  /** Models of DNS entries, known before (and whether or not) their names resolve; `everyModel`: some such entry serves every model. */
+  private declared: { models: ReadonlySet<string>; everyModel: boolean } = { models: new Set(), everyModel: false };
   private adapters = new Set<string>();
   private known = new Set<string>();
   private upstreamNames: readonly string[] = [];
@@ -48,6 +50,17 @@ export class ModelPools<E extends PooledEndpoint> {
     const names = new Set(upstreams.map((upstream) => upstream.name));
     for (const name of this.learned.keys()) if (!names.has(name)) this.learned.delete(name);
     this.upstreamNames = [...names];
+    this.rebuild();
+  }
+
+  /**
+   * The models of the entries found by DNS (`everyModel`: one of them names none). A model of
+   * such an entry is known even while the entry has no address: with no endpoint serving it, it
+   * gets a 503, not the 404 of a model nobody serves; so does any model while an entry that
+   * serves every model has none.
+   */
+  declare(models: Iterable<string>, everyModel: boolean): void {
+    this.declared = { models: new Set(models), everyModel };
     this.rebuild();
   }
 
@@ -87,13 +100,14 @@ export class ModelPools<E extends PooledEndpoint> {
 
   /**
    * The healthy endpoints (of `healthy`, the table's list) that serve `model`; `undefined` when
-   * no upstream, healthy or not, serves it (nor every model).
+   * no upstream, healthy or not, serves it (nor every model), and no DNS entry declares it.
    */
   candidates(model: string, healthy: readonly E[]): readonly E[] | undefined {
     if (healthy !== this.madeFrom) this.split(healthy);
     const found = this.byModel.get(model);
     if (found !== undefined) return found;
-    return this.wildcard ? this.everyModel : undefined;
+    if (this.wildcard) return this.everyModel;
+    return this.declared.everyModel ? [] : undefined;
   }
 
   /** Every card, configured and learned, in upstream order, for the gateway's `GET /v1/models`. */
@@ -118,9 +132,10 @@ export class ModelPools<E extends PooledEndpoint> {
       for (const model of models) this.known.add(model);
       this.served.set(name, models);
     }
+    for (const model of this.declared.models) this.known.add(model);
     this.wildcard = this.served.size < this.upstreamNames.length;
     const distinct = new Set([...this.served.values()].map((models) => [...models].sort().join('\n')));
-    this.active = this.configured.size > 0 || distinct.size > 1 || (distinct.size === 1 && this.wildcard);
+    this.active = this.configured.size > 0 || this.declared.models.size > 0 || distinct.size > 1 || (distinct.size === 1 && this.wildcard);
     this.listed = this.served.size > 0;
     this.madeFrom = undefined;
   }

@@ -88,6 +88,14 @@ export function createModelRouting(table: EndpointTable, warn: (message: string)
     candidatesFor,
     retryCandidates,
     sent,
+    /** The router's entries: those found by DNS declare their models before their names resolve. */
+    declareSources(sources: readonly UpstreamConfig[]): void {
+      const found = sources.filter((source) => source.dns !== undefined);
+      pools.declare(
+        found.flatMap((source) => source.models ?? []),
+        found.some((source) => source.models === undefined),
+      );
+    },
     reconfigure(upstreams: readonly UpstreamConfig[], removed: readonly RouteEndpoint[]): void {
       pools.setUpstreams(upstreams);
       lora.forget(removed);

@@ -37,13 +37,15 @@ export function parseMaxBufferedBytes(path: string, value: unknown): number {
  * over every request in flight. A request that would pass it is refused rather than buffered.
  */
 export class BodyBudget {
-  #used = 0;
+  // `private`, not `#used`: a `#` field puts `#private` into the published .d.ts, which a
+  // consumer compiling for TypeScript's default target (ES5) rejects (TS18028).
+  private spent = 0;
 
   constructor(readonly limit: number) {}
 
   /** Bytes held now. */
   get used(): number {
-    return this.#used;
+    return this.spent;
   }
 
   /** Starts one request's share, empty. */
@@ -53,50 +55,47 @@ export class BodyBudget {
 
   /** @internal Takes `bytes` when they fit. */
   take(bytes: number): boolean {
-    if (this.#used + bytes > this.limit) return false;
-    this.#used += bytes;
+    if (this.spent + bytes > this.limit) return false;
+    this.spent += bytes;
     return true;
   }
 
   /** @internal */
   give(bytes: number): void {
-    this.#used -= bytes;
+    this.spent -= bytes;
   }
 }
 
 /** One request's share of the budget. `release()` returns all of it, once; a released lease takes nothing more. */
 export class BodyLease {
-  #held = 0;
-  #open = true;
-  readonly #budget: BodyBudget;
+  private holding = 0;
+  private open = true;
 
-  constructor(budget: BodyBudget) {
-    this.#budget = budget;
-  }
+  constructor(private readonly budget: BodyBudget) {}
 
   /** Bytes this request holds. */
   get held(): number {
-    return this.#held;
+    return this.holding;
   }
 
   /** Adds `bytes` to the share; false (and nothing taken) when the budget cannot give them. */
   grow(bytes: number): boolean {
-    if (!this.#open || !this.#budget.take(bytes)) return false;
-    this.#held += bytes;
+    if (!this.open || !this.budget.take(bytes)) return false;
+    this.holding += bytes;
     return true;
   }
 
   /** Gives back part of the share. */
   shrink(bytes: number): void {
-    const returned = Math.min(bytes, this.#held);
-    this.#held -= returned;
-    this.#budget.give(returned);
+    const returned = Math.min(bytes, this.holding);
+    this.holding -= returned;
+    this.budget.give(returned);
   }
 
   release(): void {
-    if (!this.#open) return;
-    this.#open = false;
-    this.#budget.give(this.#held);
-    this.#held = 0;
+    if (!this.open) return;
+    this.open = false;
+    this.budget.give(this.holding);
+    this.holding = 0;
   }
 }

@@ -3,7 +3,7 @@ import { parseKvEvents } from '../exact-prefix/options';
 import type { KvEventsOptions } from '../exact-prefix/events/source';
 import { redactUrl, upstreamUrlProblem } from './upstream-url';
 import { fail, integerOption, isPlainObject, oneOf, rejectUnknownKeys, shown, type KeysEnum } from '../option-checks';
-import { parseDns, type DnsConfig, type DnsOptions } from '../pools/dns-options';
+import { parseUpstreamDns, type DnsConfig, type UpstreamDnsOptions } from '../pools/dns-options';
 import { parseModels } from '../pools/model-options';
 
 /** What the proxied request's rank header carries for an upstream. */
@@ -76,8 +76,8 @@ export interface UpstreamOptions {
  * upstream with the other fields, named `<name>/<address>` (the address alone without `name`).
  */
 export interface DnsUpstreamOptions extends Omit<UpstreamOptions, 'url'> {
-  /** The name to resolve, the port, the interval and the DNS servers to ask. Required. */
-  dns: DnsOptions;
+  /** The name to resolve, the port, the interval, the DNS servers to ask and how many addresses to use. Required. */
+  dns: UpstreamDnsOptions;
   url?: never;
 }
 
@@ -165,7 +165,7 @@ function parseUpstream(path: string, value: unknown): UpstreamConfig {
   if (value.dns !== undefined && value.url !== undefined) {
     fail(path, 'gives both `url` and `dns`', 'Give `url` for one server, or `dns: { name, port }` for every address a name resolves to.');
   }
-  const dns = value.dns === undefined ? undefined : parseDns(`${path}.dns`, value.dns, value.name);
+  const dns = value.dns === undefined ? undefined : parseUpstreamDns(`${path}.dns`, value.dns, value.name);
   if (dns !== undefined && value.kvEvents !== undefined) {
     fail(`${path}.kvEvents`, 'cannot follow the addresses of a `dns` entry', 'Give KV events on upstreams given by `url`, or leave `kvEvents` out.');
   }

@@ -11,29 +11,45 @@
  *   override every client's or be shadowed by it, and a URL is printed in logs.
  */
 
-/** Why `url` cannot serve as an upstream URL, and what to write instead; `undefined` when it can. */
-export function upstreamUrlProblem(url: URL): { problem: string; fix: string } | undefined {
+/**
+ * Why `url` cannot serve as an upstream URL, and what to write instead (`fix`, in the options'
+ * words; `url`, the URL to give, for other front ends such as a command line); `undefined` when
+ * it can.
+ */
+export function upstreamUrlProblem(url: URL): { problem: string; fix: string; url: string; credentials: boolean } | undefined {
   const origin = `${url.protocol}//${url.host}`;
   if (url.username !== '' || url.password !== '') {
+    const instead = `${origin}${bare(url.pathname)}`;
     return {
       problem: 'carries credentials (user:password@), which the router would print in logs and could not send on every client\'s behalf',
-      fix: `Use \`url: '${origin}${bare(url.pathname)}'\`; vLLM's --api-key is checked against each client's own \`Authorization: Bearer …\`, which the router passes through (to set one for every request, set \`req.headers.authorization\` in a middleware before the router).`,
+      fix: `Use \`url: '${instead}'\`; ${AUTHORIZATION} (to set one for every request, set \`req.headers.authorization\` in a middleware before the router).`,
+      url: instead,
+      credentials: true,
     };
   }
   if (url.search !== '' || url.hash !== '') {
+    const instead = `${origin}${bare(url.pathname)}`;
     return {
       problem: `has a ${url.search !== '' ? `query (${JSON.stringify(url.search)})` : `fragment (${JSON.stringify(url.hash)})`}, which cannot be joined to a request's path`,
-      fix: `Use \`url: '${origin}${bare(url.pathname)}'\`: each request keeps its own path and query.`,
+      fix: `Use \`url: '${instead}'\`: each request keeps its own path and query.`,
+      url: instead,
+      credentials: false,
     };
   }
   if (/\/v1\/?$/.test(url.pathname)) {
+    const instead = `${origin}${bare(url.pathname.replace(/\/v1\/?$/, ''))}`;
     return {
       problem: `ends in /v1, an OpenAI base URL: the router keeps each request's path (/v1/chat/completions), so it would send /v1/v1/…`,
-      fix: `Use the server's URL without /v1: \`url: '${origin}${bare(url.pathname.replace(/\/v1\/?$/, ''))}'\`.`,
+      fix: `Use the server's URL without /v1: \`url: '${instead}'\`.`,
+      url: instead,
+      credentials: false,
     };
   }
   return undefined;
 }
+
+/** Where an API key goes instead of a URL's user information. */
+export const AUTHORIZATION = "vLLM's --api-key is checked against each client's own `Authorization: Bearer …`, which the router passes through";
 
 /**
  * `raw` as it may be printed (a log line, an error message): the user information of a URL

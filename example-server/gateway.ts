@@ -54,7 +54,8 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
     : settings.upstreams;
   const tokenizer = settings.tokenizer ?? mockEvents?.tokenizer;
   const registry = new Registry();
-  const admission = await admissionFromFlags(settings.admission, (message) => (logger ? logger.warn(message) : process.emitWarning(message)));
+  const peers = settings.peers;
+  const admission = await admissionFromFlags(settings.admission, (message) => (logger ? logger.warn(message) : process.emitWarning(message)), peers?.redis === true);
   const router = dpRouter({
     upstreams,
     policy: settings.policy,
@@ -65,7 +66,11 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
     metrics: { registry },
     ...(admission.options !== undefined && { admission: admission.options }),
     ...((tokenizer !== undefined || settings.placementSlack !== undefined) && { prefixAware: { tokenizer, placementSlack: settings.placementSlack } }),
-    ...(settings.peers !== undefined && { peers: { ...settings.peers, addresses: settings.peers.addresses.length > 0 ? settings.peers.addresses : undefined } }),
+    ...(peers !== undefined && {
+      peers: peers.redis
+        ? { redis: admission.redis, secret: peers.secret }
+        : { listen: peers.listen, dns: peers.dns, secret: peers.secret, addresses: peers.addresses.length > 0 ? peers.addresses : undefined },
+    }),
     ...(pd && { disaggregation: { connector: pd.connector } }),
     ...(logger ? { logger } : {}),
   });

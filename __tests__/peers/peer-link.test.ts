@@ -1,9 +1,10 @@
 import { createSocket } from 'node:dgram';
 import { describe, expect, it } from '@jest/globals';
 import { startMockVllm } from '../../example-server/mock-vllm';
-import type { EndpointSnapshot, Options } from '../../lib';
+import type { Options } from '../../lib';
 import { encodeDatagrams } from '../../lib/peers/peer-datagram';
-import { closedAfterEach, freeUdpPort, metricValue, sendDatagrams, sleep, startDnsmasq, startGateway, waitFor, type TestGateway } from '../helpers';
+import { closedAfterEach, freeUdpPort, metricValue, sendDatagrams, sleep, startDnsmasq, startGateway, waitFor } from '../helpers';
+import { answeredBy, rankOf, stream } from './helpers';
 
 const started = closedAfterEach();
 const SECRET = 'the replicas share this secret';
@@ -26,30 +27,6 @@ async function replicas(url: string, a: Partial<Options>, b: Partial<Options>, p
   return { a: await start(ports[0], a), b: await start(ports[1], b), ports, warnings };
 }
 
-const rankOf = (gateway: TestGateway, rank: number): EndpointSnapshot => gateway.router.endpoints().find((endpoint) => endpoint.rank === rank)!;
-
-/** A streamed completion through `gateway`; resolves with the abort, the status and the first chunk once the headers are in. */
-async function stream(gateway: TestGateway, prompt: string, maxTokens: number, headers: Record<string, string> = {}) {
-  const abort = new AbortController();
-  const response = await fetch(`${gateway.url}/v1/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json', ...headers },
-    body: JSON.stringify({ model: 'mock-model', prompt, max_tokens: maxTokens, stream: true }),
-    signal: abort.signal,
-  });
-  const reader = response.body!.getReader();
-  return {
-    abort: () => abort.abort(),
-    status: response.status,
-    rest: async () => {
-      let text = '';
-      for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) text += Buffer.from(chunk.value).toString();
-      return text;
-    },
-    first: () => reader.read(),
-  };
-}
-
 /**
  * Two replicas with fast heartbeats (50 ms, ttl 300 ms) and one request A holds on rank 1 (slow
  * decoding) until it is aborted, once B counts it.
@@ -61,17 +38,6 @@ async function heldOnRankOne() {
   const held = await stream(a, 'a held prompt', 30, { 'x-data-parallel-rank': '1' });
   await waitFor(() => rankOf(b, 1).peerInflight === 1);
   return { mock, a, b, held };
-}
-
-async function answeredBy(gateway: TestGateway): Promise<number> {
-  const response = await fetch(`${gateway.url}/v1/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'mock-model', prompt: 'hi', max_tokens: 1 }),
-  });
-  expect(response.status).toBe(200);
-  const body = (await response.json()) as { choices: Array<{ text: string }> };
-  return Number(/^rank (\d+):/.exec(body.choices[0].text)![1]);
 }
 
 describe('peers', () => {

@@ -38,10 +38,10 @@ const MAX_INFLIGHT = 1_000_000;
 const MAX_BLOCKS = 1e12;
 
 /**
- * Encodes `records` into as few datagrams as fit {@link MAX_DATAGRAM_BYTES}, numbered from
- * `seq` on; a record whose key is too long is left out.
+ * Encodes `records` into as few datagrams as fit `maxBytes` (UDP: {@link MAX_DATAGRAM_BYTES}),
+ * numbered from `seq` on; a record whose key is too long is left out.
  */
-export function encodeDatagrams(sender: number, seq: number, records: readonly PeerRecord[], secret: Buffer): Buffer[] {
+export function encodeDatagrams(sender: number, seq: number, records: readonly PeerRecord[], secret: Buffer, maxBytes = MAX_DATAGRAM_BYTES): Buffer[] {
   const datagrams: Buffer[] = [];
   let body: Buffer[] = [];
   let size = HEADER_BYTES + TAG_BYTES;
@@ -58,7 +58,7 @@ export function encodeDatagrams(sender: number, seq: number, records: readonly P
     key.copy(entry, 1);
     entry.writeUInt32BE(clamp(Math.round(record.inflight), MAX_INFLIGHT), 1 + key.length);
     entry.writeDoubleBE(clamp(record.blocks, MAX_BLOCKS), 5 + key.length);
-    if (size + entry.length > MAX_DATAGRAM_BYTES) flush();
+    if (size + entry.length > maxBytes) flush();
     body.push(entry);
     size += entry.length;
   }
@@ -90,8 +90,8 @@ function tagOf(payload: Buffer, secret: Buffer): Buffer {
  * The datagram, or why it is refused: `'tag'` (not made with the secret: checked first, so
  * nothing of an unauthenticated datagram is parsed) or `'malformed'`.
  */
-export function decodeDatagram(datagram: Buffer, secret: Buffer): PeerDatagram | 'tag' | 'malformed' {
-  if (datagram.length < HEADER_BYTES + TAG_BYTES || datagram.length > MAX_DATAGRAM_BYTES) return 'malformed';
+export function decodeDatagram(datagram: Buffer, secret: Buffer, maxBytes = MAX_DATAGRAM_BYTES): PeerDatagram | 'tag' | 'malformed' {
+  if (datagram.length < HEADER_BYTES + TAG_BYTES || datagram.length > maxBytes) return 'malformed';
   const payload = datagram.subarray(0, datagram.length - TAG_BYTES);
   if (!timingSafeEqual(tagOf(payload, secret), datagram.subarray(datagram.length - TAG_BYTES))) return 'tag';
   if (payload.readUInt32BE(0) !== MAGIC || payload.readUInt8(4) !== VERSION) return 'malformed';

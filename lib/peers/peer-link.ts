@@ -1,12 +1,12 @@
 import { randomInt } from 'node:crypto';
-import { createSocket, type Socket } from 'node:dgram';
-import { isIPv6 } from 'node:net';
-import { pollName } from '../pools/dns-discovery';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import { decodeDatagram, encodeDatagrams, type PeerRecord } from './peer-datagram';
-import { MAX_PEERS, type PeerAddress, type PeersConfig } from './peer-options';
+import type { PeersConfig } from './peer-options';
 import { PeerTable } from './peer-table';
 import type { PeerMetrics } from './metrics';
+import type { PeerTransport, TransportEvents } from './peer-transport';
+import { startRedisTransport } from './redis-transport';
+import { startUdpTransport } from './udp-transport';
 
 /** What the request path tells the peers: an endpoint's own counts changed. */
 export interface PeerAnnouncer {
@@ -21,21 +21,18 @@ export interface PeerLink extends PeerAnnouncer {
 }
 
 /**
- * Starts the UDP link to the other replicas: receives their announcements into
- * `endpoint.peerInflight`/`peerBlocks`, and announces this replica's own `inflight`/`sentBlocks`
- * of each endpoint that changed, once per event-loop turn (a burst of requests is one datagram
- * per peer), and of every endpoint each `heartbeatMs`. Socket errors and refused datagrams are
- * told to `warn` once per kind; nothing a datagram holds can throw or grow memory past the
- * table's bounds.
+ * Starts the link to the other replicas over its transport (UDP, or Redis pub/sub): receives
+ * their announcements into `endpoint.peerInflight`/`peerBlocks`, and announces this replica's
+ * own `inflight`/`sentBlocks` of each endpoint that changed, once per event-loop turn (a burst
+ * of requests is one message), and of every endpoint each `heartbeatMs`. Transport errors and
+ * refused messages are told to `warn` once per kind; nothing a message holds can throw or grow
+ * memory past the table's bounds.
  */
 export function startPeers(config: PeersConfig, table: EndpointTable, metrics: PeerMetrics, warn: (message: string) => void): PeerLink {
   const self = randomInt(0, 2 ** 32 - 1);
   table.withPeers = true;
   const peers = new PeerTable(self);
-  const ipv6 = isIPv6(config.listen.host);
-  const socket: Socket = createSocket({ type: ipv6 ? 'udp6' : 'udp4' });
   let seq = 0;
-  let bound = false;
   let closed = false;
   const dirty = new Set<RouteEndpoint>();
   let flushing = false;
@@ -65,35 +62,32 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
     }
   };
 
-  socket.on('message', (message) => {
-    const datagram = decodeDatagram(message, config.secret);
-    if (datagram === 'tag') {
-      metrics.datagram('bad_tag');
-      return warnOnce('tag', 'dropped a datagram without a valid tag (another secret, or not a replica); further ones are only counted (dp_router_peer_datagrams_total).');
-    }
-    if (datagram === 'malformed') {
-      metrics.datagram('malformed');
-      return warnOnce('malformed', 'dropped a malformed datagram (another version?); further ones are only counted (dp_router_peer_datagrams_total).');
-    }
-    metrics.datagram('accepted');
-    copy(peers.apply(datagram, performance.now()));
-    metrics.peers(peers.size);
-  });
-  socket.on('error', (error) => warnOnce(`error ${(error as NodeJS.ErrnoException).code}`, `socket error: ${error.message}.`));
-
-  /** Where announcements go: the configured addresses and what `dns` last resolved to, of the socket's family. */
-  let targets: readonly PeerAddress[] = config.addresses.filter(({ host }) => isIPv6(host) === ipv6);
-  const send = (records: PeerRecord[]) => {
-    if (!bound || closed) return;
-    const datagrams = encodeDatagrams(self, seq, records, config.secret);
-    seq = (seq + datagrams.length) >>> 0;
-    for (const datagram of datagrams) {
-      for (const { host, port } of targets) {
-        socket.send(datagram, port, host, (error) => {
-          if (error) warnOnce(`send ${(error as NodeJS.ErrnoException).code}`, `could not send to ${host}:${port}: ${error.message}.`);
-        });
+  const events: TransportEvents = {
+    received(message) {
+      const datagram = decodeDatagram(message, config.secret, transport.maxBytes);
+      if (datagram === 'tag') {
+        metrics.datagram('bad_tag');
+        return warnOnce('tag', 'dropped a datagram without a valid tag (another secret, or not a replica); further ones are only counted (dp_router_peer_datagrams_total).');
       }
-    }
+      if (datagram === 'malformed') {
+        metrics.datagram('malformed');
+        return warnOnce('malformed', 'dropped a malformed datagram (another version?); further ones are only counted (dp_router_peer_datagrams_total).');
+      }
+      metrics.datagram('accepted');
+      copy(peers.apply(datagram, performance.now()));
+      metrics.peers(peers.size);
+    },
+    // Peers learn this replica at once, not at the first heartbeat.
+    ready: () => send(table.all.map(recordOf)),
+    warnOnce,
+  };
+  const transport: PeerTransport = config.redis === undefined ? startUdpTransport(config, events, warn) : startRedisTransport(config.redis, events);
+
+  const send = (records: PeerRecord[]) => {
+    if (closed) return;
+    const datagrams = encodeDatagrams(self, seq, records, config.secret, transport.maxBytes);
+    seq = (seq + datagrams.length) >>> 0;
+    for (const datagram of datagrams) transport.send(datagram);
   };
   const recordOf = (endpoint: RouteEndpoint): PeerRecord => ({ key: endpoint.key, inflight: endpoint.inflight, blocks: endpoint.sentBlocks });
   const flush = () => {
@@ -109,19 +103,6 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
     metrics.peers(peers.size);
     send(table.all.map(recordOf));
   }, config.heartbeatMs).unref();
-
-  const watch = config.dns === undefined ? undefined : watchPeerNames(config, warn, (found) => {
-    targets = [...config.addresses, ...found].filter(({ host }) => isIPv6(host) === ipv6);
-    // New replicas learn this one at once.
-    send(table.all.map(recordOf));
-  });
-
-  socket.bind(config.listen.port, config.listen.host, () => {
-    bound = true;
-    socket.unref();
-    // Peers learn this replica at once, not at the first heartbeat.
-    send(table.all.map(recordOf));
-  });
 
   return {
     changed(endpoint) {
@@ -147,39 +128,8 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
       if (closed) return Promise.resolve();
       closed = true;
       clearInterval(heartbeat);
-      watch?.stop();
       metrics.peers(0);
-      return new Promise<void>((resolve) => {
-        try {
-          socket.close(() => resolve());
-        } catch {
-          resolve();
-        }
-      });
+      return transport.close();
     },
   };
-}
-
-/**
- * Calls `found` with the addresses of `config.dns` whenever they change (see {@link pollName}).
- * A failure keeps the last addresses, and is told once per outage; no records: no replicas.
- */
-function watchPeerNames(config: PeersConfig, warn: (message: string) => void, found: (addresses: PeerAddress[]) => void): { stop(): void } {
-  const dns = config.dns!;
-  let last = '';
-  let failing = false;
-  return pollName(dns, (result) => {
-    if (result.outcome === 'failed') {
-      if (!failing) warn(`express-dp-router: peers: resolving '${dns.name}' failed (${result.code}); announcing to its last addresses until it answers again.`);
-      failing = true;
-      return;
-    }
-    failing = false;
-    const addresses = result.outcome === 'ok' ? result.addresses : [];
-    const key = addresses.join(',');
-    if (key === last) return;
-    last = key;
-    if (addresses.length > MAX_PEERS) warn(`express-dp-router: peers: '${dns.name}' resolves to ${addresses.length} addresses; announcing to the first ${MAX_PEERS}.`);
-    found(addresses.slice(0, MAX_PEERS).map((host) => ({ host, port: dns.port })));
-  });
 }

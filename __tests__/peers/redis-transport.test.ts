@@ -80,7 +80,7 @@ describe('peers over Redis pub/sub', () => {
     const b = await replica(mock.url, client(server), {}, warnings);
     const other = client(server);
     await waitFor(async () => Number(((await other.call('PUBSUB', 'NUMSUB', 'dp-router:peers')) as [string, number])[1]) === 1);
-    const forged = encodeDatagrams(99, 1, [{ key: 'vllm#0', inflight: 1000, blocks: 1e6 }], Buffer.from('not the replicas secret at all'));
+    const forged = encodeDatagrams(99, 1, Date.now(), [{ key: 'vllm#0', inflight: 1000, blocks: 1e6 }], Buffer.from('not the replicas secret at all'));
     await other.publish('dp-router:peers', forged[0]);
     await other.publish('dp-router:peers', 'hello');
     await waitFor(async () => (await metricValue(b.registry, 'dp_router_peer_datagrams_total', { outcome: 'bad_tag' })) === 1);

@@ -2,10 +2,13 @@ import { createHmac, timingSafeEqual } from 'node:crypto';
 
 /**
  * The peers' datagram, pure: what one replica announces of its endpoints, each value absolute
- * (a lost or reordered datagram is made good by the next one), under an HMAC-SHA256 tag.
+ * (a lost or reordered datagram is made good by the next one), under an HMAC-SHA256 tag. The
+ * tag covers the sender's boot id, its counter and its clock, so that a captured datagram
+ * replayed later is told apart (peer-table.ts, peer-link.ts).
  *
  * ```
- * 'DPRP' | version u8 | sender u32 | seq u32 | count u16 | count × (key length u8, key UTF-8, inflight u32, blocks f64) | tag 16 bytes
+ * 'DPRP' | version u8 (2) | sender u32 | seq u32 | sentAt u48 (ms since the epoch) | count u16
+ *        | count × (key length u8, key UTF-8, inflight u32, blocks f64) | tag 16 bytes
  * ```
  */
 
@@ -18,16 +21,19 @@ export interface PeerRecord {
 
 /** A decoded, authenticated datagram. */
 export interface PeerDatagram {
-  /** The sending process, random at its start: a restarted replica is a new sender. */
+  /** The sending router's boot id, random at its start: a restarted replica is a new sender, with a counter of its own. */
   readonly sender: number;
-  /** The sender's datagram counter, so that an older datagram never undoes a newer one. */
+  /** The sender's datagram counter: an older datagram never undoes a newer one, and one seen before is refused. */
   readonly seq: number;
+  /** The sender's clock when it sent it (`Date.now()`): one too far from the receiver's is refused. */
+  readonly sentAt: number;
   readonly records: readonly PeerRecord[];
 }
 
 const MAGIC = 0x44505250; // 'DPRP'
-const VERSION = 1;
-const HEADER_BYTES = 4 + 1 + 4 + 4 + 2;
+/** 2: `sentAt` added; a version-1 replica's datagrams are `malformed` (roll a fleet's replicas together). */
+const VERSION = 2;
+const HEADER_BYTES = 4 + 1 + 4 + 4 + 6 + 2;
 const TAG_BYTES = 16;
 /** Below every path MTU that matters (IPv6's minimum is 1,280 with its headers): never fragmented. */
 export const MAX_DATAGRAM_BYTES = 1_200;
@@ -36,17 +42,19 @@ const MAX_KEY_BYTES = 200;
 /** Values past these are no engine's: a record carrying one is refused whole. */
 const MAX_INFLIGHT = 1_000_000;
 const MAX_BLOCKS = 1e12;
+/** The largest 48-bit value: milliseconds until the year 10889. */
+const MAX_SENT_AT = 2 ** 48 - 1;
 
 /**
  * Encodes `records` into as few datagrams as fit `maxBytes` (UDP: {@link MAX_DATAGRAM_BYTES}),
  * numbered from `seq` on; a record whose key is too long is left out.
  */
-export function encodeDatagrams(sender: number, seq: number, records: readonly PeerRecord[], secret: Buffer, maxBytes = MAX_DATAGRAM_BYTES): Buffer[] {
+export function encodeDatagrams(sender: number, seq: number, sentAt: number, records: readonly PeerRecord[], secret: Buffer, maxBytes = MAX_DATAGRAM_BYTES): Buffer[] {
   const datagrams: Buffer[] = [];
   let body: Buffer[] = [];
   let size = HEADER_BYTES + TAG_BYTES;
   const flush = () => {
-    datagrams.push(seal(sender, (seq + datagrams.length) >>> 0, body, secret));
+    datagrams.push(seal(sender, (seq + datagrams.length) >>> 0, sentAt, body, secret));
     body = [];
     size = HEADER_BYTES + TAG_BYTES;
   };
@@ -71,13 +79,14 @@ function clamp(value: number, most: number): number {
   return value > 0 ? Math.min(value, most) : 0;
 }
 
-function seal(sender: number, seq: number, entries: readonly Buffer[], secret: Buffer): Buffer {
+function seal(sender: number, seq: number, sentAt: number, entries: readonly Buffer[], secret: Buffer): Buffer {
   const header = Buffer.allocUnsafe(HEADER_BYTES);
   header.writeUInt32BE(MAGIC, 0);
   header.writeUInt8(VERSION, 4);
   header.writeUInt32BE(sender >>> 0, 5);
   header.writeUInt32BE(seq >>> 0, 9);
-  header.writeUInt16BE(entries.length, 13);
+  header.writeUIntBE(clamp(Math.floor(sentAt), MAX_SENT_AT), 13, 6);
+  header.writeUInt16BE(entries.length, 19);
   const payload = Buffer.concat([header, ...entries]);
   return Buffer.concat([payload, tagOf(payload, secret)]);
 }
@@ -97,7 +106,8 @@ export function decodeDatagram(datagram: Buffer, secret: Buffer, maxBytes = MAX_
   if (payload.readUInt32BE(0) !== MAGIC || payload.readUInt8(4) !== VERSION) return 'malformed';
   const sender = payload.readUInt32BE(5);
   const seq = payload.readUInt32BE(9);
-  const count = payload.readUInt16BE(13);
+  const sentAt = payload.readUIntBE(13, 6);
+  const count = payload.readUInt16BE(19);
   const records: PeerRecord[] = [];
   let at = HEADER_BYTES;
   for (let i = 0; i < count; i++) {
@@ -111,5 +121,5 @@ export function decodeDatagram(datagram: Buffer, secret: Buffer, maxBytes = MAX_
     records.push({ key, inflight, blocks });
     at += 13 + keyBytes;
   }
-  return at === payload.length ? { sender, seq, records } : 'malformed';
+  return at === payload.length ? { sender, seq, sentAt, records } : 'malformed';
 }

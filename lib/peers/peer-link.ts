@@ -31,7 +31,9 @@ export interface PeerLink extends PeerAnnouncer {
 export function startPeers(config: PeersConfig, table: EndpointTable, metrics: PeerMetrics, warn: (message: string) => void): PeerLink {
   const self = randomInt(0, 2 ** 32 - 1);
   table.withPeers = true;
-  const peers = new PeerTable(self);
+  // A forgotten sender's window outlives the time its datagrams pass the clock check (below):
+  // one sent at its last heartbeat passes it for at most ttlMs + skew (≤ ttlMs) after that.
+  const peers = new PeerTable(self, 2 * config.ttlMs);
   let seq = 0;
   let closed = false;
   const dirty = new Set<RouteEndpoint>();
@@ -73,8 +75,18 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
         metrics.datagram('malformed');
         return warnOnce('malformed', 'dropped a malformed datagram (another version?); further ones are only counted (dp_router_peer_datagrams_total).');
       }
+      const skew = Date.now() - datagram.sentAt;
+      if (skew > config.ttlMs || skew < -config.ttlMs) {
+        metrics.datagram('stale');
+        return warnOnce('stale', `dropped a datagram signed ${Math.round(skew)} ms from this replica's clock, past ttlMs (${config.ttlMs}): a replay, or the replicas' clocks disagree (NTP); further ones are only counted (dp_router_peer_datagrams_total).`);
+      }
+      const changed = peers.apply(datagram, performance.now());
+      if (changed === 'replayed') {
+        metrics.datagram('replayed');
+        return warnOnce('replayed', 'dropped a datagram seen before (a replay); further ones are only counted (dp_router_peer_datagrams_total).');
+      }
       metrics.datagram('accepted');
-      copy(peers.apply(datagram, performance.now()));
+      copy(changed);
       metrics.peers(peers.size);
     },
     // Peers learn this replica at once, not at the first heartbeat.
@@ -85,7 +97,7 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
 
   const send = (records: PeerRecord[]) => {
     if (closed) return;
-    const datagrams = encodeDatagrams(self, seq, records, config.secret, transport.maxBytes);
+    const datagrams = encodeDatagrams(self, seq, Date.now(), records, config.secret, transport.maxBytes);
     seq = (seq + datagrams.length) >>> 0;
     for (const datagram of datagrams) transport.send(datagram);
   };
@@ -99,7 +111,8 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
   /** The endpoints as of the last `sync()`, to announce once more those it removes. */
   let announced = new Map(table.all.map((endpoint) => [endpoint.key, endpoint]));
   const heartbeat = setInterval(() => {
-    copy(peers.expire(performance.now() - config.ttlMs));
+    const now = performance.now();
+    copy(peers.expire(now - config.ttlMs, now));
     metrics.peers(peers.size);
     send(table.all.map(recordOf));
   }, config.heartbeatMs).unref();

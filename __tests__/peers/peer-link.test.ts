@@ -196,6 +196,40 @@ describe('peers', () => {
     expect(await metricValue(c.registry, 'dp_router_peer_datagrams_total', { outcome: 'stale' })).toBe(1);
   });
 
+  it('announce a burst of requests in a few batches, at most one per announceMs (not one per request), and end exact', async () => {
+    const mock = await startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 2 });
+    started.push(mock);
+    const tap = createSocket('udp4');
+    let heard = 0;
+    tap.on('message', () => heard++);
+    await new Promise<void>((resolve) => tap.bind(0, '127.0.0.1', resolve));
+    started.push({ close: () => new Promise<void>((resolve) => tap.close(() => resolve())) });
+    const ports = [await freeUdpPort(), await freeUdpPort()];
+    const addresses = [...ports.map((port) => `127.0.0.1:${port}`), `127.0.0.1:${tap.address().port}`];
+    const start = async (port: number) => {
+      const gateway = await startGateway({
+        upstreams: [{ url: mock.url, name: 'vllm', dataParallelSize: 2 }],
+        peers: { listen: `127.0.0.1:${port}`, addresses, secret: SECRET, heartbeatMs: 2000, ttlMs: 6000, announceMs: 500 },
+        logger: false,
+      });
+      started.push(gateway);
+      return gateway;
+    };
+    const a = await start(ports[0]);
+    const b = await start(ports[1]);
+    await waitFor(() => heard >= 2);
+    const before = heard;
+    const began = performance.now();
+    // 200 requests, 20 at a time: 400 changes of A's counts.
+    for (let wave = 0; wave < 10; wave++) await Promise.all(Array.from({ length: 20 }, () => answeredBy(a)));
+    const elapsed = performance.now() - began;
+    const sent = heard - before;
+    // One batch per announceMs at most, plus the heartbeats, plus one in flight at either end.
+    expect(sent).toBeLessThanOrEqual(Math.ceil(elapsed / 500) + Math.ceil(elapsed / 2000) + 2);
+    // Small changes wait for the heartbeat, which makes every count exact again.
+    await waitFor(() => b.router.endpoints().every((endpoint) => endpoint.peerInflight === 0), 5000);
+  });
+
   it('announce the end of a request on an endpoint the replica has since removed', async () => {
     const { mock, a, b, held } = await heldOnRankOne();
     // A leaves the upstream (it stays in B's list): the request runs on, so its slot still counts.

@@ -8,7 +8,11 @@ import type { PeerTransport, TransportEvents } from './peer-transport';
 import { startRedisTransport } from './redis-transport';
 import { startUdpTransport } from './udp-transport';
 
-/** What the request path tells the peers: an endpoint's own counts changed. */
+/**
+ * What the request path tells the peers: an endpoint's own counts changed. It only arms the
+ * next batch (at most one timer per `announceMs`); which endpoints changed, and by how much, is
+ * read off the endpoints when the batch goes.
+ */
 export interface PeerAnnouncer {
   changed(endpoint: RouteEndpoint): void;
 }
@@ -20,13 +24,32 @@ export interface PeerLink extends PeerAnnouncer {
   close(): Promise<void>;
 }
 
+/** What was last announced of one endpoint. */
+interface Announced {
+  inflight: number;
+  blocks: number;
+}
+
+/**
+ * Whether an endpoint's counts moved enough since they were last announced to be worth a
+ * record before the heartbeat: by at least 1 and an eighth of what was announced (a request
+ * more on an idle endpoint matters; one more of forty, less than the forty's own churn).
+ */
+function matters(last: Announced | undefined, inflight: number, blocks: number): boolean {
+  if (last === undefined) return true;
+  const moved = inflight - last.inflight;
+  const movedBlocks = blocks - last.blocks;
+  return (moved < 0 ? -moved : moved) * 8 >= (last.inflight > 8 ? last.inflight : 8) || (movedBlocks < 0 ? -movedBlocks : movedBlocks) * 8 >= (last.blocks > 8 ? last.blocks : 8);
+}
+
 /**
  * Starts the link to the other replicas over its transport (UDP, or Redis pub/sub): receives
  * their announcements into `endpoint.peerInflight`/`peerBlocks`, and announces this replica's
- * own `inflight`/`sentBlocks` of each endpoint that changed, once per event-loop turn (a burst
- * of requests is one message), and of every endpoint each `heartbeatMs`. Transport errors and
- * refused messages are told to `warn` once per kind; nothing a message holds can throw or grow
- * memory past the table's bounds.
+ * own `inflight`/`sentBlocks`: changes gathered for `announceMs` after the first (one batch, one
+ * tag, only the endpoints whose counts moved enough: {@link matters}), and every endpoint each
+ * `heartbeatMs`. Nothing of this runs on a request's path but arming that one timer. Transport
+ * errors and refused messages are told to `warn` once per kind; nothing a message holds can
+ * throw or grow memory past the table's bounds.
  */
 export function startPeers(config: PeersConfig, table: EndpointTable, metrics: PeerMetrics, warn: (message: string) => void): PeerLink {
   const self = randomInt(0, 2 ** 32 - 1);
@@ -36,8 +59,11 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
   const peers = new PeerTable(self, 2 * config.ttlMs);
   let seq = 0;
   let closed = false;
-  const dirty = new Set<RouteEndpoint>();
-  let flushing = false;
+  let armed = false;
+  /** What was last announced, by endpoint key. */
+  const announced = new Map<string, Announced>();
+  /** Endpoints `sync()` removed that still had requests, announced until they end. */
+  let retiring: RouteEndpoint[] = [];
   const warned = new Set<string>();
   const warnOnce = (kind: string, message: string) => {
     if (warned.has(kind)) return;
@@ -90,7 +116,7 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
       metrics.peers(peers.size);
     },
     // Peers learn this replica at once, not at the first heartbeat.
-    ready: () => send(table.all.map(recordOf)),
+    ready: () => ready(),
     warnOnce,
   };
   const transport: PeerTransport = config.redis === undefined ? startUdpTransport(config, events, warn) : startRedisTransport(config.redis, events);
@@ -101,28 +127,46 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
     seq = (seq + datagrams.length) >>> 0;
     for (const datagram of datagrams) transport.send(datagram);
   };
-  const recordOf = (endpoint: RouteEndpoint): PeerRecord => ({ key: endpoint.key, inflight: endpoint.inflight, blocks: endpoint.sentBlocks });
-  const flush = () => {
-    flushing = false;
-    const records = [...dirty].map(recordOf);
-    dirty.clear();
-    send(records);
+  /** Adds `endpoint`'s record to `records` when `all` or when its counts moved enough, and remembers it as announced. */
+  const collect = (records: PeerRecord[], endpoint: RouteEndpoint, all: boolean) => {
+    const { key, inflight, sentBlocks: blocks } = endpoint;
+    const last = announced.get(key);
+    if (!all && !matters(last, inflight, blocks)) return;
+    records.push({ key, inflight, blocks });
+    if (last === undefined) announced.set(key, { inflight, blocks });
+    else {
+      last.inflight = inflight;
+      last.blocks = blocks;
+    }
   };
-  /** The endpoints as of the last `sync()`, to announce once more those it removes. */
-  let announced = new Map(table.all.map((endpoint) => [endpoint.key, endpoint]));
+  const announce = (all: boolean) => {
+    const records: PeerRecord[] = [];
+    for (const endpoint of table.all) collect(records, endpoint, all);
+    for (const endpoint of retiring) collect(records, endpoint, all);
+    if (all || records.length > 0) send(records);
+  };
+  const batch = () => {
+    armed = false;
+    announce(false);
+  };
   const heartbeat = setInterval(() => {
     const now = performance.now();
     copy(peers.expire(now - config.ttlMs, now));
     metrics.peers(peers.size);
-    send(table.all.map(recordOf));
+    announce(true);
+    // A removed endpoint is announced at 0 in a heartbeat (and by a batch before, as its last
+    // request ended) before it is left out: twice, in case one was lost.
+    if (retiring.length > 0) retiring = retiring.filter((endpoint) => endpoint.inflight > 0 || endpoint.sentBlocks > 0);
   }, config.heartbeatMs).unref();
+  const ready = () => announce(true);
+  /** The endpoints as of the last `sync()`, to keep announcing those it removes. */
+  let current = new Set(table.all);
 
   return {
-    changed(endpoint) {
-      dirty.add(endpoint);
-      if (flushing) return;
-      flushing = true;
-      setImmediate(flush);
+    changed() {
+      if (armed || closed) return;
+      armed = true;
+      setTimeout(batch, config.announceMs).unref();
     },
     sync() {
       for (const endpoint of table.all) {
@@ -130,12 +174,12 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
         endpoint.peerBlocks = 0;
       }
       copy(peers.keys());
-      // Heartbeats cover only the endpoints there are now: a removed one's requests announce
-      // their ends as they close, and this repeats its counts once more in case one was lost.
+      // Heartbeats cover the endpoints there are now and those removed until their requests end.
+      const next = new Set(table.all);
       const kept = new Set(table.all.map((endpoint) => endpoint.key));
-      const gone = [...announced.values()].filter((endpoint) => !kept.has(endpoint.key));
-      announced = new Map(table.all.map((endpoint) => [endpoint.key, endpoint]));
-      if (gone.length > 0) setTimeout(() => send(gone.map(recordOf)), config.heartbeatMs).unref();
+      for (const endpoint of current) if (!next.has(endpoint) && !kept.has(endpoint.key)) retiring.push(endpoint);
+      retiring = retiring.filter((endpoint) => !kept.has(endpoint.key));
+      current = next;
     },
     close() {
       if (closed) return Promise.resolve();

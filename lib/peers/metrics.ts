@@ -36,8 +36,10 @@ export function createPeerMetrics(config: MetricsConfig | undefined): PeerMetric
   peers.inc(0);
   for (const outcome of DATAGRAM_OUTCOMES) datagrams.inc({ outcome }, 0);
   let counted = 0;
+  // Each outcome's series, looked up once: `inc({ outcome })` hashes the labels on every call.
+  const series = Object.fromEntries(DATAGRAM_OUTCOMES.map((outcome) => [outcome, datagrams.labels({ outcome })])) as Record<DatagramOutcome, { inc(): void }>;
   return {
-    datagram: (outcome) => datagrams.inc({ outcome }),
+    datagram: (outcome) => series[outcome].inc(),
     peers: (count) => {
       if (count === counted) return;
       peers.inc(count - counted);

@@ -1,4 +1,4 @@
-import { createHmac, timingSafeEqual } from 'node:crypto';
+import { createHmac, timingSafeEqual, type KeyObject } from 'node:crypto';
 
 /**
  * The peers' datagram, pure: what one replica announces of its endpoints, each value absolute
@@ -45,32 +45,38 @@ const MAX_BLOCKS = 1e12;
 /** The largest 48-bit value: milliseconds until the year 10889. */
 const MAX_SENT_AT = 2 ** 48 - 1;
 
+/** The replicas' secret: a `KeyObject` made once (`createSecretKey`) spares each tag importing the key. */
+export type PeerSecret = Buffer | KeyObject;
+
 /**
  * Encodes `records` into as few datagrams as fit `maxBytes` (UDP: {@link MAX_DATAGRAM_BYTES}),
- * numbered from `seq` on; a record whose key is too long is left out.
+ * numbered from `seq` on; a record whose key is too long is left out. Each datagram is written
+ * in place into one buffer, and tagged once.
  */
-export function encodeDatagrams(sender: number, seq: number, sentAt: number, records: readonly PeerRecord[], secret: Buffer, maxBytes = MAX_DATAGRAM_BYTES): Buffer[] {
+export function encodeDatagrams(sender: number, seq: number, sentAt: number, records: readonly PeerRecord[], secret: PeerSecret, maxBytes = MAX_DATAGRAM_BYTES): Buffer[] {
   const datagrams: Buffer[] = [];
-  let body: Buffer[] = [];
-  let size = HEADER_BYTES + TAG_BYTES;
+  const room = maxBytes - TAG_BYTES;
+  let buffer = Buffer.allocUnsafe(maxBytes);
+  let at = HEADER_BYTES;
+  let count = 0;
   const flush = () => {
-    datagrams.push(seal(sender, (seq + datagrams.length) >>> 0, sentAt, body, secret));
-    body = [];
-    size = HEADER_BYTES + TAG_BYTES;
+    datagrams.push(seal(buffer, at, count, sender, (seq + datagrams.length) >>> 0, sentAt, secret));
+    buffer = Buffer.allocUnsafe(maxBytes);
+    at = HEADER_BYTES;
+    count = 0;
   };
   for (const record of records) {
-    const key = Buffer.from(record.key, 'utf8');
-    if (key.length > MAX_KEY_BYTES) continue;
-    const entry = Buffer.allocUnsafe(1 + key.length + 4 + 8);
-    entry.writeUInt8(key.length, 0);
-    key.copy(entry, 1);
-    entry.writeUInt32BE(clamp(Math.round(record.inflight), MAX_INFLIGHT), 1 + key.length);
-    entry.writeDoubleBE(clamp(record.blocks, MAX_BLOCKS), 5 + key.length);
-    if (size + entry.length > maxBytes) flush();
-    body.push(entry);
-    size += entry.length;
+    const keyBytes = Buffer.byteLength(record.key, 'utf8');
+    if (keyBytes > MAX_KEY_BYTES) continue;
+    if (at + 13 + keyBytes > room) flush();
+    buffer.writeUInt8(keyBytes, at);
+    buffer.write(record.key, at + 1, keyBytes, 'utf8');
+    buffer.writeUInt32BE(clamp(Math.round(record.inflight), MAX_INFLIGHT), at + 1 + keyBytes);
+    buffer.writeDoubleBE(clamp(record.blocks, MAX_BLOCKS), at + 5 + keyBytes);
+    at += 13 + keyBytes;
+    count++;
   }
-  if (body.length > 0 || datagrams.length === 0) flush();
+  if (count > 0 || datagrams.length === 0) flush();
   return datagrams;
 }
 
@@ -79,30 +85,30 @@ function clamp(value: number, most: number): number {
   return value > 0 ? Math.min(value, most) : 0;
 }
 
-function seal(sender: number, seq: number, sentAt: number, entries: readonly Buffer[], secret: Buffer): Buffer {
-  const header = Buffer.allocUnsafe(HEADER_BYTES);
-  header.writeUInt32BE(MAGIC, 0);
-  header.writeUInt8(VERSION, 4);
-  header.writeUInt32BE(sender >>> 0, 5);
-  header.writeUInt32BE(seq >>> 0, 9);
-  header.writeUIntBE(clamp(Math.floor(sentAt), MAX_SENT_AT), 13, 6);
-  header.writeUInt16BE(entries.length, 19);
-  const payload = Buffer.concat([header, ...entries]);
-  return Buffer.concat([payload, tagOf(payload, secret)]);
+/** Writes the header before the `count` records ending at `end`, and the tag after them; returns the datagram. */
+function seal(buffer: Buffer, end: number, count: number, sender: number, seq: number, sentAt: number, secret: PeerSecret): Buffer {
+  buffer.writeUInt32BE(MAGIC, 0);
+  buffer.writeUInt8(VERSION, 4);
+  buffer.writeUInt32BE(sender >>> 0, 5);
+  buffer.writeUInt32BE(seq >>> 0, 9);
+  buffer.writeUIntBE(clamp(Math.floor(sentAt), MAX_SENT_AT), 13, 6);
+  buffer.writeUInt16BE(count, 19);
+  tagOf(buffer.subarray(0, end), secret).copy(buffer, end, 0, TAG_BYTES);
+  return buffer.subarray(0, end + TAG_BYTES);
 }
 
-function tagOf(payload: Buffer, secret: Buffer): Buffer {
-  return createHmac('sha256', secret).update(payload).digest().subarray(0, TAG_BYTES);
+function tagOf(payload: Buffer, secret: PeerSecret): Buffer {
+  return createHmac('sha256', secret).update(payload).digest();
 }
 
 /**
  * The datagram, or why it is refused: `'tag'` (not made with the secret: checked first, so
  * nothing of an unauthenticated datagram is parsed) or `'malformed'`.
  */
-export function decodeDatagram(datagram: Buffer, secret: Buffer, maxBytes = MAX_DATAGRAM_BYTES): PeerDatagram | 'tag' | 'malformed' {
+export function decodeDatagram(datagram: Buffer, secret: PeerSecret, maxBytes = MAX_DATAGRAM_BYTES): PeerDatagram | 'tag' | 'malformed' {
   if (datagram.length < HEADER_BYTES + TAG_BYTES || datagram.length > maxBytes) return 'malformed';
   const payload = datagram.subarray(0, datagram.length - TAG_BYTES);
-  if (!timingSafeEqual(tagOf(payload, secret), datagram.subarray(datagram.length - TAG_BYTES))) return 'tag';
+  if (!timingSafeEqual(tagOf(payload, secret).subarray(0, TAG_BYTES), datagram.subarray(datagram.length - TAG_BYTES))) return 'tag';
   if (payload.readUInt32BE(0) !== MAGIC || payload.readUInt8(4) !== VERSION) return 'malformed';
   const sender = payload.readUInt32BE(5);
   const seq = payload.readUInt32BE(9);

@@ -1,4 +1,4 @@
-import { randomInt } from 'node:crypto';
+import { createSecretKey, randomInt } from 'node:crypto';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import { decodeDatagram, encodeDatagrams, type PeerRecord } from './peer-datagram';
 import type { PeersConfig } from './peer-options';
@@ -53,6 +53,7 @@ function matters(last: Announced | undefined, inflight: number, blocks: number):
  */
 export function startPeers(config: PeersConfig, table: EndpointTable, metrics: PeerMetrics, warn: (message: string) => void): PeerLink {
   const self = randomInt(0, 2 ** 32 - 1);
+  const secret = createSecretKey(config.secret);
   table.withPeers = true;
   // A forgotten sender's window outlives the time its datagrams pass the clock check (below):
   // one sent at its last heartbeat passes it for at most ttlMs + skew (≤ ttlMs) after that.
@@ -92,7 +93,7 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
 
   const events: TransportEvents = {
     received(message) {
-      const datagram = decodeDatagram(message, config.secret, transport.maxBytes);
+      const datagram = decodeDatagram(message, secret, transport.maxBytes);
       if (datagram === 'tag') {
         metrics.datagram('bad_tag');
         return warnOnce('tag', 'dropped a datagram without a valid tag (another secret, or not a replica); further ones are only counted (dp_router_peer_datagrams_total).');
@@ -123,7 +124,7 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
 
   const send = (records: PeerRecord[]) => {
     if (closed) return;
-    const datagrams = encodeDatagrams(self, seq, Date.now(), records, config.secret, transport.maxBytes);
+    const datagrams = encodeDatagrams(self, seq, Date.now(), records, secret, transport.maxBytes);
     seq = (seq + datagrams.length) >>> 0;
     for (const datagram of datagrams) transport.send(datagram);
   };

@@ -57,7 +57,7 @@ export interface PeersOptions {
   /**
    * The most often changed counts are announced: changes are gathered for this long and sent
    * as one batch (one tag), only for endpoints whose counts moved by at least 1 and an eighth of
-   * what was last announced; the heartbeat sends everything. Default: `20` ms.
+   * what was last announced; the heartbeat sends everything. Default: `50` ms.
    */
   announceMs?: number;
 }
@@ -92,7 +92,7 @@ export interface PeersConfig {
 const PEERS_KEYS: KeysEnum<PeersOptions> = { listen: true, redis: true, channel: true, addresses: true, dns: true, secret: true, heartbeatMs: true, ttlMs: true, announceMs: true };
 const HEARTBEAT_MS = 1_000;
 const TTL_MS = 3_000;
-const ANNOUNCE_MS = 20;
+const ANNOUNCE_MS = 50;
 const CHANNEL = 'dp-router:peers';
 const MIN_SECRET_CHARS = 16;
 /**

@@ -148,15 +148,15 @@ function peersOption(redis: boolean): Record<string, unknown> {
 /**
  * `GET /bench-probe` (with `DP_ROUTER_BENCH_PROBE`): the event-loop delay since the last call
  * (p50, p99, max in ms, sampled every 5 ms), this process's CPU so far (`process.cpuUsage`) and
- * its memory (`process.memoryUsage`, after a full collection when started with `--expose-gc`).
+ * its memory (`process.memoryUsage`; with `?gc`, after a full collection when started with `--expose-gc`).
  */
 function probe(): express.RequestHandler {
   const { monitorEventLoopDelay } = require('node:perf_hooks') as typeof import('node:perf_hooks');
   const delay = monitorEventLoopDelay({ resolution: 5 });
   delay.enable();
-  return (_req, res) => {
+  return (req, res) => {
     const cpu = process.cpuUsage();
-    (globalThis as { gc?: () => void }).gc?.();
+    if (req.query.gc !== undefined) (globalThis as { gc?: () => void }).gc?.();
     const memory = process.memoryUsage();
     res.json({ p50: delay.percentile(50) / 1e6, p99: delay.percentile(99) / 1e6, max: delay.max / 1e6, cpuUs: cpu.user + cpu.system, rss: memory.rss, heapUsed: memory.heapUsed, external: memory.external });
     delay.reset();

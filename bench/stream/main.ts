@@ -8,7 +8,7 @@
  *
  * - CPU and latency, interleaved: in each block every contender relays `--streams` concurrent
  *   streams of `--chunks` chunks, one every `--chunk-ms`, all at once, so whatever slows the
- *   machine slows all alike. CPU per chunk (all threads, /proc) ÷ the baseline's in the same
+ *   machine slows all alike. CPU per chunk (all threads, `process.cpuUsage` read in the contender) ÷ the baseline's in the same
  *   block; latency added per chunk = (arrival − the upstream's write time) p50/p99 − the
  *   baseline's. Medians over blocks.
  * - Memory per open stream, one contender at a time: `--open` slow streams (a chunk a second)
@@ -19,7 +19,7 @@
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import type { ClientRequest } from 'node:http';
 import { join, resolve } from 'node:path';
-import { coreCount, hasTaskset, pinSelf, processCpuMs, startChild, type BenchChild } from '../lib/cpu';
+import { coreCount, hasTaskset, pinSelf, startChild, type BenchChild } from '../lib/cpu';
 import { fixed, median, parseArgs, quantileSorted } from '../lib/stats';
 import { describeBuild, prepareLibrary, startContender, type LibraryBuild } from '../overhead/contender-process';
 import { createStreamClient, type StreamResult } from './client';
@@ -109,13 +109,15 @@ function openFileLimit(): number {
 }
 
 interface Probe {
+  cpuUs: number;
   rss: number;
   heapUsed: number;
   external: number;
 }
 
-async function probeOf(child: BenchChild): Promise<Probe> {
-  return (await (await fetch(`${child.url}/bench-probe`)).json()) as Probe;
+/** The contender's CPU so far (µs resolution, where /proc counts 10 ms ticks) and, with `gc`, its memory after a full collection. */
+async function probeOf(child: BenchChild, gc = true): Promise<Probe> {
+  return (await (await fetch(`${child.url}/bench-probe${gc ? '?gc=1' : ''}`)).json()) as Probe;
 }
 
 interface BlockFigures {
@@ -144,7 +146,7 @@ async function main(): Promise<void> {
 
     /** One block: every contender relays `streams` streams at once; its CPU per event and its chunks' delays. */
     const block = async (): Promise<Map<string, BlockFigures>> => {
-      const before = new Map(contenders.map((id) => [id, processCpuMs(children.get(id)!.process.pid)!]));
+      const before = new Map(await Promise.all(contenders.map(async (id) => [id, (await probeOf(children.get(id)!, false)).cpuUs] as const)));
       const results = new Map<string, StreamResult[]>();
       await Promise.all(
         contenders.map(async (id) => {
@@ -152,12 +154,13 @@ async function main(): Promise<void> {
           results.set(id, await Promise.all(Array.from({ length: settings.streams }, () => client.stream(port, settings.chunks, settings.chunkMs, true))));
         }),
       );
+      const after = new Map(await Promise.all(contenders.map(async (id) => [id, (await probeOf(children.get(id)!, false)).cpuUs] as const)));
       const figures = new Map<string, BlockFigures>();
       for (const id of contenders) {
         const streams = results.get(id)!;
         const events = streams.reduce((sum, stream) => sum + stream.events, 0);
         const delays = Float64Array.from(streams.flatMap((stream) => stream.delays)).sort();
-        const cpu = processCpuMs(children.get(id)!.process.pid)! - before.get(id)!;
+        const cpu = (after.get(id)! - before.get(id)!) / 1000;
         // Every token chunk, the usage chunk and [DONE]: anything less is a stream cut short.
         const failed = streams.filter((stream) => stream.status !== 200 || stream.events !== settings.chunks + 2).length;
         figures.set(id, { cpuUsPerChunk: (cpu * 1000) / Math.max(1, events), p50Ms: quantileSorted(delays, 0.5), p99Ms: quantileSorted(delays, 0.99), events, failed });

@@ -1,6 +1,6 @@
 /**
  * npx tsx bench/overhead/peers.ts [--policy round-robin] [--exact] [--rate 300] [--seconds 24]
- *                                 [--block 4] [--modes udp,redis] [--ref GIT_REF] [--tsx]
+ *                                 [--block 4] [--modes udp,redis] [--ref GIT_REF] [--no-pin] [--tsx]
  *
  * What `peers` cost per request, as an A/B that holds on a shared machine: three router
  * processes without peers and three with them (UDP to each other, or Redis pub/sub through a
@@ -42,7 +42,7 @@ async function probeOf(router: BenchChild): Promise<Probe> {
 async function main(): Promise<void> {
   const { build, rest } = libraryBuildFrom(process.argv.slice(2));
   const args = parseArgs(rest);
-  const known = new Set(['policy', 'exact', 'rate', 'seconds', 'block', 'modes', 'ref']);
+  const known = new Set(['policy', 'exact', 'rate', 'seconds', 'block', 'modes', 'ref', 'no-pin']);
   for (const flag of args.keys()) if (!known.has(flag)) throw new Error(`unknown flag --${flag}`);
   const number = (flag: string, fallback: number) => {
     const value = args.get(flag);
@@ -64,7 +64,7 @@ async function main(): Promise<void> {
   const base = `router:${policy}${exact ? '+exact' : ''}`;
   const idOf = (mode: Mode) => `${base}${mode === 'udp' ? '+peers' : mode === 'redis' ? '+peersredis' : ''}${typeof ref === 'string' ? `@${ref}` : ''}`;
   prepareLibrary(build, modes.map(idOf));
-  const pinned = coreCount() >= 2 && hasTaskset() && pinSelf(0);
+  const pinned = !args.has('no-pin') && coreCount() >= 2 && hasTaskset() && pinSelf(0);
   const core = pinned ? 1 : undefined;
   const upstream = await startChild('upstream', join(__dirname, 'upstream.ts'), [], pinned ? 0 : undefined);
   let redis: BenchRedis | undefined;

@@ -144,16 +144,19 @@ async function main(): Promise<void> {
     for (const id of contenders) children.set(id, await startContender(id, upstream.url, settings.build, pinned ? 1 : undefined, ['--expose-gc'], [], { DP_ROUTER_BENCH_PROBE: '1' }));
     log(`${contenders.length} contenders, ${describeBuild(settings.build)}, ${pinned ? 'contenders on core 1, upstream and client on core 0' : 'not pinned'}`);
 
-    /** One block: every contender relays `streams` streams at once; its CPU per event and its chunks' delays. */
-    const block = async (): Promise<Map<string, BlockFigures>> => {
+    /**
+     * One block: every contender relays `streams` streams at once, started turn by turn across
+     * the contenders in an order that rotates from block to block (none is always first); its
+     * CPU per event and its chunks' delays.
+     */
+    const block = async (turn: number): Promise<Map<string, BlockFigures>> => {
       const before = new Map(await Promise.all(contenders.map(async (id) => [id, (await probeOf(children.get(id)!, false)).cpuUs] as const)));
-      const results = new Map<string, StreamResult[]>();
-      await Promise.all(
-        contenders.map(async (id) => {
-          const port = children.get(id)!.port;
-          results.set(id, await Promise.all(Array.from({ length: settings.streams }, () => client.stream(port, settings.chunks, settings.chunkMs, true))));
-        }),
-      );
+      const order = contenders.map((_, at) => contenders[(at + turn) % contenders.length]);
+      const pending = new Map<string, Array<Promise<StreamResult>>>(contenders.map((id) => [id, []]));
+      for (let stream = 0; stream < settings.streams; stream++) {
+        for (const id of order) pending.get(id)!.push(client.stream(children.get(id)!.port, settings.chunks, settings.chunkMs, true));
+      }
+      const results = new Map<string, StreamResult[]>(await Promise.all(contenders.map(async (id) => [id, await Promise.all(pending.get(id)!)] as const)));
       const after = new Map(await Promise.all(contenders.map(async (id) => [id, (await probeOf(children.get(id)!, false)).cpuUs] as const)));
       const figures = new Map<string, BlockFigures>();
       for (const id of contenders) {
@@ -169,10 +172,10 @@ async function main(): Promise<void> {
     };
 
     log(`warm-up block, then ${settings.blocks} blocks of ${settings.streams} streams × ${settings.chunks} chunks every ${settings.chunkMs} ms per contender`);
-    await block();
+    await block(0);
     const blocks: Array<Map<string, BlockFigures>> = [];
     for (let index = 0; index < settings.blocks; index++) {
-      const figures = await block();
+      const figures = await block(index + 1);
       blocks.push(figures);
       const base = figures.get('baseline')!;
       log(`block ${index + 1}: ${contenders.map((id) => `${id} ${fixed(figures.get(id)!.cpuUsPerChunk, 2)} µs (${fixed(figures.get(id)!.cpuUsPerChunk / base.cpuUsPerChunk, 3)}×)`).join(', ')}`);
@@ -190,7 +193,7 @@ async function main(): Promise<void> {
       let first = 0;
       // A chunk a second, for longer than the measurement: the streams stay open until cut.
       const streams = Array.from({ length: open }, () => client.stream(child.port, 3_600, 1_000, false, () => first++, (req) => requests.push(req)).catch(() => undefined));
-      const deadline = Date.now() + 120_000;
+      const deadline = Date.now() + 300_000;
       while (first < open && Date.now() < deadline) await new Promise((done) => setTimeout(done, 200));
       const held = await probeOf(child);
       memory.set(id, { rssPerStream: (held.rss - idle.rss) / first, heapPerStream: (held.heapUsed - idle.heapUsed) / first, externalPerStream: (held.external - idle.external) / first, held: first });

@@ -102,6 +102,15 @@ function tagOf(payload: Buffer, secret: PeerSecret): Buffer {
 }
 
 /**
+ * The sender id a datagram claims, unauthenticated: enough to skip this replica's own
+ * announcements (Redis delivers them back; a shared UDP address list lists this replica) before
+ * paying for their tag. A forged claim only gets a datagram dropped, which anyone could do.
+ */
+export function claimedSender(datagram: Buffer): number | undefined {
+  return datagram.length >= HEADER_BYTES ? datagram.readUInt32BE(5) : undefined;
+}
+
+/**
  * The datagram, or why it is refused: `'tag'` (not made with the secret: checked first, so
  * nothing of an unauthenticated datagram is parsed) or `'malformed'`.
  */

@@ -1,6 +1,6 @@
 import { createSecretKey, randomInt } from 'node:crypto';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
-import { decodeDatagram, encodeDatagrams, type PeerRecord } from './peer-datagram';
+import { claimedSender, decodeDatagram, encodeDatagrams, type PeerRecord } from './peer-datagram';
 import type { PeersConfig } from './peer-options';
 import { PeerTable } from './peer-table';
 import type { PeerMetrics } from './metrics';
@@ -93,6 +93,8 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
 
   const events: TransportEvents = {
     received(message) {
+      // This replica's own, back from Redis or from its own address: not counted, not checked.
+      if (claimedSender(message) === self) return;
       const datagram = decodeDatagram(message, secret, transport.maxBytes);
       if (datagram === 'tag') {
         metrics.datagram('bad_tag');

@@ -1,6 +1,29 @@
-import { readdirSync, readFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { prepareLibrary, startContender, type LibraryBuild } from '../overhead/contender-process';
+import { coreCount, hasTaskset, pinSelf, startChild, type BenchChild } from './cpu';
 import { fixed, markdownTable } from './stats';
+
+/**
+ * Runs contender `id` under `--cpu-prof` in front of the upstream `upstreamScript` (pinned as
+ * bench:overhead pins, unless `pin` is false), while `drive` loads it and says what it did; then
+ * prints that line and the profile's summary ({@link summarizeProfile}).
+ */
+export async function profileContender(id: string, build: LibraryBuild, upstreamScript: string, pin: boolean, drive: (child: BenchChild) => Promise<string>): Promise<void> {
+  prepareLibrary(build, [id]);
+  const pinned = pin && coreCount() >= 2 && hasTaskset() && pinSelf(0);
+  const dir = mkdtempSync(join(tmpdir(), 'dp-router-prof-'));
+  const upstream = await startChild('upstream', upstreamScript, [], pinned ? 0 : undefined);
+  const child = await startContender(id, upstream.url, build, pinned ? 1 : undefined, ['--cpu-prof', `--cpu-prof-dir=${dir}`]);
+  try {
+    process.stdout.write(`${await drive(child)}\n\n`);
+  } finally {
+    await child.stop();
+    await upstream.stop();
+  }
+  process.stdout.write(summarizeProfile(dir));
+}
 
 interface ProfileNode {
   id: number;

@@ -7,25 +7,17 @@
  * e.g. npx tsx bench/overhead/profile.ts router:least-outstanding 256 5
  * The contender runs the compiled package (dist/); `--tsx` the sources (diagnostic).
  */
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { coreCount, hasTaskset, pinSelf, startChild } from '../lib/cpu';
-import { summarizeProfile } from '../lib/cpu-profile';
+import { profileContender } from '../lib/cpu-profile';
 import { fixed } from '../lib/stats';
 import { runAutocannon } from './load';
-import { describeBuild, libraryBuildFrom, prepareLibrary, startContender } from './contender-process';
+import { describeBuild, libraryBuildFrom } from './contender-process';
 import { completionBody, ROUTABLE_RANKS, VARIANTS } from './scenario';
 
 async function main(): Promise<void> {
   const { build, rest } = libraryBuildFrom(process.argv.slice(2));
   const [id = 'router:least-outstanding', bytes = '256', seconds = '5'] = rest;
-  prepareLibrary(build, [id]);
-  const pinned = coreCount() >= 2 && hasTaskset() && pinSelf(0);
-  const dir = mkdtempSync(join(tmpdir(), 'dp-router-prof-'));
-  const upstream = await startChild('upstream', join(__dirname, 'upstream.ts'), [], pinned ? 0 : undefined);
-  const child = await startContender(id, upstream.url, build, pinned ? 1 : undefined, ['--cpu-prof', `--cpu-prof-dir=${dir}`]);
-  try {
+  await profileContender(id, build, join(__dirname, 'upstream.ts'), true, async (child) => {
     const size = Number(bytes);
     const spec = {
       url: child.url,
@@ -35,12 +27,8 @@ async function main(): Promise<void> {
     };
     await runAutocannon(spec, 16, 1);
     const result = await runAutocannon(spec, 16, Number(seconds));
-    process.stdout.write(`${id}, ${bytes} B, ${describeBuild(build)}: ${fixed(result.rps, 0)} req/s, wrong rank ${result.rank.wrong}/${result.rank.checked}\n\n`);
-  } finally {
-    await child.stop();
-    await upstream.stop();
-  }
-  process.stdout.write(summarizeProfile(dir));
+    return `${id}, ${bytes} B, ${describeBuild(build)}: ${fixed(result.rps, 0)} req/s, wrong rank ${result.rank.wrong}/${result.rank.checked}`;
+  });
 }
 
 main().catch((error: unknown) => {

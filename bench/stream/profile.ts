@@ -6,27 +6,19 @@
  * and prints the functions with the most self time, grouped by area (bench/lib/cpu-profile.ts).
  * e.g. npx tsx bench/stream/profile.ts router:least-outstanding+tokens 10
  */
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { coreCount, hasTaskset, pinSelf, startChild } from '../lib/cpu';
-import { summarizeProfile } from '../lib/cpu-profile';
-import { describeBuild, libraryBuildFrom, prepareLibrary, startContender } from '../overhead/contender-process';
+import { profileContender } from '../lib/cpu-profile';
+import { describeBuild, libraryBuildFrom } from '../overhead/contender-process';
 import { createStreamClient } from './client';
 
 async function main(): Promise<void> {
   const { build, rest: args } = libraryBuildFrom(process.argv.slice(2));
   const rest = args.filter((arg) => arg !== '--no-pin');
   const [id = 'router:least-outstanding', seconds = '10'] = rest;
-  prepareLibrary(build, [id]);
-  // Unpinned on a machine whose core 0 other benchmarks pin their load to as well.
-  const pinned = rest.length === args.length && coreCount() >= 2 && hasTaskset() && pinSelf(0);
-  const dir = mkdtempSync(join(tmpdir(), 'dp-router-stream-prof-'));
-  const upstream = await startChild('upstream', join(__dirname, 'upstream.ts'), [], pinned ? 0 : undefined);
-  const child = await startContender(id, upstream.url, build, pinned ? 1 : undefined, ['--cpu-prof', `--cpu-prof-dir=${dir}`]);
-  const client = createStreamClient();
-  let events = 0;
-  try {
+  // --no-pin: on a machine whose core 0 other benchmarks pin their load to as well.
+  await profileContender(id, build, join(__dirname, 'upstream.ts'), rest.length === args.length, async (child) => {
+    const client = createStreamClient();
+    let events = 0;
     const until = Date.now() + Number(seconds) * 1000;
     await Promise.all(
       Array.from({ length: 64 }, async () => {
@@ -36,13 +28,9 @@ async function main(): Promise<void> {
         }
       }),
     );
-    process.stdout.write(`${id}, ${describeBuild(build)}: ${events} chunks relayed\n\n`);
-  } finally {
     client.close();
-    await child.stop();
-    await upstream.stop();
-  }
-  process.stdout.write(summarizeProfile(dir));
+    return `${id}, ${describeBuild(build)}: ${events} chunks relayed`;
+  });
 }
 
 main().catch((error: unknown) => {

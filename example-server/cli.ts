@@ -50,8 +50,11 @@ export interface GatewaySettings {
   mockMaxNumSeqs: number;
   /** `prefixAware.placementSlack`; `undefined`: the policy's default. */
   placementSlack: number | undefined;
-  /** The other replicas (`--peer-listen`, `--peer`, `DP_ROUTER_PEER_SECRET`); `undefined`: off. */
-  peers: { listen: string; addresses: string[]; dns?: { name: string; port: number }; secret: string } | undefined;
+  /**
+   * The other replicas (`--peer-listen`, `--peer`, or `--peer-redis` through the `--redis` URL;
+   * `DP_ROUTER_PEER_SECRET`); `undefined`: off.
+   */
+  peers: { listen?: string; addresses: string[]; dns?: { name: string; port: number }; redis?: true; secret: string } | undefined;
 }
 
 /** The admission flags; `undefined` where not given. */
@@ -139,6 +142,8 @@ Options:
   --peer HOST:PORT      another gateway replica's --peer-listen (repeatable; may list this one)
   --peer-dns NAME:PORT  the replicas by DNS: every address of NAME (a headless Service over the
                         gateway pods), re-resolved every 10 s
+  --peer-redis          announce and hear the replicas' load on the --redis server's pub/sub
+                        channel dp-router:peers instead of UDP (DP_ROUTER_PEER_SECRET as above)
   --prefill URL[@RANKS] a vLLM prefill server (repeatable): with --decode, each request's
                         prefill leg goes there, its decode leg to a --decode server
   --decode URL[@RANKS]  a vLLM decode server (repeatable)
@@ -214,6 +219,8 @@ interface ParseState {
   peerListen: string | undefined;
   peerAddresses: string[];
   peerDns: { name: string; port: number } | undefined;
+  /** `--peer-redis`. */
+  peerRedis: boolean;
 }
 
 /**
@@ -272,6 +279,7 @@ const FLAGS: Readonly<Record<string, Flag>> = {
   '--placement-slack': { value: (s, raw, flag) => (s.settings.placementSlack = decimal(flag, raw, 0, 1_000_000)) },
   '--peer-listen': { value: (s, raw) => (s.peerListen = raw) },
   '--peer': { value: (s, raw) => s.peerAddresses.push(raw) },
+  '--peer-redis': { switch: (s, on) => (s.peerRedis = on) },
   '--peer-dns': {
     value: (s, raw, flag) => {
       const match = /^([^:]+):(\d{1,5})$/.exec(raw);
@@ -339,6 +347,7 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     peerListen: undefined,
     peerAddresses: [],
     peerDns: undefined,
+    peerRedis: false,
     kvEvents: new Map(),
     discover: false,
     upstreamSpecs: [],
@@ -486,6 +495,11 @@ function repeated(flag: string, first: string, second: string): string {
  */
 function peersOf(state: ParseState, env: NodeJS.ProcessEnv): GatewaySettings['peers'] {
   const { peerListen: listen, peerAddresses: addresses, peerDns: dns } = state;
+  if (state.peerRedis) {
+    if (listen !== undefined || addresses.length > 0 || dns !== undefined) throw new UsageError('--peer-redis announces through Redis instead of UDP: drop --peer-listen, --peer and --peer-dns');
+    if (state.settings.admission.redisUrl === undefined) throw new UsageError('--peer-redis announces on the --redis server: give --redis URL too');
+    return { addresses: [], redis: true, secret: peerSecret(env, '--peer-redis') };
+  }
   if (listen === undefined) {
     if (addresses.length > 0 || dns !== undefined) throw new UsageError('--peer and --peer-dns name the other replicas for --peer-listen: give --peer-listen HOST:PORT too');
     return undefined;
@@ -493,9 +507,14 @@ function peersOf(state: ParseState, env: NodeJS.ProcessEnv): GatewaySettings['pe
   if (addresses.length === 0 && dns === undefined) {
     throw new UsageError('--peer-listen needs the replicas to announce to: give --peer HOST:PORT for each (the same list on every replica), or --peer-dns NAME:PORT');
   }
+  return { listen, addresses, ...(dns && { dns }), secret: peerSecret(env, '--peer-listen') };
+}
+
+/** The replicas' shared secret, from the environment (a command line is visible to every user of the machine). */
+function peerSecret(env: NodeJS.ProcessEnv, flag: string): string {
   const secret = env.DP_ROUTER_PEER_SECRET;
-  if (secret === undefined || secret === '') throw new UsageError('--peer-listen needs the replicas\' shared secret in DP_ROUTER_PEER_SECRET (e.g. `openssl rand -hex 32`)');
-  return { listen, addresses, ...(dns && { dns }), secret };
+  if (secret === undefined || secret === '') throw new UsageError(`${flag} needs the replicas' shared secret in DP_ROUTER_PEER_SECRET (e.g. \`openssl rand -hex 32\`)`);
+  return secret;
 }
 
 /** `--prefill`/`--decode` add upstreams of those roles; `--pd` asks for the embedded pair. */

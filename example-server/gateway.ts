@@ -57,7 +57,8 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
     : settings.upstreams;
   const tokenizer = settings.tokenizer ?? mockEvents?.tokenizer;
   const registry = new Registry();
-  const admission = await admissionFromFlags(settings.admission, (message) => (logger ? logger.warn(message) : process.emitWarning(message)));
+  const peers = settings.peers;
+  const admission = await admissionFromFlags(settings.admission, (message) => (logger ? logger.warn(message) : process.emitWarning(message)), peers?.redis === true);
   const router = dpRouter({
     upstreams,
     policy: settings.policy,
@@ -70,7 +71,11 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
     ...((tokenizer !== undefined || settings.placementSlack !== undefined || settings.chatTemplateKwargs !== undefined) && {
       prefixAware: { tokenizer, placementSlack: settings.placementSlack, chatTemplateKwargs: settings.chatTemplateKwargs },
     }),
-    ...(settings.peers !== undefined && { peers: { ...settings.peers, addresses: settings.peers.addresses.length > 0 ? settings.peers.addresses : undefined } }),
+    ...(peers !== undefined && {
+      peers: peers.redis
+        ? { redis: admission.redis, secret: peers.secret }
+        : { listen: peers.listen, dns: peers.dns, secret: peers.secret, addresses: peers.addresses.length > 0 ? peers.addresses : undefined },
+    }),
     ...(pd && { disaggregation: { connector: pd.connector } }),
     ...(logger ? { logger } : {}),
   });

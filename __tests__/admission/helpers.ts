@@ -1,39 +1,10 @@
 import Redis from 'ioredis';
-import { spawn, type ChildProcess } from 'node:child_process';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { freePort } from '../helpers/prometheus';
 import type { Closable } from '../helpers/lifecycle';
-import { waitFor } from '../helpers/wait';
 
-/** A real redis-server on a free loopback port, without persistence; `stop()` kills it by PID. */
-export interface TestRedis {
-  readonly port: number;
-  readonly url: string;
-  stop(): Promise<void>;
-}
-
-export async function startRedis(port?: number): Promise<TestRedis> {
-  const chosen = port ?? (await freePort());
-  const child: ChildProcess = spawn('redis-server', ['--port', String(chosen), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  let output = '';
-  let killed = false;
-  child.stdout!.on('data', (chunk: Buffer) => (output += chunk.toString()));
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-  await waitFor(() => output.includes('Ready to accept connections') || child.exitCode !== null, 5000, () => `redis-server did not start: ${output}`);
-  if (child.exitCode !== null) throw new Error(`redis-server exited: ${output}`);
-  return {
-    port: chosen,
-    url: `redis://127.0.0.1:${chosen}`,
-    stop: async () => {
-      if (!killed) {
-        killed = true;
-        process.kill(child.pid!, 'SIGKILL');
-      }
-      await exited;
-    },
-  };
-}
+// A real redis-server moved to ../helpers/redis.ts, shared with the peers' tests.
+export { startRedis, type TestRedis } from '../helpers/redis';
 
 /** An ioredis client that gives up fast when Redis is gone (the store's own 250 ms deadline covers the rest), disconnected after the test. */
 export function redisClient(url: string, started: Closable[]): Redis {

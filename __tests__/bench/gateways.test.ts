@@ -9,7 +9,7 @@ interface FleetResult {
 }
 
 /** One `npm run bench:gateways -- --single …` run: three gateway processes sharing one mock vLLM. */
-async function runFleet(feedbackMs: number, peers = 0): Promise<FleetResult> {
+async function runFleet(feedbackMs: number, peers: 'off' | 'udp' | 'redis' = 'off'): Promise<FleetResult> {
   const settings = { gateways: 3, ranks: 8, rate: 120, seconds: 3, 'decode-ms': 10, 'pinned-share': 0.3, seed: 5, 'feedback-weight': 1, 'feedback-ms': feedbackMs, peers };
   const args = ['--single', ...Object.entries(settings).flatMap(([flag, value]) => [`--${flag}`, String(value)])];
   const run = await runBench('bench/gateways/main.ts', args, 60_000);
@@ -36,7 +36,12 @@ describe('three gateway processes sharing one mock vLLM', () => {
   }, 120_000);
 
   it("balance the engines better with peers, which announce each gateway's in-flight counts over UDP at once, when one gateway's clients pin a rank", async () => {
-    const [local, peers] = await Promise.all([runFleet(0), runFleet(0, 1)]);
+    const [local, peers] = await Promise.all([runFleet(0), runFleet(0, 'udp')]);
+    expectBetterBalance(local, peers);
+  }, 120_000);
+
+  it('balance the engines as well with peers over a real redis-server (--peers redis: --redis, --peer-redis)', async () => {
+    const [local, peers] = await Promise.all([runFleet(0), runFleet(0, 'redis')]);
     expectBetterBalance(local, peers);
   }, 120_000);
 });

@@ -196,6 +196,15 @@ describe('parseCommandLine', () => {
     expect(() => parse('--placement-slack', '1e3')).toThrow(/--placement-slack must be a number from 0 to 1000000/);
   });
 
+  it('reads --peer-redis: the peers on the --redis server, with the same secret, and no UDP flags beside it', () => {
+    const env = { DP_ROUTER_PEER_SECRET: 'a secret of the replicas' };
+    const settings = parseCommandLine(['--redis', 'redis://127.0.0.1:6379', '--peer-redis'], env);
+    expect(settings).toMatchObject({ peers: { redis: true, addresses: [], secret: 'a secret of the replicas' }, admission: { redisUrl: 'redis://127.0.0.1:6379' } });
+    expect(() => parseCommandLine(['--peer-redis'], env)).toThrow(/--peer-redis announces on the --redis server: give --redis URL too/);
+    expect(() => parseCommandLine(['--redis', 'redis://127.0.0.1:6379', '--peer-redis'], {})).toThrow(/--peer-redis needs the replicas' shared secret in DP_ROUTER_PEER_SECRET/);
+    expect(() => parseCommandLine(['--redis', 'redis://127.0.0.1:6379', '--peer-redis', '--peer-listen', '0.0.0.0:7946', '--peer', '10.0.0.5:7946'], env)).toThrow(/drop --peer-listen/);
+  });
+
   it('reads a switch alone, or with exactly =true or =false', () => {
     expect(parse('--trust-hints=false', '--expose-decision=false')).toMatchObject({ trustHints: false, exposeDecision: false });
     expect(parse('--trust-hints=true', '--expose-decision=true')).toMatchObject({ trustHints: true, exposeDecision: true });

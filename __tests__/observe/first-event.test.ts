@@ -1,6 +1,9 @@
 import { describe, expect, it } from '@jest/globals';
-import { PassThrough } from 'node:stream';
+import { IncomingMessage } from 'node:http';
+import { PassThrough, Readable } from 'node:stream';
+import { startMockVllm } from '../../example-server/mock-vllm';
 import { onFirstEvent } from '../../lib/observe/first-event';
+import { startGateway } from '../helpers';
 
 /**
  * Feeds `chunks` through a real stream, one per turn of the event loop, and says which chunk (by
@@ -51,5 +54,42 @@ describe('onFirstEvent', () => {
 
   it('skips a line that starts with half a byte-order mark', async () => {
     expect(await firstEventChunk([Buffer.from([0xef, 0xbb]), 'data: x\n', 'data: y\n'])).toBe(2);
+  });
+});
+
+describe('a streamed answer through dpRouter', () => {
+  it('gets one first-token scan beside the relay, for the metrics and a policy that learns first tokens alike, and none after the first event', async () => {
+    const mock = await startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 30 });
+    const gateway = await startGateway({ upstreams: [{ url: mock.url, dataParallelSize: 2 }], policy: 'prefix-aware' });
+    // Every 'data' listener put on an upstream's event-stream answer in this process (the gateway's).
+    const answers = new Map<IncomingMessage, number>();
+    const on = Readable.prototype.on;
+    const spy = function (this: Readable, event: string | symbol, listener: (...args: unknown[]) => void) {
+      if (event === 'data' && this instanceof IncomingMessage && String(this.headers['content-type']).startsWith('text/event-stream')) answers.set(this, (answers.get(this) ?? 0) + 1);
+      return on.call(this, event, listener);
+    };
+    Readable.prototype.on = spy as typeof on;
+    try {
+      const response = await fetch(`${gateway.url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'mock-model', prompt: 'count the listeners', max_tokens: 6, stream: true }),
+      });
+      const reader = response.body!.getReader();
+      await reader.read();
+      await reader.read();
+      const [[answer, added]] = [...answers];
+      // The relay's pipe and one scan, which left at the first event.
+      expect(added).toBe(2);
+      expect(answer.listenerCount('data')).toBe(1);
+      while (!(await reader.read()).done);
+      // The metric got its first token from that scan.
+      const counts = [...(await gateway.registry.metrics()).matchAll(/^dp_router_time_to_first_token_seconds_count\{[^}]*\} (\d+)$/gm)].map((match) => Number(match[1]));
+      expect(counts.reduce((sum, count) => sum + count, 0)).toBe(1);
+    } finally {
+      Readable.prototype.on = on;
+      await gateway.close();
+      await mock.close();
+    }
   });
 });

@@ -1,14 +1,21 @@
 import { createSocket } from 'node:dgram';
 import { describe, expect, it } from '@jest/globals';
 import { startMockVllm } from '../../example-server/mock-vllm';
-import type { EndpointSnapshot, Options } from '../../lib';
-import { encodeDatagrams } from '../../lib/peers/peer-datagram';
+import type { Options } from '../../lib';
+import { decodeDatagram, encodeDatagrams } from '../../lib/peers/peer-datagram';
 import { closedAfterEach, freeUdpPort, metricValue, sendDatagrams, sleep, startDnsmasq, startGateway, waitFor, type TestGateway } from '../helpers';
+import { answeredBy, rankOf, stream } from './helpers';
 
 const started = closedAfterEach();
 const SECRET = 'the replicas share this secret';
 
 /** Two replicas that know each other (the same address list on both, as a deployment would give it). */
+/** Whether a datagram (decoded with the replicas' secret) announces one request on rank 1. */
+function carriesHeld(message: Buffer): boolean {
+  const datagram = decodeDatagram(message, Buffer.from(SECRET));
+  return typeof datagram !== 'string' && datagram.records.some((record) => record.key === 'vllm#1' && record.inflight === 1);
+}
+
 async function replicas(url: string, a: Partial<Options>, b: Partial<Options>, peers: { heartbeatMs?: number; ttlMs?: number } = {}) {
   const ports = [await freeUdpPort(), await freeUdpPort()];
   const addresses = ports.map((port) => `127.0.0.1:${port}`);
@@ -26,30 +33,6 @@ async function replicas(url: string, a: Partial<Options>, b: Partial<Options>, p
   return { a: await start(ports[0], a), b: await start(ports[1], b), ports, warnings };
 }
 
-const rankOf = (gateway: TestGateway, rank: number): EndpointSnapshot => gateway.router.endpoints().find((endpoint) => endpoint.rank === rank)!;
-
-/** A streamed completion through `gateway`; resolves with the abort, the status and the first chunk once the headers are in. */
-async function stream(gateway: TestGateway, prompt: string, maxTokens: number, headers: Record<string, string> = {}) {
-  const abort = new AbortController();
-  const response = await fetch(`${gateway.url}/v1/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json', ...headers },
-    body: JSON.stringify({ model: 'mock-model', prompt, max_tokens: maxTokens, stream: true }),
-    signal: abort.signal,
-  });
-  const reader = response.body!.getReader();
-  return {
-    abort: () => abort.abort(),
-    status: response.status,
-    rest: async () => {
-      let text = '';
-      for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) text += Buffer.from(chunk.value).toString();
-      return text;
-    },
-    first: () => reader.read(),
-  };
-}
-
 /**
  * Two replicas with fast heartbeats (50 ms, ttl 300 ms) and one request A holds on rank 1 (slow
  * decoding) until it is aborted, once B counts it.
@@ -61,17 +44,6 @@ async function heldOnRankOne() {
   const held = await stream(a, 'a held prompt', 30, { 'x-data-parallel-rank': '1' });
   await waitFor(() => rankOf(b, 1).peerInflight === 1);
   return { mock, a, b, held };
-}
-
-async function answeredBy(gateway: TestGateway): Promise<number> {
-  const response = await fetch(`${gateway.url}/v1/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'mock-model', prompt: 'hi', max_tokens: 1 }),
-  });
-  expect(response.status).toBe(200);
-  const body = (await response.json()) as { choices: Array<{ text: string }> };
-  return Number(/^rank (\d+):/.exec(body.choices[0].text)![1]);
 }
 
 describe('peers', () => {
@@ -121,7 +93,7 @@ describe('peers', () => {
     started.push(mock);
     const { b, ports, warnings } = await replicas(mock.url, {}, {});
     const port = ports[1];
-    const forged = encodeDatagrams(99, 1, [{ key: 'vllm#0', inflight: 1000, blocks: 1e6 }], Buffer.from('not the replicas secret at all'));
+    const forged = encodeDatagrams(99, 1, Date.now(), [{ key: 'vllm#0', inflight: 1000, blocks: 1e6 }], Buffer.from('not the replicas secret at all'));
     const garbage = [Buffer.alloc(0), Buffer.from('GET / HTTP/1.1\r\n\r\n'), Buffer.alloc(1300, 0xff)];
     await sendDatagrams(port, [...forged, ...forged, ...garbage, ...garbage]);
     await waitFor(() => warnings.length >= 2);
@@ -136,8 +108,8 @@ describe('peers', () => {
     expect(rankOf(b, 0).peerInflight).toBe(0);
     // A genuine announcement counts; the same datagram sent again later does not undo a newer one.
     const secret = Buffer.from(SECRET);
-    const older = encodeDatagrams(99, 5, [{ key: 'vllm#0', inflight: 7, blocks: 70 }], secret);
-    await sendDatagrams(port, encodeDatagrams(99, 6, [{ key: 'vllm#0', inflight: 3, blocks: 30 }, { key: 'no-such#9', inflight: 5, blocks: 5 }], secret));
+    const older = encodeDatagrams(99, 5, Date.now(), [{ key: 'vllm#0', inflight: 7, blocks: 70 }], secret);
+    await sendDatagrams(port, encodeDatagrams(99, 6, Date.now(), [{ key: 'vllm#0', inflight: 3, blocks: 30 }, { key: 'no-such#9', inflight: 5, blocks: 5 }], secret));
     await waitFor(() => rankOf(b, 0).peerInflight === 3);
     await sendDatagrams(port, older);
     await sleep(50);
@@ -176,6 +148,86 @@ describe('peers', () => {
     await waitFor(() => rankOf(b, 1).peerInflight === 0, 2000);
     expect(await metricValue(b.registry, 'dp_router_peers')).toBe(0);
     held.abort();
+  });
+
+  it("refuse a captured datagram replayed after the sender stopped (it would keep the stopped replica's load counted), and one replayed to a replica that never heard the sender, counting both", async () => {
+    const mock = await startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 1000 });
+    started.push(mock);
+    // An eavesdropper on the peers' network: A announces to it as to any replica.
+    const tap = createSocket('udp4');
+    const captured: Buffer[] = [];
+    tap.on('message', (message) => captured.push(message));
+    await new Promise<void>((resolve) => tap.bind(0, '127.0.0.1', resolve));
+    started.push({ close: () => new Promise<void>((resolve) => tap.close(() => resolve())) });
+    const ports = [await freeUdpPort(), await freeUdpPort(), await freeUdpPort()];
+    const addresses = [...ports.map((port) => `127.0.0.1:${port}`), `127.0.0.1:${tap.address().port}`];
+    const start = async (port: number, options: Partial<Options>) => {
+      const gateway = await startGateway({
+        upstreams: [{ url: mock.url, name: 'vllm', dataParallelSize: 2 }],
+        peers: { listen: `127.0.0.1:${port}`, addresses, secret: SECRET, heartbeatMs: 50, ttlMs: 300 },
+        logger: false,
+        ...options,
+      });
+      started.push(gateway);
+      return gateway;
+    };
+    const a = await start(ports[0], { hints: { trust: true } });
+    const b = await start(ports[1], {});
+    const held = await stream(a, 'a held prompt', 30, { 'x-data-parallel-rank': '1' });
+    await waitFor(() => rankOf(b, 1).peerInflight === 1);
+    // A datagram that carries the held request (a heartbeat carries every endpoint).
+    await waitFor(() => captured.some((message) => carriesHeld(message)));
+    const replay = captured.filter((message) => carriesHeld(message)).pop()!;
+    await a.router.close();
+    held.abort();
+    await waitFor(() => rankOf(b, 1).peerInflight === 0, 2000);
+    await sendDatagrams(ports[1], [replay, replay]);
+    await sleep(100);
+    expect(rankOf(b, 1).peerInflight).toBe(0);
+    expect(await metricValue(b.registry, 'dp_router_peers')).toBe(0);
+    const refused = async (gateway: TestGateway) =>
+      (await metricValue(gateway.registry, 'dp_router_peer_datagrams_total', { outcome: 'replayed' })) + (await metricValue(gateway.registry, 'dp_router_peer_datagrams_total', { outcome: 'stale' }));
+    expect(await refused(b)).toBe(2);
+    // A replica started later never heard A: the datagram's signed time, past ttlMs, refuses it.
+    const c = await start(ports[2], {});
+    await sendDatagrams(ports[2], [replay]);
+    await sleep(100);
+    expect(rankOf(c, 1).peerInflight).toBe(0);
+    expect(await metricValue(c.registry, 'dp_router_peer_datagrams_total', { outcome: 'stale' })).toBe(1);
+  });
+
+  it('announce a burst of requests in a few batches, at most one per announceMs (not one per request), and end exact', async () => {
+    const mock = await startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 2 });
+    started.push(mock);
+    const tap = createSocket('udp4');
+    let heard = 0;
+    tap.on('message', () => heard++);
+    await new Promise<void>((resolve) => tap.bind(0, '127.0.0.1', resolve));
+    started.push({ close: () => new Promise<void>((resolve) => tap.close(() => resolve())) });
+    const ports = [await freeUdpPort(), await freeUdpPort()];
+    const addresses = [...ports.map((port) => `127.0.0.1:${port}`), `127.0.0.1:${tap.address().port}`];
+    const start = async (port: number) => {
+      const gateway = await startGateway({
+        upstreams: [{ url: mock.url, name: 'vllm', dataParallelSize: 2 }],
+        peers: { listen: `127.0.0.1:${port}`, addresses, secret: SECRET, heartbeatMs: 2000, ttlMs: 6000, announceMs: 500 },
+        logger: false,
+      });
+      started.push(gateway);
+      return gateway;
+    };
+    const a = await start(ports[0]);
+    const b = await start(ports[1]);
+    await waitFor(() => heard >= 2);
+    const before = heard;
+    const began = performance.now();
+    // 200 requests, 20 at a time: 400 changes of A's counts.
+    for (let wave = 0; wave < 10; wave++) await Promise.all(Array.from({ length: 20 }, () => answeredBy(a)));
+    const elapsed = performance.now() - began;
+    const sent = heard - before;
+    // One batch per announceMs at most, plus the heartbeats, plus one in flight at either end.
+    expect(sent).toBeLessThanOrEqual(Math.ceil(elapsed / 500) + Math.ceil(elapsed / 2000) + 2);
+    // Small changes wait for the heartbeat, which makes every count exact again.
+    await waitFor(() => b.router.endpoints().every((endpoint) => endpoint.peerInflight === 0), 5000);
   });
 
   it('announce the end of a request on an endpoint the replica has since removed', async () => {

@@ -16,6 +16,7 @@ describe('peers options', () => {
       secret: Buffer.from(peers.secret),
       heartbeatMs: 1000,
       ttlMs: 3000,
+      announceMs: 50,
     });
     expect(parse({ ...peers, heartbeatMs: 2000 }).peers?.ttlMs).toBe(6000);
     expect(parse({ listen: peers.listen, secret: peers.secret, dns: { name: 'gateway-peers.default.svc.cluster.local', port: 7946 } }).peers).toMatchObject({

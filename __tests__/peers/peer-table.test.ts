@@ -6,6 +6,7 @@ const SELF = 1;
 const from = (sender: number, seq: number, ...records: Array<[key: string, inflight: number, blocks: number]>): PeerDatagram => ({
   sender,
   seq,
+  sentAt: 0,
   records: records.map(([key, inflight, blocks]) => ({ key, inflight, blocks })),
 });
 
@@ -34,9 +35,40 @@ describe('PeerTable', () => {
     const table = new PeerTable(SELF);
     table.apply(from(2, 0xfffffffe, ['a#0', 4, 8]), 0);
     table.apply(from(2, 3, ['a#0', 1, 2]), 0);
-    expect(table.apply(from(2, 0xffffffff, ['a#0', 9, 9]), 0)).toEqual([]);
-    expect(table.apply(from(2, 3, ['a#0', 9, 9]), 0)).toEqual([]);
+    // Reordered (sent before the last, first arrived now): taken, but its older values do not undo newer ones.
+    expect(table.apply(from(2, 0xffffffff, ['a#0', 9, 9], ['a#1', 2, 2]), 0)).toEqual(['a#1']);
+    // Seen before: refused whole.
+    expect(table.apply(from(2, 3, ['a#0', 9, 9]), 0)).toBe('replayed');
+    expect(table.apply(from(2, 0xffffffff, ['a#0', 9, 9]), 0)).toBe('replayed');
     expect(table.totalsOf('a#0')).toEqual({ inflight: 1, blocks: 2 });
+  });
+
+  it('refuses a datagram older than the 32 before the newest of its sender, even never seen', () => {
+    const table = new PeerTable(SELF);
+    table.apply(from(2, 100, ['a#0', 1, 0]), 0);
+    expect(table.apply(from(2, 69, ['a#1', 1, 0]), 0)).toEqual(['a#1']);
+    expect(table.apply(from(2, 68, ['a#2', 1, 0]), 0)).toBe('replayed');
+    // Far ahead: the window moves on, and what it leaves behind is refused.
+    expect(table.apply(from(2, 1000, ['a#0', 2, 0]), 0)).toEqual(['a#0']);
+    expect(table.apply(from(2, 101, ['a#0', 5, 0]), 0)).toBe('replayed');
+  });
+
+  it("keeps a forgotten sender's window for retainMs: its old datagrams are refused, its new ones count again", () => {
+    const table = new PeerTable(SELF, 1000);
+    table.apply(from(2, 7, ['a#0', 3, 0]), 0);
+    expect(table.expire(500, 500)).toEqual(['a#0']);
+    expect(table.totalsOf('a#0')).toEqual({ inflight: 0, blocks: 0 });
+    // The stopped replica's last datagram, replayed: its load stays gone.
+    expect(table.apply(from(2, 7, ['a#0', 3, 0]), 600)).toBe('replayed');
+    expect(table.apply(from(2, 6, ['a#0', 3, 0]), 600)).toBe('replayed');
+    expect(table.size).toBe(0);
+    // A partition that healed: the sender's next datagram counts.
+    expect(table.apply(from(2, 8, ['a#0', 1, 0]), 700)).toEqual(['a#0']);
+    expect(table.totalsOf('a#0')).toEqual({ inflight: 1, blocks: 0 });
+    // Past retainMs the window is dropped (the link's clock check refuses such old datagrams).
+    table.expire(2000, 2000);
+    table.expire(4000, 4000);
+    expect(table.apply(from(2, 7, ['a#0', 3, 0]), 4000)).toEqual(['a#0']);
   });
 
   it('forgets a peer not heard from in time, taking its load off every endpoint', () => {

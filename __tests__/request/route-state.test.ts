@@ -75,6 +75,26 @@ describe('RouteState', () => {
     expect(gateway.services.table.all.map((endpoint) => endpoint.inflight)).toEqual([0, 0, 0]);
   });
 
+  it('lets go, once the upstream answers, of what only a retry reads: the body, its members, the pick context, the pool', async () => {
+    const kept: unknown[][] = [];
+    const gateway = await start((req, res, reports, services) => {
+      const route = new RouteState(reports, req.headers);
+      route.assign(req, res, services.table.all[0], 'assigned', undefined);
+      route.body = Buffer.from('{"prompt":"a long prompt"}');
+      route.view = { members: {} } as never;
+      route.context = { path: '/v1/completions', headers: {} } as never;
+      route.pool = services.table.all;
+      route.hintFields = [];
+      route.sending();
+      route.responding();
+      kept.push([route.body, route.view, route.context, route.pool, route.hintFields, route.endpoint?.key]);
+      res.end();
+    });
+    await exchange(gateway.url);
+    // The endpoint stays: its slot is released when the stream ends.
+    expect(kept).toEqual([[undefined, undefined, undefined, undefined, undefined, 'a#0']]);
+  });
+
   it('settles a try once: later reports of the same try are echoes', async () => {
     const results: boolean[] = [];
     const gateway = await start((req, res, reports) => {

@@ -1,9 +1,16 @@
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { request as httpRequest, Agent } from 'node:http';
+import { createServer as createNetServer, type AddressInfo } from 'node:net';
 import { join } from 'node:path';
-import { startMockVllm } from '../../example-server/mock-vllm';
+import { startMockVllm, type MockVllm } from '../../example-server/mock-vllm';
 import { exponential, seededRng } from '../routing/rng';
 import { freeUdpPort } from '../lib/udp-port';
+import { startBenchRedis, type BenchRedis } from '../lib/redis-server';
+
+/** How the gateways learn each other's load: not at all, UDP datagrams, or a Redis channel. */
+export type PeersMode = 'off' | 'udp' | 'redis';
+/** The gateways' policy: least-outstanding, or prefix-aware on the mock's KV events (exact routing). */
+export type FleetPolicy = 'least-outstanding' | 'exact';
 
 /** One measured run: several gateway processes in front of one mock vLLM. */
 export interface FleetOptions {
@@ -17,10 +24,19 @@ export interface FleetOptions {
   feedbackWeight: number;
   /** Share of the first gateway's requests its clients pin to rank 0 with a trusted hint. */
   pinnedShare: number;
-  /** 1: the gateways announce their in-flight counts to each other (`--peer-listen`, `--peer`). */
-  peers: number;
+  /** The gateways announce their in-flight counts to each other over UDP (`--peer-listen`, `--peer`) or Redis (`--redis`, `--peer-redis`). */
+  peers: PeersMode;
+  policy: FleetPolicy;
   decodeMsPerToken: number;
   seed: number;
+}
+
+/** One gateway process's figures over the measured window (after the warm-up), from its lag probe. */
+export interface GatewayFigures {
+  /** Event-loop delay percentiles, ms. */
+  lagP50Ms: number;
+  lagP99Ms: number;
+  cpuMs: number;
 }
 
 export interface FleetResult {
@@ -32,6 +48,11 @@ export interface FleetResult {
   shares: number[];
   requests: number;
   errors: number;
+  /** The gateways' CPU (all three summed, `process.cpuUsage`) per request sent after the warm-up, µs. */
+  cpuUsPerRequest: number;
+  /** The worst gateway's event-loop delay p99 after the warm-up, ms. */
+  lagP99Ms: number;
+  gateways: GatewayFigures[];
 }
 
 const ROOT = join(__dirname, '..', '..');
@@ -46,34 +67,114 @@ async function peerArgs(count: number): Promise<string[][]> {
   return addresses.map((listen) => ['--peer-listen', listen, ...addresses.flatMap((address) => ['--peer', address])]);
 }
 
-/** Starts a gateway process (the example server) and resolves with its URL. */
-function startGatewayProcess(args: string[]): Promise<{ url: string; child: ChildProcessWithoutNullStreams }> {
-  const env = { ...process.env, DP_ROUTER_PEER_SECRET: 'bench:gateways peers on loopback' };
-  const child = spawn(join(ROOT, 'node_modules', '.bin', 'tsx'), [join(ROOT, 'example-server', 'main.ts'), '--port', '0', ...args], { cwd: ROOT, env });
+/** A gateway process: its URL, and its lag probe (bench/gateways/lag-probe.ts) read by signal. */
+interface GatewayProcess {
+  url: string;
+  child: ChildProcessWithoutNullStreams;
+  /** The probe's figures since the last call (the first call starts the window). */
+  probe(): Promise<{ p50: number; p99: number; cpuUs: number }>;
+}
+
+/** Every gateway process still running: killed if this process ends first (an error, Ctrl-C). */
+const running = new Set<ChildProcessWithoutNullStreams>();
+process.once('exit', () => {
+  for (const child of running) child.kill('SIGKILL');
+});
+
+/** A TCP port on 127.0.0.1 that was free a moment ago. */
+function freeTcpPort(): Promise<number> {
   return new Promise((resolve, reject) => {
-    let output = '';
-    child.stdout.on('data', (chunk: Buffer) => {
-      output += chunk.toString();
-      const match = /listening on (http:\/\/127\.0\.0\.1:\d+)/.exec(output);
-      if (match) resolve({ url: match[1], child });
+    const probe = createNetServer().once('error', reject);
+    probe.listen(0, '127.0.0.1', () => {
+      const { port } = probe.address() as AddressInfo;
+      probe.close(() => resolve(port));
     });
-    child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));
-    child.once('exit', (code) => reject(new Error(`gateway exited with ${code}: ${output}`)));
-    // A process that never listens (seen once: tsx's loader stuck at start) fails the run
-    // instead of holding the benchmark forever.
-    setTimeout(() => {
-      child.kill('SIGKILL');
-      reject(new Error(`gateway did not listen within ${START_TIMEOUT_MS} ms: ${output}`));
-    }, START_TIMEOUT_MS).unref();
   });
 }
 
-/** Runs one configuration and measures how evenly the engines were loaded. */
+/**
+ * Starts a gateway process (the example server, with the lag probe preloaded) and resolves
+ * with its URL once `/healthz` answers. Node runs it directly (no tsx wrapper process), so the
+ * figures are the gateway's; at log level `warn`, so that no access line per request is paid.
+ */
+async function startGatewayProcess(args: string[]): Promise<GatewayProcess> {
+  const env = { ...process.env, DP_ROUTER_PEER_SECRET: 'bench:gateways peers on loopback' };
+  const port = await freeTcpPort();
+  const node = ['--disable-warning=DEP0060', '--import', 'tsx', '--import', join(__dirname, 'lag-probe.ts'), join(ROOT, 'example-server', 'main.ts')];
+  const child = spawn(process.execPath, [...node, '--port', String(port), '--log-level', 'warn', ...args], { cwd: ROOT, env });
+  running.add(child);
+  child.once('exit', () => running.delete(child));
+  const probes: Array<(line: string) => void> = [];
+  const probe = () =>
+    new Promise<{ p50: number; p99: number; cpuUs: number }>((resolve) => {
+      probes.push((line) => resolve(JSON.parse(line) as { p50: number; p99: number; cpuUs: number }));
+      child.kill('SIGUSR2');
+    });
+  let output = '';
+  let pending = '';
+  child.stdout.on('data', (chunk: Buffer) => {
+    pending += chunk.toString();
+    for (let newline = pending.indexOf('\n'); newline !== -1; newline = pending.indexOf('\n')) {
+      const line = pending.slice(0, newline);
+      pending = pending.slice(newline + 1);
+      if (line.startsWith('PROBE ')) probes.shift()?.(line.slice('PROBE '.length));
+      else output += `${line}\n`;
+    }
+  });
+  child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));
+  const url = `http://127.0.0.1:${port}`;
+  // A process that never listens (seen once: tsx's loader stuck at start) fails the run
+  // instead of holding the benchmark forever.
+  const deadline = Date.now() + START_TIMEOUT_MS;
+  for (;;) {
+    if (child.exitCode !== null) throw new Error(`gateway exited with ${child.exitCode}: ${output}`);
+    if (Date.now() > deadline) {
+      child.kill('SIGKILL');
+      throw new Error(`gateway did not listen within ${START_TIMEOUT_MS} ms: ${output}`);
+    }
+    const healthy = await fetch(`${url}/healthz`).then((answer) => answer.ok, () => false);
+    if (healthy) return { url, child, probe };
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
+
+/**
+ * The mock vLLM; with exact routing it publishes KV events on ports in vLLM's scheme (rank r
+ * on base + r), which the gateways' `--kv-events` names by rank 0's, at a random base (tried
+ * again when taken).
+ */
+async function startMock(options: FleetOptions): Promise<{ mock: MockVllm; args: string[] }> {
+  const base = { dataParallelSize: options.ranks, decodeMsPerToken: options.decodeMsPerToken };
+  if (options.policy === 'least-outstanding') return { mock: await startMockVllm(base), args: ['--policy', 'least-outstanding'] };
+  for (let attempt = 0; ; attempt++) {
+    const port = 20_000 + 16 * Math.floor(Math.random() * 2_000);
+    try {
+      const mock = await startMockVllm({ ...base, kvEvents: { port, replayPort: port + options.ranks } });
+      const events = mock.kvEvents!;
+      return { mock, args: ['--policy', 'prefix-aware', '--placement-slack', '0', '--kv-events', `tcp://127.0.0.1:${port},tcp://127.0.0.1:${port + options.ranks}`, '--tokenizer', events.tokenizer] };
+    } catch (error) {
+      if (attempt >= 5) throw error;
+    }
+  }
+}
+
+/** What the gateways are started with for `mode`: nothing, each one's UDP flags, or the Redis flags. */
+async function peersArgs(mode: PeersMode, count: number, redis: BenchRedis | undefined): Promise<string[][]> {
+  if (mode === 'udp') return peerArgs(count);
+  if (mode === 'redis') return Array.from({ length: count }, () => ['--redis', redis!.url, '--peer-redis']);
+  return [];
+}
+
+/** Prompts for exact routing: a few system prompts shared by many requests, each with its own question. */
+const SYSTEM_PROMPTS = Array.from({ length: 12 }, (_, at) => `You are assistant number ${at}. `.repeat(40));
+
+/** Runs one configuration and measures how evenly the engines were loaded, and what the gateways spent. */
 export async function runFleet(options: FleetOptions): Promise<FleetResult> {
-  const mock = await startMockVllm({ dataParallelSize: options.ranks, decodeMsPerToken: options.decodeMsPerToken });
-  const args = ['--upstream', `${mock.url}@0-${options.ranks - 1}`, '--policy', 'least-outstanding', '--trust-hints'];
+  const { mock, args: policyArgs } = await startMock(options);
+  const args = ['--upstream', `${mock.url}@0-${options.ranks - 1}`, ...policyArgs, '--trust-hints'];
   if (options.feedbackMs > 0) args.push('--load-feedback-ms', String(options.feedbackMs), '--load-feedback-weight', String(options.feedbackWeight));
-  const peers = options.peers > 0 ? await peerArgs(options.gateways) : [];
+  const redis = options.peers === 'redis' ? await startBenchRedis() : undefined;
+  const peers = await peersArgs(options.peers, options.gateways, redis);
   const gateways = await Promise.all(Array.from({ length: options.gateways }, (_, i) => startGatewayProcess([...args, ...(peers[i] ?? [])])));
   const agent = new Agent({ keepAlive: true, maxSockets: 512 });
   const random = seededRng(options.seed);
@@ -85,7 +186,8 @@ export async function runFleet(options: FleetOptions): Promise<FleetResult> {
   const pending = new Set<Promise<void>>();
 
   const send = (gateway: string, pinned: boolean, maxTokens: number) => {
-    const body = JSON.stringify({ model: 'mock-model', prompt: 'How balanced is the fleet?', max_tokens: maxTokens });
+    const prompt = options.policy === 'exact' ? `${SYSTEM_PROMPTS[Math.floor(random() * SYSTEM_PROMPTS.length)]}Question ${requests}: how balanced is the fleet?` : 'How balanced is the fleet?';
+    const body = JSON.stringify({ model: 'mock-model', prompt, max_tokens: maxTokens });
     const headers: Record<string, string | number> = { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) };
     if (pinned) headers['x-data-parallel-rank'] = '0';
     const done = new Promise<void>((resolve) => {
@@ -107,8 +209,14 @@ export async function runFleet(options: FleetOptions): Promise<FleetResult> {
   };
 
   const started = Date.now();
+  let measured: Promise<unknown> | undefined;
+  let requestsAtWarm = 0;
   const sampler = setInterval(() => {
     if (Date.now() - started < WARMUP_MS) return;
+    if (measured === undefined) {
+      requestsAtWarm = requests;
+      measured = Promise.all(gateways.map((gateway) => gateway.probe()));
+    }
     const running = Object.values(mock.stats().perRank).map((rank) => rank.running);
     const mean = running.reduce((sum, value) => sum + value, 0) / running.length;
     running.forEach((value, rank) => (runningSum[rank] += value));
@@ -133,6 +241,10 @@ export async function runFleet(options: FleetOptions): Promise<FleetResult> {
   }
   clearInterval(sampler);
   await Promise.all(pending);
+  const before = (await measured) as Array<{ cpuUs: number }> | undefined;
+  const after = await Promise.all(gateways.map((gateway) => gateway.probe()));
+  const figures: GatewayFigures[] = after.map((probe, at) => ({ lagP50Ms: probe.p50, lagP99Ms: probe.p99, cpuMs: (probe.cpuUs - (before?.[at].cpuUs ?? 0)) / 1000 }));
+  const measuredRequests = requests - requestsAtWarm;
 
   const served = Object.values(mock.stats().perRank).map((rank) => rank.requests);
   const total = served.reduce((sum, value) => sum + value, 0);
@@ -141,11 +253,15 @@ export async function runFleet(options: FleetOptions): Promise<FleetResult> {
   for (const { child } of gateways) child.kill('SIGTERM');
   await Promise.all(gateways.map(({ child }) => new Promise((resolve) => (child.exitCode === null ? child.once('exit', resolve) : resolve(undefined)))));
   await mock.close();
+  await redis?.stop();
   return {
     averagedMaxOverMean: meanRunning > 0 ? Math.max(...runningSum) / meanRunning : 1,
     instantMaxOverMean: samples > 0 ? instantSum / samples : 1,
     shares: served.map((value) => value / total),
     requests,
     errors,
+    cpuUsPerRequest: (figures.reduce((sum, gateway) => sum + gateway.cpuMs, 0) * 1000) / Math.max(1, measuredRequests),
+    lagP99Ms: Math.max(...figures.map((gateway) => gateway.lagP99Ms)),
+    gateways: figures,
   };
 }

@@ -64,13 +64,14 @@ export function startContender(
   core: number | undefined,
   nodeArgs: readonly string[] = [],
   launcher: readonly string[] = [],
+  env: NodeJS.ProcessEnv = {},
 ): Promise<BenchChild> {
   const script = build === 'dist' ? join(COMPILED_DIR, 'contender.js') : join(__dirname, 'contender.ts');
   const ref = revisionOf(id);
   const root = ref === undefined ? ROOT : revisionDir(ref);
   const library = build === 'dist' ? join(root, 'dist', 'cjs', 'index.js') : join(root, 'lib', 'index.ts');
   const kind = contenderKind(ref === undefined ? id : id.slice(0, id.lastIndexOf('@')));
-  return startChild(id, script, [kind, upstreamUrl], core, { DP_ROUTER_BENCH_LIB: library }, nodeArgs, launcher);
+  return startChild(id, script, [kind, upstreamUrl], core, { ...env, DP_ROUTER_BENCH_LIB: library }, nodeArgs, launcher);
 }
 
 /** The git ref of a `<contender>@<ref>` name, if it has one. */

@@ -45,6 +45,7 @@ if (kind === 'bare-http') startBareProxy(upstreamUrl);
 
 const app = express();
 app.disable('x-powered-by');
+if (process.env.DP_ROUTER_BENCH_PROBE) app.get('/bench-probe', probe());
 if (kind === 'bare-http') {
   // served by startBareProxy
 } else if (kind === 'baseline' || kind === 'baseline-json') {
@@ -85,6 +86,16 @@ if (kind === 'bare-http') {
     else if (flag === 'noretry') extra.retries = false;
     // Admission configured with room to spare: what it costs when nothing waits.
     else if (flag === 'admission') extra.admission = { maxInflightPerRank: 1_000_000, tenant: { header: 'x-tenant-id', trust: true } };
+    // Admission with a token budget no tenant reaches: what reading each answer's usage costs.
+    else if (flag === 'tokens') extra.admission = { maxInflightPerRank: 1_000_000, tenant: { header: 'x-tenant-id', trust: true }, tokens: { perMinute: 1e12 } };
+    // Prefill/decode disaggregation (NIXL): both roles on the benchmark's upstream, which answers a prefill leg at once.
+    else if (flag === 'pd') {
+      upstreams = [
+        { url: upstreamUrl, name: 'bench-prefill', ...ROUTER_UPSTREAM, role: 'prefill' },
+        { url: upstreamUrl, name: 'bench-decode', ...ROUTER_UPSTREAM, role: 'decode' },
+      ];
+      extra.disaggregation = { connector: 'nixl' };
+    }
     else if (flag === 'nobuffer') extra.requestBuffering = false;
     else if (flag === 'pino') extra.logger = require('pino')({ level: 'info' }, require('pino').destination('/dev/null'));
     else if (flag === 'otel' || flag === 'otelidle') app.use(spanPerRequest(flag === 'otel'));
@@ -100,6 +111,8 @@ if (kind === 'bare-http') {
     // process, so that every request is tokenized and looked up (exact-contender.ts).
     // Diagnostic: the decision header on every answer (`; index=exact` tells whether +exact scored it).
     else if (flag === 'decision') extra.exposeDecision = true;
+    // Peers (bench/overhead/peers.ts): UDP to the addresses in DP_ROUTER_BENCH_PEERS, or Redis at its URL.
+    else if (flag === 'peers' || flag === 'peersredis') extra.peers = peersOption(flag === 'peersredis');
     else if (flag === 'exact') extra.prefixAware = exactRouting(upstreams as Array<Record<string, unknown>>);
     else throw new Error(`unknown router flag '+${flag}'`);
   }
@@ -119,6 +132,36 @@ if (kind !== 'bare-http') {
 process.on('SIGTERM', () => process.exit(0));
 // The parent may go away first (Ctrl-C, a failed start): a closed pipe is no reason to crash.
 process.stdout.on('error', () => undefined);
+
+/**
+ * `+peers` / `+peersredis`: `DP_ROUTER_BENCH_PEERS` is `{ listen, addresses }` (UDP) or `{ redis }`
+ * (a URL; this process connects with ioredis), the secret the same for every contender.
+ */
+function peersOption(redis: boolean): Record<string, unknown> {
+  const given = JSON.parse(process.env.DP_ROUTER_BENCH_PEERS ?? '{}') as { listen?: string; addresses?: string[]; redis?: string };
+  const secret = 'bench peers share this secret';
+  if (!redis) return { listen: given.listen, addresses: given.addresses, secret };
+  const Redis = require('ioredis') as typeof import('ioredis').default;
+  return { redis: new Redis(given.redis!), secret };
+}
+
+/**
+ * `GET /bench-probe` (with `DP_ROUTER_BENCH_PROBE`): the event-loop delay since the last call
+ * (p50, p99, max in ms, sampled every 5 ms), this process's CPU so far (`process.cpuUsage`) and
+ * its memory (`process.memoryUsage`; with `?gc`, after a full collection when started with `--expose-gc`).
+ */
+function probe(): express.RequestHandler {
+  const { monitorEventLoopDelay } = require('node:perf_hooks') as typeof import('node:perf_hooks');
+  const delay = monitorEventLoopDelay({ resolution: 5 });
+  delay.enable();
+  return (req, res) => {
+    const cpu = process.cpuUsage();
+    if (req.query.gc !== undefined) (globalThis as { gc?: () => void }).gc?.();
+    const memory = process.memoryUsage();
+    res.json({ p50: delay.percentile(50) / 1e6, p99: delay.percentile(99) / 1e6, max: delay.max / 1e6, cpuUs: cpu.user + cpu.system, rss: memory.rss, heapUsed: memory.heapUsed, external: memory.external });
+    delay.reset();
+  };
+}
 
 /** The floor of any Node proxy: node:http in and out, a keep-alive agent, nothing else. */
 function startBareProxy(target: string): void {

@@ -41,7 +41,7 @@ function contenderFor(id: string): Contender {
   if (id === 'baseline+json') return { id, kind: contenderKind(id), headerOnly: false, expect: NO_RANK };
   if (id === 'bare-http') return { id, kind: 'bare-http', headerOnly: false, expect: NO_RANK };
   if (id === 'baseline+routeropts') return { id, kind: contenderKind(id), headerOnly: false, expect: NO_RANK };
-  const match = /^router:([a-z-]+)((?:\+(?:nometrics|noretry|nobuffer|pools1|pools2|admission))*)(?:@\S+)?$/.exec(id);
+  const match = /^router:([a-z-]+)((?:\+(?:nometrics|noretry|nobuffer|pools1|pools2|admission|tokens|pd|peers|peersredis))*)(?:@\S+)?$/.exec(id);
   if (match) return { id, kind: id, headerOnly: match[2] === '' && HEADER_ONLY.includes(match[1]), expect: ROUTABLE };
   throw new Error(`unknown contender '${id}'`);
 }

@@ -6,7 +6,7 @@ import { sendError } from '../errors';
 import { isWebSocketUpgrade, upstreamRequestStripper } from '../request/hop-by-hop';
 import { setForwardedHeaders } from './forwarded-headers';
 import type { Terminal } from '../request/lifecycle';
-import type { RouterMetrics } from '../observe/metrics';
+import { NO_METRICS, type RouterMetrics } from '../observe/metrics';
 import type { Configuration, UpstreamConfig } from '../options';
 import type { RetryConfig } from './retry-options';
 import { DECISION_HEADER, type RouteState, type RoutedRequest } from '../request/route-state';
@@ -14,7 +14,7 @@ import { bareContext, safePick } from '../policies/safe-pick';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import type { OutlierDetector } from '../upstreams/outlier-detector';
 import type { PickContext, Policy, UpstreamErrorKind } from '../types';
-import { countFirstToken } from '../observe/first-event';
+import { answeredFirst, type FirstTokenListener } from '../observe/first-event';
 import { clientGone, createUpstreamProxy, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
 import type { ModelRouting } from '../pools/model-routing';
 import type { VllmBalancing } from '../request/vllm-balancing';
@@ -44,7 +44,7 @@ export interface ForwarderParts {
  * `close()` so that requests in flight through a replaced one finish) and takes the proxy's
  * reports of each try: an answer, or a failure that is retried on another server or answered.
  */
-export class Forwarder implements Terminal, TryOutcomes {
+export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<RouteState> {
   private readonly config: Configuration;
   private readonly retries: RetryConfig;
   private readonly table: EndpointTable;
@@ -58,6 +58,8 @@ export class Forwarder implements Terminal, TryOutcomes {
   private readonly rankHeaders: RankHeaderGuard;
   /** Whether the policy learns from each endpoint's first tokens (`learnsFirstTokens`). */
   private readonly countsFirstTokens: boolean;
+  /** Whether anything but the peers reads first tokens (the metrics, the policy): otherwise only a request with prefill announced is watched. */
+  private readonly watchesFirstTokens: boolean;
   /** The router's own rank header, set already, survives a client's `Connection` nomination; the upstream agent keeps connections alive. */
   private readonly stripHopByHop: (headers: IncomingHttpHeaders) => void;
   /** `xfwd`: the X-Forwarded-* headers are set here, once per request, not by http-proxy on each try. */
@@ -82,6 +84,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     this.balancing = parts.balancing;
     this.rankHeaders = parts.rankHeaders;
     this.countsFirstTokens = parts.policy.learnsFirstTokens === true;
+    this.watchesFirstTokens = this.countsFirstTokens || parts.metrics !== NO_METRICS;
     this.stripHopByHop = upstreamRequestStripper(parts.config.header);
     this.xfwd = parts.config.xfwd;
     this.replayable = (req, res, next, route) => this.send(req, res, next, route);
@@ -164,8 +167,8 @@ export class Forwarder implements Terminal, TryOutcomes {
   answered(route: RouteState, req: RoutedRequest, _res: ServerResponse, answer: IncomingMessage): void {
     route.responding();
     const endpoint = route.endpoint!;
-    this.metrics.responded(endpoint, answer, route.started);
-    if (this.countsFirstTokens) countFirstToken(endpoint, answer, route.started, route.prefillBlocks > 0 ? route : undefined);
+    // One scan of the stream for everyone who reads its first token, gone at that token.
+    if (this.watchesFirstTokens || route.prefillBlocks > 0) answeredFirst(endpoint, answer, route.started, this, route);
     if (route.ticket !== undefined && this.admission!.counts) this.admission!.count(route.ticket, answer);
     if (endpoint.headerValue !== undefined) watchRankRejection(answer, (refused, numRanks) => this.rankHeaders.refused(endpoint, refused, numRanks));
     if (answer.statusCode !== undefined && answer.statusCode >= 500) {
@@ -176,6 +179,22 @@ export class Forwarder implements Terminal, TryOutcomes {
       // request is never the endpoint's fault.
       this.detector?.succeeded(endpoint);
     }
+  }
+
+  /**
+   * A 2xx answer's first token: observed by the metrics, and, for an event stream, added to
+   * the endpoint's first-token totals (a policy that `learnsFirstTokens`) and the end of the
+   * request's prefill (with `peers`). A non-streamed answer's first byte comes with its last,
+   * which says how long the generation took, not how long the prefill waited: not counted.
+   */
+  firstToken(endpoint: RouteEndpoint, seconds: number, streamed: boolean, route: RouteState): void {
+    this.metrics.firstToken(endpoint, seconds);
+    if (!streamed) return;
+    if (this.countsFirstTokens) {
+      endpoint.firstTokens++;
+      endpoint.firstTokenSeconds += seconds;
+    }
+    route.prefilled();
   }
 
   /** The try failed: counted once against its endpoint, then retried elsewhere or answered. */

@@ -68,19 +68,23 @@ export interface FirstTokenCounts {
   firstTokenSeconds: number;
 }
 
+/** Who is told of an answer's first token (the forwarder: the metrics, the policy's totals, the peers), with what it passed along. */
+export interface FirstTokenListener<T> {
+  firstToken(endpoint: FirstTokenCounts, seconds: number, streamed: boolean, passed: T): void;
+}
+
 /**
- * Adds one first token to `endpoint`'s totals when the 2xx event stream `answer`, dispatched
- * at `started` (`performance.now()`), delivers its first real event (see {@link onFirstEvent}).
- * Other answers are not counted: a non-streamed completion's first byte comes with its last,
- * which says how long the generation took, not how long the prefill waited; such a request
- * counts as waiting until it finishes. `route` (with `peers`) is told the prefill is done.
+ * Finds the first token of `answer`, dispatched at `started` (`performance.now()`), and tells
+ * `listener` once: a 2xx event stream's first real event (see {@link onFirstEvent}), whose scan
+ * is the only listener the answer gets and goes at that event; a 2xx answer of another type at
+ * once (its first byte comes with its last). Other answers have no first token.
  */
-export function countFirstToken(endpoint: FirstTokenCounts, answer: IncomingMessage, started: number, route?: { prefilled(): void }): void {
+export function answeredFirst<T>(endpoint: FirstTokenCounts, answer: IncomingMessage, started: number, listener: FirstTokenListener<T>, passed: T): void {
   const status = answer.statusCode ?? 0;
-  if (status < 200 || status >= 300 || !isEventStreamMediaType(answer.headers['content-type'])) return;
-  onFirstEvent(answer, (at) => {
-    endpoint.firstTokens++;
-    endpoint.firstTokenSeconds += (at - started) / 1000;
-    route?.prefilled();
-  });
+  if (status < 200 || status >= 300) return;
+  if (!isEventStreamMediaType(answer.headers['content-type'])) {
+    listener.firstToken(endpoint, (performance.now() - started) / 1000, false, passed);
+    return;
+  }
+  onFirstEvent(answer, (at) => listener.firstToken(endpoint, (at - started) / 1000, true, passed));
 }

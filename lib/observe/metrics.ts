@@ -1,9 +1,6 @@
-import type { IncomingMessage } from 'node:http';
 import { Gauge, register, type Registry } from 'prom-client';
 import { counterFamily, histogramFamily, type CounterSeries, type HistogramSeries } from './collected-metrics';
-import { onFirstEvent } from './first-event';
 import { fail, isPlainObject, pathOf, section, shown, type KeysEnum } from '../option-checks';
-import { isEventStreamMediaType } from '../request/media-type';
 import type { DecisionSource, HintOutcome, UpstreamErrorKind } from '../types';
 
 /** Metrics settings. */
@@ -73,11 +70,8 @@ export interface RouterMetrics {
   dispatched(endpoint: MeteredEndpoint, source: DecisionSource): void;
   finished(endpoint: MeteredEndpoint, seconds: number): void;
   upstreamError(endpoint: MeteredEndpoint, kind: UpstreamErrorKind): void;
-  /**
-   * The upstream began a 2xx answer to a request dispatched at `started` (`performance.now()`):
-   * time to first token is taken now, or for an event stream at its first body chunk.
-   */
-  responded(endpoint: MeteredEndpoint, response: IncomingMessage, started: number): void;
+  /** A 2xx answer's first token came `seconds` after dispatch (the caller finds it: `answeredFirst`). */
+  firstToken(endpoint: MeteredEndpoint, seconds: number): void;
   /** A request is sent again elsewhere after `endpoint` failed it. */
   retried(endpoint: MeteredEndpoint): void;
   /** The outlier detector took `endpoint` out of rotation. */
@@ -210,18 +204,7 @@ export function createMetrics(
     dispatched: (endpoint, source) => instruments.get(endpoint)?.requests[source]?.inc(),
     finished: (endpoint, seconds) => instruments.get(endpoint)?.duration.observe(seconds),
     upstreamError: (endpoint, kind) => instruments.get(endpoint)?.errors[kind].inc(),
-    responded: (endpoint, response, started) => {
-      const status = response.statusCode ?? 0;
-      if (status < 200 || status >= 300) return;
-      const known = instruments.get(endpoint);
-      if (known === undefined) return;
-      if (isEventStreamMediaType(response.headers['content-type'])) {
-        // The headers of a stream, and any keep-alive comment, come before its first token.
-        onFirstEvent(response, (at) => known.firstToken.observe((at - started) / 1000));
-      } else {
-        known.firstToken.observe((performance.now() - started) / 1000);
-      }
-    },
+    firstToken: (endpoint, seconds) => instruments.get(endpoint)?.firstToken.observe(seconds),
     retried: (endpoint) => instruments.get(endpoint)?.retries.inc(),
     ejected: (endpoint) => instruments.get(endpoint)?.ejections.inc(),
     scrapeFailed: (upstream) => scraped.get(upstream)?.inc(),
@@ -244,7 +227,7 @@ export const NO_METRICS: RouterMetrics = {
   dispatched: () => undefined,
   finished: () => undefined,
   upstreamError: () => undefined,
-  responded: () => undefined,
+  firstToken: () => undefined,
   retried: () => undefined,
   ejected: () => undefined,
   scrapeFailed: () => undefined,

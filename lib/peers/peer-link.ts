@@ -1,14 +1,18 @@
-import { randomInt } from 'node:crypto';
-import { createSocket, type Socket } from 'node:dgram';
-import { isIPv6 } from 'node:net';
-import { pollName } from '../pools/dns-discovery';
+import { createSecretKey, randomInt } from 'node:crypto';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
-import { decodeDatagram, encodeDatagrams, type PeerRecord } from './peer-datagram';
-import { MAX_PEERS, type PeerAddress, type PeersConfig } from './peer-options';
+import { claimedSender, decodeDatagram, encodeDatagrams, type PeerRecord } from './peer-datagram';
+import type { PeersConfig } from './peer-options';
 import { PeerTable } from './peer-table';
 import type { PeerMetrics } from './metrics';
+import type { PeerTransport, TransportEvents } from './peer-transport';
+import { startRedisTransport } from './redis-transport';
+import { startUdpTransport } from './udp-transport';
 
-/** What the request path tells the peers: an endpoint's own counts changed. */
+/**
+ * What the request path tells the peers: an endpoint's own counts changed. It only arms the
+ * next batch (at most one timer per `announceMs`); which endpoints changed, and by how much, is
+ * read off the endpoints when the batch goes.
+ */
 export interface PeerAnnouncer {
   changed(endpoint: RouteEndpoint): void;
 }
@@ -20,25 +24,47 @@ export interface PeerLink extends PeerAnnouncer {
   close(): Promise<void>;
 }
 
+/** What was last announced of one endpoint. */
+interface Announced {
+  inflight: number;
+  blocks: number;
+}
+
 /**
- * Starts the UDP link to the other replicas: receives their announcements into
- * `endpoint.peerInflight`/`peerBlocks`, and announces this replica's own `inflight`/`sentBlocks`
- * of each endpoint that changed, once per event-loop turn (a burst of requests is one datagram
- * per peer), and of every endpoint each `heartbeatMs`. Socket errors and refused datagrams are
- * told to `warn` once per kind; nothing a datagram holds can throw or grow memory past the
- * table's bounds.
+ * Whether an endpoint's counts moved enough since they were last announced to be worth a
+ * record before the heartbeat: by at least 1 and an eighth of what was announced (a request
+ * more on an idle endpoint matters; one more of forty, less than the forty's own churn).
+ */
+function matters(last: Announced | undefined, inflight: number, blocks: number): boolean {
+  if (last === undefined) return true;
+  const moved = inflight - last.inflight;
+  const movedBlocks = blocks - last.blocks;
+  return (moved < 0 ? -moved : moved) * 8 >= (last.inflight > 8 ? last.inflight : 8) || (movedBlocks < 0 ? -movedBlocks : movedBlocks) * 8 >= (last.blocks > 8 ? last.blocks : 8);
+}
+
+/**
+ * Starts the link to the other replicas over its transport (UDP, or Redis pub/sub): receives
+ * their announcements into `endpoint.peerInflight`/`peerBlocks`, and announces this replica's
+ * own `inflight`/`sentBlocks`: changes gathered for `announceMs` after the first (one batch, one
+ * tag, only the endpoints whose counts moved enough: {@link matters}), and every endpoint each
+ * `heartbeatMs`. Nothing of this runs on a request's path but arming that one timer. Transport
+ * errors and refused messages are told to `warn` once per kind; nothing a message holds can
+ * throw or grow memory past the table's bounds.
  */
 export function startPeers(config: PeersConfig, table: EndpointTable, metrics: PeerMetrics, warn: (message: string) => void): PeerLink {
   const self = randomInt(0, 2 ** 32 - 1);
+  const secret = createSecretKey(config.secret);
   table.withPeers = true;
-  const peers = new PeerTable(self);
-  const ipv6 = isIPv6(config.listen.host);
-  const socket: Socket = createSocket({ type: ipv6 ? 'udp6' : 'udp4' });
+  // A forgotten sender's window outlives the time its datagrams pass the clock check (below):
+  // one sent at its last heartbeat passes it for at most ttlMs + skew (≤ ttlMs) after that.
+  const peers = new PeerTable(self, 2 * config.ttlMs);
   let seq = 0;
-  let bound = false;
   let closed = false;
-  const dirty = new Set<RouteEndpoint>();
-  let flushing = false;
+  let armed = false;
+  /** What was last announced, by endpoint key. */
+  const announced = new Map<string, Announced>();
+  /** Endpoints `sync()` removed that still had requests, announced until they end. */
+  let retiring: RouteEndpoint[] = [];
   const warned = new Set<string>();
   const warnOnce = (kind: string, message: string) => {
     if (warned.has(kind)) return;
@@ -65,70 +91,85 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
     }
   };
 
-  socket.on('message', (message) => {
-    const datagram = decodeDatagram(message, config.secret);
-    if (datagram === 'tag') {
-      metrics.datagram('bad_tag');
-      return warnOnce('tag', 'dropped a datagram without a valid tag (another secret, or not a replica); further ones are only counted (dp_router_peer_datagrams_total).');
-    }
-    if (datagram === 'malformed') {
-      metrics.datagram('malformed');
-      return warnOnce('malformed', 'dropped a malformed datagram (another version?); further ones are only counted (dp_router_peer_datagrams_total).');
-    }
-    metrics.datagram('accepted');
-    copy(peers.apply(datagram, performance.now()));
-    metrics.peers(peers.size);
-  });
-  socket.on('error', (error) => warnOnce(`error ${(error as NodeJS.ErrnoException).code}`, `socket error: ${error.message}.`));
-
-  /** Where announcements go: the configured addresses and what `dns` last resolved to, of the socket's family. */
-  let targets: readonly PeerAddress[] = config.addresses.filter(({ host }) => isIPv6(host) === ipv6);
-  const send = (records: PeerRecord[]) => {
-    if (!bound || closed) return;
-    const datagrams = encodeDatagrams(self, seq, records, config.secret);
-    seq = (seq + datagrams.length) >>> 0;
-    for (const datagram of datagrams) {
-      for (const { host, port } of targets) {
-        socket.send(datagram, port, host, (error) => {
-          if (error) warnOnce(`send ${(error as NodeJS.ErrnoException).code}`, `could not send to ${host}:${port}: ${error.message}.`);
-        });
+  const events: TransportEvents = {
+    received(message) {
+      // This replica's own, back from Redis or from its own address: not counted, not checked.
+      if (claimedSender(message) === self) return;
+      const datagram = decodeDatagram(message, secret, transport.maxBytes);
+      if (datagram === 'tag') {
+        metrics.datagram('bad_tag');
+        return warnOnce('tag', 'dropped a datagram without a valid tag (another secret, or not a replica); further ones are only counted (dp_router_peer_datagrams_total).');
       }
+      if (datagram === 'malformed') {
+        metrics.datagram('malformed');
+        return warnOnce('malformed', 'dropped a malformed datagram (another version?); further ones are only counted (dp_router_peer_datagrams_total).');
+      }
+      const skew = Date.now() - datagram.sentAt;
+      if (skew > config.ttlMs || skew < -config.ttlMs) {
+        metrics.datagram('stale');
+        return warnOnce('stale', `dropped a datagram signed ${Math.round(skew)} ms from this replica's clock, past ttlMs (${config.ttlMs}): a replay, or the replicas' clocks disagree (NTP); further ones are only counted (dp_router_peer_datagrams_total).`);
+      }
+      const changed = peers.apply(datagram, performance.now());
+      if (changed === 'replayed') {
+        metrics.datagram('replayed');
+        return warnOnce('replayed', 'dropped a datagram seen before (a replay); further ones are only counted (dp_router_peer_datagrams_total).');
+      }
+      metrics.datagram('accepted');
+      copy(changed);
+      metrics.peers(peers.size);
+    },
+    // Peers learn this replica at once, not at the first heartbeat.
+    ready: () => ready(),
+    warnOnce,
+  };
+  const transport: PeerTransport = config.redis === undefined ? startUdpTransport(config, events, warn) : startRedisTransport(config.redis, events);
+
+  const send = (records: PeerRecord[]) => {
+    if (closed) return;
+    const datagrams = encodeDatagrams(self, seq, Date.now(), records, secret, transport.maxBytes);
+    seq = (seq + datagrams.length) >>> 0;
+    for (const datagram of datagrams) transport.send(datagram);
+  };
+  /** Adds `endpoint`'s record to `records` when `all` or when its counts moved enough, and remembers it as announced. */
+  const collect = (records: PeerRecord[], endpoint: RouteEndpoint, all: boolean) => {
+    const { key, inflight, sentBlocks: blocks } = endpoint;
+    const last = announced.get(key);
+    if (!all && !matters(last, inflight, blocks)) return;
+    records.push({ key, inflight, blocks });
+    if (last === undefined) announced.set(key, { inflight, blocks });
+    else {
+      last.inflight = inflight;
+      last.blocks = blocks;
     }
   };
-  const recordOf = (endpoint: RouteEndpoint): PeerRecord => ({ key: endpoint.key, inflight: endpoint.inflight, blocks: endpoint.sentBlocks });
-  const flush = () => {
-    flushing = false;
-    const records = [...dirty].map(recordOf);
-    dirty.clear();
-    send(records);
+  const announce = (all: boolean) => {
+    const records: PeerRecord[] = [];
+    for (const endpoint of table.all) collect(records, endpoint, all);
+    for (const endpoint of retiring) collect(records, endpoint, all);
+    if (all || records.length > 0) send(records);
   };
-  /** The endpoints as of the last `sync()`, to announce once more those it removes. */
-  let announced = new Map(table.all.map((endpoint) => [endpoint.key, endpoint]));
+  const batch = () => {
+    armed = false;
+    announce(false);
+  };
   const heartbeat = setInterval(() => {
-    copy(peers.expire(performance.now() - config.ttlMs));
+    const now = performance.now();
+    copy(peers.expire(now - config.ttlMs, now));
     metrics.peers(peers.size);
-    send(table.all.map(recordOf));
+    announce(true);
+    // A removed endpoint is announced at 0 in a heartbeat (and by a batch before, as its last
+    // request ended) before it is left out: twice, in case one was lost.
+    if (retiring.length > 0) retiring = retiring.filter((endpoint) => endpoint.inflight > 0 || endpoint.sentBlocks > 0);
   }, config.heartbeatMs).unref();
-
-  const watch = config.dns === undefined ? undefined : watchPeerNames(config, warn, (found) => {
-    targets = [...config.addresses, ...found].filter(({ host }) => isIPv6(host) === ipv6);
-    // New replicas learn this one at once.
-    send(table.all.map(recordOf));
-  });
-
-  socket.bind(config.listen.port, config.listen.host, () => {
-    bound = true;
-    socket.unref();
-    // Peers learn this replica at once, not at the first heartbeat.
-    send(table.all.map(recordOf));
-  });
+  const ready = () => announce(true);
+  /** The endpoints as of the last `sync()`, to keep announcing those it removes. */
+  let current = new Set(table.all);
 
   return {
-    changed(endpoint) {
-      dirty.add(endpoint);
-      if (flushing) return;
-      flushing = true;
-      setImmediate(flush);
+    changed() {
+      if (armed || closed) return;
+      armed = true;
+      setTimeout(batch, config.announceMs).unref();
     },
     sync() {
       for (const endpoint of table.all) {
@@ -136,50 +177,19 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
         endpoint.peerBlocks = 0;
       }
       copy(peers.keys());
-      // Heartbeats cover only the endpoints there are now: a removed one's requests announce
-      // their ends as they close, and this repeats its counts once more in case one was lost.
+      // Heartbeats cover the endpoints there are now and those removed until their requests end.
+      const next = new Set(table.all);
       const kept = new Set(table.all.map((endpoint) => endpoint.key));
-      const gone = [...announced.values()].filter((endpoint) => !kept.has(endpoint.key));
-      announced = new Map(table.all.map((endpoint) => [endpoint.key, endpoint]));
-      if (gone.length > 0) setTimeout(() => send(gone.map(recordOf)), config.heartbeatMs).unref();
+      for (const endpoint of current) if (!next.has(endpoint) && !kept.has(endpoint.key)) retiring.push(endpoint);
+      retiring = retiring.filter((endpoint) => !kept.has(endpoint.key));
+      current = next;
     },
     close() {
       if (closed) return Promise.resolve();
       closed = true;
       clearInterval(heartbeat);
-      watch?.stop();
       metrics.peers(0);
-      return new Promise<void>((resolve) => {
-        try {
-          socket.close(() => resolve());
-        } catch {
-          resolve();
-        }
-      });
+      return transport.close();
     },
   };
-}
-
-/**
- * Calls `found` with the addresses of `config.dns` whenever they change (see {@link pollName}).
- * A failure keeps the last addresses, and is told once per outage; no records: no replicas.
- */
-function watchPeerNames(config: PeersConfig, warn: (message: string) => void, found: (addresses: PeerAddress[]) => void): { stop(): void } {
-  const dns = config.dns!;
-  let last = '';
-  let failing = false;
-  return pollName(dns, (result) => {
-    if (result.outcome === 'failed') {
-      if (!failing) warn(`express-dp-router: peers: resolving '${dns.name}' failed (${result.code}); announcing to its last addresses until it answers again.`);
-      failing = true;
-      return;
-    }
-    failing = false;
-    const addresses = result.outcome === 'ok' ? result.addresses : [];
-    const key = addresses.join(',');
-    if (key === last) return;
-    last = key;
-    if (addresses.length > MAX_PEERS) warn(`express-dp-router: peers: '${dns.name}' resolves to ${addresses.length} addresses; announcing to the first ${MAX_PEERS}.`);
-    found(addresses.slice(0, MAX_PEERS).map((host) => ({ host, port: dns.port })));
-  });
 }

@@ -169,11 +169,18 @@ export class RouteState implements Deadlined {
     this.phase = 'waiting';
   }
 
-  /** The upstream began to answer: no retry can replay the body from here on, so a long stream does not pin it. */
+  /**
+   * The upstream began to answer: no retry can replay the body or pick again from here on, so a
+   * long stream does not pin what only a retry reads (the body, its members, the pick context).
+   */
   responding(): void {
     this.clearDeadlines();
     this.phase = 'responding';
     this.body = undefined;
+    this.view = undefined;
+    this.context = undefined;
+    this.hintFields = undefined;
+    this.pool = undefined;
   }
 
   /** The try failed and is counted once: false when it was settled already. */

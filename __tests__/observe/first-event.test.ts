@@ -79,8 +79,10 @@ describe('a streamed answer through dpRouter', () => {
       await reader.read();
       await reader.read();
       const [[answer, added]] = [...answers];
-      // The relay's pipe and one scan, which left at the first event.
-      expect(added).toBe(2);
+      // The relay's pipe, one scan, which left at the first event, and the rank header's check
+      // (rankHeader 'local' sends one), a once listener that looks at the first chunk for vLLM's
+      // out-of-range error event (lib/upstreams/rank-rejection.ts).
+      expect(added).toBe(3);
       expect(answer.listenerCount('data')).toBe(1);
       while (!(await reader.read()).done);
       // The metric got its first token from that scan.

@@ -6,6 +6,9 @@
  * usage chunk (`stream_options.include_usage`) and `data: [DONE]`. Streams are written by one
  * ticker per chunk interval, not a timer each, so that 10,000 slow streams cost the upstream
  * little. A prefill leg (`"stream":false` with `kv_transfer_params`) gets NIXL's answer at once.
+ * The shapes are vLLM's at 52a31cc: `chat.completion.chunk` (vllm/entrypoints/openai/chat_completion/
+ * serving.py:413, protocol.py:141), the usage chunk of `stream_options.include_usage` (serving.py:494),
+ * `kv_transfer_params` on a non-streamed answer (serving.py:1406).
  *
  * Run as a child: prints `READY <port>`.
  */

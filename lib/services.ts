@@ -21,6 +21,7 @@ import { Admission } from './admission/admission';
 import { createAdmissionMetrics } from './admission/metrics';
 import { startPeers, type PeerLink } from './peers/peer-link';
 import { createPeerMetrics } from './peers/metrics';
+import type { Receipts } from './receipts/receipts';
 
 /**
  * Everything one router runs on, built from its configuration in one place, in dependency
@@ -40,6 +41,8 @@ export class RouterServices {
   /** Metrics, tracing and logs of each event, told once. */
   readonly events: RouterEvents;
   readonly exact: ExactRouting | undefined;
+  /** Route receipts (`receipts`); `undefined` when off. */
+  readonly receipts: Receipts | undefined;
   readonly detector: OutlierDetector | undefined;
   readonly inputs: RequestInputs;
   readonly bodies: BodyReader;
@@ -72,6 +75,8 @@ export class RouterServices {
       registry: this.registry,
       tracing: this.tracing,
       scraped: (upstreams) => watchedUpstreams(upstreams, config.loadFeedback),
+      // Whole requests only: a disaggregated request's cached tokens are its transfer's.
+      receipts: config.disaggregation === undefined ? config.receipts : undefined,
     }));
     this.started.push(() => pool.close());
     this.policy = policy;
@@ -79,6 +84,7 @@ export class RouterServices {
     this.metrics = pool.metrics;
     this.events = pool.events;
     this.exact = pool.exact;
+    this.receipts = pool.receipts;
     this.detector = pool.detector;
     this.inputs = pool.inputs;
     const unusedKvEvents = unusedKvEventsNotice(table.upstreams, pool.exact !== undefined, policy.name);

@@ -17,6 +17,7 @@ import type { PickContext, Policy, UpstreamErrorKind } from '../types';
 import { countFirstToken } from '../observe/first-event';
 import { clientGone, createUpstreamProxy, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
 import type { ModelRouting } from '../pools/model-routing';
+import type { Receipts } from '../receipts/receipts';
 
 /** What the forwarder works with, built before it. */
 export interface ForwarderParts {
@@ -29,6 +30,8 @@ export interface ForwarderParts {
   /** A retry stays in the request's model pool. */
   readonly models: ModelRouting;
   readonly admission: Admission | undefined;
+  /** Route receipts; `undefined` when off. */
+  readonly receipts: Receipts | undefined;
 }
 
 /**
@@ -47,6 +50,7 @@ export class Forwarder implements Terminal, TryOutcomes {
   private readonly policy: Policy;
   private readonly models: ModelRouting;
   private readonly admission: Admission | undefined;
+  private readonly receipts: Receipts | undefined;
   /** Whether the policy learns from each endpoint's first tokens (`learnsFirstTokens`). */
   private readonly countsFirstTokens: boolean;
   /** The router's own rank header, set already, survives a client's `Connection` nomination; the upstream agent keeps connections alive. */
@@ -70,6 +74,7 @@ export class Forwarder implements Terminal, TryOutcomes {
     this.policy = parts.policy;
     this.models = parts.models;
     this.admission = parts.admission;
+    this.receipts = parts.receipts;
     this.countsFirstTokens = parts.policy.learnsFirstTokens === true;
     this.stripHopByHop = hopByHopStripper([parts.config.header], 'keep-alive');
     this.xfwd = parts.config.xfwd;
@@ -150,12 +155,13 @@ export class Forwarder implements Terminal, TryOutcomes {
   }
 
   /** The upstream began to answer. */
-  answered(route: RouteState, req: RoutedRequest, _res: ServerResponse, answer: IncomingMessage): void {
+  answered(route: RouteState, req: RoutedRequest, res: ServerResponse, answer: IncomingMessage): void {
     route.responding();
     const endpoint = route.endpoint!;
     this.metrics.responded(endpoint, answer, route.started);
     if (this.countsFirstTokens) countFirstToken(endpoint, answer, route.started, route.prefillBlocks > 0 ? route : undefined);
     if (route.ticket !== undefined && this.admission!.counts) this.admission!.count(route.ticket, req, answer);
+    if (route.receipt !== undefined) this.receipts!.answered(route.receipt, endpoint, req, res, answer);
     if (answer.statusCode !== undefined && answer.statusCode >= 500) {
       this.metrics.upstreamError(endpoint, 'status_5xx');
       this.detector?.failed(endpoint, 'request', req);

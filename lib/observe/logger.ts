@@ -35,17 +35,23 @@ export interface RouterLogger {
    * (`warn`), coming back at info, each naming the upstream and its ranks.
    */
   healthChanged(upstream: string, ranks: readonly number[], healthy: boolean, why: string): void;
+  /**
+   * A fault of the deployment the router found (route receipts: a rank header not honoured), at
+   * error level with its fields; a logger without `error` gets the message as a notice.
+   */
+  error(fields: object, message: string): void;
 }
 
 const LEVELS = ['debug', 'info', 'error'] as const;
 
-const SILENT: RouterLogger = { perRequest: false, warn: () => undefined, decided: () => undefined, retried: () => undefined, ejected: () => undefined, healthChanged: () => undefined };
+const SILENT: RouterLogger = { perRequest: false, warn: () => undefined, decided: () => undefined, retried: () => undefined, ejected: () => undefined, healthChanged: () => undefined, error: () => undefined };
 const PROCESS_WARNINGS: RouterLogger = {
   ...SILENT,
   warn: (message) => process.emitWarning(message, { code: 'DP_ROUTER' }),
   healthChanged: (upstream, ranks, healthy, why) => {
     if (!healthy) process.emitWarning(healthLine(upstream, ranks, healthy, why), { code: 'DP_ROUTER' });
   },
+  error: (_fields, message) => process.emitWarning(message, { code: 'DP_ROUTER' }),
 };
 
 function healthLine(upstream: string, ranks: readonly number[], healthy: boolean, why: string): string {
@@ -100,6 +106,10 @@ export function parseLogger(path: string, value: unknown): RouterLogger {
       // A notice takes a message alone (`warn(message)`), so the upstream and ranks are in its text.
       if (!healthy) logger.warn(message);
       else logger.info?.({ dpRank: { upstream, ranks } }, message);
+    },
+    error(fields, message) {
+      if (logger.error !== undefined) logger.error(fields, message);
+      else logger.warn(message);
     },
   };
 }

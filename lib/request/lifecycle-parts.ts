@@ -12,6 +12,7 @@ import type { BodyReader, Next } from './body-reader';
 import type { RequestInputs } from './request-inputs';
 import type { RouteState, RoutedRequest } from './route-state';
 import type { PeerAnnouncer } from '../peers/peer-link';
+import type { Receipts } from '../receipts/receipts';
 
 /**
  * What follows a decision, injected at construction: dpRank's hand-on to the next middleware,
@@ -50,4 +51,6 @@ export interface LifecycleParts {
   readonly models: ModelRouting;
   /** Admission control; `undefined` when off. */
   readonly admission: Admission | undefined;
+  /** Route receipts (dpRouter's `receipts`); `undefined` when off, and always for dpRank. */
+  readonly receipts?: Receipts | undefined;
 }

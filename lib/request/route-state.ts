@@ -11,6 +11,7 @@ import type { AdmissionTicket } from '../admission/admission';
 import type { DeadlineList, Deadlined } from '../forward/deadline-list';
 import { carrierOf, setDpRank, type Carrier } from './response-carrier';
 import type { PeerAnnouncer } from '../peers/peer-link';
+import type { RouteTicket } from '../receipts/ticket';
 
 /**
  * Where a request stands: `deciding` until it has an endpoint (and while its retry body is
@@ -38,6 +39,8 @@ export interface RouteReports {
   readonly freed: ((endpoint: RouteEndpoint) => void) | undefined;
   /** The peer link (`peers`), told of each change to an endpoint's own counts; `undefined` without it. */
   readonly peers: PeerAnnouncer | undefined;
+  /** Route receipts: whether the rank header is sent (not to an upstream that does not honour it); `undefined` without them. */
+  readonly claims?: ((endpoint: RouteEndpoint, receipt: RouteTicket | undefined) => boolean) | undefined;
 }
 
 /**
@@ -104,6 +107,8 @@ export class RouteState implements Deadlined {
    * endpoint's `sentBlocks` until its first token (or its end); 0 once retired.
    */
   prefillBlocks = 0;
+  /** With route receipts: what the request's receipts are judged against (a retry drops it). */
+  receipt: RouteTicket | undefined = undefined;
   /** Whether the response's close is watched (one listener per request, see {@link watch}). */
   private watching = false;
 
@@ -131,6 +136,7 @@ export class RouteState implements Deadlined {
   /** A retry: the slot, the rank header, the body's hint field and `req.dpRank` move from the failed endpoint to `next`. */
   moveTo(req: RoutedRequest, res: ServerResponse, next: RouteEndpoint): void {
     const failed = this.endpoint!;
+    this.receipt = undefined;
     this.reports.events.retried(req, failed, next);
     failed.inflight--;
     failed.sentBlocks -= this.prefillBlocks;
@@ -251,12 +257,14 @@ export class RouteState implements Deadlined {
     metrics.dispatched(endpoint, source);
     const { header } = config;
     const { headers } = this;
-    if (endpoint.headerValue !== undefined) headers[header] = endpoint.headerValue;
+    const { claims } = this.reports;
+    const claimed = claims === undefined || claims(endpoint, this.receipt);
+    if (endpoint.headerValue !== undefined && claimed) headers[header] = endpoint.headerValue;
     else if (headers[header] !== undefined) delete headers[header];
     this.endpoint = endpoint;
     this.carryRank(req, endpoint);
     setDpRank(req, res, (this.carrier ??= carrierOf(res)), endpoint.decisions[source]);
-    if (config.exposeDecision) res.setHeader(DECISION_HEADER, note === undefined ? endpoint.receipts[source] : endpoint.receipts[source] + note);
+    if (config.exposeDecision) res.setHeader(DECISION_HEADER, (note === undefined ? endpoint.receipts[source] : endpoint.receipts[source] + note) + (claimed ? '' : UNCLAIMED));
   }
 
   /**
@@ -318,6 +326,8 @@ type UpstreamRequest = ClientRequest & { res?: IncomingMessage | null };
 
 /** The response header `exposeDecision` answers with. */
 export const DECISION_HEADER = 'x-dp-router-decision';
+/** What the decision header adds for a request sent without a rank header, that vLLM balances (route receipts). */
+const UNCLAIMED = '; rank_claimed=false';
 
 export interface RoutedRequest extends IncomingMessage {
   /** Set by body parsers such as `express.json()`. */

@@ -121,6 +121,8 @@ export class KvExactIndex implements KvEventSink {
    * store, so one rank's odd event cannot turn the others off); 0 before any.
    */
   blockSize = 0;
+  /** Told the router key of every block a rank's events store (route receipts, lib/receipts). */
+  onStored: ((rank: number, key: number) => void) | undefined = undefined;
 
   constructor(options: KvExactIndexOptions) {
     this.ranks = [...options.ranks];
@@ -141,6 +143,12 @@ export class KvExactIndex implements KvEventSink {
   blockCount(rank: number): number {
     const at = this.position.get(rank);
     return at === undefined ? 0 : this.states[at].blocks.size;
+  }
+
+  /** Whether `rank`'s events stored the block with router key `key` (speculative entries aside). */
+  heldBy(rank: number, key: number): boolean {
+    const at = this.position.get(rank);
+    return at !== undefined && this.states[at].blocks.has(key);
   }
 
   /** Blocks held over all ranks. */
@@ -184,10 +192,12 @@ export class KvExactIndex implements KvEventSink {
           this.adapters.add(event.loraName);
         }
         const size = event.blockSize;
+        const stored = this.onStored;
         for (let i = 0; i < event.blockHashes.length; i++) {
           if (event.extraKeyed !== null && event.extraKeyed[i]) break;
           chain = chainHash(this.key, DOMAIN_BLOCK, chain, event.tokenIds, i * size, size);
           this.insert(state, chain, engineHashKey(this.key, event.blockHashes[i]));
+          if (stored !== undefined) stored(rank, chain);
         }
         return true;
       }

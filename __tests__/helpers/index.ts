@@ -12,3 +12,4 @@ export * from './raw-http'; // hostile bytes both ways over node:net
 export * from './vllm'; // a mock vLLM that can be killed and restarted on its port
 export * from './udp'; // free UDP ports, datagrams sent to a port
 export * from './wait'; // waitFor (events, not sleeps), sleep
+export * from './relay'; // an HTTP relay between gateway and upstream that rewrites requests (strips a header)

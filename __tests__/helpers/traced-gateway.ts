@@ -64,7 +64,8 @@ async function main(): Promise<void> {
     req.resume();
     req.on('end', () => {
       res.writeHead(200, { 'content-type': 'application/json' });
-      res.end('{}');
+      // What vLLM with --enable-prompt-tokens-details reports: the receipts of prefix-aware picks.
+      res.end('{"usage":{"prompt_tokens":100,"total_tokens":101,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":96}}}');
     });
   });
   await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve));

@@ -589,8 +589,9 @@ describe('metrics', () => {
     const allowed: Record<string, string[]> = {
       upstream: ['node-a'],
       rank: ['0', '2', '4', '6'],
-      source: ['hint', 'assigned'],
-      outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable'],
+      // Each closed set: decisions and hints, then route receipts' (cached tokens by source, receipts by outcome).
+      source: ['hint', 'assigned', 'predicted', 'reported'],
+      outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable', 'confirmed', 'elsewhere', 'unseen', 'cached'],
       kind: ['connect', 'timeout', 'reset', 'status_5xx'],
     };
     for (const sample of samples) {

@@ -28,6 +28,8 @@ export class UpstreamBook {
    */
   reportsCached = false;
   private withoutDetails = 0;
+  /** Approximate picks seen while {@link reportsCached} is unknown (one in many has its answer read). */
+  looks = 0;
   readonly gate: ExactGate;
 
   constructor(

@@ -60,6 +60,12 @@ export interface ReceiptsParts {
 
 /** How often awaited blocks are checked for being overdue. */
 const SWEEP_MS = 1000;
+/**
+ * Until an upstream's answers have shown `prompt_tokens_details`, one approximate pick in this
+ * many has its answer read: an engine that does not report cached tokens costs its requests
+ * nothing after a few looks.
+ */
+const DISCOVERY_EVERY = 64;
 
 export class Receipts implements ExactReceipts {
   private readonly config: ReceiptsConfig;
@@ -67,6 +73,8 @@ export class Receipts implements ExactReceipts {
   private readonly families: ReceiptFamilies | undefined;
   private readonly sweeper: NodeJS.Timeout | undefined;
   private readonly now: () => number;
+  /** Upstreams with a verdict against them: while none has, a request asks no book anything. */
+  private degraded = 0;
   /** Whether the rank header is sent, per endpoint and ticket (route-state.ts reads it for every request). */
   readonly claims: (endpoint: Endpoint, receipt: RouteTicket | undefined) => boolean;
 
@@ -76,6 +84,7 @@ export class Receipts implements ExactReceipts {
     this.reconfigure(parts.upstreams);
     const books = this.books;
     this.claims = (endpoint, receipt) => {
+      if (this.degraded === 0) return true;
       const book = books.get(endpoint.upstream);
       return book === undefined || book.verdicts.honoured || (receipt !== undefined && receipt.probe && receipt.upstream === endpoint.upstream);
     };
@@ -101,12 +110,11 @@ export class Receipts implements ExactReceipts {
    * exactly routed upstream is asked for its usage (`members`: the body as decoded).
    */
   decided(route: ReceiptCarrier, endpoint: Endpoint, exact: RouteTicket | undefined, members: Readonly<Record<string, unknown>> | undefined, share: number | undefined): void {
-    const book = this.books.get(endpoint.upstream);
-    if (book === undefined) return;
-    book.verdicts.routed();
+    // Probes are due only while a verdict stands against an upstream.
+    if (this.degraded > 0) this.books.get(endpoint.upstream)?.verdicts.routed();
     let ticket = exact !== undefined && exact.upstream === endpoint.upstream && exact.rank === endpoint.rank ? exact : undefined;
     if (ticket === undefined) {
-      if (!this.config.usage || share === undefined) return;
+      if (!this.config.usage || share === undefined || !this.readsApproximate(endpoint.upstream, members)) return;
       ticket = new RouteTicket(endpoint.upstream, endpoint.rank, 'approximate', share, -1, false, NaN, false, undefined, 0);
     }
     route.receipt = ticket;
@@ -117,6 +125,17 @@ export class Receipts implements ExactReceipts {
     route.body = asked;
     if (route.headers['transfer-encoding'] === undefined) route.headers['content-length'] = String(asked.length);
     ticket.askedUsage = true;
+  }
+
+  /**
+   * Whether an approximate pick's answer is read: one that will carry usage (not a stream whose
+   * client did not ask for it), from an upstream known to report cached tokens, or now and then
+   * until it is known to.
+   */
+  private readsApproximate(upstream: string, members: Readonly<Record<string, unknown>> | undefined): boolean {
+    if (members !== undefined && members.stream === true && (members.stream_options as { include_usage?: unknown } | undefined)?.include_usage !== true) return false;
+    const book = this.books.get(upstream);
+    return book !== undefined && (book.reportsCached || ++book.looks % DISCOVERY_EVERY === 1);
   }
 
   /**
@@ -159,6 +178,7 @@ export class Receipts implements ExactReceipts {
   reconfigure(upstreams: readonly ReceiptUpstream[]): void {
     const names = new Set(upstreams.map((upstream) => upstream.name));
     for (const name of this.books.keys()) if (!names.has(name)) this.books.delete(name);
+    this.degraded = [...this.books.values()].filter((one) => !one.verdicts.honoured || !one.verdicts.trusted).length;
     for (const upstream of upstreams) {
       const book = this.books.get(upstream.name);
       if (book === undefined) this.open(upstream);
@@ -191,6 +211,7 @@ export class Receipts implements ExactReceipts {
   private readonly told = (book: UpstreamBook, transition: Transition): void => {
     const { logger, header } = this.parts;
     const { probeEvery } = this.config;
+    this.degraded = [...this.books.values()].filter((one) => !one.verdicts.honoured || !one.verdicts.trusted).length;
     switch (transition.kind) {
       case 'unhonoured':
         logger.error({ dpRouter: { upstream: book.name, receipts: { elsewhere: transition.breakdown.elsewhere, total: transition.breakdown.total } } }, unhonouredLine(book, header, transition.breakdown, probeEvery));

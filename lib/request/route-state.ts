@@ -258,7 +258,8 @@ export class RouteState implements Deadlined {
     const { header } = config;
     const { headers } = this;
     const { claims } = this.reports;
-    const claimed = claims === undefined || claims(endpoint, this.receipt);
+    // A client's own hint is its claim, not the router's: receipts judge only the router's picks.
+    const claimed = claims === undefined || source === 'hint' || claims(endpoint, this.receipt);
     if (endpoint.headerValue !== undefined && claimed) headers[header] = endpoint.headerValue;
     else if (headers[header] !== undefined) delete headers[header];
     this.endpoint = endpoint;

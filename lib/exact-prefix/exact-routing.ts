@@ -122,7 +122,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
     const events = upstream.kvEvents!;
     const index = new KvExactIndex({ ranks: upstream.ranks });
     const gate = options.receipts?.follow(upstream.name, index);
-    if (gate !== undefined) index.onStored = gate.stored;
+    index.observer = gate;
     const awaiting = new Map<number, number>();
     const labels = new Map(upstream.ranks.map((rank) => [rank, { upstream: upstream.name, rank: String(rank) }]));
     const agreement = new TokenizerAgreement({

@@ -30,6 +30,8 @@ export class UpstreamBook {
   private withoutDetails = 0;
   /** Approximate picks seen while {@link reportsCached} is unknown (one in many has its answer read). */
   looks = 0;
+  /** Per rank: stores the index could not key (see {@link RouteTicket.orphans}). */
+  private readonly orphans = new Map<number, number>();
   readonly gate: ExactGate;
 
   constructor(
@@ -50,7 +52,10 @@ export class UpstreamBook {
       stored: (rank, key) => {
         if (this.pending.empty) return;
         const ticket = this.pending.take(key, rank);
-        if (ticket !== undefined) this.kv(ticket, ticket.rank === rank ? 'confirmed' : 'elsewhere');
+        if (ticket !== undefined) this.kv(ticket, ticket.rank === rank ? 'confirmed' : this.elsewhere(ticket));
+      },
+      orphaned: (rank) => {
+        this.orphans.set(rank, (this.orphans.get(rank) ?? 0) + 1);
       },
       chose: (choice) => this.ticket(choice),
     };
@@ -84,7 +89,17 @@ export class UpstreamBook {
     );
     ticket.probe = this.verdicts.probing();
     ticket.epoch = this.verdicts.epoch;
+    ticket.orphans = this.orphans.get(choice.rank) ?? 0;
     return ticket;
+  }
+
+  /**
+   * A ticket's blocks found on another rank: `elsewhere`, unless its own rank has since stored
+   * blocks the index could not key (its own among them, maybe, after a loss cleared the index:
+   * then another request's copy is no evidence, and the receipt is `unseen`).
+   */
+  private elsewhere(ticket: RouteTicket): KvOutcome {
+    return (this.orphans.get(ticket.rank) ?? 0) === ticket.orphans ? 'elsewhere' : 'unseen';
   }
 
   /**
@@ -100,7 +115,7 @@ export class UpstreamBook {
     if (index.heldBy(ticket.rank, key)) return this.kv(ticket, 'confirmed');
     // Another rank holding the whole prompt already proves nothing: it may have stored it before.
     if (!ticket.heldElsewhere) {
-      for (const rank of index.ranks) if (rank !== ticket.rank && index.heldBy(rank, key)) return this.kv(ticket, 'elsewhere');
+      for (const rank of index.ranks) if (rank !== ticket.rank && index.heldBy(rank, key)) return this.kv(ticket, this.elsewhere(ticket));
     }
     this.pending.add(ticket, now + dueMs, this.unseen);
     return 'pending';

@@ -14,21 +14,22 @@ export interface NamedUpstream {
 const PATHS = { chat: '/v1/chat/completions', completions: '/v1/completions' } as const;
 
 /** The error line: the upstream's rank header is not honoured. */
-export function unhonouredLine(upstream: NamedUpstream, header: string, breakdown: HonourBreakdown, probeEvery: number): string {
+export function unhonouredLine(upstream: NamedUpstream, header: string, breakdown: HonourBreakdown, elsewhereShare: number, probeEvery: number): string {
   return (
     `express-dp-router: upstream '${upstream.name}' does not honour the rank header: ${breakdown.elsewhere} of its last ${breakdown.total} route receipts ` +
-    `found the prompt's new blocks on another rank than the one chosen (elsewhere). Likely cause: ${likelyCause(upstream, header, breakdown)}. ` +
+    `found the prompt's new blocks on another rank than the one chosen (elsewhere). Likely cause: ${likelyCause(upstream, header, breakdown, elsewhereShare)}. ` +
     `Its requests now go without a rank header, balanced by vLLM, and every ${ordinal(probeEvery)}one is sent pinned as a probe until receipts show the header honoured again.`
   );
 }
 
-function likelyCause(upstream: NamedUpstream, header: string, breakdown: HonourBreakdown): string {
+function likelyCause(upstream: NamedUpstream, header: string, breakdown: HonourBreakdown, elsewhereShare: number): string {
   if (upstream.rankHeader === 'none') {
     return "`rankHeader: 'none'` sends no rank header, so the server balances its engines itself; use 'local' (the rank − startRank every Python vLLM mode reads) unless each URL serves one engine (external load balancing)";
   }
   const { paths, ranks } = breakdown;
-  const notHonoured = (count: readonly [number, number]) => count[1] >= 2 && count[0] / count[1] >= 0.5;
-  const honoured = (count: readonly [number, number]) => count[1] >= 2 && count[0] / count[1] < 0.2;
+  // A path is not honoured when its share alone passes the threshold, honoured when next to nothing of it went elsewhere.
+  const notHonoured = (count: readonly [number, number]) => count[1] >= 3 && count[0] / count[1] >= elsewhereShare;
+  const honoured = (count: readonly [number, number]) => count[1] >= 3 && count[0] / count[1] < elsewhereShare / 3;
   const badPaths = [...paths].filter(([, count]) => notHonoured(count)).map(([path]) => path);
   const goodPaths = [...paths].filter(([, count]) => honoured(count)).map(([path]) => path);
   if (badPaths.length === 1 && goodPaths.length > 0) {
@@ -49,9 +50,7 @@ export function untrustedLine(upstream: NamedUpstream, cause: Distrust, bad: num
   const what =
     cause === 'misses'
       ? `${bad} of its last ${total} exact predictions were more than a block above the cached tokens the engine reported: the index holds blocks the engine no longer has (removals not published, or lost)`
-      : cause === 'tokens'
-        ? `${bad} of its last ${total} answers counted other prompt tokens than the router's tokenizer: the tokenizer or chat template differs from the engine's (prefixAware.tokenizer must be the files the engine serves)`
-        : `the new blocks of ${bad} of its last ${total} exactly routed requests never appeared in its KV events: the prompts are tokenized otherwise there (tokenizer or chat template), or its events are lost or late`;
+      : `${bad} of its last ${total} answers counted other prompt tokens than the router's tokenizer: the tokenizer or chat template differs from the engine's (prefixAware.tokenizer must be the files the engine serves)`;
   return `express-dp-router: upstream '${upstream.name}' is routed on the approximate prefix index: ${what}. One request in ${probeEvery} to it is routed on the exact index as a probe until receipts agree again.`;
 }
 

@@ -40,9 +40,9 @@ export interface ReceiptsOptions {
   elsewhereShare?: number;
   /**
    * Share of an upstream's recent exact predictions that miss (the engine reports more than one
-   * block fewer cached tokens than predicted, or another prompt token count) or whose blocks go
-   * `unseen`, from which its exact index is not trusted: it is routed on the approximate index,
-   * with a log line, until probes agree again. Default: `0.5`.
+   * block fewer cached tokens than predicted), or of its recent answers that count other prompt
+   * tokens than the router's tokenizer, from which its exact index is not trusted: it is routed on
+   * the approximate index, with a log line, until probes agree again. Default: `0.5`.
    */
   missShare?: number;
   /** How long a request's new blocks may take to appear in the events before it counts `unseen`. Default: `10_000` ms. */

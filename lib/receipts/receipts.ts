@@ -214,7 +214,7 @@ export class Receipts implements ExactReceipts {
     this.degraded = [...this.books.values()].filter((one) => !one.verdicts.honoured || !one.verdicts.trusted).length;
     switch (transition.kind) {
       case 'unhonoured':
-        logger.error({ dpRouter: { upstream: book.name, receipts: { elsewhere: transition.breakdown.elsewhere, total: transition.breakdown.total } } }, unhonouredLine(book, header, transition.breakdown, probeEvery));
+        logger.error({ dpRouter: { upstream: book.name, receipts: { elsewhere: transition.breakdown.elsewhere, total: transition.breakdown.total } } }, unhonouredLine(book, header, transition.breakdown, this.config.elsewhereShare, probeEvery));
         return;
       case 'untrusted':
         logger.warn(untrustedLine(book, transition.cause, transition.bad, transition.total, probeEvery));

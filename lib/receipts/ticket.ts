@@ -15,6 +15,8 @@ export class RouteTicket {
   askedUsage = false;
   /** The upstream's verdict epoch when routed: receipts of an earlier epoch judge nothing. */
   epoch = 0;
+  /** How many times the rank's events had stored blocks the index could not key, when routed. */
+  orphans = 0;
 
   constructor(
     readonly upstream: string,
@@ -67,12 +69,14 @@ export interface ExactChoice {
   readonly heldElsewhere: boolean;
 }
 
-/** What exact routing asks of receipts for one upstream, made when its index starts. */
+/** What exact routing asks of receipts for one upstream, made when its index starts (and what its index tells). */
 export interface ExactGate {
   /** Whether the upstream's ranks are scored on the exact index now (not while its receipts say otherwise, probes aside). */
   readonly exact: boolean;
   /** `rank` stored the block with router key `key` (the events' apply path, once per block). */
   stored(rank: number, key: number): void;
+  /** `rank` stored blocks under a parent the index does not know (after a loss cleared it): their keys are not known. */
+  orphaned(rank: number): void;
   /** The pick chose a rank of this upstream on the exact index: its ticket. */
   chose(choice: ExactChoice): RouteTicket;
 }

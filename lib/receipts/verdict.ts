@@ -5,7 +5,12 @@
  *   found on another rank than the one chosen (`elsewhere`) stays under `elsewhereShare`;
  * - **trusted** (its exact index): the shares of its exact predictions the engine's usage
  *   contradicts (more than one block fewer cached tokens than predicted; another prompt token
- *   count) and of its receipts whose blocks never appeared (`unseen`) stay under `missShare`.
+ *   count) stay under `missShare`.
+ *
+ * `unseen` receipts judge nothing: after a lost batch the index is cleared, and the blocks
+ * engines then store under prefixes cached before it have no parent the index knows (it skips
+ * them, exact-index.ts), so a loss of 1 % of the batches leaves far more than 1 % unseen while
+ * every verdict still holds. A tokenizer or template that drifts shows in the token counts.
  *
  * Each verdict is taken over the last `window` receipts of its kind once there are
  * `minReceipts` of them. While either is against the upstream, it is routed without the exact
@@ -27,7 +32,7 @@ export interface VerdictSettings {
 }
 
 /** Why the index is not trusted: the window that tripped. */
-export type Distrust = 'misses' | 'tokens' | 'unseen';
+export type Distrust = 'misses' | 'tokens';
 
 /** Elsewhere counts of the honour window, for the log line naming a likely cause. */
 export interface HonourBreakdown {
@@ -108,13 +113,11 @@ export class UpstreamVerdicts {
   probeDue = false;
   private sinceProbe = 0;
   private readonly honour: Recent;
-  private readonly seen: Recent;
   private readonly predictions: Recent;
   private readonly tokens: Recent;
 
   constructor(private readonly settings: VerdictSettings) {
     this.honour = new Recent(settings.window);
-    this.seen = new Recent(settings.window);
     this.predictions = new Recent(settings.window);
     this.tokens = new Recent(settings.window);
   }
@@ -140,9 +143,8 @@ export class UpstreamVerdicts {
 
   /** A KV receipt of an exact ticket of `epoch`, for `rank` on `path`. */
   kv(outcome: KvOutcome, epoch: number, rank: number, path: PromptPath | undefined): Transition | undefined {
-    if (epoch !== this.epoch || outcome === 'cached') return undefined;
-    this.seen.push(outcome === 'unseen');
-    if (outcome !== 'unseen') this.honour.push(outcome === 'elsewhere', rank, path);
+    if (epoch !== this.epoch || outcome === 'cached' || outcome === 'unseen') return undefined;
+    this.honour.push(outcome === 'elsewhere', rank, path);
     return this.judge();
   }
 
@@ -168,7 +170,7 @@ export class UpstreamVerdicts {
       return { kind: 'unhonoured', breakdown };
     }
     if (this.trusted) {
-      for (const [cause, recent] of [['misses', this.predictions], ['tokens', this.tokens], ['unseen', this.seen]] as const) {
+      for (const [cause, recent] of [['misses', this.predictions], ['tokens', this.tokens]] as const) {
         if (recent.size < minReceipts || recent.share() < missShare) continue;
         const { bad, size } = recent;
         this.trusted = false;
@@ -183,10 +185,10 @@ export class UpstreamVerdicts {
       return { kind: 'honoured' };
     }
     if (!this.trusted) {
-      const judged = [this.predictions, this.tokens, this.seen].filter((recent) => recent.size >= minReceipts);
+      const judged = [this.predictions, this.tokens].filter((recent) => recent.size >= minReceipts);
       if (judged.length > 0 && judged.every((recent) => recent.share() < missShare / 2)) {
         this.trusted = true;
-        for (const recent of [this.predictions, this.tokens, this.seen]) recent.clear();
+        for (const recent of [this.predictions, this.tokens]) recent.clear();
         return { kind: 'trusted' };
       }
     }
@@ -198,6 +200,6 @@ export class UpstreamVerdicts {
     this.epoch++;
     this.sinceProbe = 0;
     this.probeDue = false;
-    for (const recent of [this.honour, this.seen, this.predictions, this.tokens]) recent.clear();
+    for (const recent of [this.honour, this.predictions, this.tokens]) recent.clear();
   }
 }

@@ -1,10 +1,10 @@
 /**
  * One gateway of `bench:receipts`' cost comparison, as its own process:
  *
- *   gateway.ts <mock-url> <kv-events-json> <tokenizer-dir> <on|off>
+ *   gateway.ts <mock-url> <kv-events-json> <tokenizer-dir> <on|off|receipts-json>
  *
  * dpRouter on prefix-aware exact routing in front of the mock, with route receipts on (their
- * defaults) or off (`receipts: false`). The router comes from `DP_ROUTER_BENCH_LIB` (the compiled
+ * defaults), off (`receipts: false`), or as the JSON given (`{"askStreamUsage":false}`). The router comes from `DP_ROUTER_BENCH_LIB` (the compiled
  * package), by default the sources. Prints `READY <port>`.
  */
 import express from 'express';
@@ -25,7 +25,7 @@ app.use(
     prefixAware: { tokenizer },
     metrics: { registry: new Registry() },
     logger: false,
-    ...(receipts === 'off' && { receipts: false }),
+    ...(receipts === 'off' ? { receipts: false } : receipts === 'on' ? {} : { receipts: JSON.parse(receipts) }),
   }),
 );
 const server = app.listen(0, '127.0.0.1', () => process.stdout.write(`READY ${(server.address() as AddressInfo).port}\n`));

@@ -1,5 +1,5 @@
 /**
- * npm run bench:receipts [-- --requests N] [--quick] [--no-cost] [--cost-blocks N] [--out FILE]
+ * npm run bench:receipts [-- --requests N] [--quick] [--only detect|healthy|cost] [--no-cost] [--cost-blocks N] [--tsx] [--out FILE]
  *
  * Route receipts against the mock vLLM (4 ranks, KV events on ZeroMQ, real HTTP on loopback):
  *
@@ -145,14 +145,14 @@ async function healthy(requests: number, loss: number, seed: number) {
   }
 }
 
-async function cost(blocks: number, blockSize: number, build: 'dist' | 'tsx') {
+async function cost(blocks: number, blockSize: number, build: 'dist' | 'tsx', modes: readonly [string, string]) {
   prepareLibrary(build, []);
   const pinned = coreCount() >= 2 && hasTaskset() && pinSelf(0);
   const mock = await startMockVllm({ dataParallelSize: RANKS, kvEvents: {} });
   const kv = mock.kvEvents!;
   const events = JSON.stringify({ endpoint: kv.endpoints, replayEndpoint: kv.replayEndpoints });
   const env = build === 'dist' ? { DP_ROUTER_BENCH_LIB: join(ROOT, 'dist', 'cjs', 'index.js') } : {};
-  const gateways = await Promise.all(['on', 'off'].map((mode) => startChild(`receipts ${mode}`, join(__dirname, 'gateway.ts'), [mock.url, events, kv.tokenizer, mode], pinned ? 1 : undefined, env)));
+  const gateways = await Promise.all(modes.map((mode) => startChild(`receipts ${mode}`, join(__dirname, 'gateway.ts'), [mock.url, events, kv.tokenizer, mode], pinned ? 1 : undefined, env)));
   try {
     const next = workload(11);
     let sent = 0;
@@ -182,35 +182,50 @@ async function main(): Promise<void> {
   const quick = args.has('quick');
   const requests = Number(args.get('requests') ?? (quick ? 5000 : 100_000));
   const costBlocks = Number(args.get('cost-blocks') ?? (quick ? 3 : 10));
-  console.log('## Detection (requests from the fault on, 8 clients)\n');
+  const only = args.get('only');
+  const runs = (section: string) => only === undefined || only === section;
   const detections: Detection[] = [];
-  for (const [at, fault] of FAULTS.entries()) {
+  if (runs('detect')) console.log('## Detection (requests from the fault on, 8 clients)\n');
+  for (const [at, fault] of runs('detect') ? FAULTS.entries() : []) {
     const found = await detect(fault, 100 + at);
     detections.push(found);
     console.log(`${found.fault}: ${found.requests ?? `not within ${DETECT_LIMIT}`}${found.warmupAlarms > 0 ? ` (ALARM during warm-up: ${found.warmupAlarms})` : ''}`);
   }
-  console.log(`\n${markdownTable(['fault', 'requests to detect', 'alarms in the 100 healthy before'], detections.map((one) => [one.fault, String(one.requests ?? `> ${DETECT_LIMIT}`), String(one.warmupAlarms)]))}\n`);
-  for (const one of detections) if (one.line !== undefined) console.log(`- ${one.line}`);
+  if (detections.length > 0) {
+    console.log(`\n${markdownTable(['fault', 'requests to detect', 'alarms in the 100 healthy before'], detections.map((one) => [one.fault, String(one.requests ?? `> ${DETECT_LIMIT}`), String(one.warmupAlarms)]))}\n`);
+    for (const one of detections) if (one.line !== undefined) console.log(`- ${one.line}`);
+  }
 
-  console.log(`\n## Healthy upstream, 1 % of KV-event batches lost: ${requests} requests\n`);
-  const lossy = await healthy(requests, 0.01, 7);
-  console.log(`false alarms: ${lossy.alarms.length}${lossy.alarms.length > 0 ? `\n${lossy.alarms.join('\n')}` : ''}; receipts ${JSON.stringify(lossy.outcomes)}; ${fixed(lossy.requests / lossy.seconds, 0)} req/s`);
-  const clean = await healthy(Math.min(requests, 20_000), 0, 8);
-  console.log(`\n## Exact predictions against reported cached tokens, no loss: ${clean.requests} requests\n`);
-  console.log(`${clean.predictions} exact usage receipts: ${percent(clean.withinOneBlock)} within one block, ${percent(clean.exact)} exactly; receipts ${JSON.stringify(clean.outcomes)}; false alarms ${clean.alarms.length}`);
+  let lossy: Awaited<ReturnType<typeof healthy>> | undefined;
+  let clean: Awaited<ReturnType<typeof healthy>> | undefined;
+  if (runs('healthy')) {
+    console.log(`\n## Healthy upstream, 1 % of KV-event batches lost: ${requests} requests\n`);
+    lossy = await healthy(requests, 0.01, 7);
+    console.log(`false alarms: ${lossy.alarms.length}${lossy.alarms.length > 0 ? `\n${lossy.alarms.join('\n')}` : ''}; receipts ${JSON.stringify(lossy.outcomes)}; ${fixed(lossy.requests / lossy.seconds, 0)} req/s`);
+    clean = await healthy(Math.min(requests, 20_000), 0, 8);
+    console.log(`\n## Exact predictions against reported cached tokens, no loss: ${clean.requests} requests\n`);
+    console.log(`${clean.predictions} exact usage receipts: ${percent(clean.withinOneBlock)} within one block, ${percent(clean.exact)} exactly; receipts ${JSON.stringify(clean.outcomes)}; false alarms ${clean.alarms.length}`);
+  }
 
   let costResult: Awaited<ReturnType<typeof cost>> | undefined;
-  if (!args.has('no-cost')) {
+  if (runs('cost') && !args.has('no-cost')) {
     console.log(`\n## Cost: CPU per request, receipts on against receipts: false (interleaved, ${costBlocks} blocks)\n`);
-    costResult = await cost(costBlocks, quick ? 1000 : 2000, build);
+    // `--cost-a`, `--cost-b`: other receipts settings to compare (JSON, or on / off).
+    costResult = await cost(costBlocks, quick ? 1000 : 2000, build, [String(args.get('cost-a') ?? 'on'), String(args.get('cost-b') ?? 'off')]);
     console.log(`median: on ${costResult.on.toFixed(1)} µs/req, off ${costResult.off.toFixed(1)} µs/req, on / off = ${costResult.ratio.toFixed(3)}${costResult.pinned ? ' (both gateways on core 1)' : ' (not pinned)'}`);
   }
 
   const headerFaults = detections.filter((one) => FAULTS.find((fault) => fault.name === one.fault)!.shows === 'error');
   const targets = [
-    { name: 'rank header faults detected within 50 requests', pass: headerFaults.every((one) => one.requests !== undefined && one.requests <= 50), figure: headerFaults.map((one) => one.requests ?? 'never').join(', ') },
-    { name: `0 false alarms over ${requests} requests with 1 % event loss`, pass: lossy.alarms.length === 0 && detections.every((one) => one.warmupAlarms === 0), figure: String(lossy.alarms.length) },
-    { name: 'exact predictions within one block for >= 99 %', pass: clean.withinOneBlock >= 0.99, figure: percent(clean.withinOneBlock) },
+    ...(detections.length === 0
+      ? []
+      : [{ name: 'rank header faults detected within 50 requests', pass: headerFaults.every((one) => one.requests !== undefined && one.requests <= 50) && detections.every((one) => one.warmupAlarms === 0), figure: headerFaults.map((one) => one.requests ?? 'never').join(', ') }]),
+    ...(lossy === undefined || clean === undefined
+      ? []
+      : [
+          { name: `0 false alarms over ${requests} requests with 1 % event loss`, pass: lossy.alarms.length === 0, figure: String(lossy.alarms.length) },
+          { name: 'exact predictions within one block for >= 99 %', pass: clean.withinOneBlock >= 0.99, figure: percent(clean.withinOneBlock) },
+        ]),
     ...(costResult === undefined ? [] : [{ name: 'CPU per request with receipts <= 1.02 x without', pass: costResult.ratio <= 1.02, figure: costResult.ratio.toFixed(3) }]),
   ];
   console.log('');

@@ -208,6 +208,7 @@ const wrongValues: Array<[path: string, value: unknown]> = [
     kvEvents: 'yes',
     usage: 'yes',
     askStreamUsage: 1,
+    usageEvery: 0,
     window: 0,
     minReceipts: 0,
     elsewhereShare: 1,

@@ -88,7 +88,7 @@ async function main(): Promise<void> {
     outlierDetection: { consecutiveFailures: 1 },
   });
   const failing = dpRouter({ upstreams: [{ url: refusedUrl, name: 'refused' }], metrics: false, logger: false });
-  const prefixed = dpRouter({ upstreams: [{ url: upstreamUrl, name: 'echo', dataParallelSize: 4 }], policy: 'prefix-aware', metrics: false, logger: false });
+  const prefixed = dpRouter({ upstreams: [{ url: upstreamUrl, name: 'echo', dataParallelSize: 4 }], policy: 'prefix-aware', metrics: false, logger: false, receipts: { usageEvery: 1 } });
   const app = express();
   app.use('/retried', retried);
   app.use('/failing', failing);

@@ -176,7 +176,7 @@ describe('route receipts: a healthy upstream', () => {
 
 describe('route receipts: an index that misses', () => {
   it('falls back to the approximate index when the engine reports far fewer cached tokens than predicted, and recovers when they agree', async () => {
-    const { mock, gw, warnings } = await setup({ receipts: { probeEvery: 2 } });
+    const { mock, gw, warnings } = await setup({ receipts: { probeEvery: 2, usageEvery: 1 } });
     // Each prompt twice: cached the second time, so the engine is seen to report cached tokens.
     for (let i = 0; i < 12; i++) for (let twice = 0; twice < 2; twice++) await send(gw, chat(i));
     expect(await metricValue(gw.registry, 'dp_router_prompt_cached_tokens_total', { source: 'reported' })).toBe(await metricValue(gw.registry, 'dp_router_prompt_cached_tokens_total', { source: 'predicted' }));
@@ -194,7 +194,7 @@ describe('route receipts: an index that misses', () => {
     let drifts = false;
     // A template that changed on the engine's side: every chat gains a line before its first message.
     const drift = drifting(() => drifts);
-    const { gw, warnings } = await setup({ relay: drift });
+    const { gw, warnings } = await setup({ relay: drift, receipts: { usageEvery: 1 } });
     for (let i = 0; i < 5; i++) expect((await send(gw, chat(i))).decision).toMatch(/; index=exact$/);
     drifts = true;
     const sent = await sendUntil(gw, (i) => [chat(100 + i)], () => warnings.length > 0, 100);
@@ -208,7 +208,7 @@ describe('route receipts: usage', () => {
   const cached = (gw: TestGateway, source: string) => metricValue(gw.registry, 'dp_router_prompt_cached_tokens_total', { source });
 
   it('compares predicted and reported cached tokens of non-streamed and streamed answers alike', async () => {
-    const { gw } = await setup();
+    const { gw } = await setup({ receipts: { usageEvery: 1 } });
     await send(gw, completion(1), '/v1/completions');
     // Cached now: the router predicts, the engine reports (whole blocks, never the last token).
     const answer = JSON.parse((await send(gw, completion(1), '/v1/completions')).text) as { usage: { prompt_tokens: number; prompt_tokens_details: { cached_tokens: number } } };
@@ -222,7 +222,7 @@ describe('route receipts: usage', () => {
   });
 
   it('asks a stream for its usage and gives the client who did not ask no usage chunk', async () => {
-    const { mock, gw } = await setup({ mock: { recordBodies: true } });
+    const { mock, gw } = await setup({ mock: { recordBodies: true }, receipts: { usageEvery: 1 } });
     await send(gw, chat(1));
     mock.resetStats();
     const { text } = await send(gw, chat(1, { stream: true, max_tokens: 4 }));
@@ -239,13 +239,23 @@ describe('route receipts: usage', () => {
   });
 
   it("leaves a client's own stream_options as they are, and its usage chunk in its stream", async () => {
-    const { mock, gw } = await setup({ mock: { recordBodies: true } });
+    const { mock, gw } = await setup({ mock: { recordBodies: true }, receipts: { usageEvery: 1 } });
     const asked = await send(gw, chat(2, { stream: true, stream_options: { include_usage: true } }));
     expect(asked.text).toMatch(/"choices":\[\],"usage":\{"prompt_tokens":\d+/);
     const refused = await send(gw, chat(3, { stream: true, stream_options: { include_usage: false } }));
     expect(refused.text).not.toMatch(/"usage"/);
     const chats = mock.stats().requests.filter((record) => record.path === '/v1/chat/completions');
     expect(chats.map((record) => JSON.parse(record.body!).stream_options)).toEqual([{ include_usage: true }, { include_usage: false }]);
+  });
+});
+
+describe('route receipts: usage read one answer in usageEvery', () => {
+  it('reads the usage of every 4th answer by default, and asks only those streams', async () => {
+    const { mock, gw } = await setup({ mock: { recordBodies: true } });
+    for (let i = 0; i < 8; i++) await send(gw, chat(i, { stream: true }));
+    const asked = mock.stats().requests.filter((record) => record.path === '/v1/chat/completions').map((record) => JSON.parse(record.body!).stream_options !== undefined);
+    expect(asked).toEqual([false, false, false, true, false, false, false, true]);
+    expect(await receipts(gw, { outcome: 'confirmed' })).toBe(8);
   });
 });
 

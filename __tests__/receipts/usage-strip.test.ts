@@ -11,6 +11,7 @@
 import { describe, expect, it } from '@jest/globals';
 import fc from 'fast-check';
 import { UsageStripper } from '../../lib/receipts/usage-strip';
+import { askingUsage, mayAskUsage } from '../../lib/receipts/ask-usage';
 import type { ReportedUsage } from '../../lib/receipts/usage-json';
 
 interface StreamShape {
@@ -117,6 +118,41 @@ describe('UsageStripper', () => {
     const big = Buffer.alloc(1024 * 1024 + 10, 0x61);
     expect(stripper.push(big).equals(big)).toBe(true);
     expect(stripper.push(Buffer.from('data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n')).toString()).toBe('data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n');
+    expect(found).toEqual([undefined]);
+  });
+});
+
+describe('asking a stream for its usage', () => {
+  it.each([
+    [{ stream: true }, true],
+    [{ stream: true, prompt: 'one prompt' }, true],
+    [{ stream: true, prompt: [1, 2, 3] }, true],
+    [{ stream: true, n: 1 }, true],
+    [{ stream: false }, false],
+    [{ stream: 'true' }, false],
+    [{ stream: true, stream_options: null }, false],
+    [{ stream: true, stream_options: { include_usage: false } }, false],
+    [{ stream: true, n: 2 }, false],
+    [{ stream: true, prompt: ['two', 'prompts'] }, false],
+  ])('asks %j: %s (only a stream of one choice whose client said nothing)', (members, asks) => {
+    expect(mayAskUsage(members)).toBe(asks);
+  });
+
+  it('puts the question first in the body, after any leading whitespace', () => {
+    expect(askingUsage(Buffer.from(' \n{"stream":true}'))!.toString()).toBe(' \n{"stream_options":{"include_usage":true},"stream":true}');
+    expect(JSON.parse(askingUsage(Buffer.from('{"model":"m","stream":true}'))!.toString())).toEqual({ stream_options: { include_usage: true }, model: 'm', stream: true });
+    expect(askingUsage(Buffer.from('[1]'))).toBeUndefined();
+  });
+
+  it('lets everything go on unchanged once 64 KiB are held', () => {
+    const found: Array<ReportedUsage | undefined> = [];
+    const stripper = new UsageStripper((usage) => found.push(usage));
+    const ends = Buffer.from('data: {"choices":[{"index":0,"finish_reason":"stop"}]}\n\n');
+    const more = Buffer.from(`data: {"choices":[{"index":1,"delta":{"content":"${'x'.repeat(1000)}"}}]}\n\n`);
+    expect(stripper.push(ends).length).toBe(0);
+    const out: Buffer[] = [];
+    for (let i = 0; i < 70; i++) out.push(stripper.push(more));
+    expect(Buffer.concat(out).equals(Buffer.concat([ends, ...Array.from({ length: 70 }, () => more)]))).toBe(true);
     expect(found).toEqual([undefined]);
   });
 });

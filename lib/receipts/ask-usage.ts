@@ -9,9 +9,15 @@
 
 const ASK = Buffer.from('"stream_options":{"include_usage":true},');
 
-/** Whether a body's decoded members are a stream the router may ask for its usage. */
+/**
+ * Whether a body's decoded members are a stream the router may ask for its usage: one that asked
+ * nothing about it, with a single choice (no `n`, and one completions prompt), so that the only
+ * event held back while the usage chunk is awaited is the one ending that choice (usage-strip.ts).
+ */
 export function mayAskUsage(members: Readonly<Record<string, unknown>>): boolean {
-  return members.stream === true && members.stream_options === undefined;
+  if (members.stream !== true || members.stream_options !== undefined || (members.n !== undefined && members.n !== 1)) return false;
+  const { prompt } = members;
+  return prompt === undefined || typeof prompt === 'string' || (Array.isArray(prompt) && typeof prompt[0] === 'number');
 }
 
 /**

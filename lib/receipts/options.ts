@@ -28,6 +28,12 @@ export interface ReceiptsOptions {
    * client's stream, which is otherwise the stream the client would have had. Default: `true`.
    */
   askStreamUsage?: boolean;
+  /**
+   * Read the usage of one answer in this many (every probe's too): usage receipts are a sample,
+   * and reading an answer (or taking the usage chunk out of a stream) costs more than the KV
+   * receipt every exactly routed request gets. Default: `4`.
+   */
+  usageEvery?: number;
   /** How many recent receipts of an upstream each verdict is taken over. Default: `32`. */
   window?: number;
   /** The fewest receipts in the window before a verdict is taken. Default: `10`. */
@@ -58,6 +64,7 @@ export interface ReceiptsConfig {
   readonly kvEvents: boolean;
   readonly usage: boolean;
   readonly askStreamUsage: boolean;
+  readonly usageEvery: number;
   readonly window: number;
   readonly minReceipts: number;
   readonly elsewhereShare: number;
@@ -71,6 +78,7 @@ const KEYS: KeysEnum<ReceiptsOptions> = {
   kvEvents: true,
   usage: true,
   askStreamUsage: true,
+  usageEvery: true,
   window: true,
   minReceipts: true,
   elsewhereShare: true,
@@ -98,6 +106,7 @@ export function parseReceipts(path: string, value: unknown): ReceiptsConfig | un
     kvEvents: booleanOption(pathOf(path, 'kvEvents'), receipts.kvEvents, true),
     usage: booleanOption(pathOf(path, 'usage'), receipts.usage, true),
     askStreamUsage: booleanOption(pathOf(path, 'askStreamUsage'), receipts.askStreamUsage, true),
+    usageEvery: integerOption(pathOf(path, 'usageEvery'), receipts.usageEvery, 4, 1, 1_000_000),
     window,
     minReceipts,
     // Above 0 and below 1: at 0 every upstream would trip at once, at 1 none ever could.

@@ -75,6 +75,8 @@ export class Receipts implements ExactReceipts {
   private readonly now: () => number;
   /** Upstreams with a verdict against them: while none has, a request asks no book anything. */
   private degraded = 0;
+  /** Picks since the last whose answer's usage was read (one in `usageEvery`). */
+  private sinceUsage = 0;
   /** Whether the rank header is sent, per endpoint and ticket (route-state.ts reads it for every request). */
   readonly claims: (endpoint: Endpoint, receipt: RouteTicket | undefined) => boolean;
 
@@ -112,28 +114,40 @@ export class Receipts implements ExactReceipts {
   decided(route: ReceiptCarrier, endpoint: Endpoint, exact: RouteTicket | undefined, members: Readonly<Record<string, unknown>> | undefined, share: number | undefined): void {
     // Probes are due only while a verdict stands against an upstream.
     if (this.degraded > 0) this.books.get(endpoint.upstream)?.verdicts.routed();
-    let ticket = exact !== undefined && exact.upstream === endpoint.upstream && exact.rank === endpoint.rank ? exact : undefined;
+    const ticket = exact !== undefined && exact.upstream === endpoint.upstream && exact.rank === endpoint.rank ? exact : undefined;
+    // One answer in `usageEvery` is read (a probe's always: recovery is judged on it).
+    const reads = this.config.usage && ((ticket !== undefined && ticket.probe) || ++this.sinceUsage >= this.config.usageEvery);
+    if (!reads) {
+      if (ticket !== undefined) route.receipt = ticket;
+      return;
+    }
+    // Not a stream whose client did not ask for its usage (unless it is asked here): nothing to read.
+    const streamed = members !== undefined && members.stream === true && (members.stream_options as { include_usage?: unknown } | undefined)?.include_usage !== true;
     if (ticket === undefined) {
-      if (!this.config.usage || share === undefined || !this.readsApproximate(endpoint.upstream, members)) return;
-      ticket = new RouteTicket(endpoint.upstream, endpoint.rank, 'approximate', share, -1, false, NaN, false, undefined, 0);
+      if (share === undefined || streamed || !this.readsApproximate(endpoint.upstream)) return;
+      this.sinceUsage = 0;
+      const approximate = (route.receipt = new RouteTicket(endpoint.upstream, endpoint.rank, 'approximate', share, -1, false, NaN, false, undefined, 0));
+      approximate.readsUsage = true;
+      return;
     }
     route.receipt = ticket;
+    if (!streamed) {
+      this.sinceUsage = 0;
+      ticket.readsUsage = true;
+      return;
+    }
     const body = route.body;
-    if (ticket.index !== 'exact' || !this.config.usage || !this.config.askStreamUsage || members === undefined || body === undefined || !mayAskUsage(members)) return;
+    if (!this.config.askStreamUsage || body === undefined || !mayAskUsage(members!)) return;
     const asked = askingUsage(body);
     if (asked === undefined) return;
+    this.sinceUsage = 0;
     route.body = asked;
     if (route.headers['transfer-encoding'] === undefined) route.headers['content-length'] = String(asked.length);
-    ticket.askedUsage = true;
+    ticket.askedUsage = ticket.readsUsage = true;
   }
 
-  /**
-   * Whether an approximate pick's answer is read: one that will carry usage (not a stream whose
-   * client did not ask for it), from an upstream known to report cached tokens, or now and then
-   * until it is known to.
-   */
-  private readsApproximate(upstream: string, members: Readonly<Record<string, unknown>> | undefined): boolean {
-    if (members !== undefined && members.stream === true && (members.stream_options as { include_usage?: unknown } | undefined)?.include_usage !== true) return false;
+  /** Whether an approximate pick's answer is read: from an upstream known to report cached tokens, or now and then until it is known to. */
+  private readsApproximate(upstream: string): boolean {
     const book = this.books.get(upstream);
     return book !== undefined && (book.reportsCached || ++book.looks % DISCOVERY_EVERY === 1);
   }
@@ -153,11 +167,14 @@ export class Receipts implements ExactReceipts {
     const plain = headers['content-encoding'] === undefined || headers['content-encoding'] === 'identity';
     let usage: ReportedUsage | undefined;
     let tail: AnswerTail | undefined;
-    if (receipt.askedUsage && plain && isEventStreamMediaType(headers['content-type'])) {
-      // Its length (were one given) would count the chunk taken out.
-      delete headers['content-length'];
+    if (!receipt.readsUsage || !plain) {
+      // Nothing of the answer is read: only its end, for the KV receipt.
+      if (receipt.index !== 'exact' || !this.config.kvEvents) return;
+    } else if (receipt.askedUsage && isEventStreamMediaType(headers['content-type'])) {
+      // Its length (were one given) would count the chunk taken out. (`delete` takes V8's slow path: only when there.)
+      if (headers['content-length'] !== undefined) delete headers['content-length'];
       stripAskedUsage(res, (found) => (usage ??= found));
-    } else if (this.config.usage && plain) {
+    } else {
       const kept = (tail = new AnswerTail());
       answer.on('data', (chunk: Buffer) => kept.add(chunk));
     }

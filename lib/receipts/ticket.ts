@@ -11,6 +11,8 @@ export type PromptPath = 'chat' | 'completions';
 export class RouteTicket {
   /** Sent as before to an upstream whose receipts are being checked again: it counts toward recovery. */
   probe = false;
+  /** Its answer's usage is read (one answer in `usageEvery`, and every probe's). */
+  readsUsage = false;
   /** The router asked the stream for its usage: that chunk is taken out of the client's stream. */
   askedUsage = false;
   /** The upstream's verdict epoch when routed: receipts of an earlier epoch judge nothing. */

@@ -11,21 +11,30 @@
  * a choice on, events are held until the usage event, then released with that event's
  * `"system_fingerprint":…` member stamped last on each one that ends a choice. Without a usage
  * event (an error, a server that ignores `stream_options`) they are released unchanged at
- * `[DONE]` or at the end. n > 1 choices: an event that ends one choice may be held while others
- * still stream (their order kept); the bytes do not change, only when they leave.
+ * `[DONE]` or at the end. The router asks only streams of one choice (ask-usage.ts); should
+ * several come anyway, the events after the first that ends one are held (their order kept), up
+ * to 64 KiB, past which everything goes on unchanged.
  */
 import type { ServerResponse } from 'node:http';
 import { lastUsage, type ReportedUsage } from './usage-json';
 
-const SEPARATOR = Buffer.from('\n\n');
+const EMPTY = Buffer.alloc(0);
+/*
+ * The markers are searched for in a latin1 view of the bytes (one character a byte, so its
+ * offsets are the bytes'): V8's string search costs a fraction of Buffer#indexOf with a needle
+ * this long, which builds a skip table per call.
+ */
+const SEPARATOR = '\n\n';
 /** Only the usage event has no choices: vLLM's other events carry one (pydantic orders `choices` before `usage`). */
-const USAGE_EVENT = Buffer.from('"choices":[],"usage":{');
+const USAGE_EVENT = '"choices":[],"usage":{';
 /** In compact JSON a string member's key appears with unescaped quotes only as a key. */
-const ENDS_CHOICE = Buffer.from('"finish_reason":"');
-const DONE = Buffer.from('data: [DONE]');
+const ENDS_CHOICE = '"finish_reason":"';
+const DONE = 'data: [DONE]';
 const FINGERPRINT = /"system_fingerprint":("(?:[^"\\]|\\.)*")/;
 /** An event this long without its end is no vLLM event: the stream is passed on untouched from there. */
 const MAX_EVENT_BYTES = 1024 * 1024;
+/** Held back past this, the events go on unchanged and the rest of the stream with them. */
+const MAX_HELD_BYTES = 64 * 1024;
 
 type Write = ServerResponse['write'];
 type End = ServerResponse['end'];
@@ -36,6 +45,7 @@ type Send = (this: ServerResponse, chunk?: Buffer | (() => void), callback?: () 
 export class UsageStripper {
   private carry: Buffer | undefined;
   private held: Buffer[] = [];
+  private heldBytes = 0;
   /** The usage event was taken out (or the stream is not vLLM's): the rest passes as it comes. */
   private through = false;
 
@@ -44,15 +54,17 @@ export class UsageStripper {
   /** What of `chunk` goes to the client now. */
   push(chunk: Buffer): Buffer {
     if (this.through) return chunk;
-    // Most chunks are whole events that end nothing: passed on as they are.
-    if (this.carry === undefined && this.held.length === 0 && endsEvent(chunk) && chunk.indexOf(ENDS_CHOICE) === -1 && chunk.indexOf(USAGE_EVENT) === -1) return chunk;
     const data = this.carry === undefined ? chunk : Buffer.concat([this.carry, chunk]);
+    const text = data.toString('latin1');
+    // Most chunks are whole events that end nothing: passed on as they are.
+    if (this.carry === undefined && this.held.length === 0 && text.endsWith(SEPARATOR) && text.indexOf(ENDS_CHOICE) === -1 && text.indexOf(USAGE_EVENT) === -1) return chunk;
     this.carry = undefined;
     const out: Buffer[] = [];
     let at = 0;
-    for (let end = data.indexOf(SEPARATOR, at); end !== -1 && !this.through; end = data.indexOf(SEPARATOR, at)) {
-      this.event(data.subarray(at, end + SEPARATOR.length), out);
-      at = end + SEPARATOR.length;
+    for (let end = text.indexOf(SEPARATOR, at); end !== -1 && !this.through; end = text.indexOf(SEPARATOR, at)) {
+      const next = end + SEPARATOR.length;
+      this.event(data.subarray(at, next), text.slice(at, next), out);
+      at = next;
     }
     if (at < data.length) {
       const rest = data.subarray(at);
@@ -74,41 +86,42 @@ export class UsageStripper {
     return Buffer.concat(out);
   }
 
-  private event(event: Buffer, out: Buffer[]): void {
-    if (event.indexOf(USAGE_EVENT) !== -1) {
-      const text = event.toString('latin1');
+  /** One whole event: its bytes, and the same as latin1 text. */
+  private event(event: Buffer, text: string, out: Buffer[]): void {
+    if (text.indexOf(USAGE_EVENT) !== -1) {
       const fingerprint = FINGERPRINT.exec(text)?.[1];
       for (const held of this.held) out.push(fingerprint === undefined ? held : stamped(held, fingerprint));
       this.held = [];
+      this.heldBytes = 0;
       this.through = true;
       this.found(lastUsage(text));
       return;
     }
-    if (event.subarray(0, DONE.length).equals(DONE)) {
+    if (text.startsWith(DONE)) {
       out.push(...this.held, event);
       this.held = [];
+      this.heldBytes = 0;
       return;
     }
-    if (this.held.length > 0 || event.indexOf(ENDS_CHOICE) !== -1) this.held.push(event);
-    else out.push(event);
+    if (this.held.length > 0 || text.indexOf(ENDS_CHOICE) !== -1) {
+      this.held.push(event);
+      if ((this.heldBytes += event.length) > MAX_HELD_BYTES) this.giveUp(out, EMPTY);
+    } else out.push(event);
   }
 
   private giveUp(out: Buffer[], rest: Buffer): void {
     out.push(...this.held, rest);
     this.held = [];
+    this.heldBytes = 0;
     this.through = true;
     this.found(undefined);
   }
 }
 
-function endsEvent(chunk: Buffer): boolean {
-  return chunk.length >= 2 && chunk[chunk.length - 1] === 0x0a && chunk[chunk.length - 2] === 0x0a;
-}
-
 /** An event that ends a choice, with `,"system_fingerprint":…` stamped last, as vLLM writes it without `include_usage`. */
 function stamped(event: Buffer, fingerprint: string): Buffer {
   const close = event.length - 1 - SEPARATOR.length;
-  if (event.indexOf(ENDS_CHOICE) === -1 || event[close] !== 0x7d) return event;
+  if (event[close] !== 0x7d || event.toString('latin1').indexOf(ENDS_CHOICE) === -1) return event;
   return Buffer.concat([event.subarray(0, close), Buffer.from(`,"system_fingerprint":${fingerprint}`, 'latin1'), event.subarray(close)]);
 }
 

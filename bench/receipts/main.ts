@@ -1,5 +1,5 @@
 /**
- * npm run bench:receipts [-- --requests N] [--quick] [--only detect|healthy|cost] [--no-cost] [--cost-blocks N] [--tsx] [--out FILE]
+ * npm run bench:receipts [-- --requests N] [--quick] [--only detect|healthy|cost] [--no-cost] [--pairs N] [--cost-blocks N] [--cost-a X --cost-b Y] [--tsx] [--out FILE]
  *
  * Route receipts against the mock vLLM (4 ranks, KV events on ZeroMQ, real HTTP on loopback):
  *
@@ -12,7 +12,8 @@
  *    batches lost (no replay socket: a lost batch clears its rank's index); and how close the exact
  *    predictions of cached tokens came to what the engine reported, in a run without loss.
  * 3. Cost: CPU per request of two gateway processes, receipts on and `receipts: false`, fed
- *    alternately from one client, block by block (the interleaved A/B of bench/overhead).
+ *    alternately from one client, block by block, in 5 pairs of fresh processes (the interleaved
+ *    A/B of bench/overhead).
  *
  * Eight clients, half the requests streamed. Writes bench/results/receipts-<time>.json.
  */
@@ -145,35 +146,50 @@ async function healthy(requests: number, loss: number, seed: number) {
   }
 }
 
-async function cost(blocks: number, blockSize: number, build: 'dist' | 'tsx', modes: readonly [string, string]) {
+/**
+ * CPU per request of two gateway processes, fed alternately: `pairs` pairs of fresh processes
+ * (where one process's hidden classes land in memory moves its CPU per request by a few percent
+ * for its whole life, bench/overhead/interleaved.ts), `blocks` blocks each; the median of the
+ * pairs' median ratios.
+ */
+async function cost(pairs: number, blocks: number, blockSize: number, build: 'dist' | 'tsx', modes: readonly [string, string]) {
   prepareLibrary(build, []);
   const pinned = coreCount() >= 2 && hasTaskset() && pinSelf(0);
   const mock = await startMockVllm({ dataParallelSize: RANKS, kvEvents: {} });
   const kv = mock.kvEvents!;
   const events = JSON.stringify({ endpoint: kv.endpoints, replayEndpoint: kv.replayEndpoints });
   const env = build === 'dist' ? { DP_ROUTER_BENCH_LIB: join(ROOT, 'dist', 'cjs', 'index.js') } : {};
-  const gateways = await Promise.all(modes.map((mode) => startChild(`receipts ${mode}`, join(__dirname, 'gateway.ts'), [mock.url, events, kv.tokenizer, mode], pinned ? 1 : undefined, env)));
+  const next = workload(11);
+  let sent = 0;
+  const pairRatios: number[] = [];
+  const costs: Array<[number, number]> = [];
   try {
-    const next = workload(11);
-    let sent = 0;
-    const block = async (count: number) => {
-      const before = gateways.map((child) => processCpuMs(child.process.pid)!);
-      await drive((i) => gateways[(sent + i) % 2].url, (i) => next(sent + i), CLIENTS, count);
-      sent += count;
-      return gateways.map((child, at) => ((processCpuMs(child.process.pid)! - before[at]) * 1000) / (count / 2));
-    };
-    await block(2 * blockSize);
-    const rows: Array<[on: number, off: number]> = [];
-    for (let index = 0; index < blocks; index++) {
-      const [on, off] = await block(blockSize);
-      rows.push([on, off]);
-      console.log(`block ${index + 1}: receipts on ${on.toFixed(1)} µs/req, off ${off.toFixed(1)} µs/req, on / off ${(on / off).toFixed(3)}`);
+    for (let pair = 0; pair < pairs; pair++) {
+      const gateways = await Promise.all(modes.map((mode) => startChild(`receipts ${mode}`, join(__dirname, 'gateway.ts'), [mock.url, events, kv.tokenizer, mode], pinned ? 1 : undefined, env)));
+      try {
+        const block = async (count: number) => {
+          const before = gateways.map((child) => processCpuMs(child.process.pid)!);
+          await drive((i) => gateways[(sent + i) % 2].url, (i) => next(sent + i), CLIENTS, count);
+          sent += count;
+          return gateways.map((child, at) => ((processCpuMs(child.process.pid)! - before[at]) * 1000) / (count / 2));
+        };
+        await block(2 * blockSize);
+        const ratios: number[] = [];
+        for (let index = 0; index < blocks; index++) {
+          const [a, b] = await block(blockSize);
+          ratios.push(a / b);
+          costs.push([a, b]);
+        }
+        pairRatios.push(median(ratios));
+        console.log(`pair ${pair + 1}: ${modes[0]} / ${modes[1]} per block ${ratios.map((ratio) => ratio.toFixed(3)).join(', ')}; median ${median(ratios).toFixed(3)}`);
+      } finally {
+        await Promise.all(gateways.map((child) => child.stop()));
+      }
     }
-    return { pinned, blockSize, rows, ratio: median(rows.map(([on, off]) => on / off)), on: median(rows.map(([on]) => on)), off: median(rows.map(([, off]) => off)) };
   } finally {
-    await Promise.all(gateways.map((child) => child.stop()));
     await mock.close();
   }
+  return { pinned, blockSize, pairRatios, ratio: median(pairRatios), a: median(costs.map(([a]) => a)), b: median(costs.map(([, b]) => b)) };
 }
 
 async function main(): Promise<void> {
@@ -181,7 +197,8 @@ async function main(): Promise<void> {
   const args = parseArgs(rest);
   const quick = args.has('quick');
   const requests = Number(args.get('requests') ?? (quick ? 5000 : 100_000));
-  const costBlocks = Number(args.get('cost-blocks') ?? (quick ? 3 : 10));
+  const costBlocks = Number(args.get('cost-blocks') ?? (quick ? 3 : 4));
+  const costPairs = Number(args.get('pairs') ?? (quick ? 1 : 5));
   const only = args.get('only');
   const runs = (section: string) => only === undefined || only === section;
   const detections: Detection[] = [];
@@ -209,10 +226,11 @@ async function main(): Promise<void> {
 
   let costResult: Awaited<ReturnType<typeof cost>> | undefined;
   if (runs('cost') && !args.has('no-cost')) {
-    console.log(`\n## Cost: CPU per request, receipts on against receipts: false (interleaved, ${costBlocks} blocks)\n`);
     // `--cost-a`, `--cost-b`: other receipts settings to compare (JSON, or on / off).
-    costResult = await cost(costBlocks, quick ? 1000 : 2000, build, [String(args.get('cost-a') ?? 'on'), String(args.get('cost-b') ?? 'off')]);
-    console.log(`median: on ${costResult.on.toFixed(1)} µs/req, off ${costResult.off.toFixed(1)} µs/req, on / off = ${costResult.ratio.toFixed(3)}${costResult.pinned ? ' (both gateways on core 1)' : ' (not pinned)'}`);
+    const modes = [String(args.get('cost-a') ?? 'on'), String(args.get('cost-b') ?? 'off')] as const;
+    console.log(`\n## Cost: CPU per request, receipts ${modes[0]} against ${modes[1]} (interleaved, ${costPairs} pairs of processes, ${costBlocks} blocks each)\n`);
+    costResult = await cost(costPairs, costBlocks, quick ? 1000 : 2000, build, modes);
+    console.log(`median of pairs: ${modes[0]} ${costResult.a.toFixed(1)} µs/req, ${modes[1]} ${costResult.b.toFixed(1)} µs/req, ${modes[0]} / ${modes[1]} = ${costResult.ratio.toFixed(3)}${costResult.pinned ? ' (both gateways on core 1)' : ' (not pinned)'}`);
   }
 
   const headerFaults = detections.filter((one) => FAULTS.find((fault) => fault.name === one.fault)!.shows === 'error');

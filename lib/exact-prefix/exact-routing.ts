@@ -271,7 +271,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
           blockSize: keys.size,
           matched: matched[at],
           lastKey: keys.values.length >= promptBlocks ? keys.values[promptBlocks - 1] : NaN,
-          heldElsewhere: candidates.some((other, c) => c !== at && other.upstream === chosen.upstream && matched[c] >= promptBlocks),
+          heldElsewhere: heldElsewhere(candidates, matched, at, promptBlocks),
         });
       }
     });
@@ -308,6 +308,13 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
       await Promise.all(stopping);
     },
   };
+}
+
+/** Whether another candidate of the chosen one's upstream holds the whole prompt. */
+function heldElsewhere(candidates: readonly Endpoint[], matched: Int32Array, at: number, promptBlocks: number): boolean {
+  const upstream = candidates[at].upstream;
+  for (let c = 0; c < candidates.length; c++) if (c !== at && matched[c] >= promptBlocks && candidates[c].upstream === upstream) return true;
+  return false;
 }
 
 /** The prompt kind of an OpenAI endpoint's path (mount path and query allowed), or `undefined` for one whose prompt is not tokenized. */

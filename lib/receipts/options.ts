@@ -23,9 +23,10 @@ export interface ReceiptsOptions {
    */
   usage?: boolean;
   /**
-   * Ask a stream sent to an exactly routed upstream for its usage (`stream_options:
-   * {include_usage: true}`) when the client asked nothing of it, and take that chunk out of the
-   * client's stream, which is otherwise the stream the client would have had. Default: `true`.
+   * Ask a stream sent to an exactly routed upstream, whose usage is to be read (one in
+   * `usageEvery`), for its usage (`stream_options: {include_usage: true}`) when the client asked
+   * nothing of it and wants one choice, and take that chunk out of the client's stream, which is
+   * otherwise the stream the client would have had. Default: `true`.
    */
   askStreamUsage?: boolean;
   /**

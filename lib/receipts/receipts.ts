@@ -161,16 +161,17 @@ export class Receipts implements ExactReceipts {
     const status = answer.statusCode ?? 0;
     // A retry or a seat under admission may have moved the request off the ticket's rank.
     if (status < 200 || status >= 300 || receipt.upstream !== endpoint.upstream || receipt.rank !== endpoint.rank) return;
-    const book = this.books.get(receipt.upstream);
-    if (book === undefined) return;
     const { headers } = answer;
-    const plain = headers['content-encoding'] === undefined || headers['content-encoding'] === 'identity';
+    const book = receipt.readsUsage && (headers['content-encoding'] === undefined || headers['content-encoding'] === 'identity') ? this.books.get(receipt.upstream) : undefined;
+    if (book === undefined) {
+      // Nothing of the answer is read: its KV receipt waits for the response's close, which the
+      // request's state watches already (no listener of its own on every answer).
+      receipt.atClose = receipt.index === 'exact' && this.config.kvEvents;
+      return;
+    }
     let usage: ReportedUsage | undefined;
     let tail: AnswerTail | undefined;
-    if (!receipt.readsUsage || !plain) {
-      // Nothing of the answer is read: only its end, for the KV receipt.
-      if (receipt.index !== 'exact' || !this.config.kvEvents) return;
-    } else if (receipt.askedUsage && isEventStreamMediaType(headers['content-type'])) {
+    if (receipt.askedUsage && isEventStreamMediaType(headers['content-type'])) {
       // Its length (were one given) would count the chunk taken out. (`delete` takes V8's slow path: only when there.)
       if (headers['content-length'] !== undefined) delete headers['content-length'];
       stripAskedUsage(res, (found) => (usage ??= found));
@@ -183,6 +184,16 @@ export class Receipts implements ExactReceipts {
       this.settle(book, receipt, req, usage);
     });
   }
+
+  /**
+   * The response of a request whose answer is not read closed (route-state.ts): its KV receipt,
+   * when that answer came whole. (Its span has ended: the receipt is counted, not traced.)
+   */
+  readonly closed = (receipt: RouteTicket, answer: IncomingMessage | null | undefined): void => {
+    if (!receipt.atClose || answer?.complete !== true) return;
+    const book = this.books.get(receipt.upstream);
+    if (book !== undefined) book.answered(receipt, this.now(), this.config.unseenAfterMs);
+  };
 
   /** The answer ended whole: its receipts, counted and put on the request's span. */
   private settle(book: UpstreamBook, receipt: RouteTicket, req: IncomingMessage, usage: ReportedUsage | undefined): void {

@@ -13,6 +13,8 @@ export class RouteTicket {
   probe = false;
   /** Its answer's usage is read (one answer in `usageEvery`, and every probe's). */
   readsUsage = false;
+  /** Its 2xx answer began and nothing of it is read: its KV receipt is taken when the response closes, if the answer came whole. */
+  atClose = false;
   /** The router asked the stream for its usage: that chunk is taken out of the client's stream. */
   askedUsage = false;
   /** The upstream's verdict epoch when routed: receipts of an earlier epoch judge nothing. */

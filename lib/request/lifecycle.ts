@@ -102,7 +102,7 @@ export class RequestLifecycle {
     this.reportsShare = parts.tracing.enabled && policy.reportsMatchedShare === true;
     const admission = (this.admission = parts.admission);
     const receipts = (this.receipts = parts.receipts);
-    this.reports = { config, metrics: parts.metrics, events: parts.events, freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint), peers: parts.peers, claims: receipts?.claims };
+    this.reports = { config, metrics: parts.metrics, events: parts.events, freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint), peers: parts.peers, claims: receipts?.claims, receiptClosed: receipts?.closed };
     this.announcesPrefill = parts.peers !== undefined && policy.uncachedBlocks !== undefined;
     this.takesArrived = terminal.handsOn !== true;
     this.passesArrived = this.takesArrived && this.bufferMaxBytes > 0;

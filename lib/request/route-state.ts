@@ -41,6 +41,8 @@ export interface RouteReports {
   readonly peers: PeerAnnouncer | undefined;
   /** Route receipts: whether the rank header is sent (not to an upstream that does not honour it); `undefined` without them. */
   readonly claims?: ((endpoint: RouteEndpoint, receipt: RouteTicket | undefined) => boolean) | undefined;
+  /** Route receipts: the response of a request with a receipt closed, after `answer` (the upstream's, when there was one). */
+  readonly receiptClosed?: ((receipt: RouteTicket, answer: IncomingMessage | null | undefined) => void) | undefined;
 }
 
 /**
@@ -301,6 +303,7 @@ export class RouteState implements Deadlined {
     // cannot cache): one that came whole has nothing left to stop.
     const upstream = this.upstreamRequest as UpstreamRequest | undefined;
     if (upstream !== undefined && upstream.res?.complete !== true) upstream.destroy();
+    if (this.receipt !== undefined) this.reports.receiptClosed!(this.receipt, upstream?.res);
     held.inflight--;
     if (this.reports.peers !== undefined) {
       this.prefilled();

@@ -249,9 +249,9 @@ describe('route receipts: usage', () => {
   });
 });
 
-describe('route receipts: usage read one answer in usageEvery', () => {
-  it('reads the usage of every 4th answer by default, and asks only those streams', async () => {
-    const { mock, gw } = await setup({ mock: { recordBodies: true } });
+describe('route receipts: a sample of the usage', () => {
+  it('reads the usage of one answer in usageEvery, and asks only those streams', async () => {
+    const { mock, gw } = await setup({ mock: { recordBodies: true }, receipts: { usageEvery: 4 } });
     for (let i = 0; i < 8; i++) await send(gw, chat(i, { stream: true }));
     const asked = mock.stats().requests.filter((record) => record.path === '/v1/chat/completions').map((record) => JSON.parse(record.body!).stream_options !== undefined);
     expect(asked).toEqual([false, false, false, true, false, false, false, true]);

@@ -31,7 +31,7 @@ import { startMockVllm } from '../../example-server/mock-vllm';
 
 const CLIENTS = 8;
 const WARMUP = 100;
-const DETECT_LIMIT = 1000;
+const DETECT_LIMIT = 2000;
 const ROOT = resolve(__dirname, '..', '..');
 
 interface Fault {

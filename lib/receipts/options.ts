@@ -32,7 +32,8 @@ export interface ReceiptsOptions {
   /**
    * Read the usage of one answer in this many (every probe's too): usage receipts are a sample,
    * and reading an answer (or taking the usage chunk out of a stream) costs more than the KV
-   * receipt every exactly routed request gets. Default: `4`.
+   * receipt every exactly routed request gets (`bench:receipts`: about 40 µs per JSON answer read,
+   * 100 µs per stream asked, against 0.6 % of a request for the KV receipts). Default: `16`.
    */
   usageEvery?: number;
   /** How many recent receipts of an upstream each verdict is taken over. Default: `32`. */
@@ -107,7 +108,7 @@ export function parseReceipts(path: string, value: unknown): ReceiptsConfig | un
     kvEvents: booleanOption(pathOf(path, 'kvEvents'), receipts.kvEvents, true),
     usage: booleanOption(pathOf(path, 'usage'), receipts.usage, true),
     askStreamUsage: booleanOption(pathOf(path, 'askStreamUsage'), receipts.askStreamUsage, true),
-    usageEvery: integerOption(pathOf(path, 'usageEvery'), receipts.usageEvery, 4, 1, 1_000_000),
+    usageEvery: integerOption(pathOf(path, 'usageEvery'), receipts.usageEvery, 16, 1, 1_000_000),
     window,
     minReceipts,
     // Above 0 and below 1: at 0 every upstream would trip at once, at 1 none ever could.

@@ -114,8 +114,9 @@ describe('properties over hostile input', () => {
     const allowed: Record<string, string[]> = {
       upstream: ['node-a'],
       rank: ROUTABLE,
-      source: ['hint', 'assigned'],
-      outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable'],
+      // Each closed set: decisions and hints, then route receipts' (cached tokens by source, receipts by outcome).
+      source: ['hint', 'assigned', 'predicted', 'reported'],
+      outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable', 'confirmed', 'elsewhere', 'unseen', 'cached'],
       kind: ['connect', 'timeout', 'reset', 'status_5xx'],
     };
     for (const gateway of [reassigning, rejecting]) {

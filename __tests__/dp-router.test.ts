@@ -625,8 +625,9 @@ describe('metrics', () => {
       upstream: ['node-a'],
       // 'vllm': the fixed label of requests vLLM balances itself (paths it does not route by header).
       rank: ['0', '2', '4', '6', 'vllm'],
-      source: ['hint', 'assigned'],
-      outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable'],
+      // Each closed set: decisions and hints, then route receipts' (cached tokens by source, receipts by outcome).
+      source: ['hint', 'assigned', 'predicted', 'reported'],
+      outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable', 'confirmed', 'elsewhere', 'unseen', 'cached'],
       kind: ['connect', 'timeout', 'reset', 'status_5xx'],
       evidence: ['answer', 'metrics'],
     };

@@ -20,6 +20,7 @@ import {
   type OutlierDetectionOptions,
   type KvEventsOptions,
   type PrefixAwareRouterSettings,
+  type ReceiptsOptions,
   type RetryOptions,
   type RequestBufferingOptions,
   type TimeoutOptions,
@@ -54,7 +55,7 @@ describe('parseOptions', () => {
   it('is shaped like the options: one frozen part per option, nothing else', () => {
     const config = parse({ upstreams: [{ url }], hints: { trust: true }, timeouts: { connectMs: 5 }, retries: { attempts: 3 }, requestBuffering: { maxBytes: 10 } });
     const optionKeys = ['upstreams', 'policy', 'hints', 'header', 'metrics', 'affinity', 'prefixAware', 'timeouts', 'maxBodyBytes', 'maxBufferedBytes', 'exposeDecision', 'loadFeedback', 'logger'];
-    const proxyKeys = ['xfwd', 'outlierDetection', 'healthCheck', 'retries', 'disaggregation', 'admission', 'requestBuffering', 'peers'];
+    const proxyKeys = ['xfwd', 'outlierDetection', 'healthCheck', 'retries', 'disaggregation', 'admission', 'requestBuffering', 'peers', 'receipts'];
     expect(Object.keys(config).sort()).toEqual([...optionKeys, ...proxyKeys].sort());
     expect(Object.keys(parseOptions({ upstreams: [{ url }] }, 'dpRank')).sort()).toEqual([...optionKeys, ...proxyKeys].sort());
     expect(config).toMatchObject({ hints: { trust: true }, timeouts: { connectMs: 5 }, retries: { attempts: 3 }, requestBuffering: { maxBytes: 10 } });
@@ -202,7 +203,21 @@ const wrongValues: Array<[path: string, value: unknown]> = [
     admission: 'on',
     requestBuffering: 'on',
     peers: 'on',
+    receipts: 'on',
   } satisfies WrongValues<DpRouterOptions>),
+  ...rows('receipts', {
+    kvEvents: 'yes',
+    usage: 'yes',
+    askStreamUsage: 1,
+    usageEvery: 0,
+    window: 0,
+    minReceipts: 0,
+    elsewhereShare: 1,
+    missShare: 0,
+    unseenAfterMs: 0,
+    probeEvery: 0,
+    maxPending: 0,
+  } satisfies WrongValues<ReceiptsOptions>),
   ...rows('requestBuffering', { maxBytes: 0 } satisfies WrongValues<RequestBufferingOptions>),
   ...rows('admission', { maxInflightPerRank: 0, queue: 5, tenant: 'x-tenant', priority: 'high', tokens: 5 } satisfies WrongValues<AdmissionOptions>),
   ...rows('admission.queue', { maxLength: -1, maxPerTenant: 0.5, timeoutMs: 0, starvationLimit: 0 } satisfies WrongValues<AdmissionQueueOptions>),
@@ -254,7 +269,7 @@ const wrongValues: Array<[path: string, value: unknown]> = [
 ];
 
 /** Every option object, for the unknown-key check. */
-const sections = ['', 'upstreams[0]', 'upstreams[0].discover', 'upstreams[0].kvEvents', 'hints', 'affinity', 'prefixAware', 'timeouts', 'metrics', 'outlierDetection', 'healthCheck', 'retries', 'loadFeedback', 'disaggregation'];
+const sections = ['', 'upstreams[0]', 'upstreams[0].discover', 'upstreams[0].kvEvents', 'hints', 'affinity', 'prefixAware', 'timeouts', 'metrics', 'outlierDetection', 'healthCheck', 'retries', 'loadFeedback', 'disaggregation', 'receipts'];
 
 function rows(section: string, values: Record<string, unknown>): Array<[string, unknown]> {
   return Object.entries(values).map(([key, value]) => [section ? `${section}.${key}` : key, value]);

@@ -47,6 +47,8 @@ export { MOCK_TOKENIZER_DIR } from './mock-vllm/tokenize';
 const REQUEST_LOG_SIZE = 10_000;
 
 type MockConfig = Required<Omit<MockVllmOptions, 'kvEvents'>> & { kvEvents: KvEventsConfig | null };
+/** The `ignoreRankHeader` test hook's setting. */
+type IgnoredHeader = MockVllm['ignoreRankHeader'];
 /** Faults `injectFault` answers in place of the route; the others shape the route's own answer. */
 type InjectedFault = Exclude<MockFault, { kind: 'die-mid-stream' } | { kind: 'eos' }>;
 
@@ -57,6 +59,8 @@ interface ServerContext {
   /** Set with `kvEvents`: prompts are tokenized as vLLM does. */
   readonly tokenizer: PromptTokenizer | undefined;
   readonly currentFault: () => MockFault | undefined;
+  /** The `ignoreRankHeader` hook, as set now. */
+  readonly ignoredHeader: () => IgnoredHeader;
   /** Set with `role` other than `'both'`: the prefill or decode leg's checks. */
   readonly pd: PdRole | undefined;
   readonly seqs: SeqLimit;
@@ -87,9 +91,10 @@ export async function startMockVllm(options: MockVllmOptions = {}): Promise<Mock
   const engine = new MockEngine({ ...config, publishKvEvents: events?.publish });
   const log = new RequestLog(REQUEST_LOG_SIZE);
   let fault: MockFault | undefined;
+  let ignoredHeader: IgnoredHeader;
   const pd = config.role === 'both' ? undefined : new PdRole(config.role, config.connector, ranks, config.blockTokens, config.kvLeaseMs);
   const seqs = new SeqLimit(config.maxNumSeqs);
-  const ctx: ServerContext = { config, engine, log, tokenizer, currentFault: () => fault, pd, seqs };
+  const ctx: ServerContext = { config, engine, log, tokenizer, currentFault: () => fault, ignoredHeader: () => ignoredHeader, pd, seqs };
 
   const server = createServer((req, res) => handleRequest(ctx, req, res));
   const sockets = trackSockets(server);
@@ -129,6 +134,15 @@ export async function startMockVllm(options: MockVllmOptions = {}): Promise<Mock
     set fault(next: MockFault | undefined) {
       fault = next;
     },
+    get ignoreRankHeader() {
+      return ignoredHeader;
+    },
+    set ignoreRankHeader(next: IgnoredHeader) {
+      ignoredHeader = next;
+    },
+    dropBlocksSilently(rank?: number) {
+      for (const state of engine.ranks) if (rank === undefined || state.globalRank === rank) (state.cache as { dropSilently?: () => void }).dropSilently?.();
+    },
   };
 }
 
@@ -151,6 +165,7 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
     maxNumSeqs: options.maxNumSeqs ?? Infinity,
     kvLeaseMs: options.kvLeaseMs ?? 30_000,
     loraModules: options.loraModules ?? [],
+    promptTokensDetails: options.promptTokensDetails ?? true,
     kvEvents: null,
   };
   const integers = { port: 0, dataParallelSize: 1, startRank: 0, cacheBlocksPerRank: 1, blockTokens: 1, maxModelLen: 1, bootstrapPort: 0, kvLeaseMs: 1 };
@@ -291,7 +306,7 @@ async function serveGeneration(
     return request.stream ? sendStreamError(res, asked.message) : sendError(res, 400, asked.message);
   }
   if (res.destroyed) return;
-  const rank = asked.kind === 'rank' ? asked.rank : ctx.engine.pickLeastLoaded();
+  const rank = asked.kind === 'rank' && !headerIgnored(ctx.ignoredHeader(), kind, asked.rank.globalRank) ? asked.rank : ctx.engine.pickLeastLoaded();
   const eos = ctx.currentFault()?.kind === 'eos';
   let leg: PdAdmission | undefined;
   if (ctx.pd !== undefined) {
@@ -313,7 +328,7 @@ async function serveGeneration(
   record.rank = rank.globalRank;
   const timer = releaseOnClose(ctx, rank, res);
 
-  const generation: Generation = { request, model: adapter?.name ?? ctx.config.model, rank: rank.globalRank, promptTokens, cachedTokens };
+  const generation: Generation = { request, model: adapter?.name ?? ctx.config.model, rank: rank.globalRank, promptTokens, cachedTokens, reportsCached: ctx.config.promptTokensDetails };
   const prefillMs = ctx.config.prefillMsPerToken * (promptTokens - cachedTokens);
   const rankHeader = { 'x-mock-rank': String(rank.globalRank) };
   if (!request.stream) {
@@ -338,6 +353,13 @@ async function serveGeneration(
   if (eventBudget <= 0) return dieAfterFlush(res);
   const writer = new SseWriter(res, new SseStream(generation), ctx.config.decodeMsPerToken, timer, eventBudget);
   timer.after(prefillMs, writer.run);
+}
+
+/** Whether the `ignoreRankHeader` hook has the request placed as without a header. */
+function headerIgnored(ignored: IgnoredHeader, kind: GenerationKind, rank: number): boolean {
+  if (ignored === undefined) return false;
+  const path = kind === 'chat' ? '/v1/chat/completions' : '/v1/completions';
+  return (ignored.paths?.includes(path) ?? false) || (ignored.ranks?.includes(rank) ?? false);
 }
 
 /** Frees the rank's slot exactly once when the response ends or the client goes, and stops its timer. */

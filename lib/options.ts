@@ -18,6 +18,7 @@ import type { Policy, PolicyName } from './types';
 import { parseUpstreams, type UpstreamConfig, type UpstreamEntry } from './upstreams/upstream-options';
 import { parseDisaggregation, type DisaggregationConfig, type DisaggregationOptions } from './disaggregation/options';
 import { parsePeers, type PeersConfig, type PeersOptions } from './peers/peer-options';
+import { parseReceipts, type ReceiptsConfig, type ReceiptsOptions } from './receipts/options';
 
 export type { HealthCheckConfig, LoadFeedbackConfig, OutlierDetectionConfig, UpstreamConfig };
 
@@ -94,6 +95,14 @@ interface ProxyOptions {
    * (docs/routing-quality.md). Default: off.
    */
   peers?: PeersOptions | false;
+  /**
+   * Route receipts: each routed request checked against what the engine reports after it (its
+   * KV events, its answer's usage), so that a rank header the server does not honour, or an exact
+   * index that no longer matches its cache, is counted, logged and routed around
+   * (docs/route-receipts.md). `false` turns them off. Default: on, with the defaults of
+   * {@link ReceiptsOptions} (each part applies where the router has what it needs).
+   */
+  receipts?: ReceiptsOptions | boolean;
 }
 
 /** Options of {@link dpRouter}: those of `dpRank()`, the upstream timeouts, and the proxy's own. */
@@ -154,6 +163,8 @@ export interface Configuration {
   readonly requestBuffering: BufferingConfig;
   /** The peer link; `undefined` when off (always, for `dpRank()`). */
   readonly peers: PeersConfig | undefined;
+  /** Route receipts; `undefined` when off (always, for `dpRank()`). */
+  readonly receipts: ReceiptsConfig | undefined;
 }
 
 const EXPOSE_DECISION = false;
@@ -173,7 +184,7 @@ const RANK_KEYS: KeysEnum<DpRankOptions> = {
   loadFeedback: true,
   logger: true,
 };
-const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true, disaggregation: true, admission: true, requestBuffering: true, peers: true };
+const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true, disaggregation: true, admission: true, requestBuffering: true, peers: true, receipts: true };
 const ROUTER_KEYS: KeysEnum<DpRouterOptions> = { ...RANK_KEYS, ...PROXY_KEYS };
 
 /**
@@ -220,6 +231,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
     disaggregation,
     admission: parseAdmission('admission', proxy.admission, hints.trust),
     peers: parsePeers('peers', proxy.peers),
+    receipts: proxying ? parseReceipts('receipts', proxy.receipts) : undefined,
   };
   for (const part of OWN_PARTS) freezePart(settings[part]);
   for (const upstream of upstreams) Object.freeze(upstream);
@@ -227,7 +239,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
 }
 
 /** The parts parsing made (the user's objects inside them, a registry or a store, stay as given). */
-const OWN_PARTS = ['upstreams', 'hints', 'metrics', 'affinity', 'prefixAware', 'timeouts', 'loadFeedback', 'outlierDetection', 'healthCheck', 'retries', 'requestBuffering', 'disaggregation', 'admission', 'peers'] as const satisfies ReadonlyArray<keyof Configuration>;
+const OWN_PARTS = ['upstreams', 'hints', 'metrics', 'affinity', 'prefixAware', 'timeouts', 'loadFeedback', 'outlierDetection', 'healthCheck', 'retries', 'requestBuffering', 'disaggregation', 'admission', 'peers', 'receipts'] as const satisfies ReadonlyArray<keyof Configuration>;
 
 function freezePart(part: object | undefined): void {
   if (part !== undefined) Object.freeze(part);

@@ -23,6 +23,7 @@ import { startPeers, type PeerLink } from './peers/peer-link';
 import { VllmBalancing } from './request/vllm-balancing';
 import { RankHeaderGuard } from './upstreams/rank-header-guard';
 import { createPeerMetrics } from './peers/metrics';
+import type { Receipts } from './receipts/receipts';
 
 /**
  * Everything one router runs on, built from its configuration in one place, in dependency
@@ -42,6 +43,8 @@ export class RouterServices {
   /** Metrics, tracing and logs of each event, told once. */
   readonly events: RouterEvents;
   readonly exact: ExactRouting | undefined;
+  /** Route receipts (`receipts`); `undefined` when off. */
+  readonly receipts: Receipts | undefined;
   readonly detector: OutlierDetector | undefined;
   readonly inputs: RequestInputs;
   readonly bodies: BodyReader;
@@ -80,6 +83,8 @@ export class RouterServices {
       scraped: (upstreams) => watchedUpstreams(upstreams, config.loadFeedback),
       // Read per request, once the model pools (built below) exist.
       isAdapter: (model) => this.models.pools.isAdapter(model),
+      // Whole requests only: a disaggregated request's cached tokens are its transfer's.
+      receipts: config.disaggregation === undefined ? config.receipts : undefined,
     }));
     this.started.push(() => pool.close());
     this.policy = policy;
@@ -87,6 +92,7 @@ export class RouterServices {
     this.metrics = pool.metrics;
     this.events = pool.events;
     this.exact = pool.exact;
+    this.receipts = pool.receipts;
     this.detector = pool.detector;
     this.inputs = pool.inputs;
     const unusedKvEvents = unusedKvEventsNotice(table.upstreams, pool.exact !== undefined, policy.name);

@@ -27,6 +27,9 @@ const FAMILIES = [
   'dp_router_time_to_first_token_seconds',
   'dp_router_retries_total',
   'dp_router_ejections_total',
+  'dp_router_route_receipts_total',
+  'dp_router_prompt_cached_tokens_total',
+  'dp_router_upstream_rank_honoured',
   // vLLM's own, scraped from its API servers (the vllm job), beside the gateway's traffic.
   'vllm:prefix_cache_hits_total',
   'vllm:prefix_cache_queries_total',

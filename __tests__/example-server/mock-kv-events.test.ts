@@ -202,6 +202,24 @@ describe('mock vLLM with kvEvents', () => {
     expect(hit.usage.prompt_tokens_details.cached_tokens).toBe(2 * BLOCK);
   });
 
+  it('drops blocks silently on dropBlocksSilently(): the index still holds them, the engine computes them again', async () => {
+    const mock = await startMock();
+    const { index, recorder } = await feed(mock);
+    const a = promptOfBlocks(router(mock), 4, 'gamma');
+    let stored = recorder.count(0, 'stored');
+    await complete(mock, 0, a.prompt);
+    await storedOn(recorder, 0, ++stored);
+    const removed = recorder.count(0, 'removed');
+    mock.dropBlocksSilently(0);
+    const again = await complete(mock, 0, a.prompt);
+    expect(again.usage.prompt_tokens_details).toBeUndefined();
+    await storedOn(recorder, 0, ++stored);
+    // Stored again, and no removal ever said they were gone.
+    expect(recorder.count(0, 'removed')).toBe(removed);
+    expect(recorder.count(0, 'cleared')).toBe(0);
+    expect(index.match(a.tokens).matchedBlocks[0]).toBe(4);
+  });
+
   it("repairs a missed batch through the rank's replay socket", async () => {
     const mock = await startMock({ dataParallelSize: 1 });
     const { index, recorder } = await feed(mock);

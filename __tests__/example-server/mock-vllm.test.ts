@@ -358,7 +358,8 @@ describe('mock vLLM: load and cache', () => {
     const prompt = 'The quick brown fox jumps over the lazy dog. '.repeat(20).slice(0, 645); // 10 full blocks + 5 chars
     const cachedOf = async (rank: string) => {
       const res = await post(server, '/v1/completions', { prompt, max_tokens: 1 }, { 'x-data-parallel-rank': rank });
-      return ((await res.json()) as any).usage.prompt_tokens_details.cached_tokens;
+      // vLLM leaves prompt_tokens_details out when nothing was cached (chat_completion/serving.py:1384 at 52a31cc).
+      return ((await res.json()) as any).usage.prompt_tokens_details?.cached_tokens ?? 0;
     };
     expect(await cachedOf('0')).toBe(0);
     expect(await cachedOf('0')).toBe(160);
@@ -381,7 +382,7 @@ describe('mock vLLM: load and cache', () => {
     const cached = [];
     for (let i = 0; i < 2; i++) {
       const res = await post(server, '/v1/completions', { prompt, max_tokens: 1 }, { 'x-data-parallel-rank': '0' });
-      cached.push(((await res.json()) as any).usage.prompt_tokens_details.cached_tokens);
+      cached.push(((await res.json()) as any).usage.prompt_tokens_details?.cached_tokens ?? 0);
     }
     expect(cached).toEqual([0, 144]);
   });
@@ -403,6 +404,37 @@ describe('mock vLLM: load and cache', () => {
     };
     expect(await timeOne()).toBeGreaterThanOrEqual(195);
     expect(await timeOne()).toBeLessThan(100);
+  });
+});
+
+describe('mock vLLM: what route receipts read', () => {
+  const prompt = 'The quick brown fox jumps over the lazy dog. '.repeat(20).slice(0, 645); // 10 full blocks + 5 chars
+  const usageOf = async (server: MockVllm, rank: string) => ((await (await post(server, '/v1/completions', { prompt, max_tokens: 1 }, { 'x-data-parallel-rank': rank })).json()) as any).usage;
+
+  it('reports prompt_tokens_details only when tokens were cached, as vLLM with --enable-prompt-tokens-details', async () => {
+    const server = await mock();
+    // vllm/entrypoints/openai/completion/serving.py:584-590 at 52a31cc: set only `if … num_cached_tokens`.
+    expect(await usageOf(server, '0')).toEqual({ prompt_tokens: 162, total_tokens: 163, completion_tokens: 1 });
+    expect((await usageOf(server, '0')).prompt_tokens_details).toEqual({ cached_tokens: 160 });
+  });
+
+  it('reports no prompt_tokens_details with promptTokensDetails: false (vLLM without the flag)', async () => {
+    const server = await mock({ promptTokensDetails: false });
+    await usageOf(server, '0');
+    expect(await usageOf(server, '0')).toEqual({ prompt_tokens: 162, total_tokens: 163, completion_tokens: 1 });
+    expect(server.stats().perRank[0].cachedTokens).toBe(160);
+  });
+
+  it('places requests as without a header on the paths and ranks ignoreRankHeader names', async () => {
+    const server = await mock();
+    const rankOf = async (path: string, rank: string) => (await post(server, path, path === '/v1/completions' ? { prompt: 'x', max_tokens: 1 } : chat('x', { max_tokens: 1 }), { 'x-data-parallel-rank': rank })).headers.get('x-mock-rank');
+    server.ignoreRankHeader = { paths: ['/v1/chat/completions'], ranks: [3] };
+    expect(await rankOf('/v1/chat/completions', '2')).toBe('0');
+    expect(await rankOf('/v1/completions', '2')).toBe('2');
+    expect(await rankOf('/v1/completions', '3')).toBe('0');
+    expect(server.stats().requests.map((record) => record.rankHeaders)).toEqual([['2'], ['2'], ['3']]);
+    server.ignoreRankHeader = undefined;
+    expect(await rankOf('/v1/chat/completions', '2')).toBe('2');
   });
 });
 

@@ -126,8 +126,9 @@ describe('properties over hostile input', () => {
       upstream: ['node-a'],
       // 'vllm': the fixed label of requests vLLM balances itself (paths it does not route by header).
       rank: [...ROUTABLE, 'vllm'],
-      source: ['hint', 'assigned'],
-      outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable'],
+      // Each closed set: decisions and hints, then route receipts' (cached tokens by source, receipts by outcome).
+      source: ['hint', 'assigned', 'predicted', 'reported'],
+      outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable', 'confirmed', 'elsewhere', 'unseen', 'cached'],
       kind: ['connect', 'timeout', 'reset', 'status_5xx'],
       evidence: ['answer', 'metrics'],
     };

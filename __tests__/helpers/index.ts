@@ -14,3 +14,4 @@ export * from './redis'; // a real redis-server on a free loopback port, killed 
 export * from './vllm'; // a mock vLLM that can be killed and restarted on its port
 export * from './udp'; // free UDP ports, datagrams sent to a port
 export * from './wait'; // waitFor (events, not sleeps), sleep
+export * from './relay'; // an HTTP relay between gateway and upstream that rewrites requests (strips a header)

@@ -64,7 +64,8 @@ async function main(): Promise<void> {
     req.resume();
     req.on('end', () => {
       res.writeHead(200, { 'content-type': 'application/json' });
-      res.end('{}');
+      // What vLLM with --enable-prompt-tokens-details reports: the receipts of prefix-aware picks.
+      res.end('{"usage":{"prompt_tokens":100,"total_tokens":101,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":96}}}');
     });
   });
   await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve));
@@ -87,7 +88,7 @@ async function main(): Promise<void> {
     outlierDetection: { consecutiveFailures: 1 },
   });
   const failing = dpRouter({ upstreams: [{ url: refusedUrl, name: 'refused' }], metrics: false, logger: false });
-  const prefixed = dpRouter({ upstreams: [{ url: upstreamUrl, name: 'echo', dataParallelSize: 4 }], policy: 'prefix-aware', metrics: false, logger: false });
+  const prefixed = dpRouter({ upstreams: [{ url: upstreamUrl, name: 'echo', dataParallelSize: 4 }], policy: 'prefix-aware', metrics: false, logger: false, receipts: { usageEvery: 1 } });
   const app = express();
   app.use('/retried', retried);
   app.use('/failing', failing);

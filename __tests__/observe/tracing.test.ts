@@ -69,6 +69,13 @@ describe('OpenTelemetry with the real SDK and the HTTP and Express instrumentati
     expect(gatewaySpan('assigned').attributes['dp_router.index']).toBeUndefined();
   });
 
+  it("records the route receipt of a prefix-aware pick on the span when the answer ends: cached tokens predicted and reported", () => {
+    // Approximate picks predict a share of the prompt: none for the new one, all of it (100 tokens) for the one seen.
+    expect(gatewaySpan('prefix-new').attributes).toMatchObject({ 'dp_router.cached_tokens.predicted': 0, 'dp_router.cached_tokens.reported': 96 });
+    expect(gatewaySpan('prefix-seen').attributes).toMatchObject({ 'dp_router.cached_tokens.predicted': 100, 'dp_router.cached_tokens.reported': 96 });
+    expect(gatewaySpan('assigned').attributes['dp_router.cached_tokens.reported']).toBeUndefined();
+  });
+
   it("replaces a client's tracestate with the gateway's context when tracing (item 22.16)", () => {
     const seen = (name: string) => run.seen.find((request) => request.url.endsWith(`case=${name}`))!;
     // Continued trace: the caller's trace state travels in the gateway's own context, once.
@@ -126,6 +133,17 @@ describe('without tracing', () => {
     };
     expect(createTracing('round-robin', missing)).toBe(NO_TRACING);
     expect(createTracing('round-robin', () => ({}))).toBe(NO_TRACING);
+  });
+
+  it("puts a request's KV receipt on the span its decision went on, when the answer ends", () => {
+    const attributes: Record<string, unknown> = {};
+    const span = { isRecording: () => true, setAttribute: (key: string, value: unknown) => (attributes[key] = value), addEvent: () => undefined, setStatus: () => undefined };
+    const api = { trace: { getActiveSpan: () => span }, context: { active: () => ({ getValue: () => undefined }) }, propagation: { inject: () => undefined }, SpanStatusCode: { ERROR: 2 } };
+    const tracing = createTracing('prefix-aware', () => api);
+    const req = {} as never;
+    tracing.decided(req, { key: 'mock#1', upstream: 'mock', rank: 1, inflight: 0, load: 0, healthy: true }, 'assigned', undefined, {});
+    tracing.receipted(req, 'confirmed', 32, 48);
+    expect(attributes).toMatchObject({ 'dp_router.receipt': 'confirmed', 'dp_router.cached_tokens.predicted': 32, 'dp_router.cached_tokens.reported': 48 });
   });
 
   it('changes nothing on the proxied request when no span is recording (API installed, no SDK)', async () => {

@@ -137,6 +137,8 @@ export interface Generation {
   rank: number;
   promptTokens: number;
   cachedTokens: number;
+  /** vLLM's `--enable-prompt-tokens-details`. */
+  reportsCached: boolean;
 }
 
 function usage(generation: Generation) {
@@ -145,7 +147,8 @@ function usage(generation: Generation) {
     prompt_tokens: generation.promptTokens,
     total_tokens: generation.promptTokens + completionTokens,
     completion_tokens: completionTokens,
-    prompt_tokens_details: { cached_tokens: generation.cachedTokens },
+    // Only with cached tokens: vllm/entrypoints/openai/chat_completion/serving.py:952 and 1384 (52a31cc).
+    ...(generation.reportsCached && generation.cachedTokens > 0 && { prompt_tokens_details: { cached_tokens: generation.cachedTokens } }),
   };
 }
 

@@ -127,6 +127,11 @@ export class TokenPrefixCache {
     return this.blocks.size / this.capacityBlocks;
   }
 
+  /** Drops every block, reporting nothing (a test's fault: removals its subscribers never see). */
+  dropSilently(): void {
+    this.blocks.clear();
+  }
+
   /** Counts the cached leading tokens of `ids` (under `adapter`'s name when given), then caches its full blocks (at most the capacity's worth). */
   admit(ids: readonly number[], adapter?: MockAdapter): TokenAdmission {
     const size = this.blockTokens;

@@ -76,6 +76,12 @@ export interface MockVllmOptions {
    * this order), `lora_name` and `extra_keys` `[[name], …]`, as vLLM's. Default: `[]`.
    */
   loraModules?: string[];
+  /**
+   * Report `usage.prompt_tokens_details.cached_tokens` as vLLM's `--enable-prompt-tokens-details`
+   * does: only when some prompt tokens were cached (vLLM leaves the member out otherwise). vLLM's
+   * own default is off. Default: `true`.
+   */
+  promptTokensDetails?: boolean;
 }
 
 /** Where and how the mock publishes KV events (see {@link MockVllmOptions.kvEvents}). */
@@ -205,4 +211,16 @@ export interface MockVllm {
   readonly bootstrapPort: number | undefined;
   /** With `role`: each served global rank's engine id. */
   readonly engineIds: ReadonlyMap<number, string> | undefined;
+  /**
+   * Test hook: generation requests on these paths, or whose rank header asks for one of these
+   * global ranks, are placed as without a header (vLLM's own balancing), as a front end that does
+   * not route them by header would. `undefined`: the header is read as vLLM reads it.
+   */
+  ignoreRankHeader: { paths?: readonly string[]; ranks?: readonly number[] } | undefined;
+  /**
+   * Test hook: `rank`'s (every rank's, without one) cached blocks are dropped without a
+   * `BlockRemoved` or `AllBlocksCleared` event, as by an engine whose removals never reach its
+   * subscribers: an index built from the events then holds blocks the engine does not.
+   */
+  dropBlocksSilently(rank?: number): void;
 }

@@ -30,6 +30,7 @@ import { createKvEventSubscriber, type KvEventSubscriber, type KvEventType, type
 import { PromptTokenizer, type PromptKind } from './tokenizer/tokenizer';
 import { TokenizerAgreement } from './tokenizer/tokenizer-agreement';
 import { partsOf } from './tokenizer/id-parts';
+import type { ExactGate, ExactReceipts } from '../receipts/ticket';
 
 export { ExactPick, type ExactLookup, type IndexSource } from './index/exact-pick';
 
@@ -66,6 +67,8 @@ export interface ExactRoutingOptions {
   isAdapter?: (model: string) => boolean;
   /** Told once per kind of trouble (a disagreeing tokenizer, a failing stream). */
   warn?: (message: string) => void;
+  /** Route receipts: each upstream is routed through its gate, its stored blocks told, each exact pick ticketed. */
+  receipts?: ExactReceipts;
   /** The clock. Default: `Date.now`. */
   now?: () => number;
 }
@@ -101,6 +104,8 @@ interface UpstreamStream {
   /** Per rank: when the oldest request still waiting for a batch was routed (absent: none). */
   readonly awaiting: Map<number, number>;
   readonly labels: Map<number, { upstream: string; rank: string }>;
+  /** With route receipts: whether they let the upstream be scored on the exact index, and where its picks' tickets come from. */
+  readonly gate: ExactGate | undefined;
 }
 
 /** Starts the subscriptions of every upstream with `kvEvents`; throws on a wrong endpoint or a missing package. */
@@ -122,6 +127,8 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
   function start(upstream: ExactUpstream): UpstreamStream {
     const events = upstream.kvEvents!;
     const index = new KvExactIndex({ ranks: upstream.ranks });
+    const gate = options.receipts?.follow(upstream.name, index);
+    index.observer = gate;
     const awaiting = new Map<number, number>();
     const labels = new Map(upstream.ranks.map((rank) => [rank, { upstream: upstream.name, rank: String(rank) }]));
     const agreement = new TokenizerAgreement({
@@ -159,7 +166,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
         },
       },
     });
-    const stream: UpstreamStream = { upstream, signature: signatureOf(upstream), index, memo: new PromptKeysMemo(), subscriber, agreement, awaiting, labels };
+    const stream: UpstreamStream = { upstream, signature: signatureOf(upstream), index, memo: new PromptKeysMemo(), subscriber, agreement, awaiting, labels, gate };
     metrics?.track(stream);
     return stream;
   }
@@ -171,7 +178,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
   }
 
   function serving(stream: UpstreamStream, rank: number): boolean {
-    if (!stream.subscriber.isFresh(rank) || !stream.agreement.agreeing) return false;
+    if (!stream.subscriber.isFresh(rank) || !stream.agreement.agreeing || (stream.gate !== undefined && !stream.gate.exact)) return false;
     const since = stream.awaiting.get(rank);
     return since === undefined || now() - since <= confirmAfterMs;
   }
@@ -252,15 +259,31 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
       matched[at] = blocks[stream.index.positionOf(candidate.rank)];
     }
     if (promptBlocks === 0) return undefined;
-    return new ExactPick(promptBlocks, matched, (at) => {
+    const pick: ExactPick = new ExactPick(promptBlocks, matched, (at) => {
       const chosen = candidates[at];
       const stream = streams.get(chosen.upstream)!;
       const time = now();
       const loraName = adapterIn(stream);
-      stream.index.speculate(chosen.rank, tokens, time + speculativeMs, { loraName, keys: keysOf.get(stream) });
+      const keys = keysOf.get(stream);
+      stream.index.speculate(chosen.rank, tokens, time + speculativeMs, { loraName, keys });
       if (matched[at] < promptBlocks && !stream.awaiting.has(chosen.rank)) stream.awaiting.set(chosen.rank, time);
       stream.agreement.offer(kind, body, tokens);
+      // Blocks are counted in the first upstream's size: a receipt needs the chosen one's own.
+      if (stream.gate !== undefined && keys !== undefined && keys.size === stream.index.blockSize && Math.floor(tokens.length / keys.size) === promptBlocks) {
+        pick.ticket = stream.gate.chose({
+          rank: chosen.rank,
+          path: kind,
+          tokens: tokens.length,
+          prompts: outcome.prompts.length,
+          promptBlocks,
+          blockSize: keys.size,
+          matched: matched[at],
+          lastKey: keys.values.length >= promptBlocks ? keys.values[promptBlocks - 1] : NaN,
+          heldElsewhere: heldElsewhere(candidates, matched, at, promptBlocks),
+        });
+      }
     });
+    return pick;
   }
 
   return {
@@ -293,6 +316,13 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
       await Promise.all(stopping);
     },
   };
+}
+
+/** Whether another candidate of the chosen one's upstream holds the whole prompt. */
+function heldElsewhere(candidates: readonly Endpoint[], matched: Int32Array, at: number, promptBlocks: number): boolean {
+  const upstream = candidates[at].upstream;
+  for (let c = 0; c < candidates.length; c++) if (c !== at && matched[c] >= promptBlocks && candidates[c].upstream === upstream) return true;
+  return false;
 }
 
 /** The prompt kind of an OpenAI endpoint's path (mount path and query allowed), or `undefined` for one whose prompt is not tokenized. */

@@ -20,6 +20,7 @@ import type { ModelRouting } from '../pools/model-routing';
 import type { VllmBalancing } from '../request/vllm-balancing';
 import type { RankHeaderGuard } from '../upstreams/rank-header-guard';
 import { watchRankRejection } from '../upstreams/rank-rejection';
+import type { Receipts } from '../receipts/receipts';
 
 /** What the forwarder works with, built before it. */
 export interface ForwarderParts {
@@ -36,6 +37,8 @@ export interface ForwarderParts {
   readonly balancing: VllmBalancing;
   /** Told of vLLM's refusals of a rank header. */
   readonly rankHeaders: RankHeaderGuard;
+  /** Route receipts; `undefined` when off. */
+  readonly receipts: Receipts | undefined;
 }
 
 /**
@@ -56,6 +59,7 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
   private readonly admission: Admission | undefined;
   private readonly balancing: VllmBalancing;
   private readonly rankHeaders: RankHeaderGuard;
+  private readonly receipts: Receipts | undefined;
   /** Whether the policy learns from each endpoint's first tokens (`learnsFirstTokens`). */
   private readonly countsFirstTokens: boolean;
   /** Whether anything but the peers reads first tokens (the metrics, the policy): otherwise only a request with prefill announced is watched. */
@@ -83,6 +87,7 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
     this.admission = parts.admission;
     this.balancing = parts.balancing;
     this.rankHeaders = parts.rankHeaders;
+    this.receipts = parts.receipts;
     this.countsFirstTokens = parts.policy.learnsFirstTokens === true;
     this.watchesFirstTokens = this.countsFirstTokens || parts.metrics !== NO_METRICS;
     this.stripHopByHop = upstreamRequestStripper(parts.config.header);
@@ -164,13 +169,14 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
   }
 
   /** The upstream began to answer. */
-  answered(route: RouteState, req: RoutedRequest, _res: ServerResponse, answer: IncomingMessage): void {
+  answered(route: RouteState, req: RoutedRequest, res: ServerResponse, answer: IncomingMessage): void {
     route.responding();
     const endpoint = route.endpoint!;
     // One scan of the stream for everyone who reads its first token, gone at that token.
     if (this.watchesFirstTokens || route.prefillBlocks > 0) answeredFirst(endpoint, answer, route.started, this, route);
     if (route.ticket !== undefined && this.admission!.counts) this.admission!.count(route.ticket, answer);
     if (endpoint.headerValue !== undefined) watchRankRejection(answer, (refused, numRanks) => this.rankHeaders.refused(endpoint, refused, numRanks));
+    if (route.receipt !== undefined) this.receipts!.answered(route.receipt, endpoint, req, res, answer);
     if (answer.statusCode !== undefined && answer.statusCode >= 500) {
       this.metrics.upstreamError(endpoint, 'status_5xx');
       this.detector?.failed(endpoint, 'request', req);

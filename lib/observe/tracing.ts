@@ -45,6 +45,11 @@ export interface Tracing {
   answeredError(res: ServerResponse, status: number, message: string): void;
   /** One leg of a disaggregated request was sent to `endpoint` (an event on the request's span). */
   legSent(req: IncomingMessage, leg: 'prefill' | 'decode', endpoint: Endpoint): void;
+  /**
+   * The request's route receipts, when its answer ended: the KV receipt's outcome (`pending`
+   * while its blocks are awaited), and the cached prompt tokens predicted and reported.
+   */
+  receipted(req: IncomingMessage, outcome: string | undefined, predicted: number | undefined, reported: number | undefined): void;
 }
 
 export const NO_TRACING: Tracing = {
@@ -56,6 +61,7 @@ export const NO_TRACING: Tracing = {
   ejected: () => undefined,
   answeredError: () => undefined,
   legSent: () => undefined,
+  receipted: () => undefined,
 };
 
 /**
@@ -159,6 +165,14 @@ export function createTracing(policy: string, load: () => unknown = requireApi):
       const span = spans.get(req);
       if (span === undefined) return;
       span.addEvent(`dp_router.${leg}`, { 'dp_router.upstream': endpoint.upstream, 'dp_router.rank': endpoint.rank });
+    },
+    receipted(req, outcome, predicted, reported) {
+      // The answer ended, and the server span with it only once the response does.
+      const span = spans.get(req);
+      if (span === undefined || !span.isRecording()) return;
+      if (outcome !== undefined) span.setAttribute('dp_router.receipt', outcome);
+      if (predicted !== undefined) span.setAttribute('dp_router.cached_tokens.predicted', predicted);
+      if (reported !== undefined) span.setAttribute('dp_router.cached_tokens.reported', reported);
     },
   };
 }

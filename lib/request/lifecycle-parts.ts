@@ -13,6 +13,7 @@ import type { RequestInputs } from './request-inputs';
 import type { RouteState, RoutedRequest } from './route-state';
 import type { PeerAnnouncer } from '../peers/peer-link';
 import type { VllmBalancing } from './vllm-balancing';
+import type { Receipts } from '../receipts/receipts';
 
 /**
  * What follows a decision, injected at construction: dpRank's hand-on to the next middleware,
@@ -53,4 +54,6 @@ export interface LifecycleParts {
   readonly admission: Admission | undefined;
   /** Where requests go that vLLM balances itself. */
   readonly balancing: VllmBalancing;
+  /** Route receipts (dpRouter's `receipts`); `undefined` when off, and always for dpRank. */
+  readonly receipts?: Receipts | undefined;
 }

@@ -22,6 +22,7 @@ import { hintRejection } from './hint-rejection';
 import { balancedByVllm } from './vllm-paths';
 import type { VllmBalancing } from './vllm-balancing';
 import type { LifecycleParts, Terminal } from './lifecycle-parts';
+import type { Receipts } from '../receipts/receipts';
 
 export type { Next } from './body-reader';
 export type { LifecycleParts, Terminal } from './lifecycle-parts';
@@ -76,6 +77,8 @@ export class RequestLifecycle {
   private readonly buffered: AfterBody;
   /** After a body routing reads: its members into `route.view` (400 for one that is not JSON), then decide. */
   private readonly routed: AfterBody;
+  /** Route receipts: each pick's ticket goes on its request. */
+  private readonly receipts: Receipts | undefined;
   /** Whether a body all in the stream's buffer is taken at once, without waiting for its end (not for a terminal that {@link Terminal.handsOn}). */
   private readonly takesArrived: boolean;
   /** Whether request buffering lets a body that arrived whole with its headers go on unread (dpRouter with `requestBuffering`). */
@@ -104,7 +107,8 @@ export class RequestLifecycle {
     this.namesIndex = config.exposeDecision && policy.namesIndex === true;
     this.reportsShare = parts.tracing.enabled && policy.reportsMatchedShare === true;
     const admission = (this.admission = parts.admission);
-    this.reports = { config, metrics: parts.metrics, events: parts.events, freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint), peers: parts.peers, hintMember: parts.inputs.hintMember };
+    const receipts = (this.receipts = parts.receipts);
+    this.reports = { config, metrics: parts.metrics, events: parts.events, freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint), peers: parts.peers, hintMember: parts.inputs.hintMember, claims: receipts?.claims, receiptClosed: receipts?.closed };
     this.announcesPrefill = parts.peers !== undefined && policy.uncachedBlocks !== undefined;
     this.takesArrived = terminal.handsOn !== true;
     this.passesArrived = this.takesArrived && this.bufferMaxBytes > 0;
@@ -276,6 +280,7 @@ export class RequestLifecycle {
       return;
     }
     if (this.announcesPrefill) route.prefillBlocks = policy.uncachedBlocks!;
+    if (this.receipts !== undefined) this.receipts.decided(route, chosen, picking.exact?.ticket, body?.members, prompt !== undefined && policy.reportsMatchedShare === true ? policy.matchedShare : undefined);
     const index = picking.exact?.source ?? 'approximate';
     const note = this.namesIndex ? `; index=${index}` : undefined;
     this.assign(req, res, next, route, chosen, 'assigned', verdict.outcome === 'none' ? undefined : verdict.outcome, note, this.reportsShare && prompt !== undefined ? index : undefined);

@@ -11,6 +11,7 @@ import type { AdmissionTicket } from '../admission/admission';
 import type { DeadlineList, Deadlined } from '../forward/deadline-list';
 import { carrierOf, setDpRank, type Carrier } from './response-carrier';
 import type { PeerAnnouncer } from '../peers/peer-link';
+import type { RouteTicket } from '../receipts/ticket';
 
 /**
  * Where a request stands: `deciding` until it has an endpoint (and while its retry body is
@@ -40,6 +41,10 @@ export interface RouteReports {
   readonly peers: PeerAnnouncer | undefined;
   /** `hints.bodyField` as a member's start, `"name":`, for a body without it. */
   readonly hintMember?: Buffer;
+  /** Route receipts: whether the rank header is sent (not to an upstream that does not honour it); `undefined` without them. */
+  readonly claims?: ((endpoint: RouteEndpoint, receipt: RouteTicket | undefined) => boolean) | undefined;
+  /** Route receipts: the response of a request with a receipt closed, after `answer` (the upstream's, when there was one). */
+  readonly receiptClosed?: ((receipt: RouteTicket, answer: IncomingMessage | null | undefined) => void) | undefined;
 }
 
 /**
@@ -112,6 +117,8 @@ export class RouteState implements Deadlined {
    * otherwise. Its connects are cut to fit ({@link armDeadlines}) and it is not retried past it.
    */
   leaseEnds = 0;
+  /** With route receipts: what the request's receipts are judged against (a retry drops it). */
+  receipt: RouteTicket | undefined = undefined;
   /** Whether the response's close is watched (one listener per request, see {@link watch}). */
   private watching = false;
 
@@ -143,6 +150,7 @@ export class RouteState implements Deadlined {
    */
   moveTo(req: RoutedRequest, res: ServerResponse, next: RouteEndpoint): void {
     const failed = this.endpoint!;
+    this.receipt = undefined;
     this.reports.events.retried(req, failed, next);
     failed.inflight--;
     failed.sentBlocks -= this.prefillBlocks;
@@ -276,12 +284,15 @@ export class RouteState implements Deadlined {
     metrics.dispatched(endpoint, source);
     const { header } = config;
     const { headers } = this;
-    if (endpoint.headerValue !== undefined) headers[header] = endpoint.headerValue;
+    const { claims } = this.reports;
+    // A client's own hint is its claim, not the router's: receipts judge only the router's picks.
+    const claimed = claims === undefined || source === 'hint' || claims(endpoint, this.receipt);
+    if (endpoint.headerValue !== undefined && claimed) headers[header] = endpoint.headerValue;
     else if (headers[header] !== undefined) delete headers[header];
     this.endpoint = endpoint;
     this.carryRank(req, endpoint);
     setDpRank(req, res, (this.carrier ??= carrierOf(res)), endpoint.decisions[source]);
-    if (config.exposeDecision) res.setHeader(DECISION_HEADER, note === undefined ? endpoint.receipts[source] : endpoint.receipts[source] + note);
+    if (config.exposeDecision) res.setHeader(DECISION_HEADER, (note === undefined ? endpoint.receipts[source] : endpoint.receipts[source] + note) + (claimed ? '' : UNCLAIMED));
   }
 
   /**
@@ -321,6 +332,7 @@ export class RouteState implements Deadlined {
     // cannot cache): one that came whole has nothing left to stop.
     const upstream = this.upstreamRequest as UpstreamRequest | undefined;
     if (upstream !== undefined && upstream.res?.complete !== true) upstream.destroy();
+    if (this.receipt !== undefined) this.reports.receiptClosed!(this.receipt, upstream?.res);
     held.inflight--;
     this.reports.metrics.finished(held, (performance.now() - this.started) / 1000);
     if (held.balanced) return;
@@ -348,6 +360,8 @@ type UpstreamRequest = ClientRequest & { res?: IncomingMessage | null };
 
 /** The response header `exposeDecision` answers with. */
 export const DECISION_HEADER = 'x-dp-router-decision';
+/** What the decision header adds for a request sent without a rank header, that vLLM balances (route receipts). */
+const UNCLAIMED = '; rank_claimed=false';
 
 export interface RoutedRequest extends IncomingMessage {
   /** Set by body parsers such as `express.json()`. */

@@ -15,6 +15,8 @@ import { EndpointTable, type RouteEndpoint } from './endpoints';
 import { startHealthChecks, type HealthChange, type HealthChecker } from './health-checker';
 import { OutlierDetector } from './outlier-detector';
 import type { UpstreamConfig } from './upstream-options';
+import type { ReceiptsConfig } from '../receipts/options';
+import { Receipts } from '../receipts/receipts';
 
 /** What one pool of upstreams is built from. */
 export interface PoolParts {
@@ -35,6 +37,8 @@ export interface PoolParts {
   readonly tellsHealthOf?: (endpoint: RouteEndpoint) => boolean;
   /** Whether a model name is a LoRA adapter (the model pools'), for exact routing. Default: as KV events say. */
   readonly isAdapter?: (model: string) => boolean;
+  /** Route receipts of this pool's requests (`receipts`, whole requests only). Default: none. */
+  readonly receipts?: ReceiptsConfig;
 }
 
 const NOT_SCRAPED = (): string[] => [];
@@ -75,6 +79,8 @@ export class UpstreamPool {
   /** Metrics, tracing and logs of this pool's events, told once. */
   readonly events: RouterEvents;
   readonly exact: ExactRouting | undefined;
+  /** Route receipts; `undefined` when off. */
+  readonly receipts: Receipts | undefined;
   readonly detector: OutlierDetector | undefined;
   readonly inputs: RequestInputs;
   private health: HealthChecker | undefined;
@@ -91,6 +97,12 @@ export class UpstreamPool {
     const metrics = (this.metrics = config.metrics ? createMetrics(parts.registry, config.metrics.prefix, table, scraped(table.upstreams)) : NO_METRICS);
     this.started.push(() => metrics.close());
     const events = (this.events = createEvents(metrics, parts.tracing, config.logger, policy.name, config.healthCheck));
+    // Before exact routing, which routes each upstream through the receipts' gate.
+    const receipts = (this.receipts =
+      parts.receipts === undefined
+        ? undefined
+        : new Receipts({ config: parts.receipts, upstreams: table.upstreams, header: config.header, metrics: config.metrics, logger: config.logger, tracing: parts.tracing }));
+    if (receipts !== undefined) this.started.push(() => receipts.close());
     // Exact prefix routing: with a tokenizer, every upstream with `kvEvents` is subscribed to.
     const { tokenizer } = parts;
     const exact = (this.exact =
@@ -102,6 +114,7 @@ export class UpstreamPool {
             metrics: config.metrics,
             isAdapter: parts.isAdapter,
             warn: (message) => config.logger.warn(message),
+            receipts,
           }));
     if (exact !== undefined) this.started.push(() => exact.close());
     const detector = (this.detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection, { ejected: (endpoint) => events.ejected(endpoint as RouteEndpoint) }) : undefined);
@@ -122,6 +135,7 @@ export class UpstreamPool {
     const { healthCheck } = this.parts.config;
     const change = table.reconfigure(upstreams);
     this.metrics.track(change, this.scraped(table.upstreams));
+    this.receipts?.reconfigure(table.upstreams);
     this.exact?.reconfigure(table.upstreams);
     if (healthCheck) {
       this.health?.stop();

@@ -26,6 +26,14 @@ import { SpeculativeEntries } from './speculative-entries';
 
 export type { BlockKeys } from './block-keys';
 
+/** What is told of the blocks the events store (route receipts). */
+export interface BlockObserver {
+  /** `rank` stored the block with router key `key`. */
+  stored(rank: number, key: number): void;
+  /** `rank` stored blocks under a parent the index does not know: they are not indexed. */
+  orphaned(rank: number): void;
+}
+
 /** What receives decoded events: the subscriber's view of an index. */
 export interface KvEventSink {
   /** Applies one event to `rank`; false when the event cannot be applied (counted invalid). */
@@ -129,6 +137,8 @@ export class KvExactIndex implements KvEventSink {
    * store, so one rank's odd event cannot turn the others off); 0 before any.
    */
   blockSize = 0;
+  /** Told what the events store (route receipts, lib/receipts). */
+  observer: BlockObserver | undefined = undefined;
 
   constructor(options: KvExactIndexOptions) {
     this.ranks = [...options.ranks];
@@ -149,6 +159,12 @@ export class KvExactIndex implements KvEventSink {
   blockCount(rank: number): number {
     const at = this.position.get(rank);
     return at === undefined ? 0 : this.states[at].blocks.size;
+  }
+
+  /** Whether `rank`'s events stored the block with router key `key` (speculative entries aside). */
+  heldBy(rank: number, key: number): boolean {
+    const at = this.position.get(rank);
+    return at !== undefined && this.states[at].blocks.has(key);
   }
 
   /** Blocks held over all ranks. */
@@ -190,16 +206,21 @@ export class KvExactIndex implements KvEventSink {
         else chain = this.parentKey(state, event.parentBlockHash);
         // An unknown parent (stored before this index listened, or evicted here): the chain
         // cannot be keyed, and a request could not reach these blocks through it anyway.
-        if (chain === undefined) return true;
+        if (chain === undefined) {
+          this.observer?.orphaned(rank);
+          return true;
+        }
         if (event.loraName !== null && !this.adapters.has(event.loraName)) {
           if (this.adapters.size >= 1024) this.adapters.clear();
           this.adapters.add(event.loraName);
         }
         const size = event.blockSize;
+        const observer = this.observer;
         for (let i = 0; i < event.blockHashes.length; i++) {
           if (event.extraKeyed !== null && event.extraKeyed[i]) break;
           chain = chainHash(this.key, DOMAIN_BLOCK, chain, event.tokenIds, i * size, size);
           this.insert(state, chain, engineHashKey(this.key, event.blockHashes[i]));
+          if (observer !== undefined) observer.stored(rank, chain);
         }
         return true;
       }

@@ -4,6 +4,7 @@
  * packages' types.
  */
 import type { Endpoint, IndexSource } from '../../types';
+import type { RouteTicket } from '../../receipts/ticket';
 
 export type { IndexSource } from '../../types';
 
@@ -14,6 +15,8 @@ export type { IndexSource } from '../../types';
 export class ExactPick {
   /** Set by {@link chose}: which index scored the chosen endpoint. */
   source: IndexSource = 'approximate';
+  /** Set by {@link chose} with route receipts on: what the chosen endpoint's receipts are judged against. */
+  ticket: RouteTicket | undefined = undefined;
 
   constructor(
     /** The prompt's full blocks (of the engine's block size). */

@@ -1,0 +1,71 @@
+import { describe, expect, it } from '@jest/globals';
+import { UpstreamVerdicts, type KvOutcome, type VerdictSettings } from '../../lib/receipts/verdict';
+import { seededRng as seeded } from '../../bench/routing/rng';
+
+const SETTINGS: VerdictSettings = { window: 32, minReceipts: 10, elsewhereShare: 0.3, missShare: 0.5, probeEvery: 10 };
+
+describe('UpstreamVerdicts', () => {
+  it('takes the rank header as not honoured once a window of enough receipts is elsewhere past the share, with the breakdown', () => {
+    const verdicts = new UpstreamVerdicts(SETTINGS);
+    const outcomes: Array<[KvOutcome, number]> = [];
+    for (let i = 0; i < 9; i++) outcomes.push([i % 3 === 0 ? 'elsewhere' : 'confirmed', i % 4]);
+    for (const [outcome, rank] of outcomes) expect(verdicts.kv(outcome, 0, rank, 'chat')).toBeUndefined();
+    // Three of nine: under the fewest receipts a verdict takes; the tenth, elsewhere, makes 4 of 10.
+    const transition = verdicts.kv('elsewhere', 0, 1, 'completions');
+    expect(transition).toEqual({ kind: 'unhonoured', breakdown: expect.objectContaining({ elsewhere: 4, total: 10 }) });
+    expect(verdicts.honoured).toBe(false);
+    expect(verdicts.exact).toBe(false);
+    expect(verdicts.epoch).toBe(1);
+  });
+
+  it('lets cached and unseen receipts judge nothing: after a lost batch most blocks go unseen, and nothing is wrong with the upstream', () => {
+    const verdicts = new UpstreamVerdicts(SETTINGS);
+    for (let i = 0; i < 100; i++) expect(verdicts.kv(i % 2 === 0 ? 'cached' : 'unseen', 0, 0, 'chat')).toBeUndefined();
+    expect(verdicts.honoured && verdicts.trusted).toBe(true);
+  });
+
+  it('raises no false alarm over 100,000 healthy receipts with 1 % unseen and a rare elsewhere', () => {
+    const verdicts = new UpstreamVerdicts(SETTINGS);
+    const random = seeded(7);
+    const changes = [];
+    for (let i = 0; i < 100_000; i++) {
+      const draw = random();
+      // 1 % lost events; one in a thousand a request sharing the prefix stored it elsewhere first.
+      const outcome: KvOutcome = draw < 0.01 ? 'unseen' : draw < 0.011 ? 'elsewhere' : draw < 0.5 ? 'cached' : 'confirmed';
+      const change = verdicts.kv(outcome, 0, i % 8, 'chat') ?? verdicts.usage(0, random() < 0.01, false);
+      if (change !== undefined) changes.push(change);
+    }
+    expect(changes).toEqual([]);
+  });
+
+  it('probes one request in probeEvery while a verdict stands, and recovers on the probes alone', () => {
+    const verdicts = new UpstreamVerdicts(SETTINGS);
+    for (let i = 0; i < 10; i++) verdicts.kv('elsewhere', 0, 0, 'chat');
+    expect(verdicts.honoured).toBe(false);
+    const probes: number[] = [];
+    for (let request = 1; request <= 30; request++) {
+      // The pick comes first (a probe when due), then the request counts as routed.
+      if (verdicts.exact && verdicts.probing()) probes.push(request);
+      verdicts.routed();
+    }
+    expect(probes).toEqual([11, 21]);
+    // A receipt of a request routed before the verdict judges nothing.
+    expect(verdicts.kv('elsewhere', 0, 0, 'chat')).toBeUndefined();
+    for (let i = 0; i < 9; i++) expect(verdicts.kv('confirmed', 1, 0, 'chat')).toBeUndefined();
+    expect(verdicts.kv('confirmed', 1, 0, 'chat')).toEqual({ kind: 'honoured' });
+    expect(verdicts.exact).toBe(true);
+  });
+
+  it.each([
+    ['misses', (verdicts: UpstreamVerdicts) => verdicts.usage(0, true, false)],
+    ['tokens', (verdicts: UpstreamVerdicts) => verdicts.usage(0, undefined, true)],
+  ] as const)('stops trusting the index on %s past the share', (cause, bad) => {
+    const verdicts = new UpstreamVerdicts(SETTINGS);
+    for (let i = 0; i < 5; i++) expect(verdicts.usage(0, false, false) ?? verdicts.kv('confirmed', 0, 0, 'chat')).toBeUndefined();
+    let change;
+    for (let i = 0; i < 10 && change === undefined; i++) change = bad(verdicts);
+    expect(change).toMatchObject({ kind: 'untrusted', cause });
+    expect(verdicts.trusted).toBe(false);
+    expect(verdicts.honoured).toBe(true);
+  });
+});

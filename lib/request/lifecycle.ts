@@ -77,8 +77,7 @@ export class RequestLifecycle {
   private readonly buffered: AfterBody;
   /** After a body routing reads: its members into `route.view` (400 for one that is not JSON), then decide. */
   private readonly routed: AfterBody;
-  /** Route receipts: each pick's ticket goes on its request. */
-  private readonly receipts: Receipts | undefined;
+  private readonly receipts: Receipts | undefined; // route receipts: each pick's ticket goes on its request
   /** Whether a body all in the stream's buffer is taken at once, without waiting for its end (not for a terminal that {@link Terminal.handsOn}). */
   private readonly takesArrived: boolean;
   /** Whether request buffering lets a body that arrived whole with its headers go on unread (dpRouter with `requestBuffering`). */

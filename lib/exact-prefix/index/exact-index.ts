@@ -23,54 +23,10 @@ import { DOMAIN_BLOCK, keysFor, nextKey, type BlockKeys } from './block-keys';
 import { chainHash, engineHashKey, processHashKey, type HashKey } from './keyed-hash';
 import { betterGroup, groupClass, NO_GROUP } from './kv-group';
 import { SpeculativeEntries } from './speculative-entries';
+import type { BlockObserver, KvEventSink, KvExactIndexOptions, KvMatchOptions, KvPrefixMatch } from './exact-index-types';
 
 export type { BlockKeys } from './block-keys';
-
-/** What is told of the blocks the events store (route receipts). */
-export interface BlockObserver {
-  /** `rank` stored the block with router key `key`. */
-  stored(rank: number, key: number): void;
-  /** `rank` stored blocks under a parent the index does not know: they are not indexed. */
-  orphaned(rank: number): void;
-}
-
-/** What receives decoded events: the subscriber's view of an index. */
-export interface KvEventSink {
-  /** Applies one event to `rank`; false when the event cannot be applied (counted invalid). */
-  applyEvent(rank: number, event: KvEvent): boolean;
-  /** Forgets everything `rank` held (its engine restarted or events were lost). */
-  clearRank(rank: number): void;
-}
-
-export interface KvExactIndexOptions {
-  /** The global ranks this index tracks. */
-  ranks: readonly number[];
-  /**
-   * The most blocks held over all ranks (each rank gets an equal share); past it the least
-   * recently stored or matched blocks are forgotten. The engines' own removals keep the
-   * index at their cache size, so this bound matters only when an engine caches more blocks
-   * than its share, or removals were missed. Default 1,048,576 (about 170 MiB at most; see
-   * `KV_INDEX_BYTES_PER_BLOCK`).
-   */
-  maxBlocks?: number;
-  /** The hash key; default the process's random key. */
-  hashKey?: HashKey;
-  /**
-   * The most speculative entries held per rank (see {@link KvExactIndex.speculate}); past it
-   * the oldest go first. Default 65,536.
-   */
-  maxSpeculativeBlocks?: number;
-}
-
-/** The result of one lookup. */
-export interface KvPrefixMatch {
-  /** The engine's block size, or 0 before any block was stored. */
-  blockSize: number;
-  /** Full blocks in the prompt. */
-  promptBlocks: number;
-  /** Per rank (in the order of `ranks`): leading blocks of the prompt that rank holds. */
-  matchedBlocks: Int32Array;
-}
+export type { BlockObserver, KvEventSink, KvExactIndexOptions, KvMatchOptions, KvPrefixMatch } from './exact-index-types';
 
 class Entry {
   // Set by a match or a store again; eviction gives a used entry a second chance (CLOCK, an
@@ -96,17 +52,6 @@ interface RankState {
   /** Its {@link groupClass}. */
   groupClass: number;
 }
-
-/** Options of {@link KvExactIndex.match}. */
-export interface KvMatchOptions {
-  /** The request's LoRA adapter name, when it names one. */
-  loraName?: string;
-  /** The clock speculative entries are judged by (ms). Default `Date.now()`. */
-  now?: number;
-  /** Where the router keys of the prompt's blocks are kept as far as they are computed, for {@link KvExactIndex.speculate} to take up. */
-  keys?: BlockKeys;
-}
-
 
 /**
  * Heap bytes per indexed block (router-key entry, keyed-engine-hash entry, entry object),

@@ -153,6 +153,8 @@ describe('route receipts: a healthy upstream', () => {
     const { gw, errors } = await setup();
     for (let i = 0; i < 6; i++) await send(gw, chat(i));
     await send(gw, chat(0));
+    // Receipts are taken as the engine's event batches arrive, over ZeroMQ: wait for the last.
+    await waitFor(async () => (await receipts(gw, { outcome: 'confirmed' })) + (await receipts(gw, { outcome: 'cached' })) >= 7, 5000, 'every request judged');
     expect(await receipts(gw, { outcome: 'confirmed' })).toBe(6);
     expect(await receipts(gw, { outcome: 'cached' })).toBe(1);
     expect(await receipts(gw, { outcome: 'elsewhere' })).toBe(0);
@@ -255,6 +257,8 @@ describe('route receipts: a sample of the usage', () => {
     for (let i = 0; i < 8; i++) await send(gw, chat(i, { stream: true }));
     const asked = mock.stats().requests.filter((record) => record.path === '/v1/chat/completions').map((record) => JSON.parse(record.body!).stream_options !== undefined);
     expect(asked).toEqual([false, false, false, true, false, false, false, true]);
+    // The last request's blocks come in the engine's next event batch, over ZeroMQ: wait for it.
+    await waitFor(async () => (await receipts(gw, { outcome: 'confirmed' })) >= 8, 5000, 'every request confirmed');
     expect(await receipts(gw, { outcome: 'confirmed' })).toBe(8);
   });
 });

@@ -1,18 +1,21 @@
 /**
  * Route receipts (docs/route-receipts.md): every request routed with a prediction gets a ticket
- * (ticket.ts); when its answer ends whole, the KV events and the answer's usage say whether the
- * rank chosen computed it and whether the prediction came true. One book per upstream keeps the
- * counts and verdicts (book.ts, verdict.ts); this service joins them to the request path:
+ * (ticket.ts); when its answer has come whole, the KV events and (for a sample) the answer's
+ * usage say whether the rank chosen computed it and whether the prediction came true. One book
+ * per upstream keeps the counts and verdicts (book.ts, verdict.ts); this service joins them to the
+ * request path:
  *
- *   decided   the lifecycle's pick: the ticket goes on the request, and a stream to an exactly
- *             routed upstream is asked for its usage (ask-usage.ts)
+ *   decided   the lifecycle's pick: the ticket goes on the request; one answer in `usageEvery`
+ *             is to be read, a stream then asked for its usage (ask-usage.ts)
  *   claims    whether the rank header is sent: not to an upstream whose receipts say it is not
  *             honoured, probes aside
- *   answered  the forwarder's answer: its usage read (usage-json.ts, usage-strip.ts), and at its
- *             end the receipts taken, counted, and put on the request's span
+ *   answered  the forwarder's answer: a sampled one's usage read as it flows (usage-json.ts,
+ *             usage-strip.ts), its receipts taken at its end and put on the request's span
+ *   closed    the response of any other closed: its KV receipt taken (route-state.ts)
  *
- * Per request that costs a ticket, two listeners and, at the end, a lookup or two in the exact
- * index; the events' apply path costs a check per stored block while nothing is awaited.
+ * Per request that costs a ticket and, at the end, a lookup or two in the exact index (a map
+ * insert when its blocks are still to come); the events' apply path costs a check per stored
+ * block while nothing is awaited.
  */
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import type { MetricsConfig } from '../observe/metrics';

@@ -6,8 +6,8 @@
  * kinds: `baseline` (Express + http-proxy-middleware with a keep-alive agent, what a user
  * would mount themselves), `baseline-json` (the same behind `express.json()` with
  * `fixRequestBody`), `router:<policy>` (Express + dpRouter with that policy, default
- * options), `router:<policy>+nometrics` / `+noretry` / `+nobuffer` (the same with `metrics: false` /
- * `retries: false` / `requestBuffering: false`, diagnostic), `+pino` (a pino logger at info, so the per-decision debug
+ * options), `router:<policy>+nometrics` / `+noretry` / `+nobuffer` / `+noreceipts` (the same with
+ * `metrics: false` / `retries: false` / `requestBuffering: false` / `receipts: false`, diagnostic), `+pino` (a pino logger at info, so the per-decision debug
  * line is checked and skipped), `+otel` (the OpenTelemetry SDK registered and a recording
  * span made active per request, as the HTTP instrumentation would: the router traces) and
  * `+otelidle` (the same span, with a non-recording stand-in made active in its place: the
@@ -97,6 +97,7 @@ if (kind === 'bare-http') {
       extra.disaggregation = { connector: 'nixl' };
     }
     else if (flag === 'nobuffer') extra.requestBuffering = false;
+    else if (flag === 'noreceipts') extra.receipts = false;
     else if (flag === 'pino') extra.logger = require('pino')({ level: 'info' }, require('pino').destination('/dev/null'));
     else if (flag === 'otel' || flag === 'otelidle') app.use(spanPerRequest(flag === 'otel'));
     // Routing by model: one pool serving the benchmark's model, or two (the request's model on ranks 0 and 2).

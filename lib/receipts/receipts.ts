@@ -110,9 +110,10 @@ export class Receipts implements ExactReceipts {
   }
 
   /**
-   * The lifecycle's pick went to `endpoint`: the request carries its ticket, the exact pick's
-   * (`exact`) or, with `share` (the policy's estimate), an approximate one; a stream to an
-   * exactly routed upstream is asked for its usage (`members`: the body as decoded).
+   * The lifecycle's pick went to `endpoint`: the request carries the exact pick's ticket
+   * (`exact`); one in `usageEvery` is to have its answer's usage read, an approximate pick then
+   * getting a ticket of its own (`share`: the policy's estimate), and a stream to an exactly routed
+   * upstream being asked for its usage (`members`: the body as decoded).
    */
   decided(route: ReceiptCarrier, endpoint: Endpoint, exact: RouteTicket | undefined, members: Readonly<Record<string, unknown>> | undefined, share: number | undefined): void {
     // Probes are due only while a verdict stands against an upstream.

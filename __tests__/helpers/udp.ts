@@ -2,7 +2,7 @@ import { createSocket } from 'node:dgram';
 
 /**
  * A UDP port on 127.0.0.1 that was free a moment ago, for replicas that must know each other's
- * before they start. bench/lib has its own: tests import nothing from bench/ (issue 41 item 24).
+ * before they start (bench/lib/udp-port.ts re-exports it: tests import nothing from bench/).
  */
 export function freeUdpPort(): Promise<number> {
   return new Promise((resolve, reject) => {

@@ -18,7 +18,7 @@ export interface Logger {
 export interface RouterLogger {
   /** A run-time notice (a body parser mounted first, ranks discovered), as a plain message. */
   warn(message: string): void;
-  /** A misconfiguration the router works around but the operator must fix: `error` when the logger has it, else a notice. */
+  /** A misconfiguration or deployment fault the router works around but the operator must fix (a refused rank header, route receipts): `error` when the logger has it, else a notice. */
   error(fields: object, message: string): void;
   /** The end of such a condition, at info level (nothing without `info`). */
   info(fields: object, message: string): void;

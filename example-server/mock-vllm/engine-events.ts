@@ -102,7 +102,8 @@ function shaped(events: MockKvEvent[], config: KvEventsConfig): MockKvEvent[] {
   const out: MockKvEvent[] = [];
   if (config.hybrid) {
     for (const event of events) {
-      if (event.type === 'AllBlocksCleared') {
+      // A CPU tier's events (cpu-tier.ts) name no attention group: the connector's carry none.
+      if (event.type === 'AllBlocksCleared' || (event.medium != null && event.medium !== 'GPU')) {
         out.push(event);
         continue;
       }

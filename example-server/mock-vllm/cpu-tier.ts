@@ -12,7 +12,12 @@ import type { MockKvEvent } from './kv-events';
  *
  * Events are those of `OffloadingConnectorScheduler.take_events` (offloading/scheduler.py:946-965):
  * one `BlockRemoved` of medium `CPU` per batch of evicted blocks, one `BlockStored` of medium
- * `CPU` per batch stored, with the GPU blocks' hashes, no parent, no token ids, `block_size` 0.
+ * `CPU` per batch stored, no parent, no token ids, `block_size` 0, each block named by the
+ * engine's 32-byte hash as it is (bytes), not converted to the 64-bit int the block pool's events
+ * carry (kv_cache_utils.py:77-80): fixtures/vllm-52a31cc/offload-cpu.json shows both. The mock's
+ * hashes are 53-bit numbers; their 32 bytes end with the number's 8 big-endian bytes, so that
+ * their low 64 bits are the GPU events' int, as vLLM's are. (Newer vLLM converts them and sends
+ * one event per block: engine-events.ts writes that form with the `map` layout.)
  */
 export class CpuTier {
   /** Map insertion order is the LRU order: oldest first. */
@@ -56,10 +61,24 @@ export class CpuTier {
         if (!protectedHashes.has(hash)) evicted.push(hash);
       }
       for (const hash of evicted) this.blocks.delete(hash);
-      events.push({ type: 'BlockRemoved', blockHashes: evicted, medium: 'CPU', groupIdx: null });
+      events.push({ type: 'BlockRemoved', blockHashes: evicted.map(engineHashBytes), medium: 'CPU', groupIdx: null });
     }
     for (const hash of toStore) this.blocks.set(hash, true);
-    events.push({ type: 'BlockStored', blockHashes: toStore, parentBlockHash: null, tokenIds: [], blockSize: 0, loraId: null, medium: 'CPU', loraName: null });
+    events.push({ type: 'BlockStored', blockHashes: toStore.map(engineHashBytes), parentBlockHash: null, tokenIds: [], blockSize: 0, loraId: null, medium: 'CPU', loraName: null });
     return events;
   }
+}
+
+/** The 32 bytes of an engine block hash whose low 64 bits are `hash` (the rest: the same bytes inverted, thrice). */
+export function engineHashBytes(hash: number): Uint8Array {
+  const bytes = Buffer.alloc(32);
+  bytes.writeBigUInt64BE(BigInt(hash), 24);
+  for (let at = 0; at < 24; at++) bytes[at] = ~bytes[24 + (at % 8)] & 0xff;
+  return bytes;
+}
+
+/** The int newer vLLM publishes for a hash `engineHashBytes` wrote: its low 64 bits (kv_cache_utils.py `maybe_convert_block_hash`). */
+export function lowBits(hash: Uint8Array): number | bigint {
+  const value = Buffer.from(hash).readBigUInt64BE(hash.length - 8);
+  return value <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(value) : value;
 }

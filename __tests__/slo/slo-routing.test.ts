@@ -76,6 +76,33 @@ describe('SLO-aware routing', () => {
     const answer = await streamCompletion(gateway.url, prompt(1, 'untrusted'), 4, { 'x-slo-ttft-ms': '1' });
     expect(answer.status).toBe(200);
     expect(await metricValue(gateway.registry, 'dp_router_slo_requests_total', { outcome: 'shed' })).toBe(0);
+    const forwarded = upstream.headers[upstream.headers.length - 1];
+    expect(forwarded['x-slo-ttft-ms']).toBeUndefined();
+  });
+
+  it('one client whose streams on rank 0 run eight times slower does not move where the others’ objectives are met', async () => {
+    // The hostile client (x-api-key: evil) sees rank 0 eight times slower, as if it could fake its own timings there.
+    const upstream = await startTimedUpstream({ ...TIMING, slowFor: (req) => req.headers['x-api-key'] === 'evil', hostileRank: 0, hostileFactor: 8 });
+    started.push(upstream);
+    const gateway = await startGateway({ upstreams: [{ url: upstream.url, name: 'u', dataParallelSize: 4 }], policy: 'prefix-aware', exposeDecision: true, slo: { trust: true } });
+    started.push(gateway);
+    // As much traffic from the hostile client as from the three honest ones together.
+    for (let i = 0; i < 96; i += 8) {
+      await Promise.all(
+        [0, 1, 2, 3, 4, 5, 6, 7].map((j) => {
+          const key = j % 2 === 0 ? 'evil' : `honest-${(j - 1) / 2 % 3}`;
+          return streamCompletion(gateway.url, prompt(i + j, key), 10, { 'x-api-key': key });
+        }),
+      );
+    }
+    expect(upstream.served[0]).toBeGreaterThan(8);
+    const ranks: number[] = [];
+    // 18 ms: met on a fast rank (10 ms a token alone, 12.5 ms with another stream), not on a slow one (40 ms).
+    for (let i = 0; i < 12; i++) ranks.push((await streamCompletion(gateway.url, prompt(i, 'interactive'), 10, { 'x-slo-tpot-ms': '18', 'x-api-key': 'honest-0' })).rank);
+    // Rank 0 meets the objective for everyone but the hostile client: it keeps taking interactive requests
+    // (the pooled view, the hostile client's third of the weight at up to 4 × the prediction, would put it near 25 ms).
+    expect(ranks.filter((rank) => rank === 0).length).toBeGreaterThanOrEqual(4);
+    expect(ranks.every((rank) => SPEEDS[rank] === 1)).toBe(true);
   });
 
   it('sheds with 503 and Retry-After when no rank can meet the objectives, before anything goes upstream', async () => {

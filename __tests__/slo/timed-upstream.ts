@@ -1,4 +1,4 @@
-import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import { createServer, type IncomingHttpHeaders, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
 /**
@@ -24,6 +24,8 @@ export interface TimedUpstream {
   url: string;
   /** Requests served per rank. */
   served: number[];
+  /** Every request's headers, as they arrived. */
+  headers: IncomingHttpHeaders[];
   close(): Promise<void>;
 }
 
@@ -31,10 +33,12 @@ export async function startTimedUpstream(options: TimedUpstreamOptions): Promise
   const { speeds, ttftMs, tokenMs, slowdown = 0 } = options;
   const running = speeds.map(() => 0);
   const served = speeds.map(() => 0);
+  const headers: IncomingHttpHeaders[] = [];
   const server = createServer((req: IncomingMessage, res: ServerResponse) => {
     const chunks: Buffer[] = [];
     req.on('data', (chunk: Buffer) => chunks.push(chunk));
     req.on('end', () => {
+      headers.push(req.headers);
       const rank = Number(req.headers['x-data-parallel-rank'] ?? 0);
       const body = JSON.parse(Buffer.concat(chunks).toString('utf8')) as { max_tokens?: number };
       const tokens = body.max_tokens ?? 8;
@@ -66,6 +70,7 @@ export async function startTimedUpstream(options: TimedUpstreamOptions): Promise
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
     served,
+    headers,
     close: async () => {
       server.closeAllConnections();
       await new Promise<void>((resolve) => server.close(() => resolve()));

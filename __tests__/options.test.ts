@@ -1,4 +1,5 @@
 import type { AdmissionOptions, AdmissionPriorityOptions, AdmissionQueueOptions, AdmissionTenantOptions } from '../lib/admission/options';
+import type { SloOptions } from '../lib/slo/options';
 import { getHeapStatistics } from 'node:v8';
 import { describe, expect, it } from '@jest/globals';
 import { Registry } from 'prom-client';
@@ -55,7 +56,7 @@ describe('parseOptions', () => {
   it('is shaped like the options: one frozen part per option, nothing else', () => {
     const config = parse({ upstreams: [{ url }], hints: { trust: true }, timeouts: { connectMs: 5 }, retries: { attempts: 3 }, requestBuffering: { maxBytes: 10 } });
     const optionKeys = ['upstreams', 'policy', 'hints', 'header', 'metrics', 'affinity', 'prefixAware', 'timeouts', 'maxBodyBytes', 'maxBufferedBytes', 'exposeDecision', 'loadFeedback', 'logger'];
-    const proxyKeys = ['xfwd', 'outlierDetection', 'healthCheck', 'retries', 'disaggregation', 'admission', 'requestBuffering', 'peers', 'receipts'];
+    const proxyKeys = ['xfwd', 'outlierDetection', 'healthCheck', 'retries', 'disaggregation', 'admission', 'requestBuffering', 'peers', 'receipts', 'slo'];
     expect(Object.keys(config).sort()).toEqual([...optionKeys, ...proxyKeys].sort());
     expect(Object.keys(parseOptions({ upstreams: [{ url }] }, 'dpRank')).sort()).toEqual([...optionKeys, ...proxyKeys].sort());
     expect(config).toMatchObject({ hints: { trust: true }, timeouts: { connectMs: 5 }, retries: { attempts: 3 }, requestBuffering: { maxBytes: 10 } });
@@ -204,7 +205,9 @@ const wrongValues: Array<[path: string, value: unknown]> = [
     requestBuffering: 'on',
     peers: 'on',
     receipts: 'on',
+    slo: 'on',
   } satisfies WrongValues<DpRouterOptions>),
+  ...rows('slo', { trust: 'yes', ttftMs: 1.5, tpotMs: -1, shed: 'yes' } satisfies WrongValues<SloOptions>),
   ...rows('receipts', {
     kvEvents: 'yes',
     usage: 'yes',

@@ -58,6 +58,8 @@ export interface GatewaySettings {
    * `DP_ROUTER_PEER_SECRET`); `undefined`: off.
    */
   peers: { listen?: string; addresses: string[]; dns?: { name: string; port: number }; redis?: true; secret: string } | undefined;
+  /** SLO-aware routing (`--slo-ttft-ms`, `--slo-tpot-ms`, `--trust-slo`, `--slo-shed`); `undefined`: off. */
+  slo?: { ttftMs?: number; tpotMs?: number; trust?: boolean; shed?: boolean };
 }
 
 /** The admission flags; `undefined` where not given. */
@@ -129,6 +131,11 @@ Options:
   --trust-hints         honour valid client X-data-parallel-rank hints   [off]
   --on-invalid MODE     reassign | reject: what an invalid trusted hint gets [reassign]
   --expose-decision     answer with X-DP-Router-Decision                 [off]
+  --slo-ttft-ms N       prefix-aware: every request's time-to-first-token objective;
+                        routes on a latency model learned online (docs/slo-routing.md) [none]
+  --slo-tpot-ms N       prefix-aware: every request's time-per-output-token objective [none]
+  --trust-slo           honour every caller's x-slo-ttft-ms / x-slo-tpot-ms   [off]
+  --slo-shed            answer 503 when no rank is predicted to meet the objectives [off]
   --health-check-ms N   probe each upstream's /health this often; 0 = off [0]
   --discover            learn each upstream's ranks from its /metrics engine labels
   --load-feedback-ms N  blend engine load from each upstream's /metrics, polled
@@ -281,6 +288,10 @@ const FLAGS: Readonly<Record<string, Flag>> = {
   '--trust-hints': { switch: (s, on) => (s.settings.trustHints = on) },
   '--on-invalid': { value: (s, raw, flag) => (s.settings.onInvalid = choice(flag, raw, ['reassign', 'reject'] as const)) },
   '--expose-decision': { switch: (s, on) => (s.settings.exposeDecision = on) },
+  '--slo-ttft-ms': { value: (s, raw, flag) => ((s.settings.slo ??= {}).ttftMs = integer(flag, raw, 1, 3_600_000)) },
+  '--slo-tpot-ms': { value: (s, raw, flag) => ((s.settings.slo ??= {}).tpotMs = integer(flag, raw, 1, 3_600_000)) },
+  '--trust-slo': { switch: (s, on) => ((s.settings.slo ??= {}).trust = on) },
+  '--slo-shed': { switch: (s, on) => ((s.settings.slo ??= {}).shed = on) },
   '--health-check-ms': { value: (s, raw, flag) => (s.settings.healthCheckMs = integer(flag, raw, 0, 3_600_000)) },
   '--discover': { switch: (s, on) => (s.discover = on) },
   '--load-feedback-ms': { value: (s, raw, flag) => (s.settings.loadFeedbackMs = integer(flag, raw, 0, 3_600_000)) },
@@ -454,6 +465,10 @@ function refuseWithoutEffect(state: ParseState, given: ReadonlyMap<string, unkno
     for (const flag of ['--tokenizer', '--placement-slack']) {
       if (given.has(flag)) throw new UsageError(`${flag} is read only by --policy prefix-aware (or --pd, --prefill and --decode), and the policy is ${settings.policy}: add --policy prefix-aware or drop ${flag}`);
     }
+  }
+  const sloFlag = ['--slo-ttft-ms', '--slo-tpot-ms', '--trust-slo', '--slo-shed'].find((flag) => given.has(flag));
+  if (sloFlag !== undefined && settings.policy !== 'prefix-aware') {
+    throw new UsageError(`${sloFlag} routes on prefix-aware's cache and queue estimates, and the policy is ${settings.policy}: add --policy prefix-aware or drop ${sloFlag}`);
   }
   if (given.has('--load-feedback-weight') && settings.loadFeedbackMs === 0) {
     throw new UsageError('--load-feedback-weight weighs the engine load --load-feedback-ms polls, and that is off: add --load-feedback-ms N or drop --load-feedback-weight');

@@ -78,6 +78,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
         : { listen: peers.listen, dns: peers.dns, secret: peers.secret, addresses: peers.addresses.length > 0 ? peers.addresses : undefined },
     }),
     ...(pd && { disaggregation: { connector: pd.connector } }),
+    ...(settings.slo !== undefined && { slo: settings.slo }),
     ...(logger ? { logger } : {}),
   });
 

@@ -19,6 +19,7 @@ import { parseUpstreams, type UpstreamConfig, type UpstreamEntry } from './upstr
 import { parseDisaggregation, type DisaggregationConfig, type DisaggregationOptions } from './disaggregation/options';
 import { parsePeers, type PeersConfig, type PeersOptions } from './peers/peer-options';
 import { parseReceipts, type ReceiptsConfig, type ReceiptsOptions } from './receipts/options';
+import { parseSlo, type SloConfig, type SloOptions } from './slo/options';
 
 export type { HealthCheckConfig, LoadFeedbackConfig, OutlierDetectionConfig, UpstreamConfig };
 
@@ -103,6 +104,12 @@ interface ProxyOptions {
    * {@link ReceiptsOptions} (each part applies where the router has what it needs).
    */
   receipts?: ReceiptsOptions | boolean;
+  /**
+   * Latency objectives per request (defaults, and `x-slo-ttft-ms` / `x-slo-tpot-ms` from trusted
+   * callers), met by routing on a latency model learned online; needs `policy: 'prefix-aware'`
+   * (docs/slo-routing.md). Default: off.
+   */
+  slo?: SloOptions;
 }
 
 /** Options of {@link dpRouter}: those of `dpRank()`, the upstream timeouts, and the proxy's own. */
@@ -165,6 +172,8 @@ export interface Configuration {
   readonly peers: PeersConfig | undefined;
   /** Route receipts; `undefined` when off (always, for `dpRank()`). */
   readonly receipts: ReceiptsConfig | undefined;
+  /** SLO-aware routing; `undefined` when off (always, for `dpRank()`). */
+  readonly slo: SloConfig | undefined;
 }
 
 const EXPOSE_DECISION = false;
@@ -184,7 +193,7 @@ const RANK_KEYS: KeysEnum<DpRankOptions> = {
   loadFeedback: true,
   logger: true,
 };
-const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true, disaggregation: true, admission: true, requestBuffering: true, peers: true, receipts: true };
+const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true, disaggregation: true, admission: true, requestBuffering: true, peers: true, receipts: true, slo: true };
 const ROUTER_KEYS: KeysEnum<DpRouterOptions> = { ...RANK_KEYS, ...PROXY_KEYS };
 
 /**
@@ -232,6 +241,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
     admission: parseAdmission('admission', proxy.admission, hints.trust),
     peers: parsePeers('peers', proxy.peers),
     receipts: proxying ? parseReceipts('receipts', proxy.receipts) : undefined,
+    slo: proxying ? parseSlo('slo', proxy.slo, policy) : undefined,
   };
   for (const part of OWN_PARTS) freezePart(settings[part]);
   for (const upstream of upstreams) Object.freeze(upstream);
@@ -239,7 +249,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
 }
 
 /** The parts parsing made (the user's objects inside them, a registry or a store, stay as given). */
-const OWN_PARTS = ['upstreams', 'hints', 'metrics', 'affinity', 'prefixAware', 'timeouts', 'loadFeedback', 'outlierDetection', 'healthCheck', 'retries', 'requestBuffering', 'disaggregation', 'admission', 'peers', 'receipts'] as const satisfies ReadonlyArray<keyof Configuration>;
+const OWN_PARTS = ['upstreams', 'hints', 'metrics', 'affinity', 'prefixAware', 'timeouts', 'loadFeedback', 'outlierDetection', 'healthCheck', 'retries', 'requestBuffering', 'disaggregation', 'admission', 'peers', 'receipts', 'slo'] as const satisfies ReadonlyArray<keyof Configuration>;
 
 function freezePart(part: object | undefined): void {
   if (part !== undefined) Object.freeze(part);

@@ -24,6 +24,8 @@ import { VllmBalancing } from './request/vllm-balancing';
 import { RankHeaderGuard } from './upstreams/rank-header-guard';
 import { createPeerMetrics } from './peers/metrics';
 import type { Receipts } from './receipts/receipts';
+import { SloRouting } from './slo/slo-routing';
+import { createSloMetrics } from './slo/metrics';
 
 /**
  * Everything one router runs on, built from its configuration in one place, in dependency
@@ -56,6 +58,8 @@ export class RouterServices {
   readonly peers: PeerLink | undefined;
   /** Where requests go that vLLM balances itself (paths it does not route by the rank header). */
   readonly balancing: VllmBalancing;
+  /** SLO-aware routing (`slo`); `undefined` when off. */
+  readonly slo: SloRouting | undefined;
   /** Acts on a server that contradicts how the router reaches its ranks. */
   readonly rankHeaders: RankHeaderGuard;
   private readonly watch: EngineWatch;
@@ -113,6 +117,7 @@ export class RouterServices {
     if (hasDnsEntries(config.upstreams)) this.dns = this.startDns(config.upstreams);
     this.started.push(() => this.dns?.stop());
     this.admission = this.startAdmission();
+    this.slo = this.startSlo();
     this.peers = this.startPeers();
   }
 
@@ -145,6 +150,16 @@ export class RouterServices {
   private startDns(sources: readonly UpstreamConfig[]): DnsDiscovery {
     const { config, table } = this;
     return startDnsDiscovery(sources, { current: () => table.upstreams, apply: (upstreams) => this.reconfigure(upstreams), metrics: config.metrics, warn: (message) => config.logger.warn(message) });
+  }
+
+  /** SLO-aware routing (`slo`); `undefined` when off. Every endpoint's outcome series start at 0. */
+  private startSlo(): SloRouting | undefined {
+    const { config, table } = this;
+    if (config.slo === undefined) return undefined;
+    const metrics = createSloMetrics(config.metrics);
+    for (const endpoint of table.healthy()) metrics.declare(endpoint);
+    this.started.push(() => metrics.leave());
+    return new SloRouting(config.slo, metrics);
   }
 
   /** Admission control (`admission`); `undefined` when off. Built after the table it watches. */

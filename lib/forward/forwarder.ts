@@ -177,6 +177,7 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
     if (route.ticket !== undefined && this.admission!.counts) this.admission!.count(route.ticket, answer);
     if (endpoint.headerValue !== undefined) watchRankRejection(answer, (refused, numRanks) => this.rankHeaders.refused(endpoint, refused, numRanks));
     if (route.receipt !== undefined) this.receipts!.answered(route.receipt, endpoint, req, res, answer);
+    route.slo?.answered(endpoint, answer, res, route.started);
     if (answer.statusCode !== undefined && answer.statusCode >= 500) {
       this.metrics.upstreamError(endpoint, 'status_5xx');
       this.detector?.failed(endpoint, 'request', req);
@@ -196,6 +197,7 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
   firstToken(endpoint: RouteEndpoint, seconds: number, streamed: boolean, route: RouteState): void {
     this.metrics.firstToken(endpoint, seconds);
     if (!streamed) return;
+    route.slo?.firstToken(seconds);
     if (this.countsFirstTokens) {
       endpoint.firstTokens++;
       endpoint.firstTokenSeconds += seconds;

@@ -1,5 +1,6 @@
 import { randomKey32, rendezvousWeight } from '../hash';
 import type { ExactPick } from '../exact-prefix/index/exact-pick';
+import type { SloSteer } from '../slo/slo-routing';
 import type { Endpoint, PickContext, Policy } from '../types';
 import { BlockIndex, blockHomes } from './prefix-aware-index';
 import { PromptBlockHasher } from './prefix-aware-hasher';
@@ -24,6 +25,8 @@ export { BlockIndex, hashPromptBlocks, MAX_PROBES } from './prefix-aware-index';
  */
 export interface PrefixPickContext extends PickContext {
   readonly exact?: ExactPick;
+  /** With `slo`: the request's objectives, which take the pick from the policy's estimates (lib/slo). */
+  readonly slo?: SloSteer;
 }
 
 /** The `prefix-aware` policy, with what its last pick estimated (read right after `pick`, e.g. for tracing). */
@@ -158,7 +161,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
    * longest cached prefix on two ranks or more (see {@link sharedPrefix}): the term counts this
    * replica's own traffic, a sample of every replica's, while the events are the same for all.
    */
-  function choose(candidates: readonly Endpoint[], blockCount: number, exact: ExactPick | undefined): number {
+  function choose(candidates: readonly Endpoint[], blockCount: number, exact: ExactPick | undefined, slo: SloSteer | undefined): number {
     let minLoad = INFINITY;
     let totalLoad = 0;
     let candidateRecent = 0;
@@ -231,8 +234,10 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       if (cost < bound) bound = cost;
     }
     if (firstHolder >= 0) {
-      bound = searchAt(firstHolder, blockCount, bound);
-      for (let at = 0; at < candidates.length; at++) if (candidateHolds[at] === 1 && at !== firstHolder) bound = searchAt(at, blockCount, bound);
+      // With objectives every holder's run is needed (the cheapest may miss them): no bound.
+      const holderBound = slo === undefined ? bound : INFINITY;
+      bound = min(bound, searchAt(firstHolder, blockCount, holderBound));
+      for (let at = 0; at < candidates.length; at++) if (candidateHolds[at] === 1 && at !== firstHolder) bound = min(bound, searchAt(at, blockCount, slo === undefined ? bound : INFINITY));
     }
     let bestAt = 0;
     let bestCost = INFINITY;
@@ -263,7 +268,22 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
         }
       }
     }
-    return bestAt;
+    return slo === undefined ? bestAt : steer(slo, candidates, blockCount, exact, work, bestAt);
+  }
+
+  /** Each candidate's prefill (own and queued ahead) and load for the SLO choice, which then picks. */
+  function steer(slo: SloSteer, candidates: readonly Endpoint[], blockCount: number, exact: ExactPick | undefined, work: number, bestAt: number): number {
+    const est = slo.estimates;
+    est.ensure(candidates.length);
+    for (let at = 0; at < candidates.length; at++) {
+      const candidate = candidates[at];
+      const held = exact === undefined ? -1 : exact.matched[at];
+      est.uncached[at] = held >= 0 ? exactUncached(blockCount, held, exact!.promptBlocks) : candidateRuns[at] >= 0 ? blockCount - candidateRuns[at] : blockCount;
+      est.ahead[at] = states.cachedAt(at).pending.blocks + waitingElsewhere(candidate, candidate.load, work);
+      est.load[at] = candidate.load;
+      est.cost[at] = candidateCosts[at];
+    }
+    return slo.steer(candidates, candidates.length, bestAt);
   }
 
   /**
@@ -333,7 +353,9 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       if (blockCount === 0) return fallback.pick(candidates, ctx);
       if (++picks % FORGET_AFTER_PICKS === 0) recentTotal -= states.forget(picks, FORGET_AFTER_PICKS);
       const exact = (ctx as PrefixPickContext).exact;
-      const chosenAt = choose(candidates, blockCount, exact);
+      const chosenAt = choose(candidates, blockCount, exact, (ctx as PrefixPickContext).slo);
+      // Shed (lib/slo): nothing is recorded for a request that goes nowhere.
+      if (chosenAt < 0) return candidates[0];
       const chosen = candidates[chosenAt];
       const state = states.cachedAt(chosenAt);
       let index = state.index;

@@ -5,6 +5,9 @@ export function bareContext(path: string): PickContext {
   return { path, affinityKey: undefined, prompt: undefined };
 }
 
+/** The context of every pick by a policy that reads none (`readsContext: false`). */
+export const UNREAD_CONTEXT: PickContext = Object.freeze(bareContext('/'));
+
 /**
  * The policy's pick among `candidates`, or `undefined` when it threw or chose an endpoint it
  * was not offered: for picks after the first (retries, queue releases), where the policy's

@@ -14,6 +14,7 @@ import type { RouteState, RoutedRequest } from './route-state';
 import type { PeerAnnouncer } from '../peers/peer-link';
 import type { VllmBalancing } from './vllm-balancing';
 import type { Receipts } from '../receipts/receipts';
+import type { SloRouting } from '../slo/slo-routing';
 
 /**
  * What follows a decision, injected at construction: dpRank's hand-on to the next middleware,
@@ -56,4 +57,6 @@ export interface LifecycleParts {
   readonly balancing: VllmBalancing;
   /** Route receipts (dpRouter's `receipts`); `undefined` when off, and always for dpRank. */
   readonly receipts?: Receipts | undefined;
+  /** SLO-aware routing (dpRouter's `slo`); `undefined` when off. */
+  readonly slo?: SloRouting | undefined;
 }

@@ -1,8 +1,8 @@
 import type { ServerResponse } from 'node:http';
 import { hasBody, isJson, wholeInBuffer } from './body';
-import { replayParsedBody, type AfterBody, type BodyReader, type Next } from './body-reader';
+import { PARSED_BODY_NOTICE, replayParsedBody, type AfterBody, type BodyReader, type Next } from './body-reader';
 import { PolicyError, sendError } from '../errors';
-import { bareContext, safePick } from '../policies/safe-pick';
+import { bareContext, safePick, UNREAD_CONTEXT } from '../policies/safe-pick';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import type { ExactLookup } from '../exact-prefix/index/exact-pick';
 import type { RouterEvents } from '../observe/events';
@@ -23,6 +23,7 @@ import { balancedByVllm } from './vllm-paths';
 import type { VllmBalancing } from './vllm-balancing';
 import type { LifecycleParts, Terminal } from './lifecycle-parts';
 import type { Receipts } from '../receipts/receipts';
+import { sloPicking, type SloRouting } from '../slo/slo-routing';
 
 export type { Next } from './body-reader';
 export type { LifecycleParts, Terminal } from './lifecycle-parts';
@@ -78,6 +79,7 @@ export class RequestLifecycle {
   /** After a body routing reads: its members into `route.view` (400 for one that is not JSON), then decide. */
   private readonly routed: AfterBody;
   private readonly receipts: Receipts | undefined; // route receipts: each pick's ticket goes on its request
+  private readonly slo: SloRouting | undefined; // `slo`: each request's objectives steer its pick
   /** Whether a body all in the stream's buffer is taken at once, without waiting for its end (not for a terminal that {@link Terminal.handsOn}). */
   private readonly takesArrived: boolean;
   /** Whether request buffering lets a body that arrived whole with its headers go on unread (dpRouter with `requestBuffering`). */
@@ -107,6 +109,7 @@ export class RequestLifecycle {
     this.reportsShare = parts.tracing.enabled && policy.reportsMatchedShare === true;
     const admission = (this.admission = parts.admission);
     const receipts = (this.receipts = parts.receipts);
+    this.slo = parts.slo;
     this.reports = { config, metrics: parts.metrics, events: parts.events, freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint), peers: parts.peers, hintMember: parts.inputs.hintMember, claims: receipts?.claims, receiptClosed: receipts?.closed };
     this.announcesPrefill = parts.peers !== undefined && policy.uncachedBlocks !== undefined;
     this.takesArrived = terminal.handsOn !== true;
@@ -141,6 +144,7 @@ export class RequestLifecycle {
     const { header } = this.config;
     try {
       route.trusted = trust === true || (trust !== false && trust(req) === true);
+      if (this.slo !== undefined) route.slo = this.slo.ticket(headers, this.slo.trusts(req));
     } catch (error) {
       next(error);
       return;
@@ -266,7 +270,8 @@ export class RequestLifecycle {
     const context: PickContext = policy.readsContext === false && affinityKey === undefined && prompt === undefined ? UNREAD_CONTEXT : { path: req.originalUrl ?? req.url ?? '/', affinityKey, prompt };
     // A retry picks again among other candidates: without this pick's exact view of these.
     route.context = context;
-    const picking: PrefixPickContext = this.exact !== undefined && prompt !== undefined ? exactContext(this.exact!, context, body!, route, candidates) : context;
+    let picking: PrefixPickContext = this.exact !== undefined && prompt !== undefined ? exactContext(this.exact!, context, body!, route, candidates) : context;
+    if (route.slo !== undefined) picking = sloPicking(route.slo, picking, req, route, body);
     let chosen: RouteEndpoint;
     try {
       chosen = policy.pick(candidates, picking) as RouteEndpoint;
@@ -278,10 +283,11 @@ export class RequestLifecycle {
       next(new PolicyError(policy.name, 'returned an endpoint that was not among the candidates'));
       return;
     }
+    if (route.slo?.shed === true) return this.slo!.answerShed(res, route.slo);
     if (this.announcesPrefill) route.prefillBlocks = policy.uncachedBlocks!;
     if (this.receipts !== undefined) this.receipts.decided(route, chosen, picking.exact?.ticket, body?.members, prompt !== undefined && policy.reportsMatchedShare === true ? policy.matchedShare : undefined);
     const index = picking.exact?.source ?? 'approximate';
-    const note = this.namesIndex ? `; index=${index}` : undefined;
+    const note = this.config.exposeDecision ? (this.namesIndex ? `; index=${index}` : '') + (route.slo?.note ?? '') || undefined : undefined;
     this.assign(req, res, next, route, chosen, 'assigned', verdict.outcome === 'none' ? undefined : verdict.outcome, note, this.reportsShare && prompt !== undefined ? index : undefined);
   }
 
@@ -392,9 +398,3 @@ export class RequestLifecycle {
 function afterParse(lifecycle: RequestLifecycle, req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState, routes: boolean): void {
   lifecycle.takeBody(req, res, next, route, routes);
 }
-
-/** The context of every pick by a policy that reads none (`readsContext: false`). */
-const UNREAD_CONTEXT: PickContext = Object.freeze(bareContext('/'));
-
-const PARSED_BODY_NOTICE =
-  'express-dp-router: the request body was already parsed (e.g. by express.json()); it is re-encoded to forward it. Mount the router before body parsers to forward the original bytes.';

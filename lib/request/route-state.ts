@@ -12,6 +12,7 @@ import type { DeadlineList, Deadlined } from '../forward/deadline-list';
 import { carrierOf, setDpRank, type Carrier } from './response-carrier';
 import type { PeerAnnouncer } from '../peers/peer-link';
 import type { RouteTicket } from '../receipts/ticket';
+import type { SloTicket } from '../slo/slo-routing';
 
 /**
  * Where a request stands: `deciding` until it has an endpoint (and while its retry body is
@@ -119,6 +120,8 @@ export class RouteState implements Deadlined {
   leaseEnds = 0;
   /** With route receipts: what the request's receipts are judged against (a retry drops it). */
   receipt: RouteTicket | undefined = undefined;
+  /** With `slo`: the request's objectives and the prediction made for it. */
+  slo: SloTicket | undefined = undefined;
   /** Whether the response's close is watched (one listener per request, see {@link watch}). */
   private watching = false;
 

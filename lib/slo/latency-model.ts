@@ -1,0 +1,292 @@
+/**
+ * The latency model: per rank, the time to first token (TTFT) and the time per output token
+ * (TPOT) a request would see there, learned online from what the router measures itself.
+ *
+ *   TTFT(r) = k_r × (a·W + b·D + c)      TPOT(r) = m_r × (t0 + t1·D')
+ *
+ * `W` is the prefill ahead of the request on the rank plus its own uncached part, in the
+ * prefix-aware policy's blocks (docs/slo-routing.md); `D` the requests in flight there (its load:
+ * every running request slows each engine step), `D'` the same during the request's decode (its
+ * own included). The shape (a, b, c, t0, t1) is fitted over every rank by decayed least squares;
+ * `k_r` and `m_r` are each rank's speed against that shape (a slower GPU, a noisy neighbour).
+ * A prediction is five multiply-adds; learning (a few dozen operations, at a first token and at
+ * a stream's end) and the fits (solved when next read after a sample) stay off the decision.
+ *
+ * Every observation is bounded: its weight by its source's share ({@link SourceShares}), its
+ * value to [¼, 4×] the current prediction once the model is warm. A rank's speed is the median
+ * of its sources' own estimates once three sources or more have measured it, so that one source
+ * cannot move it at all; with fewer, their pooled ratio.
+ */
+import { SourceShares } from './source-shares';
+
+/** Samples before the fleet's shape replaces "no prediction". */
+export const WARM_SAMPLES = 16;
+/** Fleet fits follow about the last 512 samples. */
+const FLEET_DECAY = 1 - 1 / 512;
+/** A rank's speed follows about its last 64 samples from each source. */
+const RANK_DECAY = 1 - 1 / 64;
+/** A warm prediction's error bars for one observation: what a sample may say, against it. */
+const CLIP = 4;
+/** A rank's speed factor stays within [1/8, 8] of the fleet's shape. */
+const MAX_SPEED = 8;
+/** Sources tracked per rank (the ones with most weight stay). */
+const SOURCES_PER_RANK = 16;
+/** From this many sources a rank's speed is their median. */
+const MEDIAN_SOURCES = 3;
+
+/** Decayed ratio of measured to shape-predicted times, one source's view of one rank. */
+class Ratio {
+  num = 0;
+  den = 0;
+  add(measured: number, shaped: number, weight: number, decay: number): void {
+    this.num = this.num * decay + weight * measured;
+    this.den = this.den * decay + weight * shaped;
+  }
+}
+
+/** One rank's speed against the fleet's shape, for one kind (TTFT or TPOT). */
+class RankSpeed {
+  /** The factor predictions read. */
+  factor = 1;
+  samples = 0;
+  private readonly bySource = new Map<string, Ratio>();
+  private readonly pooled = new Ratio();
+
+  learn(source: string, measured: number, shaped: number, weight: number): void {
+    if (!(shaped > 0)) return;
+    this.samples++;
+    this.pooled.add(measured, shaped, weight, RANK_DECAY);
+    let own = this.bySource.get(source);
+    if (own === undefined) {
+      if (this.bySource.size >= SOURCES_PER_RANK) this.dropLightest();
+      this.bySource.set(source, (own = new Ratio()));
+    }
+    own.add(measured, shaped, 1, RANK_DECAY);
+    this.factor = bound(this.estimate());
+  }
+
+  private estimate(): number {
+    const ratios: number[] = [];
+    for (const ratio of this.bySource.values()) if (ratio.den > 0) ratios.push(ratio.num / ratio.den);
+    if (ratios.length < MEDIAN_SOURCES) return this.pooled.den > 0 ? this.pooled.num / this.pooled.den : 1;
+    ratios.sort((x, y) => x - y);
+    const mid = ratios.length >> 1;
+    return ratios.length % 2 === 1 ? ratios[mid] : (ratios[mid - 1] + ratios[mid]) / 2;
+  }
+
+  private dropLightest(): void {
+    let lightest: string | undefined;
+    let least = Infinity;
+    for (const [source, ratio] of this.bySource) {
+      if (ratio.den < least) {
+        least = ratio.den;
+        lightest = source;
+      }
+    }
+    if (lightest !== undefined) this.bySource.delete(lightest);
+  }
+}
+
+function bound(factor: number): number {
+  return Number.isFinite(factor) && factor > 0 ? Math.min(MAX_SPEED, Math.max(1 / MAX_SPEED, factor)) : 1;
+}
+
+/** A decayed weighted least-squares fit of y ≈ θ·x, with x of up to 3 features (the last one the constant 1). */
+class Fit {
+  private readonly xx: Float64Array;
+  private readonly xy: Float64Array;
+  readonly theta: Float64Array;
+  samples = 0;
+  private stale = false;
+
+  constructor(private readonly n: 2 | 3) {
+    this.xx = new Float64Array(n * n);
+    this.xy = new Float64Array(n);
+    this.theta = new Float64Array(n);
+  }
+
+  add(x: readonly number[], y: number, weight: number): void {
+    const { n, xx, xy } = this;
+    for (let i = 0; i < n; i++) {
+      xy[i] = xy[i] * FLEET_DECAY + weight * x[i] * y;
+      for (let j = 0; j < n; j++) xx[i * n + j] = xx[i * n + j] * FLEET_DECAY + weight * x[i] * x[j];
+    }
+    this.samples++;
+    this.stale = true;
+  }
+
+  /** Solves the normal equations when samples came since the last solve; coefficients stay ≥ 0 (times grow with work). */
+  solve(): Float64Array {
+    if (!this.stale) return this.theta;
+    this.stale = false;
+    const { n } = this;
+    const solved = solveNonNegative(this.xx, this.xy, n);
+    if (solved !== undefined) this.theta.set(solved);
+    return this.theta;
+  }
+}
+
+/**
+ * The least-squares solution with each coefficient ≥ 0: a negative one is dropped (held at 0)
+ * and the rest refitted, at most n times. A small relative ridge keeps a degenerate fit
+ * (a constant feature, say) solvable.
+ */
+export function solveNonNegative(xx: Float64Array, xy: Float64Array, n: number): number[] | undefined {
+  const free = new Array<boolean>(n).fill(true);
+  for (let round = 0; round < n; round++) {
+    const idx = free.flatMap((on, i) => (on ? [i] : []));
+    if (idx.length === 0) return new Array<number>(n).fill(0);
+    const m = idx.length;
+    const a = idx.map((i) => idx.map((j) => xx[i * n + j] * (i === j ? 1.001 : 1) + (i === j ? 1e-12 : 0)));
+    const b = idx.map((i) => xy[i]);
+    const solution = gauss(a, b, m);
+    if (solution === undefined) return undefined;
+    const negative = solution.findIndex((value) => value < 0);
+    if (negative < 0) {
+      const out = new Array<number>(n).fill(0);
+      idx.forEach((i, at) => (out[i] = solution[at]));
+      return out;
+    }
+    free[idx[negative]] = false;
+  }
+  return undefined;
+}
+
+function gauss(a: number[][], b: number[], m: number): number[] | undefined {
+  for (let col = 0; col < m; col++) {
+    let pivot = col;
+    for (let row = col + 1; row < m; row++) if (Math.abs(a[row][col]) > Math.abs(a[pivot][col])) pivot = row;
+    if (!(Math.abs(a[pivot][col]) > 0)) return undefined;
+    [a[col], a[pivot]] = [a[pivot], a[col]];
+    [b[col], b[pivot]] = [b[pivot], b[col]];
+    for (let row = col + 1; row < m; row++) {
+      const f = a[row][col] / a[col][col];
+      for (let k = col; k < m; k++) a[row][k] -= f * a[col][k];
+      b[row] -= f * b[col];
+    }
+  }
+  const x = new Array<number>(m).fill(0);
+  for (let row = m - 1; row >= 0; row--) {
+    let sum = b[row];
+    for (let k = row + 1; k < m; k++) sum -= a[row][k] * x[k];
+    x[row] = sum / a[row][row];
+  }
+  return x.every(Number.isFinite) ? x : undefined;
+}
+
+/** One rank's learned speeds (kept by the model, read per candidate). */
+export class RankLatency {
+  readonly ttft = new RankSpeed();
+  readonly tpot = new RankSpeed();
+  /** The least TPOT objective (seconds) of the streams decoding here; Infinity when none has one. */
+  tightestTpot = Infinity;
+  /** Those objectives, one entry per stream. */
+  private readonly goals: number[] = [];
+
+  /** A stream with TPOT objective `goal` began (`+1`) or stopped (`-1`) decoding here. */
+  decoding(goal: number, change: 1 | -1): void {
+    const { goals } = this;
+    if (change > 0) goals.push(goal);
+    else {
+      const at = goals.indexOf(goal);
+      if (at >= 0) goals.splice(at, 1);
+    }
+    let least = Infinity;
+    for (const one of goals) if (one < least) least = one;
+    this.tightestTpot = least;
+  }
+}
+
+/** The fleet's shape and each rank's speed; see the module comment. */
+export class LatencyModel {
+  private readonly ranks = new Map<string, RankLatency>();
+  private readonly ttftFit = new Fit(3);
+  private readonly tpotFit = new Fit(2);
+  private readonly shares: SourceShares;
+  // The shape, read at each decision (refreshed by `prepare`).
+  private a = 0;
+  private b = 0;
+  private c = 0;
+  private t0 = 0;
+  private t1 = 0;
+
+  constructor(minSources = 3) {
+    this.shares = new SourceShares(minSources);
+  }
+
+  /** The rank with key `key` (an endpoint's `upstream#rank`), made on first use. */
+  rank(key: string): RankLatency {
+    let rank = this.ranks.get(key);
+    if (rank === undefined) this.ranks.set(key, (rank = new RankLatency()));
+    return rank;
+  }
+
+  /** Whether TTFT predictions are made (enough samples for the shape). */
+  get ttftWarm(): boolean {
+    return this.ttftFit.samples >= WARM_SAMPLES;
+  }
+
+  get tpotWarm(): boolean {
+    return this.tpotFit.samples >= WARM_SAMPLES;
+  }
+
+  /** Refreshes the shape from the fits: once per decision, before the per-candidate predictions. */
+  prepare(): void {
+    const ttft = this.ttftFit.solve();
+    this.a = ttft[0];
+    this.b = ttft[1];
+    this.c = ttft[2];
+    const tpot = this.tpotFit.solve();
+    this.t1 = tpot[0];
+    this.t0 = tpot[1];
+  }
+
+  /** Predicted TTFT in seconds on `rank` with `work` blocks of prefill (ahead + own) and `load` requests in flight. */
+  ttft(rank: RankLatency, work: number, load: number): number {
+    return rank.ttft.factor * (this.a * work + this.b * load + this.c);
+  }
+
+  /** Predicted TPOT in seconds on `rank` with `load` requests in flight during the decode (the request's own included). */
+  tpot(rank: RankLatency, load: number): number {
+    return rank.tpot.factor * (this.t0 + this.t1 * load);
+  }
+
+  /** The source's weight for one more observation (counted). */
+  weigh(source: string): number {
+    return this.shares.observe(source);
+  }
+
+  /** A measured TTFT (seconds) of a request sent with `work` and `load` (as predicted with), from `source` with `weight`. */
+  learnTtft(rank: RankLatency, source: string, weight: number, work: number, load: number, seconds: number): void {
+    if (!(seconds >= 0) || !(work >= 0) || !(load >= 0)) return;
+    const warm = this.ttftWarm;
+    if (warm) this.prepare();
+    const shaped = this.a * work + this.b * load + this.c;
+    const predicted = rank.ttft.factor * shaped;
+    const y = warm && predicted > 0 ? clip(seconds, predicted) : seconds;
+    this.ttftFit.add([work, load, 1], y / rank.ttft.factor, weight);
+    if (warm && shaped > 0) rank.ttft.learn(source, y, shaped, weight);
+  }
+
+  /** A measured mean TPOT (seconds) of a stream with `load` requests in flight on average during its decode. */
+  learnTpot(rank: RankLatency, source: string, weight: number, load: number, seconds: number): void {
+    if (!(seconds >= 0) || !(load >= 0)) return;
+    const warm = this.tpotWarm;
+    if (warm) this.prepare();
+    const shaped = this.t0 + this.t1 * load;
+    const predicted = rank.tpot.factor * shaped;
+    const y = warm && predicted > 0 ? clip(seconds, predicted) : seconds;
+    this.tpotFit.add([load, 1], y / rank.tpot.factor, weight);
+    if (warm && shaped > 0) rank.tpot.learn(source, y, shaped, weight);
+  }
+
+  /** The shape, for tracing and the docs. */
+  get shape(): { a: number; b: number; c: number; t0: number; t1: number } {
+    this.prepare();
+    return { a: this.a, b: this.b, c: this.c, t0: this.t0, t1: this.t1 };
+  }
+}
+
+function clip(measured: number, predicted: number): number {
+  return Math.min(predicted * CLIP, Math.max(predicted / CLIP, measured));
+}

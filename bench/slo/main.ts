@@ -1,5 +1,5 @@
 /**
- * npm run bench:slo [-- --quick] [--seed N] [--seconds N] [--load 0.65] [--only slo|tiers] [--out FILE]
+ * npm run bench:slo [-- --quick] [--seed N] [--seconds N] [--load 0.65] [--rate R] [--only slo|tiers] [--out FILE]
  *
  * SLO routing against the timed mock vLLM (example-server/mock-vllm/scheduler.ts), real HTTP and
  * ZeroMQ on loopback, one process:
@@ -23,7 +23,7 @@ import type { MockVllmOptions } from '../../example-server/mock-vllm';
 import { parseArgs } from '../lib/stats';
 import { runClosedLoop, runOpenLoop, type Outcome } from './client';
 import { startFleet, type RouterShape } from './fleet';
-import { formatSlo, formatTiers, summarize, tierSummary, type ContenderResult, type TierResult } from './report';
+import { formatPerRank, formatSlo, formatTiers, summarize, tierSummary, type ContenderResult, type TierResult } from './report';
 import { planRequests, SHAPE } from './workload';
 
 const RANKS = 8;
@@ -65,12 +65,12 @@ async function fastTokenTime(): Promise<number> {
 async function saturation(): Promise<number> {
   const fleet = await startFleet(SLO_MOCK, undefined);
   try {
-    const durationMs = (quick ? 12 : 20) * 1000;
+    const durationMs = (quick ? 18 : 25) * 1000;
     const planned = planRequests(seed + 7, 50, durationMs);
     const outcomes = await runClosedLoop(fleet.url, planned, RANKS * 16 + 16, durationMs);
-    // The first quarter fills the ranks; throughput is what ends after it.
-    const from = durationMs / 4;
-    const ended = outcomes.filter((one) => one.status === 200 && one.sentAt >= from);
+    // The first 8 s fill the ranks (a batch request on a slow rank runs for seconds); throughput is what ends after.
+    const from = 8000;
+    const ended = outcomes.filter((one) => one.status === 200 && one.endedAt >= from && one.endedAt <= durationMs);
     return ended.length / ((durationMs - from) / 1000);
   } finally {
     await fleet.close();
@@ -98,7 +98,8 @@ async function sloScenario() {
   process.stdout.write(`SLO: ${RANKS} ranks at speeds ${SPEEDS.join(',')}; measuring a fast rank's token time and the fleet's saturation...\n`);
   const tokenMs = await fastTokenTime();
   const tpotObjectiveMs = 1.5 * tokenMs;
-  const saturated = await saturation();
+  // --rate N skips the measurement (to compare runs at one rate on a machine whose speed varies).
+  const saturated = value('rate') === undefined ? await saturation() : Number(value('rate')) / load;
   const rate = load * saturated;
   process.stdout.write(`fast rank's token time ${tokenMs.toFixed(1)} ms (TPOT objective ${tpotObjectiveMs.toFixed(1)} ms); saturation ${saturated.toFixed(2)} req/s; arrivals ${rate.toFixed(2)} req/s for ${seconds} s\n`);
   const tokenizer = (await startFleet({ dataParallelSize: 1 }, undefined).then(async (fleet) => {
@@ -116,7 +117,7 @@ async function sloScenario() {
     process.stdout.write(`  ${name}...\n`);
     results.push(await runContender(name, shape, rate, tpotObjectiveMs));
   }
-  process.stdout.write(`\n${formatSlo(results)}\n`);
+  process.stdout.write(`\n${formatSlo(results)}\n\n${formatPerRank(results)}\n`);
   return { tokenMs, tpotObjectiveMs, saturated, rate, results };
 }
 

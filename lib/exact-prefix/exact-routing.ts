@@ -212,7 +212,10 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
 
   function collect(report: KvGaugeReport): void {
     for (const stream of streams.values()) {
-      for (const [rank, labels] of stream.labels) report.rank(labels, stream.index.blockCount(rank), serving(stream, rank));
+      for (const [rank, labels] of stream.labels) {
+        report.rank(labels, stream.index.blockCount(rank), serving(stream, rank));
+        for (const [medium, blocks] of stream.index.tiers.counts(stream.index.positionOf(rank))) report.tier(labels, medium, blocks);
+      }
       report.agreement(stream.agreement.compared, stream.agreement.ratio);
     }
   }

@@ -5,17 +5,17 @@
  * the exact index scores them at `prefixAware.tierWeights` (exact-index.ts `match`).
  *
  * What the connector publishes (docs/slo-routing.md, "KV-cache tiers"):
- * - vLLM 52a31cc (offloading/scheduler.py:946-964 `take_events`): one `BlockStored` per
+ * - vLLM 52a31cc (offloading/scheduler.py:946-965 `take_events`): one `BlockStored` per
  *   offloaded chunk with `block_hashes=[get_offload_block_hash(key)]`, `parent_block_hash=None`,
  *   `token_ids=[]`, `block_size=0`, `medium` the tier (`"CPU"`, cpu/common.py:12); the hash is the
  *   GPU hash of the chunk's last block (scheduler.py:196-206 `update_offload_keys`: every
  *   `hash_block_size_factor`-th block hash) as raw bytes, while GPU events carry it as a 64-bit
  *   integer by default (kv_cache_utils.py:77-80 `maybe_convert_block_hash`, envs.py
  *   `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`=1): both forms are tried.
- * - newer vLLM (offloading/events.py:316-334 `_placeholder_stored`, :336-385): the same
+ * - newer vLLM (offloading/events.py:317-335 `_placeholder_stored`, :337-380): the same
  *   placeholder, hash converted as the GPU's; or, with self-describing events, the chunk's own
  *   GPU block hashes with parent, tokens and block size. Removals name the same hashes
- *   (events.py:387-413; 52a31cc scheduler.py:955).
+ *   (events.py:382-413; 52a31cc scheduler.py:955).
  * So a tier block is keyed by the router key of the GPU block with the same engine hash (the
  * block was on the GPU when it was offloaded); a hash the GPU index never saw cannot be placed
  * in a prompt and is dropped, as an orphan is.

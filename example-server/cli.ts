@@ -4,6 +4,7 @@ import type { DnsUpstreamOptions, PolicyName, RankHeaderMode, UpstreamOptions } 
 import { resolveKvEndpoints } from '../lib/exact-prefix/events/endpoints';
 import type { KvEventsOptions } from '../lib/exact-prefix/events/source';
 import { AUTHORIZATION, redactUrl, upstreamUrlProblem } from '../lib/upstreams/upstream-url';
+import { parseSpeeds, type MockTimingFlags } from './mock-vllm/timing-flags';
 
 /** An upstream as the gateway passes it to the router, with where its KV events are published. */
 export type GatewayUpstream = (UpstreamOptions | DnsUpstreamOptions) & { kvEvents?: KvEventsOptions };
@@ -48,6 +49,8 @@ export interface GatewaySettings {
   admission: AdmissionFlags;
   /** The embedded mock's per-rank concurrency (vLLM's --max-num-seqs); 0: no limit. */
   mockMaxNumSeqs: number;
+  /** The embedded mock's timed engine and CPU tier (`--mock-speeds`, `--mock-step-ms`, `--mock-cpu-blocks`). */
+  mockTiming: MockTimingFlags;
   /** `prefixAware.placementSlack`; `undefined`: the policy's default. */
   placementSlack: number | undefined;
   /**
@@ -162,6 +165,12 @@ Options:
                         [30001 (taken: an error); any with --port 0]
   --mock-max-num-seqs N embedded mock: requests each rank runs at once (vLLM's
                         --max-num-seqs); past it they wait in the engine  [no limit]
+  --mock-speeds S[,S…]  embedded mock: time every rank as vLLM's scheduler does, in steps
+                        (decode slows as the batch grows, cache hits skip prefill, one chunk
+                        per token), each at this relative speed, e.g. 1,1,1,0.5  [off]
+  --mock-step-ms MS     embedded mock: the timed steps' fixed cost (turns timing on) [10]
+  --mock-cpu-blocks N   embedded mock: a CPU tier of N blocks per rank, published as vLLM's
+                        offloading connector does (medium CPU)           [off]
   --max-inflight-per-rank N
                         admission: an endpoint's capacity; past it requests wait
                         in the gateway's fair queue                      [off; 32 with
@@ -312,6 +321,9 @@ const FLAGS: Readonly<Record<string, Flag>> = {
   '--mock-decode-ms': { value: (s, raw, flag) => (s.settings.mockDecodeMs = integer(flag, raw, 0, 10_000)) },
   '--mock-port': { value: (s, raw, flag) => (s.settings.mockPort = integer(flag, raw, 0, 65535)) },
   '--mock-max-num-seqs': { value: (s, raw, flag) => (s.settings.mockMaxNumSeqs = integer(flag, raw, 1, 1_000_000)) },
+  '--mock-speeds': { value: (s, raw, flag) => (s.settings.mockTiming.speeds = usage(() => parseSpeeds(flag, raw))) },
+  '--mock-step-ms': { value: (s, raw, flag) => (s.settings.mockTiming.stepMs = integer(flag, raw, 1, 10_000)) },
+  '--mock-cpu-blocks': { value: (s, raw, flag) => (s.settings.mockTiming.cpuBlocks = integer(flag, raw, 1, 100_000_000)) },
   '--max-inflight-per-rank': { value: (s, raw, flag) => (s.settings.admission.maxInflightPerRank = integer(flag, raw, 1, 1_000_000)) },
   '--queue-max': { value: (s, raw, flag) => (s.settings.admission.queueMax = integer(flag, raw, 0, 1_000_000)) },
   '--queue-timeout-ms': { value: (s, raw, flag) => (s.settings.admission.queueTimeoutMs = integer(flag, raw, 1, 3_600_000)) },
@@ -352,6 +364,7 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
       disaggregation: undefined,
       admission: {},
       mockMaxNumSeqs: 0,
+      mockTiming: {},
       placementSlack: undefined,
       peers: undefined,
     },
@@ -464,9 +477,16 @@ function refuseWithoutEffect(state: ParseState, given: ReadonlyMap<string, unkno
     throw new UsageError('--on-invalid says what an invalid trusted hint gets, and hints are untrusted (each is removed unread): add --trust-hints or drop --on-invalid');
   }
   const upstreamFlag = ['--upstream', '--upstream-dns', '--prefill', '--decode'].find((flag) => given.has(flag));
-  const mockFlag = ['--mock-port', '--mock-decode-ms', '--mock-max-num-seqs'].find((flag) => given.has(flag));
+  const mockFlag = ['--mock-port', '--mock-decode-ms', '--mock-max-num-seqs', '--mock-speeds', '--mock-step-ms', '--mock-cpu-blocks'].find((flag) => given.has(flag));
   if (upstreamFlag !== undefined && mockFlag !== undefined) {
     throw new UsageError(`${mockFlag} sets up the embedded mock vLLM, which does not start with ${upstreamFlag}: drop ${mockFlag}`);
+  }
+  const { speeds } = settings.mockTiming;
+  if (given.has('--mock-decode-ms') && (given.has('--mock-speeds') || given.has('--mock-step-ms'))) {
+    throw new UsageError('--mock-decode-ms times each request alone; --mock-speeds and --mock-step-ms time the engine in steps: give one or the other');
+  }
+  if (speeds !== undefined && speeds.length !== 1 && speeds.length !== settings.dpSize) {
+    throw new UsageError(`--mock-speeds gives ${speeds.length} speeds for the embedded mock's ${settings.dpSize} ranks (--dp-size): give one per rank, or one for all`);
   }
   const everyUrlRanked = [...state.upstreamSpecs, ...state.prefillSpecs, ...state.decodeSpecs].every((spec) => parseUpstreamSpec(spec, 1).explicit);
   const everyNameRanked = state.dnsSpecs.every((spec) => parseDnsSpec(spec, 1, undefined).explicit);
@@ -740,4 +760,13 @@ function redisUrl(flag: string, raw: string): string {
   }
   if (url.protocol !== 'redis:' && url.protocol !== 'rediss:') throw new UsageError(`${flag} must be a redis:// or rediss:// URL, got ${JSON.stringify(redactUrl(raw))}`);
   return raw;
+}
+
+/** Runs a parser of the mock's command, whose errors are plain `Error`s, as a gateway flag's. */
+function usage<T>(parse: () => T): T {
+  try {
+    return parse();
+  } catch (error) {
+    throw new UsageError((error as Error).message);
+  }
 }

@@ -9,6 +9,7 @@ import { gatewayErrorOf } from '../lib/errors';
 import { redactUrl } from '../lib/upstreams/upstream-url';
 import { DEFAULT_MOCK_PORT, type GatewaySettings } from './cli';
 import { startMockVllm, type MockVllm, type MockVllmOptions } from './mock-vllm';
+import { timedMockOptions } from './mock-vllm/timing-flags';
 import { admissionFromFlags } from './admission';
 import { listenProblem } from './listen-problem';
 import { servicesSummary } from './startup-line';
@@ -165,12 +166,19 @@ function madeUp(error: Error, status: number): boolean {
  * tokenizer files gets a mock without them. Nothing is bound before that fails.
  */
 async function startMock(settings: GatewaySettings, role?: Pick<MockVllmOptions, 'role' | 'connector'>): Promise<{ mock: MockVllm; eventsOff?: string }> {
-  const options = { dataParallelSize: settings.dpSize, decodeMsPerToken: settings.mockDecodeMs, ...(settings.mockMaxNumSeqs > 0 && { maxNumSeqs: settings.mockMaxNumSeqs }), ...role };
+  const { scheduler, cpuBlocksPerRank } = timedMockOptions(settings.mockTiming, settings.dpSize, '--mock-speeds');
+  const options: MockVllmOptions = {
+    dataParallelSize: settings.dpSize,
+    ...(scheduler ? { scheduler } : { decodeMsPerToken: settings.mockDecodeMs }),
+    ...(settings.mockMaxNumSeqs > 0 && { maxNumSeqs: settings.mockMaxNumSeqs }),
+    ...role,
+  };
   // The decode server of --pd publishes none: prefill ranks are the ones picked on prefixes.
   if (role?.role === 'decode') return { mock: await startMockVllm(options) };
   // A gateway on any port (--port 0: tests, several at once) puts its mock on any port too.
   const port = settings.mockPort ?? (settings.port === 0 ? 0 : undefined);
-  const start = (withEvents: boolean) => startMockOnPort(port, { ...options, ...(withEvents && { kvEvents: {} }) });
+  // The CPU tier keeps token blocks: it needs the tokenizer that comes with the events.
+  const start = (withEvents: boolean) => startMockOnPort(port, { ...options, ...(withEvents && { kvEvents: {}, ...(cpuBlocksPerRank && { cpuBlocksPerRank }) }) });
   try {
     return { mock: await start(true) };
   } catch (error) {

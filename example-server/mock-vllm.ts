@@ -27,6 +27,8 @@ import { SeqLimit } from './mock-vllm/max-num-seqs';
 import { RequestTimer, SseWriter } from './mock-vllm/stream-writer';
 import { mockTokenizer, serveTokenize } from './mock-vllm/tokenize';
 import { PdRole, type PdAdmission } from './mock-vllm/pd-roles';
+import { MockScheduler, resolveSchedulerOptions, type SchedulerConfig } from './mock-vllm/scheduler';
+import { serveTimed } from './mock-vllm/timed-generation';
 import { SELF_BALANCED_PATHS, serveSelfBalanced } from './mock-vllm/self-balanced';
 import type { PromptTokenizer } from '../lib/exact-prefix/tokenizer/tokenizer';
 import type { MockFault, MockRequestRecord, MockVllm, MockVllmOptions } from './mock-vllm/types';
@@ -37,6 +39,7 @@ export type {
   MockKvEventsOptions,
   MockRankStats,
   MockRequestRecord,
+  MockSchedulerOptions,
   MockVllm,
   MockVllmOptions,
   MockVllmStats,
@@ -46,7 +49,7 @@ export { MOCK_TOKENIZER_DIR } from './mock-vllm/tokenize';
 
 const REQUEST_LOG_SIZE = 10_000;
 
-type MockConfig = Required<Omit<MockVllmOptions, 'kvEvents'>> & { kvEvents: KvEventsConfig | null };
+type MockConfig = Required<Omit<MockVllmOptions, 'kvEvents' | 'scheduler'>> & { kvEvents: KvEventsConfig | null; scheduler: SchedulerConfig | null };
 /** The `ignoreRankHeader` test hook's setting. */
 type IgnoredHeader = MockVllm['ignoreRankHeader'];
 /** Faults `injectFault` answers in place of the route; the others shape the route's own answer. */
@@ -64,6 +67,8 @@ interface ServerContext {
   /** Set with `role` other than `'both'`: the prefill or decode leg's checks. */
   readonly pd: PdRole | undefined;
   readonly seqs: SeqLimit;
+  /** Set with `scheduler`: the timed engine every generation runs on. */
+  readonly scheduler: MockScheduler | undefined;
 }
 
 type RouteHandler = (ctx: ServerContext, req: IncomingMessage, res: ServerResponse, record: MockRequestRecord) => unknown;
@@ -93,8 +98,10 @@ export async function startMockVllm(options: MockVllmOptions = {}): Promise<Mock
   let fault: MockFault | undefined;
   let ignoredHeader: IgnoredHeader;
   const pd = config.role === 'both' ? undefined : new PdRole(config.role, config.connector, ranks, config.blockTokens, config.kvLeaseMs);
-  const seqs = new SeqLimit(config.maxNumSeqs);
-  const ctx: ServerContext = { config, engine, log, tokenizer, currentFault: () => fault, ignoredHeader: () => ignoredHeader, pd, seqs };
+  // The timed engine keeps its own running limit and waiting queue, as vLLM's scheduler does.
+  const scheduler = config.scheduler ? new MockScheduler(config.scheduler) : undefined;
+  const seqs = new SeqLimit(scheduler ? Infinity : config.maxNumSeqs);
+  const ctx: ServerContext = { config, engine, log, tokenizer, currentFault: () => fault, ignoredHeader: () => ignoredHeader, pd, seqs, scheduler };
 
   const server = createServer((req, res) => handleRequest(ctx, req, res));
   const sockets = trackSockets(server);
@@ -114,13 +121,14 @@ export async function startMockVllm(options: MockVllmOptions = {}): Promise<Mock
     kvEvents: events?.info,
     bootstrapPort: bootstrap?.port,
     engineIds: pd?.engines,
-    close: () => (closing ??= Promise.all([closeServer(server, sockets), events?.close(), bootstrap?.close()]).then(() => undefined)),
+    close: () => (closing ??= Promise.all([closeServer(server, sockets), events?.close(), bootstrap?.close(), scheduler?.close()]).then(() => undefined)),
     stats: () => {
       const perRank = engine.snapshot();
       // Only with `maxNumSeqs`: the counters of a mock without it stay as they were.
       if (config.maxNumSeqs !== Infinity) {
         for (const rank of engine.ranks) Object.assign(perRank[rank.globalRank], { waiting: seqs.waiting(rank.globalRank), peakConcurrent: seqs.peak(rank.globalRank) });
       }
+      if (scheduler) engine.ranks.forEach((rank, local) => (perRank[rank.globalRank].waiting = scheduler.waiting(local)));
       return { perRank, requests: log.snapshot() };
     },
     resetStats: () => {
@@ -166,9 +174,11 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
     kvLeaseMs: options.kvLeaseMs ?? 30_000,
     loraModules: options.loraModules ?? [],
     promptTokensDetails: options.promptTokensDetails ?? true,
+    cpuBlocksPerRank: options.cpuBlocksPerRank ?? 0,
     kvEvents: null,
+    scheduler: null,
   };
-  const integers = { port: 0, dataParallelSize: 1, startRank: 0, cacheBlocksPerRank: 1, blockTokens: 1, maxModelLen: 1, bootstrapPort: 0, kvLeaseMs: 1 };
+  const integers = { port: 0, dataParallelSize: 1, startRank: 0, cacheBlocksPerRank: 1, blockTokens: 1, maxModelLen: 1, bootstrapPort: 0, kvLeaseMs: 1, cpuBlocksPerRank: 0 };
   for (const [name, minimum] of Object.entries(integers)) {
     const value = config[name as keyof typeof integers];
     if (!Number.isSafeInteger(value) || value < minimum) {
@@ -193,6 +203,18 @@ function resolveOptions(options: MockVllmOptions): MockConfig {
   }
   if (options.kvEvents !== undefined) {
     config.kvEvents = resolveKvEventsOptions(options.kvEvents, config.startRank + config.dataParallelSize - 1);
+  }
+  if (config.cpuBlocksPerRank > 0 && config.kvEvents === null) {
+    throw new TypeError('startMockVllm: cpuBlocksPerRank needs kvEvents (the CPU tier keeps token blocks): add kvEvents: {}');
+  }
+  if (config.cpuBlocksPerRank > 0 && config.kvEvents?.offload) {
+    throw new TypeError('startMockVllm: kvEvents.offload publishes stores of a CPU tier the mock does not keep; with cpuBlocksPerRank the tier publishes its own events: drop offload');
+  }
+  if (options.scheduler !== undefined) {
+    for (const name of ['prefillMsPerToken', 'decodeMsPerToken'] as const) {
+      if (options[name] !== undefined) throw new TypeError(`startMockVllm: ${name} times requests one by one; with scheduler the steps are timed by scheduler.stepMs, stepMsPerSeq and prefillMsPerToken: drop ${name}`);
+    }
+    config.scheduler = resolveSchedulerOptions(options.scheduler, config.dataParallelSize, config.maxNumSeqs);
   }
   return config;
 }
@@ -278,7 +300,9 @@ function serveModels(ctx: ServerContext, _req: IncomingMessage, res: ServerRespo
 }
 
 function serveMetrics(ctx: ServerContext, _req: IncomingMessage, res: ServerResponse): void {
-  const text = renderMetrics(ctx.config.model, ctx.engine.ranks, (rank) => ctx.seqs.waiting(rank));
+  const { scheduler, engine } = ctx;
+  const waiting = scheduler ? (rank: number) => scheduler.waiting(rank - ctx.config.startRank) : (rank: number) => ctx.seqs.waiting(rank);
+  const text = renderMetrics(ctx.config.model, engine.ranks, waiting);
   res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4; charset=utf-8', 'content-length': Buffer.byteLength(text) });
   res.end(text);
 }
@@ -321,6 +345,13 @@ async function serveGeneration(
   const seated = ctx.seqs.seat(rank.globalRank, res);
   if (seated !== true && !(await seated)) return;
   const adapter = adapterOf(read.body, ctx.config.loraModules);
+  if (ctx.scheduler) {
+    record.rank = rank.globalRank;
+    const fault = ctx.currentFault();
+    const eventBudget = fault?.kind === 'die-mid-stream' ? fault.afterChunks : Infinity;
+    const model = adapter?.name ?? ctx.config.model;
+    return serveTimed({ scheduler: ctx.scheduler, engine: ctx.engine, rank, request, adapter, model, reportsCached: ctx.config.promptTokensDetails, leg, eos, eventBudget, res });
+  }
   const admitted = ctx.engine.admit(rank, request.prompts, request.tokenIds, adapter);
   const { promptTokens } = admitted;
   // The decode of a transfer read the prompt's KV cache from the prefill: nothing left to compute.

@@ -4,6 +4,7 @@
  */
 import { listenProblem } from '../listen-problem';
 import { startMockVllm } from '../mock-vllm';
+import { parseSpeeds, timedMockOptions, type MockTimingFlags } from './timing-flags';
 import type { MockVllmOptions } from './types';
 
 export const MOCK_USAGE = `Usage: npx tsx example-server/mock-vllm.ts [options]
@@ -34,6 +35,13 @@ Options:
                         external load balancing (with --data-parallel-rank)
   --model NAME          served model name                                [mock-model]
   --decode-ms N         delay per generated token                        [0]
+  --speeds S[,S…]       time every rank as vLLM's scheduler does, in steps (decode slows as
+                        the batch grows, cache hits skip prefill, one chunk per token), each
+                        rank at this relative speed: 1,1,0.5,0.5 (one value: every rank)  [off]
+  --step-ms MS          the timed steps' fixed cost at speed 1 (turns timing on)       [10]
+  --cpu-blocks N        a CPU tier per rank of N blocks, written through as vLLM's
+                        offloading connector does, its events of medium CPU published
+                        (needs --kv-events-port)                          [off]
   --kv-events-port N    publish KV-cache events as vLLM's --kv-events-config does: rank r
                         on tcp://HOST:N+r, its replay socket on N+1000+r [off]
   -h, --help            print this help
@@ -55,6 +63,7 @@ interface DataParallelFlags {
 export function parseMockCommandLine(argv: readonly string[]): MockVllmOptions | 'help' {
   const options: MockVllmOptions = { port: 8000 };
   const dp: DataParallelFlags = { hybridLb: false, externalLb: false };
+  const timing: MockTimingFlags = {};
   const integer = (flag: string, raw: string | undefined, min: number, max: number): number => {
     if (raw === undefined || !/^\d+$/.test(raw) || Number(raw) < min || Number(raw) > max) {
       throw new Error(`${flag} must be an integer from ${min} to ${max}, got ${JSON.stringify(raw ?? '')}`);
@@ -109,6 +118,15 @@ export function parseMockCommandLine(argv: readonly string[]): MockVllmOptions |
       case '--decode-ms':
         options.decodeMsPerToken = integer(flag, value(), 0, 10_000);
         break;
+      case '--speeds':
+        timing.speeds = parseSpeeds(flag, value());
+        break;
+      case '--step-ms':
+        timing.stepMs = integer(flag, value(), 1, 10_000);
+        break;
+      case '--cpu-blocks':
+        timing.cpuBlocks = integer(flag, value(), 1, 100_000_000);
+        break;
       case '--kv-events-port': {
         const port = integer(flag, value(), 1, 64535 - 1024);
         options.kvEvents = { host: options.host, port, replayPort: port + 1000 };
@@ -119,7 +137,10 @@ export function parseMockCommandLine(argv: readonly string[]): MockVllmOptions |
     }
   }
   if (options.kvEvents) options.kvEvents.host = options.host;
-  return { ...options, ...managedEngines(dp) };
+  const engines = managedEngines(dp);
+  if (timing.cpuBlocks !== undefined && options.kvEvents === undefined) throw new Error('--cpu-blocks keeps token blocks, which needs the tokenizer of --kv-events-port: add --kv-events-port N');
+  if (options.decodeMsPerToken !== undefined && (timing.speeds || timing.stepMs)) throw new Error('--decode-ms times each request alone; --speeds and --step-ms time the engine in steps: give one or the other');
+  return { ...options, ...engines, ...timedMockOptions(timing, engines.dataParallelSize ?? 4, '--speeds') };
 }
 
 /**

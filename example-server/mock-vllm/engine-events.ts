@@ -3,6 +3,7 @@
  * rank's publisher and replay socket, and sends what the ranks' token caches report.
  */
 import { startMockKvPublisher, type KvLayout, type MockKvEvent, type MockKvPublisher } from './kv-events';
+import { lowBits } from './cpu-tier';
 import { MOCK_TOKENIZER_DIR } from './tokenize';
 import type { MockKvEvents, MockKvEventsOptions } from './types';
 
@@ -98,11 +99,12 @@ export async function startEngineEvents(config: KvEventsConfig, ranks: readonly 
  * connector's CPU stores after the GPU events (scheduler.py appends the connector's events).
  */
 function shaped(events: MockKvEvent[], config: KvEventsConfig): MockKvEvent[] {
-  if (!config.hybrid && !config.offload) return events;
+  if (!config.hybrid && !config.offload && config.layout !== 'map') return events;
   const out: MockKvEvent[] = [];
   if (config.hybrid) {
     for (const event of events) {
-      if (event.type === 'AllBlocksCleared') {
+      // A CPU tier's events (cpu-tier.ts) name no attention group: the connector's carry none.
+      if (event.type === 'AllBlocksCleared' || (event.medium != null && event.medium !== 'GPU')) {
         out.push(event);
         continue;
       }
@@ -125,5 +127,20 @@ function shaped(events: MockKvEvent[], config: KvEventsConfig): MockKvEvent[] {
       out.push({ type: 'BlockStored', blockHashes: event.blockHashes, parentBlockHash: null, tokenIds: [], blockSize: 0, loraId: null, medium: 'CPU', loraName: null });
     }
   }
+  // The cache's own CPU tier (cpuBlocksPerRank) in newer vLLM's form; `offload`'s stores stay as they were.
+  if (config.layout === 'map') return out.flatMap(newerCpuEvent);
   return out;
+}
+
+/**
+ * A CPU tier's event as newer vLLM publishes it (fixtures/vllm-db92053/offload-cpu.json): one
+ * `BlockStored` per block with the GPU event's int hash and `group_idx` 0, a `BlockRemoved` per
+ * group (offloading/events.py:317-413 at db92053). Other events pass as they are.
+ */
+function newerCpuEvent(event: MockKvEvent): MockKvEvent[] {
+  // Only the tier's own (bytes-hashed) events: `offload`'s synthetic stores keep their form.
+  if (event.type === 'AllBlocksCleared' || event.medium !== 'CPU' || !(event.blockHashes[0] instanceof Uint8Array)) return [event];
+  const hashes = event.blockHashes.map((hash) => (hash instanceof Uint8Array ? lowBits(hash) : hash));
+  if (event.type === 'BlockRemoved') return [{ ...event, blockHashes: hashes, groupIdx: 0 }];
+  return hashes.map((hash) => ({ ...event, blockHashes: [hash], groupIdx: 0 }));
 }

@@ -1,3 +1,4 @@
+import { CpuTier } from './cpu-tier';
 import type { MockKvEvent } from './kv-events';
 import { PrefixCache, TokenPrefixCache, countTokens, type MockAdapter } from './prefix-cache';
 import { parsePythonInt } from './python-int';
@@ -19,7 +20,10 @@ export type RankRequest =
 /** Token accounting of one admitted request. */
 export interface Admission {
   promptTokens: number;
+  /** Found in the rank's GPU prefix cache. */
   cachedTokens: number;
+  /** Found on its CPU tier after those: loaded, not computed. */
+  cpuCachedTokens: number;
 }
 
 /** The options that shape the ranks. */
@@ -30,6 +34,8 @@ export interface EngineConfig {
   startRank: number;
   cacheBlocksPerRank: number;
   blockTokens: number;
+  /** Each rank's CPU tier, in blocks (an offloading connector's); 0: none. Needs `publishKvEvents` (token blocks). */
+  cpuBlocksPerRank?: number;
   /**
    * Set when the mock tokenizes: ranks cache token blocks, and each admission's KV events go
    * here (the rank's global number, its events in order).
@@ -45,12 +51,13 @@ export class MockEngine {
     this.ranks = Array.from({ length: config.dataParallelSize }, (_, index) => ({
       globalRank: config.startRank + index,
       cache: config.publishKvEvents
-        ? new TokenPrefixCache(config.cacheBlocksPerRank, config.blockTokens)
+        ? new TokenPrefixCache(config.cacheBlocksPerRank, config.blockTokens, config.cpuBlocksPerRank ? new CpuTier(config.cpuBlocksPerRank) : undefined)
         : new PrefixCache(config.cacheBlocksPerRank, config.blockTokens),
       requests: 0,
       running: 0,
       promptTokens: 0,
       cachedTokens: 0,
+      ...(config.cpuBlocksPerRank ? { cpuCachedTokens: 0 } : {}),
     }));
   }
 
@@ -88,6 +95,7 @@ export class MockEngine {
   admit(rank: RankState, prompts: readonly string[], tokenIds?: readonly number[][], adapter?: MockAdapter): Admission {
     let promptTokens = 0;
     let cachedTokens = 0;
+    let cpuCachedTokens = 0;
     const { cache } = rank;
     if (cache instanceof TokenPrefixCache) {
       const events: MockKvEvent[] = [];
@@ -95,6 +103,7 @@ export class MockEngine {
         const admitted = cache.admit(ids, adapter);
         promptTokens += ids.length;
         cachedTokens += admitted.cachedTokens;
+        cpuCachedTokens += admitted.cpuCachedTokens;
         events.push(...admitted.events);
       }
       if (events.length > 0) this.config.publishKvEvents?.(rank.globalRank, events);
@@ -108,7 +117,8 @@ export class MockEngine {
     rank.running++;
     rank.promptTokens += promptTokens;
     rank.cachedTokens += cachedTokens;
-    return { promptTokens, cachedTokens };
+    if (rank.cpuCachedTokens !== undefined) rank.cpuCachedTokens += cpuCachedTokens;
+    return { promptTokens, cachedTokens, cpuCachedTokens };
   }
 
   /** Ends a request admitted on `rank`; the caller guarantees once per admission. */
@@ -119,8 +129,8 @@ export class MockEngine {
   /** Counters keyed by global rank. */
   snapshot(): Record<number, MockRankStats> {
     const perRank: Record<number, MockRankStats> = {};
-    for (const { globalRank, requests, running, promptTokens, cachedTokens } of this.ranks) {
-      perRank[globalRank] = { requests, running, promptTokens, cachedTokens };
+    for (const { globalRank, requests, running, promptTokens, cachedTokens, cpuCachedTokens } of this.ranks) {
+      perRank[globalRank] = { requests, running, promptTokens, cachedTokens, ...(cpuCachedTokens !== undefined && { cpuCachedTokens }) };
     }
     return perRank;
   }
@@ -131,6 +141,7 @@ export class MockEngine {
       rank.requests = 0;
       rank.promptTokens = 0;
       rank.cachedTokens = 0;
+      if (rank.cpuCachedTokens !== undefined) rank.cpuCachedTokens = 0;
     }
   }
 }

@@ -1,3 +1,4 @@
+import type { CpuTier } from './cpu-tier';
 import type { MockKvEvent } from './kv-events';
 
 /** Characters per token: the mock has no tokenizer. */
@@ -85,8 +86,10 @@ export function hashBlock(previous: number, units: string | ArrayLike<number>, s
 
 /** What one prompt did to a {@link TokenPrefixCache}. */
 export interface TokenAdmission {
-  /** Leading prompt tokens found cached (whole blocks, the last prompt token excluded). */
+  /** Leading prompt tokens found cached on the GPU (whole blocks, the last prompt token excluded). */
   cachedTokens: number;
+  /** The tokens of the blocks after those found on the CPU tier, to be loaded rather than computed; 0 without one. */
+  cpuCachedTokens: number;
   /** vLLM's KV events for it: `BlockRemoved` for what made room, then `BlockStored` per run of new blocks. */
   events: MockKvEvent[];
 }
@@ -115,6 +118,8 @@ export class TokenPrefixCache {
   constructor(
     private readonly capacityBlocks: number,
     private readonly blockTokens: number,
+    /** An offloading connector's CPU tier, written through (cpu-tier.ts); none by default. */
+    readonly cpu?: CpuTier,
   ) {}
 
   /** Blocks held now. */
@@ -150,6 +155,9 @@ export class TokenPrefixCache {
       if (held && leadingHits === block && block < hitEligibleBlocks) leadingHits++;
       if (!held) missing++;
     }
+    // The connector looks up the blocks after the GPU's hits on its tier (scheduler.py:591-606).
+    let cpuHits = 0;
+    while (this.cpu !== undefined && leadingHits + cpuHits < Math.min(hitEligibleBlocks, hashes.length) && this.cpu.has(hashes[leadingHits + cpuHits])) cpuHits++;
     const events: MockKvEvent[] = [];
     const stored = this.storedEvents(ids, hashes, adapter);
     // What the prompt holds already is used first, so that making room never evicts it.
@@ -164,7 +172,9 @@ export class TokenPrefixCache {
     for (const hash of evicted) events.push({ type: 'BlockRemoved', blockHashes: [hash], medium: 'GPU', groupIdx: 0 });
     this.rank(hashes, () => true);
     events.push(...stored);
-    return { cachedTokens: leadingHits * size, events };
+    // The connector's events follow the block pool's in the step's batch (scheduler.py:1554-1565).
+    if (this.cpu !== undefined) events.push(...this.cpu.store(hashes));
+    return { cachedTokens: leadingHits * size, cpuCachedTokens: cpuHits * size, events };
   }
 
   /**

@@ -22,6 +22,22 @@ export interface MockVllmOptions {
   startRank?: number;
   /** Served model name. Default: `'mock-model'`. */
   model?: string;
+  /**
+   * Time every rank as vLLM's scheduler does, step by step (mock-vllm/scheduler.ts): a token
+   * budget per step, a running limit (`maxNumSeqs`, 256 here by default as vLLM's API server's:
+   * vllm/engine/arg_utils.py:2329), prefix-cache hits skipping compute, decode slowing as the
+   * running batch grows, one SSE chunk per output token as each step ends, ranks of different
+   * speeds. Replaces `prefillMsPerToken` and `decodeMsPerToken` (giving both is an error).
+   * `{}` takes every default. Default: `undefined` (each request is timed on its own by those two).
+   */
+  scheduler?: MockSchedulerOptions;
+  /**
+   * Each rank's CPU tier, in blocks, as vLLM's OffloadingConnector keeps one (mock-vllm/cpu-tier.ts):
+   * written through, LRU, a prompt's blocks found there after its GPU hits loaded instead of
+   * recomputed (`scheduler.cpuLoadMsPerToken`), its stores and evictions published as KV events of
+   * medium `CPU`. Needs `kvEvents`. Default: `0` (none).
+   */
+  cpuBlocksPerRank?: number;
   /** Simulated prefill time per uncached prompt token, in ms. Default: `0`. */
   prefillMsPerToken?: number;
   /** Simulated time per output token, in ms (SSE chunks are spaced by this). Default: `0`. */
@@ -82,6 +98,25 @@ export interface MockVllmOptions {
    * own default is off. Default: `true`.
    */
   promptTokensDetails?: boolean;
+}
+
+/** The timed engine's model of a step (see {@link MockVllmOptions.scheduler}); times are at speed 1. */
+export interface MockSchedulerOptions {
+  /**
+   * Each engine's speed, in local-index order (one number: every engine): a step on an engine of
+   * speed 0.5 takes twice as long. Default: `1` for every engine.
+   */
+  speeds?: number | readonly number[];
+  /** A step's fixed cost, in ms: a lone decode's time per output token is about this plus `stepMsPerSeq`. Default: `10`. */
+  stepMs?: number;
+  /** What each request scheduled in a step adds to it, in ms: decode slows as the running batch grows. Default: `0.25`. */
+  stepMsPerSeq?: number;
+  /** What each prompt token computed in a step adds to it, in ms. Default: `0.05` (20 000 tokens a second). */
+  prefillMsPerToken?: number;
+  /** What each prompt token loaded from the CPU tier adds, in ms. Default: a sixth of `prefillMsPerToken`. */
+  cpuLoadMsPerToken?: number;
+  /** Tokens a step may compute (vLLM's `--max-num-batched-tokens`; 2048 on its API server: vllm/engine/arg_utils.py:2325). Default: `2048`. */
+  maxNumBatchedTokens?: number;
 }
 
 /** Where and how the mock publishes KV events (see {@link MockVllmOptions.kvEvents}). */
@@ -160,8 +195,10 @@ export interface MockRankStats {
   running: number;
   /** Prompt tokens of admitted requests (4 characters each, or the tokenizer's with `kvEvents`). */
   promptTokens: number;
-  /** Of those, tokens found in the rank's prefix cache. */
+  /** Of those, tokens found in the rank's (GPU) prefix cache. */
   cachedTokens: number;
+  /** Of those, tokens found on the rank's CPU tier after its GPU hits; with `cpuBlocksPerRank` only. */
+  cpuCachedTokens?: number;
   /** Requests waiting for a seat; in `stats()`, with `maxNumSeqs` only. */
   waiting?: number;
   /** The most generation requests the rank held at once, running and waiting, since the last `resetStats()`; in `stats()`, with `maxNumSeqs` only. */

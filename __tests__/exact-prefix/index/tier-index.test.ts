@@ -1,4 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { Packr } from 'msgpackr';
 import { decodeKvEventBatch, type EngineBlockHash, type KvEvent } from '../../../lib/exact-prefix/events/decode';
 import { KvExactIndex } from '../../../lib/exact-prefix/index/exact-index';
@@ -103,5 +105,42 @@ describe('lower KV-cache tiers in the exact index', () => {
     const match = index.match(tokens);
     expect(match.matchedBlocks[0]).toBe(2);
     expect(match.weightedBlocks![0]).toBeCloseTo(3.6);
+  });
+});
+
+describe("lower tiers from vLLM's own offload events (fixtures/*/offload-cpu.json, recorded by vLLM's code)", () => {
+  const versions = ['vllm-52a31cc', 'vllm-db92053'] as const;
+  /** Every published batch of the recording applied to rank 2's index (the publisher's rank); every event must apply. */
+  function fed(version: (typeof versions)[number]): { index: KvExactIndex; gpuHashes: EngineBlockHash[][] } {
+    const recorded = JSON.parse(readFileSync(join(__dirname, '..', 'fixtures', version, 'offload-cpu.json'), 'utf8')) as { frames: string[][] };
+    const index = new KvExactIndex({ ranks: [2], tierWeights: { GPU: 1, CPU: 0.8 } });
+    const gpuHashes: EngineBlockHash[][] = [];
+    for (const frames of recorded.frames) {
+      const decoded = decodeKvEventBatch(Buffer.from(frames[2], 'hex'));
+      if (!decoded.ok) throw new Error(decoded.reason);
+      expect(decoded.batch.invalidEvents).toBe(0);
+      for (const event of decoded.batch.events) {
+        expect(index.applyEvent(2, event)).toBe(true);
+        if (event.type === 'stored' && event.medium === 'GPU') gpuHashes.push(event.blockHashes);
+      }
+    }
+    return { index, gpuHashes };
+  }
+  const second = [1, 2, 3, 4, 5, 6, 7, 8, 30, 31, 32, 33, 34];
+
+  it.each(versions)('%s: the CPU tier holds the second prompt’s blocks; evicted from the GPU, its third block scores 0.8', (version) => {
+    const { index, gpuHashes } = fed(version);
+    // The CPU tier holds 3 blocks: the first prompt's first two and the second prompt's third (the LRU evicted the first prompt's third).
+    expect(index.tiers.counts(0)).toEqual([['CPU', 3]]);
+    expect(index.match(second).matchedBlocks[0]).toBe(3);
+    // The GPU evicts the second prompt's third block, as block_pool.py:391-397 publishes it (medium GPU, the int hash).
+    const third = gpuHashes[1][0];
+    expect(index.applyEvent(2, { type: 'removed', blockHashes: [third], medium: 'GPU', groupIdx: 0 })).toBe(true);
+    const match = index.match(second);
+    expect(match.matchedBlocks[0]).toBe(2);
+    expect(match.weightedBlocks![0]).toBeCloseTo(2.8);
+    // The first prompt's third block left both tiers: nothing past its GPU run.
+    index.applyEvent(2, { type: 'removed', blockHashes: [gpuHashes[0][2]], medium: 'GPU', groupIdx: 0 });
+    expect(index.match(Array.from({ length: 12 }, (_, i) => i + 1)).weightedBlocks?.[0] ?? 2).toBe(2);
   });
 });

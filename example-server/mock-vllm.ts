@@ -355,12 +355,15 @@ async function serveGeneration(
   const admitted = ctx.engine.admit(rank, request.prompts, request.tokenIds, adapter);
   const { promptTokens } = admitted;
   // The decode of a transfer read the prompt's KV cache from the prefill: nothing left to compute.
-  const cachedTokens = leg?.kind === 'decode' ? promptTokens : admitted.cachedTokens;
+  // What usage reports as cached counts the CPU tier's hits too (prefill_stats: vllm/v1/metrics/stats.py:266 at 52a31cc).
+  const cachedTokens = leg?.kind === 'decode' ? promptTokens : admitted.cachedTokens + admitted.cpuCachedTokens;
   record.rank = rank.globalRank;
   const timer = releaseOnClose(ctx, rank, res);
 
   const generation: Generation = { request, model: adapter?.name ?? ctx.config.model, rank: rank.globalRank, promptTokens, cachedTokens, reportsCached: ctx.config.promptTokensDetails };
-  const prefillMs = ctx.config.prefillMsPerToken * (promptTokens - cachedTokens);
+  // Tokens loaded from the CPU tier cost a sixth of computing them (the timed engine's default ratio).
+  const loadedTokens = leg?.kind === 'decode' ? 0 : admitted.cpuCachedTokens;
+  const prefillMs = ctx.config.prefillMsPerToken * (promptTokens - cachedTokens + loadedTokens / 6);
   const rankHeader = { 'x-mock-rank': String(rank.globalRank) };
   if (!request.stream) {
     const generateMs = prefillMs + ctx.config.decodeMsPerToken * request.maxTokens;

@@ -32,7 +32,17 @@ describe('parseCommandLine', () => {
       tokenizer: undefined,
       admission: {},
       mockMaxNumSeqs: 0,
+      mockTiming: {},
     });
+  });
+
+  it("reads the embedded mock's timing flags, refusing speeds that do not match --dp-size and --mock-decode-ms beside them", () => {
+    expect(parse('--mock-speeds', '1,1,0.5,0.5', '--mock-step-ms', '25', '--mock-cpu-blocks', '4096').mockTiming).toEqual({ speeds: [1, 1, 0.5, 0.5], stepMs: 25, cpuBlocks: 4096 });
+    expect(parse('--mock-speeds', '0.5').mockTiming).toEqual({ speeds: [0.5] });
+    expect(() => parse('--mock-speeds', '1,1,0.5')).toThrow(/3 speeds for the embedded mock's 4 ranks/);
+    expect(() => parse('--mock-speeds', '1,0,1,1')).toThrow(UsageError);
+    expect(() => parse('--mock-speeds', '1', '--mock-decode-ms', '5')).toThrow(/give one or the other/);
+    expect(() => parse('--upstream', 'http://127.0.0.1:8000', '--mock-cpu-blocks', '10')).toThrow(/--mock-cpu-blocks sets up the embedded mock/);
   });
 
   it('reads the admission flags and the mock’s --mock-max-num-seqs, refusing a bad header name or Redis URL', () => {

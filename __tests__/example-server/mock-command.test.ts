@@ -52,6 +52,20 @@ describe('the standalone mock vLLM command', () => {
     expect(() => parseMockCommandLine(['--model='])).toThrow('--model needs a value');
   });
 
+  it('reads its timing flags into the timed engine and the CPU tier, refusing what does not fit', () => {
+    expect(parseMockCommandLine(['--dp-size', '4', '--speeds', '1,1,0.5,0.5', '--step-ms', '20', '--cpu-blocks', '1000', '--kv-events-port', '5557'])).toMatchObject({
+      scheduler: { speeds: [1, 1, 0.5, 0.5], stepMs: 20 },
+      cpuBlocksPerRank: 1000,
+    });
+    expect(parseMockCommandLine(['--speeds', '0.5'])).toMatchObject({ scheduler: { speeds: 0.5 } });
+    expect(parseMockCommandLine(['--step-ms', '30'])).toMatchObject({ scheduler: { stepMs: 30 } });
+    expect(parseMockCommandLine([])).not.toHaveProperty('scheduler');
+    expect(() => parseMockCommandLine(['--dp-size', '4', '--speeds', '1,0.5'])).toThrow('--speeds gives 2 speeds for 4 ranks');
+    expect(() => parseMockCommandLine(['--speeds', '1,-1,1,1'])).toThrow('--speeds must be relative speeds above 0');
+    expect(() => parseMockCommandLine(['--cpu-blocks', '100'])).toThrow('--cpu-blocks keeps token blocks, which needs the tokenizer of --kv-events-port');
+    expect(() => parseMockCommandLine(['--speeds', '1', '--decode-ms', '5'])).toThrow('give one or the other');
+  });
+
   it('exits 1 with one line naming its port and --port when the port is taken', async () => {
     const holder = createServer();
     await new Promise<void>((resolve) => holder.listen(0, '127.0.0.1', resolve));

@@ -1,0 +1,183 @@
+/**
+ * npm run bench:slo [-- --quick] [--seed N] [--seconds N] [--load 0.65] [--only slo|tiers] [--out FILE]
+ *
+ * SLO routing against the timed mock vLLM (example-server/mock-vllm/scheduler.ts), real HTTP and
+ * ZeroMQ on loopback, one process:
+ *
+ * 1. SLO: 8 ranks, two at half speed, decode slowed by the running batch; interactive chats with
+ *    objectives (TTFT ≤ 300 ms, TPOT ≤ 1.5 × a fast rank's token time, measured first) among
+ *    batch chats without, Poisson arrivals at `--load` (0.65) of the fleet's saturation throughput
+ *    (measured first: closed loops on the mock itself, every rank full), shared-prefix families.
+ *    Contenders, on the same seeded arrivals, each on a fresh mock: round-robin, today's exact
+ *    routing (prefix-aware on the mock's KV events), SLO routing (the same with `slo`).
+ * 2. Tiers: a GPU cache that spills to a CPU tier 8× larger (loading a block ~6× cheaper than
+ *    recomputing it), the tier's events as vLLM 52a31cc and newer vLLM publish them: today's exact
+ *    routing (lower tiers not scored) against tier-aware routing (`prefixAware.tierWeights`).
+ *
+ * Figures are measured at the client. Requests sent in the first tenth of a run (caches and the
+ * latency model cold) are left out of the figures. Writes bench/results/slo-<time>.json.
+ */
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import type { MockVllmOptions } from '../../example-server/mock-vllm';
+import { parseArgs } from '../lib/stats';
+import { runClosedLoop, runOpenLoop, type Outcome } from './client';
+import { startFleet, type RouterShape } from './fleet';
+import { formatSlo, formatTiers, summarize, tierSummary, type ContenderResult, type TierResult } from './report';
+import { planRequests, SHAPE } from './workload';
+
+const RANKS = 8;
+const SPEEDS = [1, 1, 1, 1, 1, 1, 0.5, 0.5];
+const TTFT_OBJECTIVE_MS = 300;
+/** The timed engine: a slow model, so that a loaded 2-core machine keeps up with its chunks. */
+const SCHEDULER = { speeds: SPEEDS, stepMs: 40, stepMsPerSeq: 2, prefillMsPerToken: 0.1, maxNumBatchedTokens: 2048 };
+const SLO_MOCK: MockVllmOptions = { dataParallelSize: RANKS, scheduler: SCHEDULER, maxNumSeqs: 16, cacheBlocksPerRank: 1500 };
+
+const args = parseArgs(process.argv.slice(2));
+const quick = args.get('quick') === true;
+const value = (name: string): string | undefined => {
+  const given = args.get(name);
+  return typeof given === 'string' ? given : undefined;
+};
+const seed = Number(value('seed') ?? 47);
+const seconds = Number(value('seconds') ?? (quick ? 20 : 40));
+/** The tier scenario's runs are shorter: four of them. */
+const tierSeconds = Math.round(seconds * 0.75);
+const load = Number(value('load') ?? 0.65);
+const only = value('only');
+
+async function fastTokenTime(): Promise<number> {
+  const fleet = await startFleet(SLO_MOCK, undefined);
+  try {
+    const [request] = planRequests(seed + 99, 1, 5000).filter((one) => one.kind === 'interactive');
+    const times: number[] = [];
+    for (let i = 0; i < 3; i++) {
+      const [outcome] = await runOpenLoop(fleet.url, [{ ...request, at: 0 }], () => ({ 'x-data-parallel-rank': '0' }));
+      times.push(outcome.tpotMs);
+    }
+    return times.sort((a, b) => a - b)[1];
+  } finally {
+    await fleet.close();
+  }
+}
+
+/** Requests per second the fleet completes with every rank full: closed loops on the mock itself (it balances by running count). */
+async function saturation(): Promise<number> {
+  const fleet = await startFleet(SLO_MOCK, undefined);
+  try {
+    const durationMs = (quick ? 12 : 20) * 1000;
+    const planned = planRequests(seed + 7, 50, durationMs);
+    const outcomes = await runClosedLoop(fleet.url, planned, RANKS * 16 + 16, durationMs);
+    // The first quarter fills the ranks; throughput is what ends after it.
+    const from = durationMs / 4;
+    const ended = outcomes.filter((one) => one.status === 200 && one.sentAt >= from);
+    return ended.length / ((durationMs - from) / 1000);
+  } finally {
+    await fleet.close();
+  }
+}
+
+async function runContender(name: string, shape: RouterShape, rate: number, tpotObjectiveMs: number): Promise<ContenderResult> {
+  let fleet;
+  try {
+    fleet = await startFleet(SLO_MOCK, shape);
+  } catch (error) {
+    return { name, missing: (error as Error).message };
+  }
+  try {
+    const planned = planRequests(seed, rate, seconds * 1000);
+    const objectives = { 'x-slo-ttft-ms': String(TTFT_OBJECTIVE_MS), 'x-slo-tpot-ms': String(Math.round(tpotObjectiveMs)) };
+    const outcomes = await runOpenLoop(fleet.url, planned, (one) => (one.kind === 'interactive' ? objectives : {}));
+    return await summarize(name, fleet, outcomes, seconds * 100, { ttftMs: TTFT_OBJECTIVE_MS, tpotMs: tpotObjectiveMs }, SPEEDS);
+  } finally {
+    await fleet.close();
+  }
+}
+
+async function sloScenario() {
+  process.stdout.write(`SLO: ${RANKS} ranks at speeds ${SPEEDS.join(',')}; measuring a fast rank's token time and the fleet's saturation...\n`);
+  const tokenMs = await fastTokenTime();
+  const tpotObjectiveMs = 1.5 * tokenMs;
+  const saturated = await saturation();
+  const rate = load * saturated;
+  process.stdout.write(`fast rank's token time ${tokenMs.toFixed(1)} ms (TPOT objective ${tpotObjectiveMs.toFixed(1)} ms); saturation ${saturated.toFixed(2)} req/s; arrivals ${rate.toFixed(2)} req/s for ${seconds} s\n`);
+  const tokenizer = (await startFleet({ dataParallelSize: 1 }, undefined).then(async (fleet) => {
+    const dir = fleet.mock.kvEvents!.tokenizer;
+    await fleet.close();
+    return dir;
+  })) as string;
+  const contenders: Array<[string, RouterShape]> = [
+    ['round-robin', { policy: 'round-robin', exposeDecision: true }],
+    ['exact (today)', { policy: 'prefix-aware', prefixAware: { tokenizer }, exposeDecision: true }],
+    ['slo', { policy: 'prefix-aware', prefixAware: { tokenizer }, exposeDecision: true, slo: { trust: true } } as RouterShape],
+  ];
+  const results: ContenderResult[] = [];
+  for (const [name, shape] of contenders) {
+    process.stdout.write(`  ${name}...\n`);
+    results.push(await runContender(name, shape, rate, tpotObjectiveMs));
+  }
+  process.stdout.write(`\n${formatSlo(results)}\n`);
+  return { tokenMs, tpotObjectiveMs, saturated, rate, results };
+}
+
+async function tierScenario() {
+  const results: TierResult[] = [];
+  const tokenizer = await startFleet({ dataParallelSize: 1 }, undefined).then(async (fleet) => {
+    const dir = fleet.mock.kvEvents!.tokenizer;
+    await fleet.close();
+    return dir;
+  });
+  for (const layout of ['current', 'map'] as const) {
+    const mock: MockVllmOptions = {
+      dataParallelSize: 4,
+      scheduler: { stepMs: 40, stepMsPerSeq: 2, prefillMsPerToken: 0.1 },
+      maxNumSeqs: 16,
+      // The families' prefixes fill the GPU caches several times over, and fit the CPU tiers.
+      cacheBlocksPerRank: 400,
+      cpuBlocksPerRank: 3200,
+      kvEvents: { layout },
+    };
+    const version = layout === 'current' ? 'vLLM 52a31cc' : 'newer vLLM';
+    for (const [name, weights] of [
+      ['exact (today)', { GPU: 1 }],
+      ['tier-aware', { GPU: 1, CPU: 0.8 }],
+    ] as const) {
+      process.stdout.write(`  tiers, ${version}: ${name}...\n`);
+      let fleet;
+      try {
+        fleet = await startFleet(mock, { policy: 'prefix-aware', prefixAware: { tokenizer, tierWeights: weights } as never, exposeDecision: true });
+      } catch (error) {
+        // A build without tiers is today's routing as it is; tier-aware routing is then not present.
+        if (name === 'tier-aware' || !/tierWeights/.test((error as Error).message)) {
+          results.push({ name, version, missing: (error as Error).message });
+          continue;
+        }
+        fleet = await startFleet(mock, { policy: 'prefix-aware', prefixAware: { tokenizer }, exposeDecision: true });
+      }
+      try {
+        const planned = planRequests(seed + 3, 8, tierSeconds * 1000, { ...SHAPE, families: 48, interactiveShare: 1 });
+        const outcomes: Outcome[] = await runOpenLoop(fleet.url, planned, () => ({}));
+        results.push(await tierSummary(name, version, fleet, outcomes, tierSeconds * 100));
+      } finally {
+        await fleet.close();
+      }
+    }
+  }
+  process.stdout.write(`\n${formatTiers(results)}\n`);
+  return results;
+}
+
+async function main(): Promise<void> {
+  const out = value('out') ?? join(resolve(__dirname, '..', 'results'), `slo-${new Date().toISOString().replace(/[:.]/g, '-')}.json`);
+  const slo = only === 'tiers' ? undefined : await sloScenario();
+  const tiers = only === 'slo' ? undefined : await tierScenario();
+  mkdirSync(resolve(out, '..'), { recursive: true });
+  writeFileSync(out, JSON.stringify({ seed, seconds, load, quick, scheduler: SCHEDULER, workload: SHAPE, slo, tiers }, null, 2));
+  process.stdout.write(`\nwritten to ${out}\n`);
+  process.exit(0);
+}
+
+void main().catch((error) => {
+  process.stderr.write(`${(error as Error).stack}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,154 @@
+/** The figures of `bench:slo`, from what the client measured and what the mock and the router counted. */
+import { markdownTable, median, percent, quantileSorted } from '../lib/stats';
+import type { Outcome } from './client';
+import { histogramMedian, metricSum, type Fleet } from './fleet';
+
+export type ContenderResult =
+  | { name: string; missing: string }
+  | {
+      name: string;
+      missing?: undefined;
+      requests: number;
+      failed: number;
+      interactive: number;
+      attainment: number;
+      ttftMet: number;
+      tpotMet: number;
+      interactiveTtftP50: number;
+      interactiveTtftP99: number;
+      interactiveTpotP50: number;
+      batchTtftP99: number;
+      hitRate: number;
+      /** Share of interactive requests served by a half-speed rank. */
+      interactiveOnSlow: number;
+      predictedShare: number;
+      /** Median |predicted − measured TTFT| at the client, ms. */
+      ttftErrorClientMs: number;
+      /** Medians of the router's prediction-error histograms, ms. */
+      ttftErrorRouterMs: number;
+      tpotErrorRouterMs: number;
+    };
+
+export interface Objectives {
+  ttftMs: number;
+  tpotMs: number;
+}
+
+const sorted = (values: number[]) => values.filter(Number.isFinite).sort((a, b) => a - b);
+
+/** The figures of one contender's run; requests sent before `warmupMs` are left out. */
+export async function summarize(name: string, fleet: Fleet, outcomes: readonly Outcome[], warmupMs: number, objectives: Objectives, speeds: readonly number[]): Promise<ContenderResult> {
+  const counted = outcomes.filter((one) => one.sentAt >= warmupMs);
+  const ok = counted.filter((one) => one.status === 200);
+  const interactive = counted.filter((one) => one.kind === 'interactive');
+  const ttftMet = (one: Outcome) => one.status === 200 && one.ttftMs <= objectives.ttftMs;
+  const tpotMet = (one: Outcome) => one.status === 200 && (one.tokens < 2 || one.tpotMs <= objectives.tpotMs);
+  const served = interactive.filter((one) => one.status === 200);
+  const batch = ok.filter((one) => one.kind === 'batch');
+  const predicted = ok.filter((one) => one.predictedTtftMs !== undefined);
+  const stats = fleet.mock.stats().perRank;
+  let prompt = 0;
+  let cached = 0;
+  for (const rank of Object.values(stats)) {
+    prompt += rank.promptTokens;
+    cached += rank.cachedTokens;
+  }
+  const router = fleet.router;
+  return {
+    name,
+    requests: counted.length,
+    failed: counted.length - ok.length,
+    interactive: interactive.length,
+    attainment: interactive.filter((one) => ttftMet(one) && tpotMet(one)).length / interactive.length,
+    ttftMet: interactive.filter(ttftMet).length / interactive.length,
+    tpotMet: interactive.filter(tpotMet).length / interactive.length,
+    interactiveTtftP50: quantileSorted(sorted(served.map((one) => one.ttftMs)), 0.5),
+    interactiveTtftP99: quantileSorted(sorted(served.map((one) => one.ttftMs)), 0.99),
+    interactiveTpotP50: quantileSorted(sorted(served.map((one) => one.tpotMs)), 0.5),
+    batchTtftP99: quantileSorted(sorted(batch.map((one) => one.ttftMs)), 0.99),
+    hitRate: prompt === 0 ? NaN : cached / prompt,
+    interactiveOnSlow: served.filter((one) => speeds[one.rank] !== undefined && speeds[one.rank] < 1).length / Math.max(1, served.length),
+    predictedShare: predicted.length / Math.max(1, ok.length),
+    ttftErrorClientMs: median(predicted.map((one) => Math.abs(one.ttftMs - one.predictedTtftMs!))),
+    ttftErrorRouterMs: router ? (await histogramMedian(router, 'dp_router_latency_prediction_error_seconds', { kind: 'ttft' })) * 1000 : NaN,
+    tpotErrorRouterMs: router ? (await histogramMedian(router, 'dp_router_latency_prediction_error_seconds', { kind: 'tpot' })) * 1000 : NaN,
+  };
+}
+
+const ms = (value: number) => (Number.isFinite(value) ? `${Math.round(value)} ms` : 'n/a');
+const share = (value: number) => (Number.isFinite(value) ? percent(value) : 'n/a');
+
+export function formatSlo(results: readonly ContenderResult[]): string {
+  const rows = results.map((one) =>
+    one.missing !== undefined
+      ? [one.name, `not present: ${one.missing.split('\n')[0].slice(0, 80)}`, '', '', '', '', '', '', '', '', '', '', '']
+      : [
+          one.name,
+          share(one.attainment),
+          share(one.ttftMet),
+          share(one.tpotMet),
+          ms(one.interactiveTtftP50),
+          ms(one.interactiveTtftP99),
+          ms(one.interactiveTpotP50),
+          ms(one.batchTtftP99),
+          share(one.hitRate),
+          share(one.interactiveOnSlow),
+          share(one.predictedShare),
+          `${ms(one.ttftErrorClientMs)} / ${ms(one.ttftErrorRouterMs)}`,
+          ms(one.tpotErrorRouterMs),
+        ],
+  );
+  return markdownTable(
+    ['contender', 'attainment', 'TTFT met', 'TPOT met', 'int. TTFT p50', 'int. TTFT p99', 'int. TPOT p50', 'batch TTFT p99', 'hit rate', 'int. on slow', 'predicted', 'TTFT err (client / router)', 'TPOT err'],
+    rows,
+  );
+}
+
+export type TierResult =
+  | { name: string; version: string; missing: string }
+  | {
+      name: string;
+      version: string;
+      missing?: undefined;
+      requests: number;
+      failed: number;
+      ttftP50: number;
+      ttftP99: number;
+      gpuHitRate: number;
+      cpuHitRate: number;
+      invalidEvents: number;
+    };
+
+export async function tierSummary(name: string, version: string, fleet: Fleet, outcomes: readonly Outcome[], warmupMs: number): Promise<TierResult> {
+  const counted = outcomes.filter((one) => one.sentAt >= warmupMs);
+  const ok = counted.filter((one) => one.status === 200);
+  const ttfts = sorted(ok.map((one) => one.ttftMs));
+  let prompt = 0;
+  let gpu = 0;
+  let cpu = 0;
+  for (const rank of Object.values(fleet.mock.stats().perRank)) {
+    prompt += rank.promptTokens;
+    gpu += rank.cachedTokens;
+    cpu += rank.cpuCachedTokens ?? 0;
+  }
+  return {
+    name,
+    version,
+    requests: counted.length,
+    failed: counted.length - ok.length,
+    ttftP50: quantileSorted(ttfts, 0.5),
+    ttftP99: quantileSorted(ttfts, 0.99),
+    gpuHitRate: gpu / prompt,
+    cpuHitRate: cpu / prompt,
+    invalidEvents: fleet.router ? await metricSum(fleet.router, 'dp_router_kv_events_total', { type: 'invalid' }) : NaN,
+  };
+}
+
+export function formatTiers(results: readonly TierResult[]): string {
+  const rows = results.map((one) =>
+    one.missing !== undefined
+      ? [one.version, one.name, `not present: ${one.missing.split('\n')[0].slice(0, 80)}`, '', '', '', '', '']
+      : [one.version, one.name, ms(one.ttftP50), ms(one.ttftP99), share(one.gpuHitRate), share(one.cpuHitRate), String(one.invalidEvents), String(one.failed)],
+  );
+  return markdownTable(['events as', 'contender', 'TTFT p50', 'TTFT p99', 'GPU hits', 'CPU hits', 'invalid events', 'failed'], rows);
+}

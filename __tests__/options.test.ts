@@ -251,7 +251,8 @@ const wrongValues: Array<[path: string, value: unknown]> = [
     keyLoadFactor: 0.9,
     maxSessions: 1.5,
   } satisfies WrongValues<AffinityOptions>),
-  ...rows('prefixAware', { blockChars: 0, maxBlocksPerEndpoint: 1.5, maxBlocksPerRequest: 0, contentBalance: -1, placementSlack: -1, tokenizer: 42, chatTemplateKwargs: '{"enable_thinking": false}' } satisfies WrongValues<PrefixAwareRouterSettings>),
+  ...rows('prefixAware', { blockChars: 0, maxBlocksPerEndpoint: 1.5, maxBlocksPerRequest: 0, contentBalance: -1, placementSlack: -1, tokenizer: 42, chatTemplateKwargs: '{"enable_thinking": false}', tierWeights: 'CPU' } satisfies WrongValues<PrefixAwareRouterSettings>),
+  ...rows('prefixAware.tierWeights', { CPU: 1.5, GPU: 0.5, STORAGE: '0.25' }),
   ...rows('timeouts', { connectMs: 0, firstByteMs: 2 ** 31, bodyMs: '60s' } satisfies WrongValues<TimeoutOptions>),
   ...rows('metrics', { registry: {}, prefix: 'dp-router' } satisfies WrongValues<MetricsOptions>),
   ...rows('outlierDetection', {

@@ -25,7 +25,7 @@ import { RankHeaderGuard } from './upstreams/rank-header-guard';
 import { createPeerMetrics } from './peers/metrics';
 import type { Receipts } from './receipts/receipts';
 import { SloRouting } from './slo/slo-routing';
-import { createSloMetrics } from './slo/metrics';
+import { createSloMetrics, type SloMetrics } from './slo/metrics';
 
 /**
  * Everything one router runs on, built from its configuration in one place, in dependency
@@ -60,6 +60,8 @@ export class RouterServices {
   readonly balancing: VllmBalancing;
   /** SLO-aware routing (`slo`); `undefined` when off. */
   readonly slo: SloRouting | undefined;
+  /** Its metric families, kept per endpoint whatever `slo` says. */
+  private sloMetrics: SloMetrics | undefined;
   /** Acts on a server that contradicts how the router reaches its ranks. */
   readonly rankHeaders: RankHeaderGuard;
   private readonly watch: EngineWatch;
@@ -152,14 +154,16 @@ export class RouterServices {
     return startDnsDiscovery(sources, { current: () => table.upstreams, apply: (upstreams) => this.reconfigure(upstreams), metrics: config.metrics, warn: (message) => config.logger.warn(message) });
   }
 
-  /** SLO-aware routing (`slo`); `undefined` when off. Every endpoint's outcome series start at 0. */
+  /**
+   * SLO-aware routing (`slo`); `undefined` when off. Its families are exported at 0 per endpoint
+   * whatever `slo` says, so that dashboards and alerts on attainment see every rank from the start.
+   */
   private startSlo(): SloRouting | undefined {
     const { config, table } = this;
-    if (config.slo === undefined) return undefined;
-    const metrics = createSloMetrics(config.metrics);
+    const metrics = (this.sloMetrics = createSloMetrics(config.metrics));
     for (const endpoint of table.healthy()) metrics.declare(endpoint);
     this.started.push(() => metrics.leave());
-    return new SloRouting(config.slo, metrics);
+    return config.slo === undefined ? undefined : new SloRouting(config.slo, metrics);
   }
 
   /** Admission control (`admission`); `undefined` when off. Built after the table it watches. */
@@ -184,6 +188,8 @@ export class RouterServices {
     this.models.reconfigure(this.table.upstreams, change.removed);
     // New endpoints have room for requests waiting already (a balanced one holds no rank's slot).
     for (const endpoint of change.added) if (!endpoint.balanced) this.admission?.freed(endpoint);
+    for (const endpoint of change.removed) this.sloMetrics?.forget(endpoint);
+    for (const endpoint of change.added) if (!endpoint.balanced) this.sloMetrics?.declare(endpoint);
   }
 
   /** Stops every timer and socket, last started first; the same promise on every call. */

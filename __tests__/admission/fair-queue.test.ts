@@ -21,6 +21,19 @@ describe('FairQueue', () => {
     expect(queue.tenants).toBe(0);
   });
 
+  it('serves each tenant earliest deadline first (SLO objectives), the requests without one after, in arrival order; tenants keep their turns', () => {
+    const queue = new FairQueue<string>(1, 8);
+    queue.push('a-none1', 'a', 0);
+    queue.push('a-500', 'a', 0, undefined, 500);
+    queue.push('b-none', 'b', 0);
+    queue.push('a-200', 'a', 0, undefined, 200);
+    queue.push('a-none2', 'a', 0);
+    queue.push('a-500b', 'a', 0, undefined, 500);
+    // Tenant a's lane: 200, 500, 500b (equal deadlines in arrival order), then none1, none2; b keeps its turn after a's first.
+    expect(drain(queue)).toEqual(['a-200', 'b-none', 'a-500', 'a-500b', 'a-none1', 'a-none2']);
+    expect(queue.size).toBe(0);
+  });
+
   it('serves a higher class first, and a passed-over class after at most starvationLimit releases', () => {
     const queue = new FairQueue<string>(3, 2);
     for (let i = 0; i < 6; i++) queue.push(`h${i}`, 't', 0);

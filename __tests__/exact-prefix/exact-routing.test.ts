@@ -189,6 +189,8 @@ describe('createExactRouting', () => {
       expect(before).toContain(`dp_router_kv_event_gaps_total{upstream="u",rank="${rank}",outcome="lost"} 0`);
       expect(before).toContain(`dp_router_kv_index_blocks{upstream="u",rank="${rank}"} 0`);
       expect(before).toContain(`dp_router_kv_stream_fresh{upstream="u",rank="${rank}"} 0`);
+      expect(before).toContain(`dp_router_kv_blocks{upstream="u",rank="${rank}",medium="GPU"} 0`);
+      expect(before).toContain(`dp_router_kv_blocks{upstream="u",rank="${rank}",medium="CPU"} 0`);
     }
     expect(before).toContain('dp_router_tokenizer_agreement_ratio 1');
     await join(mock, router);
@@ -199,6 +201,7 @@ describe('createExactRouting', () => {
     expect(after).toMatch(/dp_router_kv_events_total\{upstream="u",rank="3",type="stored"\} [1-9]/);
     expect(after).toMatch(/dp_router_kv_index_blocks\{upstream="u",rank="3"\} [1-9]/);
     expect(after).toContain('dp_router_kv_stream_fresh{upstream="u",rank="3"} 1');
+    expect(after).toMatch(/dp_router_kv_blocks\{upstream="u",rank="3",medium="GPU"\} [1-9]/);
     await router.close();
     expect(await registry.metrics()).not.toContain('dp_router_kv_index_blocks{');
   });

@@ -303,6 +303,13 @@ describe('parseCommandLine', () => {
     expect(parse('--pd', '--dp-size', '2').dpSize).toBe(2);
   });
 
+  it('reads the SLO flags (prefix-aware only) into the slo option', () => {
+    expect(parse('--policy', 'prefix-aware', '--slo-ttft-ms', '300', '--slo-tpot-ms', '50', '--trust-slo', '--slo-shed').slo).toEqual({ ttftMs: 300, tpotMs: 50, trust: true, shed: true });
+    expect(parse('--policy', 'prefix-aware').slo).toBeUndefined();
+    expect(() => parseCommandLine(['--slo-ttft-ms', '300'])).toThrow('--slo-ttft-ms routes on prefix-aware\'s cache and queue estimates, and the policy is least-outstanding: add --policy prefix-aware or drop --slo-ttft-ms');
+    expect(() => parseCommandLine(['--policy', 'prefix-aware', '--slo-tpot-ms', '0'])).toThrow(UsageError);
+  });
+
   it('answers help', () => {
     expect(parseCommandLine(['--help'])).toBe('help');
     expect(parseCommandLine(['-h'])).toBe('help');

@@ -30,6 +30,8 @@ const FAMILIES = [
   'dp_router_route_receipts_total',
   'dp_router_prompt_cached_tokens_total',
   'dp_router_upstream_rank_honoured',
+  'dp_router_slo_requests_total',
+  'dp_router_latency_prediction_error_seconds',
   // vLLM's own, scraped from its API servers (the vllm job), beside the gateway's traffic.
   'vllm:prefix_cache_hits_total',
   'vllm:prefix_cache_queries_total',

@@ -19,6 +19,8 @@ export class AdmissionTicket implements Reservation {
   settled = false;
   /** Whether the answer is read for its usage, which settles the reservation when it ends. */
   tapped = false;
+  /** With `slo`: by when the request should start, arrival + its TTFT objective (ms, `performance.now()`); Infinity for none. */
+  deadline = Infinity;
   constructor(
     readonly tenant: string,
     /** Index into the configured classes. */
@@ -178,7 +180,7 @@ export class Admission {
     }
     const queue = rank === undefined ? this.anyEndpoint : this.rankQueue(rank);
     const seat: Seat = { ticket, res, rank, pool, choose, resume, since: performance.now(), timer: undefined };
-    const waiter = queue.push(seat, ticket.tenant, ticket.priority);
+    const waiter = queue.push(seat, ticket.tenant, ticket.priority, undefined, ticket.deadline);
     seat.timer = setTimeout(() => this.expire(queue, waiter), settings.timeoutMs);
     this.waiting++;
     this.perTenant.set(ticket.tenant, tenantWaiting + 1);

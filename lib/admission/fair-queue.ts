@@ -1,6 +1,8 @@
 /**
  * The waiting room, as pure logic: priority classes, and inside each class a round-robin ring
- * of tenants with one FIFO per tenant. Every operation is O(1) (the class scan is bounded by
+ * of tenants with one FIFO per tenant, earliest deadline first (requests with a TTFT objective,
+ * `slo`: arrival + objective; the others have none and keep their order behind them). Every
+ * operation but an enqueue with a deadline is O(1) (the class scan is bounded by
  * the number of configured classes): enqueue, remove (a client that left, a timeout) and
  * dequeue. A tenant with nothing waiting is dropped at once, so memory follows what waits,
  * never how many tenants were ever seen.
@@ -20,6 +22,8 @@ export class Waiter<T> {
     readonly priority: number,
     /** Arrival order across the whole queue, for ties between queues. */
     readonly seq: number,
+    /** When it must start to meet its objective (`performance.now()` ms); Infinity for none. */
+    readonly deadline: number = Infinity,
   ) {}
 
   /** Whether it still waits. */
@@ -84,9 +88,14 @@ export class FairQueue<T> {
     return this.perTenant.size;
   }
 
-  /** Appends to the tenant's FIFO in its class; a new tenant joins the ring just before the cursor (last in this round). */
-  push(value: T, tenant: string, priority: number, seq = this.seq++): Waiter<T> {
-    const waiter = new Waiter(value, tenant, priority, seq);
+  /**
+   * Adds to the tenant's FIFO in its class, ahead of its entries with a later deadline (a walk
+   * from the tail, over those only: the tenant's own, at most `maxPerTenant`); a new tenant joins
+   * the ring just before the cursor (last in this round). Deadlines order a tenant's requests,
+   * not the tenants: a caller with tight objectives does not jump over other tenants' turns.
+   */
+  push(value: T, tenant: string, priority: number, seq = this.seq++, deadline = Infinity): Waiter<T> {
+    const waiter = new Waiter(value, tenant, priority, seq, deadline);
     const level = this.levels[priority];
     let lane = level.lanes.get(tenant);
     if (lane === undefined) {
@@ -103,10 +112,14 @@ export class FairQueue<T> {
       }
     }
     waiter.lane = lane;
-    waiter.prev = lane.tail;
-    if (lane.tail === undefined) lane.head = waiter;
-    else lane.tail.next = waiter;
-    lane.tail = waiter;
+    let after = lane.tail;
+    while (after !== undefined && after.deadline > deadline) after = after.prev;
+    waiter.prev = after;
+    waiter.next = after === undefined ? lane.head : after.next;
+    if (after === undefined) lane.head = waiter;
+    else after.next = waiter;
+    if (waiter.next === undefined) lane.tail = waiter;
+    else waiter.next.prev = waiter;
     lane.size++;
     level.size++;
     this.size++;

@@ -70,6 +70,8 @@ export interface ExactRoutingOptions {
   warn?: (message: string) => void;
   /** Route receipts: each upstream is routed through its gate, its stored blocks told, each exact pick ticketed. */
   receipts?: ExactReceipts;
+  /** What a block in a lower tier is worth against a GPU hit, by medium (`prefixAware.tierWeights`). Default: none scored. */
+  tierWeights?: Readonly<Record<string, number>>;
   /** The clock. Default: `Date.now`. */
   now?: () => number;
 }
@@ -125,7 +127,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
 
   function start(upstream: ExactUpstream): UpstreamStream {
     const events = upstream.kvEvents!;
-    const index = new KvExactIndex({ ranks: upstream.ranks });
+    const index = new KvExactIndex({ ranks: upstream.ranks, tierWeights: options.tierWeights });
     const gate = options.receipts?.follow(upstream.name, index);
     index.observer = gate;
     const awaiting = new Map<number, number>();
@@ -210,7 +212,10 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
 
   function collect(report: KvGaugeReport): void {
     for (const stream of streams.values()) {
-      for (const [rank, labels] of stream.labels) report.rank(labels, stream.index.blockCount(rank), serving(stream, rank));
+      for (const [rank, labels] of stream.labels) {
+        report.rank(labels, stream.index.blockCount(rank), serving(stream, rank));
+        for (const [medium, blocks] of stream.index.tiers.counts(stream.index.positionOf(rank))) report.tier(labels, medium, blocks);
+      }
       report.agreement(stream.agreement.compared, stream.agreement.ratio);
     }
   }
@@ -234,9 +239,11 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
     const model = typeof body.model === 'string' ? body.model : undefined;
     const adapterIn = (stream: UpstreamStream) => (model !== undefined && (stream.index.isAdapter(model) || options.isAdapter?.(model) === true) ? model : undefined);
     const matched = new Int32Array(candidates.length).fill(-1);
+    let tiered: Float64Array | undefined;
     let promptBlocks = 0;
     // One lookup per upstream, shared by its candidates; its block keys kept for the speculation.
     const found = new Map<UpstreamStream, Int32Array>();
+    const weighted = new Map<UpstreamStream, Float64Array | undefined>();
     const keysOf = new Map<UpstreamStream, BlockKeys>();
     for (let at = 0; at < candidates.length; at++) {
       const candidate = candidates[at];
@@ -254,9 +261,14 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
         if (promptBlocks === 0) promptBlocks = match.promptBlocks;
         else if (match.promptBlocks !== promptBlocks) blocks = blocks.map((held) => Math.floor((held * promptBlocks) / match.promptBlocks));
         found.set(stream, blocks);
+        weighted.set(stream, match.weightedBlocks?.map((held) => (held * promptBlocks) / match.promptBlocks));
       }
       matched[at] = blocks[stream.index.positionOf(candidate.rank)];
+      const tiers = weighted.get(stream);
+      if (tiers !== undefined) (tiered ??= new Float64Array(candidates.length).fill(NaN))[at] = tiers[stream.index.positionOf(candidate.rank)];
     }
+    // Where no lower tier counts, the GPU's blocks (−1: approximate).
+    if (tiered !== undefined) for (let at = 0; at < candidates.length; at++) if (Number.isNaN(tiered[at])) tiered[at] = matched[at];
     if (promptBlocks === 0) return undefined;
     const pick: ExactPick = new ExactPick(promptBlocks, matched, (at) => {
       const chosen = candidates[at];
@@ -281,7 +293,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
           heldElsewhere: heldElsewhere(candidates, matched, at, promptBlocks),
         });
       }
-    });
+    }, tiered);
     return pick;
   }
 

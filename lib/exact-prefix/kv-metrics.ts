@@ -14,7 +14,10 @@ export interface LabelledStream {
 
 /** What a router reports at scrape time. */
 export interface KvGaugeReport {
+  /** `blocks` the GPU index holds for the endpoint (also `kv_blocks{medium="GPU"}`). */
   rank(labels: { upstream: string; rank: string }, blocks: number, fresh: boolean): void;
+  /** Blocks a lower tier holds for the endpoint (`kv_blocks{medium}`; `medium` from a closed set, tier-index.ts). */
+  tier(labels: { upstream: string; rank: string }, medium: string, blocks: number): void;
   agreement(compared: number, ratio: number | undefined): void;
 }
 
@@ -47,12 +50,19 @@ export function createKvMetrics(registry: Registry, prefix: string): KvMetrics {
     const gather = (): void => {
       blocks.reset();
       fresh.reset();
+      byMedium.reset();
       let compared = 0;
       let agreed = 0;
       const report: KvGaugeReport = {
         rank(labels, held, isFresh) {
           blocks.set(labels, held);
           fresh.set(labels, isFresh ? 1 : 0);
+          byMedium.set({ ...labels, medium: 'GPU' }, held);
+          // Every configured endpoint shows its CPU tier, at 0 until the connector offloads.
+          byMedium.inc({ ...labels, medium: 'CPU' }, 0);
+        },
+        tier(labels, medium, held) {
+          byMedium.set({ ...labels, medium }, held);
         },
         agreement(count, share) {
           compared += count;
@@ -76,6 +86,7 @@ export function createKvMetrics(registry: Registry, prefix: string): KvMetrics {
       registers: [registry],
       collect: gather,
     });
+    const byMedium = new Gauge({ name: `${prefix}kv_blocks`, help: 'Blocks the exact prefix index holds, by endpoint and KV-cache tier (GPU, and the media a KV connector offloads to).', labelNames: ['upstream', 'rank', 'medium'], registers: [registry], collect: gather });
     kvSources.set(blocks, shared);
   }
   const per = (stream: LabelledStream, work: (labels: { upstream: string; rank: string }) => void) => stream.labels.forEach(work);

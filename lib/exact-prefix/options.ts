@@ -47,13 +47,32 @@ export interface PrefixAwareRouterConfig extends PrefixAwareConfig {
   readonly tokenizer: TokenizerSource | undefined;
   /** The servers' `--default-chat-template-kwargs`, as the tokenizer renders chat with them; `{}` when not given. */
   readonly chatTemplateKwargs: Readonly<Record<string, unknown>>;
+  /** By medium, upper-cased; `GPU` is 1. */
+  readonly tierWeights: Readonly<Record<string, number>>;
 }
 
 /** The router's `prefixAware` option: checked whatever the policy, the tokenizer's form included. */
 export function parseRouterPrefixAware(path: string, value: unknown): PrefixAwareRouterConfig {
-  const { tokenizer, chatTemplateKwargs, ...settings } = parsePrefixAware(path, value);
+  const { tokenizer, chatTemplateKwargs, tierWeights, ...settings } = parsePrefixAware(path, value);
   const files = parseTokenizer(`${path}.tokenizer`, tokenizer);
-  return { ...settings, tokenizer: files, chatTemplateKwargs: parseChatTemplateKwargs(`${path}.chatTemplateKwargs`, chatTemplateKwargs, files) };
+  return { ...settings, tokenizer: files, chatTemplateKwargs: parseChatTemplateKwargs(`${path}.chatTemplateKwargs`, chatTemplateKwargs, files), tierWeights: parseTierWeights(`${path}.tierWeights`, tierWeights) };
+}
+
+/** llm-d's weights: a block in host memory is worth 0.8 of a GPU hit. */
+const TIER_WEIGHTS: Readonly<Record<string, number>> = Object.freeze({ GPU: 1, CPU: 0.8 });
+
+/** `prefixAware.tierWeights`: the defaults with the given media (upper-cased, as vLLM names them) over them. */
+export function parseTierWeights(path: string, value: unknown): Readonly<Record<string, number>> {
+  if (value === undefined) return TIER_WEIGHTS;
+  if (!isPlainObject(value)) fail(path, `must be an object of weights by medium, got ${shown(value)}`, 'Use e.g. `tierWeights: { GPU: 1, CPU: 0.8 }`.');
+  const weights: Record<string, number> = { ...TIER_WEIGHTS };
+  for (const [medium, weight] of Object.entries(value)) {
+    if (!/^[A-Za-z][A-Za-z0-9_]{0,31}$/.test(medium)) fail(`${path}.${medium}`, 'is not a medium name', "Name vLLM's media, e.g. `CPU` or `STORAGE`.");
+    if (typeof weight !== 'number' || !(weight >= 0 && weight <= 1)) fail(`${path}.${medium}`, `must be a number from 0 to 1, got ${shown(weight)}`, 'Use e.g. `CPU: 0.8`: a GPU hit is 1, a recompute 0.');
+    if (medium.toUpperCase() === 'GPU' && weight !== 1) fail(`${path}.${medium}`, `must be 1, got ${shown(weight)}`, 'A GPU hit is the unit the other tiers are weighed against: leave `GPU` out or set it to 1.');
+    weights[medium.toUpperCase()] = weight;
+  }
+  return Object.freeze(weights);
 }
 
 /**

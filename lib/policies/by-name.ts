@@ -16,7 +16,7 @@ import type { SessionAffinityConfig } from './session-affinity-options';
  */
 export interface PolicySettings {
   readonly affinity: SessionAffinityConfig & { readonly header?: unknown; readonly bodyField?: unknown };
-  readonly prefixAware: PrefixAwareConfig & { readonly tokenizer?: unknown; readonly chatTemplateKwargs?: unknown };
+  readonly prefixAware: PrefixAwareConfig & { readonly tokenizer?: unknown; readonly chatTemplateKwargs?: unknown; readonly tierWeights?: unknown };
 }
 
 /** Every built-in policy name, in the order the docs list them. */
@@ -65,7 +65,7 @@ export function policyByName(name: PolicyName, settings: PolicySettings): Policy
       return sessionAffinity(bounds);
     }
     case 'prefix-aware': {
-      const { tokenizer: _tokenizer, chatTemplateKwargs: _kwargs, ...prefixSettings } = settings.prefixAware;
+      const { tokenizer: _tokenizer, chatTemplateKwargs: _kwargs, tierWeights: _weights, ...prefixSettings } = settings.prefixAware;
       return prefixAware(prefixSettings);
     }
   }

@@ -1,3 +1,4 @@
+import type { ExactPick } from '../exact-prefix/index/exact-pick';
 import type { Endpoint } from '../types';
 import type { PeerLoad } from './prefix-aware-ttft';
 
@@ -91,3 +92,11 @@ export function exactUncached(blockCount: number, held: number, promptBlocks: nu
   return (blockCount * (promptBlocks - held)) / promptBlocks;
 }
 
+/**
+ * The prompt's blocks candidate `at` lacks by the exact index: as {@link exactUncached}, with
+ * blocks a lower tier holds counted at their tier's weight (`prefixAware.tierWeights`: loading
+ * from CPU costs less than recomputing, more than a GPU hit).
+ */
+export function exactUncachedAt(blockCount: number, exact: ExactPick, at: number): number {
+  return exactUncached(blockCount, exact.tiered === undefined ? exact.matched[at] : exact.tiered[at], exact.promptBlocks);
+}

@@ -63,6 +63,13 @@ export interface PrefixAwareRouterSettings extends PrefixAwareSettings {
    * `/tokenize`. Needs `tokenizer`. Default: none.
    */
   chatTemplateKwargs?: Readonly<Record<string, unknown>>;
+  /**
+   * What a prompt block held in a lower KV-cache tier (vLLM's offloading connector: `CPU`, newer
+   * releases also `STORAGE`) is worth against a GPU hit, by medium, on the exact index: loading it
+   * back costs less than recomputing it, more than a hit. A medium not named is not scored.
+   * Default: `{ GPU: 1, CPU: 0.8 }` (llm-d's; Dynamo uses 0.75 for host memory, 0.25 for disk).
+   */
+  tierWeights?: Readonly<Record<string, number>>;
 }
 
 /** Options of {@link prefixAware}. */
@@ -92,7 +99,7 @@ const MAX_BLOCKS = 1 << 24;
 
 const SETTINGS_KEYS: KeysEnum<PrefixAwareSettings> = { blockChars: true, maxBlocksPerEndpoint: true, maxBlocksPerRequest: true, contentBalance: true, placementSlack: true };
 const POLICY_KEYS: KeysEnum<PrefixAwareOptions> = { ...SETTINGS_KEYS, fallback: true };
-const ROUTER_KEYS: KeysEnum<PrefixAwareRouterSettings> = { ...SETTINGS_KEYS, tokenizer: true, chatTemplateKwargs: true };
+const ROUTER_KEYS: KeysEnum<PrefixAwareRouterSettings> = { ...SETTINGS_KEYS, tokenizer: true, chatTemplateKwargs: true, tierWeights: true };
 
 function parseSettings(path: string, settings: Record<string, unknown>): PrefixAwareConfig {
   const maxBlocksPerEndpoint = integerOption(pathOf(path, 'maxBlocksPerEndpoint'), settings.maxBlocksPerEndpoint, MAX_BLOCKS_PER_ENDPOINT, 1, MAX_BLOCKS);
@@ -106,9 +113,9 @@ function parseSettings(path: string, settings: Record<string, unknown>): PrefixA
 }
 
 /** The router's `prefixAware` option: checked whatever the policy; the tokenizer's options as given (exact routing checks and loads them). */
-export function parsePrefixAware(path: string, value: unknown): PrefixAwareConfig & { readonly tokenizer: unknown; readonly chatTemplateKwargs: unknown } {
+export function parsePrefixAware(path: string, value: unknown): PrefixAwareConfig & { readonly tokenizer: unknown; readonly chatTemplateKwargs: unknown; readonly tierWeights: unknown } {
   const settings = section(path, value, ROUTER_KEYS);
-  return { ...parseSettings(path, settings), tokenizer: settings.tokenizer, chatTemplateKwargs: settings.chatTemplateKwargs };
+  return { ...parseSettings(path, settings), tokenizer: settings.tokenizer, chatTemplateKwargs: settings.chatTemplateKwargs, tierWeights: settings.tierWeights };
 }
 
 /** {@link prefixAware}'s own options, by the same rules as the router's `prefixAware`. */

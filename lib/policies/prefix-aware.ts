@@ -5,7 +5,7 @@ import type { Endpoint, PickContext, Policy } from '../types';
 import { BlockIndex, blockHomes } from './prefix-aware-index';
 import { PromptBlockHasher } from './prefix-aware-hasher';
 import { type PeerLoad, PrefillCostModel } from './prefix-aware-ttft';
-import { exactUncached, LEAD_BLOCKS, LOAD_WEIGHT, MAX_EXCESS, MISS_WEIGHT, sharedPrefix, waitingElsewhere, WORK_SMOOTHING } from './prefix-aware-costs';
+import { exactUncachedAt, LEAD_BLOCKS, LOAD_WEIGHT, MAX_EXCESS, MISS_WEIGHT, sharedPrefix, waitingElsewhere, WORK_SMOOTHING } from './prefix-aware-costs';
 import { type EndpointState, EndpointStates } from './prefix-aware-state';
 import { parsePrefixAwarePolicy, type PrefixAwareOptions } from './prefix-aware-options';
 import { DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK, type SessionAffinitySettings } from './session-affinity-options';
@@ -213,7 +213,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
         if (exactBalance) cost += contentCost(index, fairRecent, blockCount);
         candidateQueues[at] = cost;
         if (held >= exactLead) anyMatch = true;
-        cost += MISS_WEIGHT * exactUncached(blockCount, held, exact!.promptBlocks);
+        cost += MISS_WEIGHT * exactUncachedAt(blockCount, exact!, at);
       } else {
         cost += contentCost(index, fairRecent, blockCount);
         candidateQueues[at] = cost;
@@ -278,7 +278,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     for (let at = 0; at < candidates.length; at++) {
       const candidate = candidates[at];
       const held = exact === undefined ? -1 : exact.matched[at];
-      est.uncached[at] = held >= 0 ? exactUncached(blockCount, held, exact!.promptBlocks) : candidateRuns[at] >= 0 ? blockCount - candidateRuns[at] : blockCount;
+      est.uncached[at] = held >= 0 ? exactUncachedAt(blockCount, exact!, at) : candidateRuns[at] >= 0 ? blockCount - candidateRuns[at] : blockCount;
       est.ahead[at] = states.cachedAt(at).pending.blocks + waitingElsewhere(candidate, candidate.load, work);
       est.load[at] = candidate.load;
       est.cost[at] = candidateCosts[at];
@@ -368,7 +368,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       }
       // The approximate index learns from every pick, so that it is warm when a rank falls back to it.
       const uncached = exact?.chose(chosenAt) === 'exact'
-        ? exactUncached(blockCount, exact.matched[chosenAt], exact.promptBlocks)
+        ? exactUncachedAt(blockCount, exact, chosenAt)
         : blockCount - (candidateRuns[chosenAt] >= 0 ? candidateRuns[chosenAt] : index.leadingRun(blockHashes, blockCount, 0, homes));
       typicalWork = typicalWork < 0 ? uncached : typicalWork + (uncached - typicalWork) * WORK_SMOOTHING;
       matchedShare = 1 - uncached / blockCount;

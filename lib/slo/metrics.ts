@@ -25,10 +25,12 @@ export interface SloMetrics {
   predictionError(upstream: string, kind: PredictionKind, seconds: number): void;
   /** Zero series for a configured endpoint. */
   declare(endpoint: LabelledEndpoint): void;
+  /** A removed endpoint's series leave (and its upstream's, with its last endpoint). */
+  forget(endpoint: LabelledEndpoint): void;
   leave(): void;
 }
 
-const NONE: SloMetrics = { outcome: () => undefined, predictionError: () => undefined, declare: () => undefined, leave: () => undefined };
+const NONE: SloMetrics = { outcome: () => undefined, predictionError: () => undefined, declare: () => undefined, forget: () => undefined, leave: () => undefined };
 
 export function createSloMetrics(config: MetricsConfig | undefined): SloMetrics {
   if (config === undefined) return NONE;
@@ -59,6 +61,16 @@ export function createSloMetrics(config: MetricsConfig | undefined): SloMetrics 
     declare: (endpoint) => {
       seriesOf(endpoint);
       errorsOf(endpoint.upstream);
+    },
+    forget: (endpoint) => {
+      const series = byEndpoint.get(endpoint.key);
+      if (series === undefined) return;
+      byEndpoint.delete(endpoint.key);
+      for (const one of series) outcomes.remove(one);
+      const prefix = `${endpoint.upstream}#`;
+      if ([...byEndpoint.keys()].some((key) => key.startsWith(prefix))) return;
+      for (const one of byUpstream.get(endpoint.upstream) ?? []) errors.remove(one);
+      byUpstream.delete(endpoint.upstream);
     },
     leave: () => {
       outcomes.leave();

@@ -191,7 +191,7 @@ export class SloRouting {
 
 /** What the request path holds that SLO routing reads: the admission ticket's tenant, the headers, the body. */
 interface SloRoute {
-  readonly ticket?: { readonly tenant: string } | undefined;
+  readonly ticket?: { readonly tenant: string; deadline: number } | undefined;
   readonly headers: IncomingHttpHeaders;
   readonly body: Buffer | undefined;
 }
@@ -200,6 +200,8 @@ interface SloRoute {
 export function sloPicking(ticket: SloTicket, picking: PrefixPickContext, req: IncomingMessage, route: SloRoute, body: BodyView | undefined): PrefixPickContext {
   ticket.source = sourceOf(req, route.headers, route.ticket?.tenant);
   ticket.evidence = modelledExactly(body?.bytes ?? route.body, body?.members);
+  // Under admission, the queue serves a tenant's requests earliest deadline first (fair-queue.ts).
+  if (route.ticket !== undefined && ticket.ttft > 0) route.ticket.deadline = performance.now() + ticket.ttft * 1000;
   return { ...picking, slo: ticket };
 }
 

@@ -115,6 +115,7 @@ export class UpstreamPool {
             isAdapter: parts.isAdapter,
             warn: (message) => config.logger.warn(message),
             receipts,
+            tierWeights: config.prefixAware.tierWeights,
           }));
     if (exact !== undefined) this.started.push(() => exact.close());
     const detector = (this.detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection, { ejected: (endpoint) => events.ejected(endpoint as RouteEndpoint) }) : undefined);

@@ -79,8 +79,9 @@ describe("the subscriber on vLLM 52a31cc's own frames", () => {
     ['plain', { stored: 3, removed: 4, cleared: 1 }],
     ['lora', { stored: 3, removed: 0, cleared: 0 }],
     ['hybrid-window', { stored: 4, removed: 3, cleared: 0 }],
-    ['offload', { stored: 1, removed: 0, cleared: 0 }],
-  ])('counts %s as vLLM sent it, no event invalid (offload-tier events counted nowhere)', async (name, counts) => {
+    // The GPU's store, and the offloading connector's two CPU stores and one CPU removal.
+    ['offload', { stored: 3, removed: 1, cleared: 0 }],
+  ])('counts %s as vLLM sent it, no event invalid (offload-tier events counted as the GPU’s)', async (name, counts) => {
     const recording = vllmRecording(name);
     const { rank, publisher, recorder } = await subscribed(recording);
     for (const frames of recording.frames) await publisher.send(frames);

@@ -2,7 +2,7 @@
  * One payload of a rank's stream applied to the index: decoded in slices, refused when it
  * names another rank, and its events applied a slice at a time, with the counts told.
  */
-import { decodeKvEventBatchCooperatively, onGpu, type KvBlockStored, type KvEvent } from './decode';
+import { decodeKvEventBatchCooperatively, type KvBlockStored, type KvEvent } from './decode';
 import { WORK_SLICE, spend, spendDecoded } from './cooperative';
 import type { RankStream, StreamContext } from './rank-stream';
 
@@ -31,9 +31,8 @@ export async function applyPayload(context: StreamContext, stream: RankStream, s
   let cleared = 0;
   let invalid = batch.invalidEvents;
   for (const event of batch.events) {
-    // Another tier's events (an offloading connector's CPU blocks) are neither the GPU cache's
-    // nor invalid: left out of the index and of the counts.
-    if (event.type !== 'cleared' && !onGpu(event.medium)) continue;
+    // Another tier's events (an offloading connector's CPU blocks) go to the index's lower
+    // tiers and count as the GPU's do: valid events, whatever their shape (tier-index.ts).
     let ok = true;
     for (const part of slices(event)) {
       if (!sink.applyEvent(rank, part)) ok = false;

@@ -38,6 +38,8 @@ export interface KvExactIndexOptions {
    * the oldest go first. Default 65,536.
    */
   maxSpeculativeBlocks?: number;
+  /** What a block held in a lower tier (by medium: `CPU`, `STORAGE`) is worth against a GPU hit; a medium not named is not scored. Default: none. */
+  tierWeights?: Readonly<Record<string, number>>;
 }
 
 /** The result of one lookup. */
@@ -48,6 +50,8 @@ export interface KvPrefixMatch {
   promptBlocks: number;
   /** Per rank (in the order of `ranks`): leading blocks of the prompt that rank holds. */
   matchedBlocks: Int32Array;
+  /** Per rank, where some rank holds lower-tier blocks: `matchedBlocks` plus the weighted blocks past them a lower tier holds (tier-index.ts). */
+  weightedBlocks?: Float64Array;
 }
 
 /** Options of `KvExactIndex.match`. */

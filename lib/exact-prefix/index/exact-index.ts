@@ -8,9 +8,10 @@
  * engine's hash to the router's key per rank resolves parents and removals.
  *
  * What counts: a block in the GPU cache (`medium` GPU or unset) of the KV-cache group each rank
- * follows. Blocks in another medium (CPU offload, disk) are not routed on: a hit there still
- * costs a transfer back and their removals name that medium only, so mixing them in would
- * let a CPU eviction hide a GPU block or the reverse. Blocks whose engine hash took extra
+ * follows. Blocks in another medium (CPU offload, disk) are kept apart, per tier (tier-index.ts):
+ * a hit there still costs a transfer back and their removals name that medium only, so mixing
+ * them in would let a CPU eviction hide a GPU block or the reverse; `match` scores them past
+ * the GPU run at their tier's weight. Blocks whose engine hash took extra
  * keys (multimodal inputs, `cache_salt`) cannot be matched from token ids alone, so neither
  * they nor their descendants are indexed. LoRA blocks are indexed under their adapter's name
  * (the name vLLM puts first in their extra keys, #33304).
@@ -23,6 +24,7 @@ import { DOMAIN_BLOCK, keysFor, nextKey, type BlockKeys } from './block-keys';
 import { chainHash, engineHashKey, processHashKey, type HashKey } from './keyed-hash';
 import { betterGroup, groupClass, NO_GROUP } from './kv-group';
 import { SpeculativeEntries } from './speculative-entries';
+import { LowerTiers } from './tier-index';
 import type { BlockObserver, KvEventSink, KvExactIndexOptions, KvMatchOptions, KvPrefixMatch } from './exact-index-types';
 
 export type { BlockKeys } from './block-keys';
@@ -84,6 +86,8 @@ export class KvExactIndex implements KvEventSink {
   blockSize = 0;
   /** Told what the events store (route receipts, lib/receipts). */
   observer: BlockObserver | undefined = undefined;
+  /** Blocks offloaded to other media (tier-index.ts). */
+  readonly tiers: LowerTiers;
 
   constructor(options: KvExactIndexOptions) {
     this.ranks = [...options.ranks];
@@ -93,6 +97,7 @@ export class KvExactIndex implements KvEventSink {
     this.perRankMax = Math.max(1, Math.floor((options.maxBlocks ?? 1_048_576) / Math.max(1, this.ranks.length)));
     this.key = options.hashKey ?? processHashKey();
     this.baseRoot = chainHash(this.key, DOMAIN_ROOT, 0, [], 0, 0);
+    this.tiers = new LowerTiers(this.ranks.length, options.tierWeights ?? {}, this.perRankMax * 4);
   }
 
   /** Where `rank`'s count is in a match's `matchedBlocks`, or −1 for a rank not tracked. */
@@ -128,13 +133,19 @@ export class KvExactIndex implements KvEventSink {
       case 'removed':
         // Another group's removal may name the same hash as a block of this one (vLLM keys
         // every group's blocks by the same request hashes).
-        if (!onGpu(event.medium) || (event.groupIdx ?? 0) !== state.group) return true;
-        for (const hash of event.blockHashes) this.remove(state, engineHashKey(this.key, hash));
+        if ((event.groupIdx ?? 0) !== state.group) return true;
+        if (!onGpu(event.medium)) this.tiers.removed(at, event, this.key);
+        else for (const hash of event.blockHashes) this.remove(state, engineHashKey(this.key, hash));
         return true;
       case 'stored': {
         // Other media and groups are not routed on, and their block size (an offload tier's, a
         // sliding-window group's) says nothing about the followed group's.
-        if (!onGpu(event.medium) || !this.follows(state, event)) return true;
+        if (!onGpu(event.medium)) {
+          // Offloaded copies of the followed group's GPU blocks (tier-index.ts); no group switch on them.
+          if ((event.groupIdx ?? 0) === state.group) this.tiers.stored(at, event, this.key, (engineKey) => state.byEngine.get(engineKey));
+          return true;
+        }
+        if (!this.follows(state, event)) return true;
         if (event.blockHashes.length === 0) return true;
         // Masked blocks (a sliding-window group's): which ids each hash covers is not said.
         if (event.tokenIds.length !== event.blockHashes.length * event.blockSize) return true;
@@ -182,6 +193,7 @@ export class KvExactIndex implements KvEventSink {
     if (at === undefined) return;
     const state = this.states[at];
     this.clearState(state);
+    this.tiers.clear(at);
     // A restarted engine may serve another model: its groups are learned again.
     state.group = NO_GROUP;
   }
@@ -215,7 +227,14 @@ export class KvExactIndex implements KvEventSink {
       }
       matchedBlocks[r] = b;
     }
-    return { blockSize: size, promptBlocks, matchedBlocks };
+    let weightedBlocks: Float64Array | undefined;
+    for (let r = 0; r < states.length; r++) {
+      if (!this.tiers.holds(r) || matchedBlocks[r] >= promptBlocks) continue;
+      weightedBlocks ??= Float64Array.from(matchedBlocks);
+      const from = matchedBlocks[r];
+      weightedBlocks[r] += this.tiers.extra(r, from, promptBlocks, (b) => nextKey(this.key, keys, b === 0 ? root : values[b - 1], tokens, b, size));
+    }
+    return { blockSize: size, promptBlocks, matchedBlocks, weightedBlocks };
   }
 
   /**

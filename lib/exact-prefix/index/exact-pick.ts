@@ -24,6 +24,8 @@ export class ExactPick {
     /** Per candidate, in the candidates' order: leading blocks held, or −1 (approximate). */
     readonly matched: Int32Array,
     private readonly onChosen: (at: number) => void = () => undefined,
+    /** Per candidate, where a lower tier holds blocks of the prompt: `matched` plus those blocks at their tier's weight (`prefixAware.tierWeights`). */
+    readonly tiered: Float64Array | undefined = undefined,
   ) {}
 
   /** The policy chose candidate `at`: records speculative entries; returns the index that scored it. */

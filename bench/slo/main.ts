@@ -29,6 +29,8 @@ import { planRequests, SHAPE } from './workload';
 const RANKS = 8;
 const SPEEDS = [1, 1, 1, 1, 1, 1, 0.5, 0.5];
 const TTFT_OBJECTIVE_MS = 300;
+/** The tier scenario's families: ~60 blocks each. */
+const TIER_FAMILIES = 24;
 /** The timed engine: a slow model, so that a loaded 2-core machine keeps up with its chunks. */
 const SCHEDULER = { speeds: SPEEDS, stepMs: 40, stepMsPerSeq: 2, prefillMsPerToken: 0.1, maxNumBatchedTokens: 2048 };
 const SLO_MOCK: MockVllmOptions = { dataParallelSize: RANKS, scheduler: SCHEDULER, maxNumSeqs: 16, cacheBlocksPerRank: 1500 };
@@ -131,16 +133,19 @@ async function tierScenario() {
   for (const layout of ['current', 'map'] as const) {
     const mock: MockVllmOptions = {
       dataParallelSize: 4,
-      scheduler: { stepMs: 40, stepMsPerSeq: 2, prefillMsPerToken: 0.1 },
+      // Prefill dominates the time to first token here (a long prompt's recompute ~0.3 s, its load from CPU ~0.05 s).
+      scheduler: { stepMs: 10, stepMsPerSeq: 1, prefillMsPerToken: 0.3 },
       maxNumSeqs: 16,
-      // The families' prefixes fill the GPU caches several times over, and fit the CPU tiers.
-      cacheBlocksPerRank: 400,
-      cpuBlocksPerRank: 3200,
+      // 24 families of ~60 blocks: a GPU cache holds one, a CPU tier under seven; the four
+      // tiers together hold them all only if each family keeps to a rank whose tier has it.
+      cacheBlocksPerRank: 80,
+      cpuBlocksPerRank: 400,
       kvEvents: { layout },
     };
     const version = layout === 'current' ? 'vLLM 52a31cc' : 'newer vLLM';
     for (const [name, weights] of [
-      ['exact (today)', { GPU: 1 }],
+      // Weights are merged over the defaults (GPU 1, CPU 0.8): today's routing gives the CPU tier 0.
+      ['exact (today)', { GPU: 1, CPU: 0 }],
       ['tier-aware', { GPU: 1, CPU: 0.8 }],
     ] as const) {
       process.stdout.write(`  tiers, ${version}: ${name}...\n`);
@@ -156,7 +161,7 @@ async function tierScenario() {
         fleet = await startFleet(mock, { policy: 'prefix-aware', prefixAware: { tokenizer }, exposeDecision: true });
       }
       try {
-        const planned = planRequests(seed + 3, 8, tierSeconds * 1000, { ...SHAPE, families: 48, interactiveShare: 1 });
+        const planned = planRequests(seed + 3, 8, tierSeconds * 1000, { ...SHAPE, families: TIER_FAMILIES, interactiveShare: 1 });
         const outcomes: Outcome[] = await runOpenLoop(fleet.url, planned, () => ({}));
         results.push(await tierSummary(name, version, fleet, outcomes, tierSeconds * 100));
       } finally {

@@ -353,16 +353,17 @@ describe('mock vLLM with kvEvents', () => {
     expect(index.match(tokens).matchedBlocks[0]).toBe(3);
   });
 
-  it("publishes an offloading connector's CPU stores with offload: neither indexed nor invalid", async () => {
+  it("publishes an offloading connector's CPU stores with offload: counted as stores, never invalid, outside the GPU match", async () => {
     const mock = await startMock({ dataParallelSize: 1, kvEvents: { offload: true } });
     const { index, recorder } = await feed(mock);
     const stored = recorder.count(0, 'stored');
     const { prompt, tokens } = promptOfBlocks(router(mock), 2, 'offload');
     await complete(mock, 0, prompt);
-    await storedOn(recorder, 0, stored + 1);
+    // The GPU's store and the connector's CPU store (a lower tier's event is counted, not skipped).
+    await storedOn(recorder, 0, stored + 2);
     expect(index.match(tokens).matchedBlocks[0]).toBe(2);
     expect(recorder.count(0, 'invalid')).toBe(0);
-    expect(recorder.count(0, 'stored')).toBe(stored + 1);
+    expect(recorder.count(0, 'stored')).toBe(stored + 2);
   });
 
   it.each<[string, object, RegExp]>([

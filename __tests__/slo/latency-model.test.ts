@@ -71,6 +71,12 @@ describe('LatencyModel', () => {
     expect(ratio(control, 'ttft')).toBeCloseTo(1, 1);
     expect(ratio(attacked, 'ttft')).toBeCloseTo(1, 1);
     expect(ratio(attacked, 'tpot')).toBeCloseTo(1, 1);
+    // Nor the fleet's shape: the hostile samples of rank 0 are left out of the fit, and every rank is still predicted within 10 %.
+    attacked.prepare();
+    for (let rank = 0; rank < 4; rank++) {
+      expect(Math.abs(attacked.tpot(attacked.rank(`u#${rank}`), 3) / trueTpot(rank, 3) - 1)).toBeLessThan(0.1);
+      expect(Math.abs(attacked.ttft(attacked.rank(`u#${rank}`), 100, 3) / trueTtft(rank, 100, 3) - 1)).toBeLessThan(0.1);
+    }
     // And a request with a TPOT objective rank 0 meets is still placed there.
     const est = new SloEstimates();
     est.ensure(4);

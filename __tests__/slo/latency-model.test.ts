@@ -151,6 +151,13 @@ describe('chooseWithObjectives', () => {
     expect(chooseWithObjectives(model, free, 4, { ttft: 0, tpot: 0 }, 0, choice()).at).toBe(0);
   });
 
+  it('yields a request without objectives only to a rank that gives it its first token within 1.5 × the policy’s choice', () => {
+    // Rank 0 breaks the stream there; the others are busy: TTFT truth 1: 2 ms × 10 + 80 + 20 = 120 ms, 2 and 3: 240 ms,
+    // against rank 0's 60 ms (limit 90 ms). It stays on rank 0: it may yield, not starve.
+    const est = estimates([10, 10, 10, 10], [2, 8, 8, 8], [0.015, Infinity, Infinity, Infinity]);
+    expect(chooseWithObjectives(model, est, 4, { ttft: 0, tpot: 0 }, 0, choice()).at).toBe(0);
+  });
+
   it('leaves the policy its choice while the model is cold', () => {
     const cold = new LatencyModel();
     const est = estimates([0, 0, 0, 0], [0, 0, 0, 0]);

@@ -71,6 +71,12 @@ describe('LatencyModel', () => {
     expect(ratio(control, 'ttft')).toBeCloseTo(1, 1);
     expect(ratio(attacked, 'ttft')).toBeCloseTo(1, 1);
     expect(ratio(attacked, 'tpot')).toBeCloseTo(1, 1);
+    // Nor the fleet's shape: the hostile samples of rank 0 are left out of the fit, and every rank is still predicted within 10 %.
+    attacked.prepare();
+    for (let rank = 0; rank < 4; rank++) {
+      expect(Math.abs(attacked.tpot(attacked.rank(`u#${rank}`), 3) / trueTpot(rank, 3) - 1)).toBeLessThan(0.1);
+      expect(Math.abs(attacked.ttft(attacked.rank(`u#${rank}`), 100, 3) / trueTtft(rank, 100, 3) - 1)).toBeLessThan(0.1);
+    }
     // And a request with a TPOT objective rank 0 meets is still placed there.
     const est = new SloEstimates();
     est.ensure(4);
@@ -143,6 +149,13 @@ describe('chooseWithObjectives', () => {
     expect(out.at).toBe(2);
     const free = estimates([10, 10, 10, 10], [0, 2, 0, 0], [0.015, Infinity, Infinity, Infinity]);
     expect(chooseWithObjectives(model, free, 4, { ttft: 0, tpot: 0 }, 0, choice()).at).toBe(0);
+  });
+
+  it('yields a request without objectives only to a rank that gives it its first token within 1.5 × the policy’s choice', () => {
+    // Rank 0 breaks the stream there; the others are busy: TTFT truth 1: 2 ms × 10 + 80 + 20 = 120 ms, 2 and 3: 240 ms,
+    // against rank 0's 60 ms (limit 90 ms). It stays on rank 0: it may yield, not starve.
+    const est = estimates([10, 10, 10, 10], [2, 8, 8, 8], [0.015, Infinity, Infinity, Infinity]);
+    expect(chooseWithObjectives(model, est, 4, { ttft: 0, tpot: 0 }, 0, choice()).at).toBe(0);
   });
 
   it('leaves the policy its choice while the model is cold', () => {

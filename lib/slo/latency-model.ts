@@ -15,7 +15,8 @@
  * Every observation is bounded: its weight by its source's share ({@link SourceShares}), its
  * value to [¼, 4×] the current prediction once the model is warm. A rank's speed is the median
  * of its sources' own estimates once three sources or more have measured it, so that one source
- * cannot move it at all; with fewer, their pooled ratio.
+ * cannot move it at all, nor, its samples of that rank being left out of the fit, the shape;
+ * with fewer, their pooled ratio.
  */
 import { SourceShares } from './source-shares';
 
@@ -33,6 +34,8 @@ const MAX_SPEED = 8;
 const SOURCES_PER_RANK = 16;
 /** From this many sources a rank's speed is their median. */
 const MEDIAN_SOURCES = 3;
+/** A source whose own view of a rank is off the rank's median by more than this factor teaches the fleet's shape nothing. */
+const OUTLIER = 1.5;
 
 /** Decayed ratio of measured to shape-predicted times, one source's view of one rank. */
 class Ratio {
@@ -63,6 +66,19 @@ class RankSpeed {
     }
     own.add(measured, shaped, 1, RANK_DECAY);
     this.factor = bound(this.estimate());
+  }
+
+  /**
+   * Whether `source`'s samples of this rank may shape the fleet's fit: not when, with enough
+   * sources to tell, its own ratio is an outlier. Its samples normalized by the rank's honest
+   * speed would otherwise inflate the shape for every rank (the median keeps only the rank's own).
+   */
+  agrees(source: string): boolean {
+    if (this.bySource.size < MEDIAN_SOURCES) return true;
+    const own = this.bySource.get(source);
+    if (own === undefined || !(own.den > 0)) return true;
+    const ratio = own.num / own.den / this.factor;
+    return ratio < OUTLIER && ratio > 1 / OUTLIER;
   }
 
   private estimate(): number {
@@ -264,8 +280,8 @@ export class LatencyModel {
     const shaped = this.a * work + this.b * load + this.c;
     const predicted = rank.ttft.factor * shaped;
     const y = warm && predicted > 0 ? clip(seconds, predicted) : seconds;
-    this.ttftFit.add([work, load, 1], y / rank.ttft.factor, weight);
     if (warm && shaped > 0) rank.ttft.learn(source, y, shaped, weight);
+    if (rank.ttft.agrees(source)) this.ttftFit.add([work, load, 1], y / rank.ttft.factor, weight);
   }
 
   /** A measured mean TPOT (seconds) of a stream with `load` requests in flight on average during its decode. */
@@ -276,8 +292,8 @@ export class LatencyModel {
     const shaped = this.t0 + this.t1 * load;
     const predicted = rank.tpot.factor * shaped;
     const y = warm && predicted > 0 ? clip(seconds, predicted) : seconds;
-    this.tpotFit.add([load, 1], y / rank.tpot.factor, weight);
     if (warm && shaped > 0) rank.tpot.learn(source, y, shaped, weight);
+    if (rank.tpot.agrees(source)) this.tpotFit.add([load, 1], y / rank.tpot.factor, weight);
   }
 
   /** The shape, for tracing and the docs. */

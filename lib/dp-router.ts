@@ -3,7 +3,7 @@ import { Forwarder } from './forward/forwarder';
 import { parseOptions, type DpRouterOptions } from './options';
 import { RequestLifecycle } from './request/lifecycle';
 import { routerOf, type Middleware, type RoutingHelpers } from './routing';
-import { RouterServices } from './services';
+import { RouterServices } from './compose/services';
 
 /** The router: Express middleware with its metrics handler, registry, snapshot and `close()`. */
 export type DpRouter = Middleware & RoutingHelpers;

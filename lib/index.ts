@@ -20,7 +20,7 @@ export { ERROR_CODES, OptionError, PolicyError } from './errors';
 export type { ErrorCode } from './errors';
 export type { DpRankOptions, DpRouterOptions, Options } from './options';
 export type { UpstreamOptions, DnsUpstreamOptions, UpstreamEntry, RankHeaderMode, UpstreamRole } from './upstreams/upstream-options';
-export type { DnsOptions, UpstreamDnsOptions } from './pools/dns-options';
+export type { DnsOptions, UpstreamDnsOptions } from './upstreams/dns-options';
 export type { Connector, DisaggregationOptions, PrefillFailureMode } from './disaggregation/options';
 export type { DiscoverOptions, LoadFeedbackOptions } from './upstreams/engine-watch-options';
 export type { HintOptions } from './request/hint-options';
@@ -28,7 +28,7 @@ export type { AffinityOptions, SessionAffinitySettings } from './policies/sessio
 export type { PrefixAwareRouterSettings, PrefixAwareSettings } from './policies/prefix-aware-options';
 export type { KvEventsOptions } from './exact-prefix/events/source';
 export type { BodyTimeoutOptions, TimeoutOptions } from './forward/timeout-options';
-export type { BodyLimitOptions } from './request/body-budget';
+export type { BodyLimitOptions } from './http/body-budget';
 export type { OutlierDetectionOptions } from './upstreams/outlier-detector-options';
 export type { HealthCheckOptions } from './upstreams/health-checker-options';
 export type { RetryOptions } from './forward/retry-options';

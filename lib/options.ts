@@ -1,4 +1,4 @@
-import { parseMaxBodyBytes, parseMaxBufferedBytes, type BodyLimitOptions } from './request/body-budget';
+import { parseMaxBodyBytes, parseMaxBufferedBytes, type BodyLimitOptions } from './http/body-budget';
 import { parseLoadFeedback, type LoadFeedbackConfig, type LoadFeedbackOptions } from './upstreams/engine-watch-options';
 import { parseHealthCheck, type HealthCheckConfig, type HealthCheckOptions } from './upstreams/health-checker-options';
 import { parseHints, RANK_HEADER, type HintConfig, type HintOptions } from './request/hint-options';

@@ -6,7 +6,7 @@ import { sendError } from '../../lib/errors';
 import { createUpstreamProxy, type TryOutcomes, type UpstreamProxy } from '../../lib/forward/proxy';
 import { parseOptions } from '../../lib/options';
 import { RouteState, type RouteReports } from '../../lib/request/route-state';
-import { RouterServices } from '../../lib/services';
+import { RouterServices } from '../../lib/compose/services';
 import { exchange, serve, startEchoUpstream, waitFor, type EchoUpstream } from '../helpers';
 
 const running: Array<{ close(): Promise<void> }> = [];

@@ -4,9 +4,9 @@ import { Registry } from 'prom-client';
 import type { RouterEvents } from '../../lib/observe/events';
 import { parseOptions } from '../../lib/options';
 import { DECISION_HEADER, RouteState, type RouteReports } from '../../lib/request/route-state';
-import { RankDecision } from '../../lib/request/rank-decision';
-import { RouterServices } from '../../lib/services';
-import { BodyBudget } from '../../lib/request/body-budget';
+import { RankDecision } from '../../lib/upstreams/rank-decision';
+import { RouterServices } from '../../lib/compose/services';
+import { BodyBudget } from '../../lib/http/body-budget';
 import { exchange, metricValue, serve } from '../helpers';
 
 const running: Array<{ close(): Promise<void> }> = [];

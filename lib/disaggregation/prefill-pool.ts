@@ -2,7 +2,7 @@ import type { Registry } from 'prom-client';
 import type { Tracing } from '../observe/tracing';
 import type { Configuration } from '../options';
 import type { RouteEndpoint } from '../upstreams/endpoints';
-import { poolPolicy, UpstreamPool } from '../upstreams/pool';
+import { poolPolicy, UpstreamPool } from '../compose/pool';
 import type { UpstreamConfig } from '../upstreams/upstream-options';
 import { createDisaggregationMetrics, type DisaggregationMetrics } from './metrics';
 import { prefillPool } from './options';

@@ -1,9 +1,9 @@
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import type { Admission } from '../admission/admission';
-import { hasBody } from '../request/body';
+import { hasBody } from '../http/body';
 import type { AfterBody, BodyReader, Next } from '../request/body-reader';
 import { sendError } from '../errors';
-import { isWebSocketUpgrade, upstreamRequestStripper } from '../request/hop-by-hop';
+import { isWebSocketUpgrade, upstreamRequestStripper } from '../http/hop-by-hop';
 import { setForwardedHeaders } from './forwarded-headers';
 import type { Terminal } from '../request/lifecycle';
 import { NO_METRICS, type RouterMetrics } from '../observe/metrics';

@@ -2,13 +2,13 @@ import { Agent as HttpAgent, type ClientRequest, type IncomingMessage, type Serv
 import { Agent as HttpsAgent } from 'node:https';
 import type { Socket } from 'node:net';
 import { createProxyMiddleware } from 'http-proxy-middleware';
-import { hopByHopStripper } from '../request/hop-by-hop';
+import { hopByHopStripper } from '../http/hop-by-hop';
 import { closeIdleSockets } from './idle-sockets';
-import { DeadlineList } from './deadline-list';
+import { DeadlineList } from '../http/deadline-list';
 import type { Configuration, UpstreamConfig } from '../options';
 import { CONNECT_TIMEOUT, FIRST_BYTE_TIMEOUT, type RouteState, type RoutedRequest, type TryKeeper } from '../request/route-state';
 import { lenientParser, unrelayable } from './upstream-response';
-import { carrierOf } from '../request/response-carrier';
+import { carrierOf } from '../http/response-carrier';
 
 /** One upstream's proxy and the connections it keeps. */
 export interface UpstreamProxy {

@@ -4,7 +4,7 @@ import type { RouterMetrics } from './metrics';
 import type { Tracing } from './tracing';
 import type { DecisionSource, Endpoint, HintOutcome, IndexSource } from '../types';
 import type { HealthCheckConfig } from '../upstreams/health-checker-options';
-import { logHealthChange } from '../upstreams/health-log';
+import { logHealthChange } from './health-log';
 
 /**
  * What happens to requests and endpoints, told once by whoever sees it; {@link createEvents}

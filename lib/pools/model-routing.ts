@@ -3,7 +3,7 @@ import { sendError } from '../errors';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import type { UpstreamConfig } from '../upstreams/upstream-options';
 import { DEFAULT_MAX_LORA, LoraPreference } from './lora-preference';
-import { MAX_MODEL_NAME, NO_MODEL } from './model-options';
+import { MAX_MODEL_NAME, NO_MODEL } from '../upstreams/model-options';
 import { ModelPools } from './model-pools';
 import { watchModels, type ModelWatch } from './model-watch';
 import { modelListBody } from './models';

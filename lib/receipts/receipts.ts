@@ -21,7 +21,7 @@ import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:
 import type { MetricsConfig } from '../observe/metrics';
 import type { RouterLogger } from '../observe/logger';
 import type { Tracing } from '../observe/tracing';
-import { isEventStreamMediaType } from '../request/media-type';
+import { isEventStreamMediaType } from '../http/media-type';
 import type { Endpoint } from '../types';
 import { askingUsage, mayAskUsage } from './ask-usage';
 import { UpstreamBook } from './book';

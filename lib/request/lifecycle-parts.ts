@@ -1,6 +1,6 @@
 import type { ServerResponse } from 'node:http';
 import type { Admission } from '../admission/admission';
-import type { ExactLookup } from '../exact-prefix/index/exact-pick';
+import type { ExactLookup } from '../policies/exact-pick';
 import type { RouterEvents } from '../observe/events';
 import type { RouterMetrics } from '../observe/metrics';
 import type { Tracing } from '../observe/tracing';

@@ -1,10 +1,10 @@
 import type { ServerResponse } from 'node:http';
-import { hasBody, isJson, wholeInBuffer } from './body';
+import { hasBody, isJson, wholeInBuffer } from '../http/body';
 import { replayParsedBody, type AfterBody, type BodyReader, type Next } from './body-reader';
 import { PolicyError, sendError } from '../errors';
 import { bareContext, safePick } from '../policies/safe-pick';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
-import type { ExactLookup } from '../exact-prefix/index/exact-pick';
+import type { ExactLookup } from '../policies/exact-pick';
 import type { RouterEvents } from '../observe/events';
 import type { Tracing } from '../observe/tracing';
 import type { RouterMetrics } from '../observe/metrics';

@@ -1,13 +1,13 @@
 import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
-import type { BodyLease } from './body-budget';
+import type { BodyLease } from '../http/body-budget';
 import type { EndpointTable } from '../upstreams/endpoints';
 import { atHeaderLimit, countHeaderLines, parseBodyRankHint, parseRankHint, type RankHintResult } from './hint';
-import { decodeField, fieldToken, isObjectText, scanFields, type JsonField } from './json-fields';
+import { decodeField, fieldToken, isObjectText, scanFields, type JsonField } from '../http/json-fields';
 import type { Configuration } from '../options';
 import type { HintOutcome, Policy } from '../types';
 import { extractPrompt } from './prompt';
 import { isRecord } from '../guards';
-import { MAX_MODEL_NAME, NO_MODEL } from '../pools/model-options';
+import { MAX_MODEL_NAME, NO_MODEL } from '../upstreams/model-options';
 
 /** A hint that was there: what became of it, its rank when it parsed, and the header or field it came in. */
 export type JudgedHint = { outcome: HintOutcome; rank?: number; param: string };

@@ -1,15 +1,15 @@
 import { ServerResponse, type ClientRequest, type IncomingHttpHeaders, type IncomingMessage } from 'node:http';
-import type { BodyBudget, BodyLease } from './body-budget';
+import type { BodyBudget, BodyLease } from '../http/body-budget';
 import type { RouteEndpoint } from '../upstreams/endpoints';
-import { insertMember, replaceValues, type JsonField } from './json-fields';
+import { insertMember, replaceValues, type JsonField } from '../http/json-fields';
 import { NO_HINT, type BodyView, type HintVerdict } from './request-inputs';
 import type { RouterEvents } from '../observe/events';
 import type { RouterMetrics } from '../observe/metrics';
 import type { Configuration } from '../options';
 import type { DecisionSource, HintOutcome, PickContext } from '../types';
 import type { AdmissionTicket } from '../admission/admission';
-import type { DeadlineList, Deadlined } from '../forward/deadline-list';
-import { carrierOf, setDpRank, type Carrier } from './response-carrier';
+import type { DeadlineList, Deadlined } from '../http/deadline-list';
+import { carrierOf, setDpRank, type Carrier } from '../http/response-carrier';
 import type { PeerAnnouncer } from '../peers/peer-link';
 import type { RouteTicket } from '../receipts/ticket';
 

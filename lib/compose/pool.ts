@@ -11,10 +11,10 @@ import { buildPolicy } from '../policies/by-name';
 import type { HintConfig } from '../request/hint-options';
 import { createRequestInputs, type RequestInputs } from '../request/request-inputs';
 import type { Policy, PolicyName } from '../types';
-import { EndpointTable, type RouteEndpoint } from './endpoints';
-import { startHealthChecks, type HealthChange, type HealthChecker } from './health-checker';
-import { OutlierDetector } from './outlier-detector';
-import type { UpstreamConfig } from './upstream-options';
+import { EndpointTable, type RouteEndpoint } from '../upstreams/endpoints';
+import { startHealthChecks, type HealthChange, type HealthChecker } from '../upstreams/health-checker';
+import { OutlierDetector } from '../upstreams/outlier-detector';
+import type { UpstreamConfig } from '../upstreams/upstream-options';
 import type { ReceiptsConfig } from '../receipts/options';
 import { Receipts } from '../receipts/receipts';
 

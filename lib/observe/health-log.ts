@@ -1,6 +1,6 @@
-import type { RouterLogger } from '../observe/logger';
+import type { RouterLogger } from './logger';
 import type { Endpoint } from '../types';
-import type { HealthCheckConfig } from './health-checker-options';
+import type { HealthCheckConfig } from '../upstreams/health-checker-options';
 
 /**
  * The log lines of a health check verdict: one per upstream entry behind the probed URL (two

@@ -27,7 +27,7 @@ export type { HintOptions } from './request/hint-options';
 export type { AffinityOptions, SessionAffinitySettings } from './policies/session-affinity-options';
 export type { PrefixAwareRouterSettings, PrefixAwareSettings } from './policies/prefix-aware-options';
 export type { KvEventsOptions } from './exact-prefix/events/source';
-export type { BodyTimeoutOptions, TimeoutOptions } from './forward/timeout-options';
+export type { BodyTimeoutOptions, TimeoutOptions } from './http/timeout-options';
 export type { BodyLimitOptions } from './http/body-budget';
 export type { OutlierDetectionOptions } from './upstreams/outlier-detector-options';
 export type { HealthCheckOptions } from './upstreams/health-checker-options';

@@ -27,7 +27,7 @@ import type { DisaggregatedOutcome } from './metrics';
 import { FallbackLog } from './fallback-log';
 import { bootstrapAddress, BootstrapDirectory } from './mooncake';
 import type { PrefillResult } from './prefill-client';
-import { PREFILL_HINT_HEADER, PrefillPool } from './prefill-pool';
+import { PREFILL_HINT_HEADER, PrefillPool } from '../compose/prefill-pool';
 
 /** What the terminal is built from: the router's services (the decode pool's). */
 export interface DisaggregationParts {

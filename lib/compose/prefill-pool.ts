@@ -2,11 +2,11 @@ import type { Registry } from 'prom-client';
 import type { Tracing } from '../observe/tracing';
 import type { Configuration } from '../options';
 import type { RouteEndpoint } from '../upstreams/endpoints';
-import { poolPolicy, UpstreamPool } from '../compose/pool';
+import { poolPolicy, UpstreamPool } from './pool';
 import type { UpstreamConfig } from '../upstreams/upstream-options';
-import { createDisaggregationMetrics, type DisaggregationMetrics } from './metrics';
-import { prefillPool } from './options';
-import { PrefillClient } from './prefill-client';
+import { createDisaggregationMetrics, type DisaggregationMetrics } from '../disaggregation/metrics';
+import { prefillPool } from '../disaggregation/options';
+import { PrefillClient } from '../disaggregation/prefill-client';
 
 /** The header a trusted caller names the prefill rank with (the rank header names the decode rank). */
 export const PREFILL_HINT_HEADER = 'x-data-parallel-prefill-rank';

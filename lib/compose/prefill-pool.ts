@@ -5,11 +5,8 @@ import type { RouteEndpoint } from '../upstreams/endpoints';
 import { poolPolicy, UpstreamPool } from './pool';
 import type { UpstreamConfig } from '../upstreams/upstream-options';
 import { createDisaggregationMetrics, type DisaggregationMetrics } from '../disaggregation/metrics';
-import { prefillPool } from '../disaggregation/options';
+import { PREFILL_HINT_HEADER, prefillPool } from '../disaggregation/options';
 import { PrefillClient } from '../disaggregation/prefill-client';
-
-/** The header a trusted caller names the prefill rank with (the rank header names the decode rank). */
-export const PREFILL_HINT_HEADER = 'x-data-parallel-prefill-rank';
 
 /**
  * The prefill leg's own services: a pool of the prefill upstreams built as the router's own

@@ -5,6 +5,9 @@ import type { UpstreamConfig } from '../upstreams/upstream-options';
 
 /** How the KV cache moves from the prefill rank to the decode rank (vLLM's `kv_connector`). */
 export type Connector = 'nixl' | 'mooncake';
+
+/** The header a trusted caller names the prefill rank with (the rank header names the decode rank). */
+export const PREFILL_HINT_HEADER = 'x-data-parallel-prefill-rank';
 /** What a request gets when its prefill leg fails. */
 export type PrefillFailureMode = 'decode-only' | 'fail';
 

@@ -7,7 +7,7 @@ import { isWebSocketUpgrade, upstreamRequestStripper } from '../http/hop-by-hop'
 import { setForwardedHeaders } from './forwarded-headers';
 import type { Terminal } from '../request/lifecycle';
 import { NO_METRICS, type RouterMetrics } from '../observe/metrics';
-import type { Configuration, UpstreamConfig } from '../options';
+import type { UpstreamConfig } from '../upstreams/upstream-options';
 import type { RetryConfig } from './retry-options';
 import { DECISION_HEADER, type RouteState, type RoutedRequest } from '../request/route-state';
 import { bareContext, safePick } from '../policies/safe-pick';
@@ -15,7 +15,7 @@ import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import type { OutlierDetector } from '../upstreams/outlier-detector';
 import type { PickContext, Policy, UpstreamErrorKind } from '../types';
 import { answeredFirst, type FirstTokenListener } from '../observe/first-event';
-import { clientGone, createUpstreamProxy, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
+import { clientGone, createUpstreamProxy, type ProxyConfig, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
 import type { ModelRouting } from '../pools/model-routing';
 import type { VllmBalancing } from '../request/vllm-balancing';
 import type { RankHeaderGuard } from '../upstreams/rank-header-guard';
@@ -23,8 +23,14 @@ import { watchRankRejection } from '../upstreams/rank-rejection';
 import type { Receipts } from '../receipts/receipts';
 
 /** What the forwarder works with, built before it. */
+/** The options the forwarder reads (the router's `Configuration` is one). */
+export interface ForwarderConfig extends ProxyConfig {
+  readonly header: string;
+  readonly xfwd: false | 'replace' | 'append';
+}
+
 export interface ForwarderParts {
-  readonly config: Configuration;
+  readonly config: ForwarderConfig;
   readonly policy: Policy;
   readonly table: EndpointTable;
   readonly metrics: RouterMetrics;
@@ -48,7 +54,7 @@ export interface ForwarderParts {
  * reports of each try: an answer, or a failure that is retried on another server or answered.
  */
 export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<RouteState> {
-  private readonly config: Configuration;
+  private readonly config: ForwarderConfig;
   private readonly retries: RetryConfig;
   private readonly table: EndpointTable;
   private readonly metrics: RouterMetrics;
@@ -67,7 +73,7 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
   /** The router's own rank header, set already, survives a client's `Connection` nomination; the upstream agent keeps connections alive. */
   private readonly stripHopByHop: (headers: IncomingHttpHeaders) => void;
   /** `xfwd`: the X-Forwarded-* headers are set here, once per request, not by http-proxy on each try. */
-  private readonly xfwd: Configuration['xfwd'];
+  private readonly xfwd: ForwarderConfig['xfwd'];
   /** After the body is held for a retry (or goes on unheld): the first try. Made once, so that a read allocates no closure. */
   private readonly replayable: AfterBody;
   /** By upstream name and URL: a proxy (and its keep-alive agent) per upstream server entry. */

@@ -4,7 +4,10 @@ import type { ExactLookup } from '../policies/exact-pick';
 import type { RouterEvents } from '../observe/events';
 import type { RouterMetrics } from '../observe/metrics';
 import type { Tracing } from '../observe/tracing';
-import type { Configuration } from '../options';
+import type { RouterLogger } from '../observe/logger';
+import type { TimeoutConfig } from '../http/timeout-options';
+import type { HintConfig } from './hint-options';
+import type { BufferingConfig } from './buffering-options';
 import type { ModelRouting } from '../pools/model-routing';
 import type { Policy } from '../types';
 import type { EndpointTable } from '../upstreams/endpoints';
@@ -33,9 +36,20 @@ export interface Terminal {
   close(): void;
 }
 
+/** The options a lifecycle reads (the router's `Configuration` is one). */
+export interface LifecycleConfig {
+  readonly header: string;
+  readonly hints: HintConfig;
+  readonly exposeDecision: boolean;
+  readonly maxBodyBytes: number;
+  readonly requestBuffering: BufferingConfig;
+  readonly timeouts: Pick<TimeoutConfig, 'bodyMs'>;
+  readonly logger: RouterLogger;
+}
+
 /** The parts a lifecycle works with, built once per router before it. */
 export interface LifecycleParts {
-  readonly config: Configuration;
+  readonly config: LifecycleConfig;
   readonly policy: Policy;
   readonly events: RouterEvents;
   /** Whether tracing records anything (`@opentelemetry/api` installed). */

@@ -8,7 +8,6 @@ import type { ExactLookup } from '../policies/exact-pick';
 import type { RouterEvents } from '../observe/events';
 import type { Tracing } from '../observe/tracing';
 import type { RouterMetrics } from '../observe/metrics';
-import type { Configuration } from '../options';
 import type { HintConfig } from './hint-options';
 import type { PrefixPickContext } from '../policies/prefix-aware';
 import { NO_HINT, type BodyView, type JudgedHint, type RequestInputs } from './request-inputs';
@@ -21,7 +20,7 @@ import { exactContext } from './exact-context';
 import { hintRejection } from './hint-rejection';
 import { balancedByVllm } from './vllm-paths';
 import type { VllmBalancing } from './vllm-balancing';
-import type { LifecycleParts, Terminal } from './lifecycle-parts';
+import type { LifecycleConfig, LifecycleParts, Terminal } from './lifecycle-parts';
 import type { Receipts } from '../receipts/receipts';
 
 export type { Next } from './body-reader';
@@ -46,7 +45,7 @@ export class RequestLifecycle {
   /** The middleware: the first stage, bound. */
   readonly handle: (req: RoutedRequest, res: ServerResponse, next: Next) => void;
   private readonly reports: RouteReports;
-  private readonly config: Configuration;
+  private readonly config: LifecycleConfig;
   private readonly hints: HintConfig;
   private readonly bodyTimeoutMs: number;
   /** `requestBuffering.maxBytes`: 0 when off. */

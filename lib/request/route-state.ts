@@ -5,7 +5,6 @@ import { insertMember, replaceValues, type JsonField } from '../http/json-fields
 import { NO_HINT, type BodyView, type HintVerdict } from './request-inputs';
 import type { RouterEvents } from '../observe/events';
 import type { RouterMetrics } from '../observe/metrics';
-import type { Configuration } from '../options';
 import type { DecisionSource, HintOutcome, PickContext } from '../types';
 import type { AdmissionTicket } from '../admission/admission';
 import type { DeadlineList, Deadlined } from '../http/deadline-list';
@@ -32,7 +31,7 @@ export interface TryKeeper {
 
 /** What every request reports to as it moves: the router's parts, resolved once. */
 export interface RouteReports {
-  readonly config: Pick<Configuration, 'header' | 'exposeDecision'>;
+  readonly config: { readonly header: string; readonly exposeDecision: boolean };
   readonly metrics: RouterMetrics;
   readonly events: RouterEvents;
   /** Admission's hook: a slot on `endpoint` was freed. `undefined` without `admission`. */

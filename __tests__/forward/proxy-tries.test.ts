@@ -21,7 +21,7 @@ afterEach(async () => {
 async function start(urls: readonly string[]) {
   const registry = new Registry();
   const services = new RouterServices(parseOptions({ upstreams: urls.map((url, index) => ({ url, name: `u${index}` })), metrics: { registry } }, 'dpRouter'));
-  const reports: RouteReports = { config: services.config, metrics: services.metrics, events: services.events, freed: undefined, peers: undefined };
+  const reports: RouteReports = { config: services.config, events: services.events, hooks: services.hooks };
   const proxies: UpstreamProxy[] = [];
   const outcomes: TryOutcomes = {
     answered: (route) => route.responding(),

@@ -28,7 +28,7 @@ async function start(handle: (req: IncomingMessage, res: ServerResponse, reports
     ejected: (endpoint) => told.push(`ejected ${endpoint.key}`),
     healthChanged: (endpoints, up) => told.push(`health ${endpoints.length} ${up}`),
   };
-  const reports: RouteReports = { config: services.config, metrics: services.metrics, events, freed: undefined, peers: undefined };
+  const reports: RouteReports = { config: services.config, events, hooks: services.hooks };
   const server = await serve((req, res) => handle(req, res, reports, services));
   running.push({ close: async () => (await server.close(), await services.close()) });
   return { ...server, services, registry, told };

@@ -24,6 +24,9 @@ import { VllmBalancing } from '../request/vllm-balancing';
 import { RankHeaderGuard } from '../upstreams/rank-header-guard';
 import { createPeerMetrics } from '../peers/metrics';
 import type { Receipts } from '../receipts/receipts';
+import type { RouteSeam } from '../request/route-hooks';
+import type { RouteState } from '../request/route-state';
+import { routeSeam } from './features';
 
 /**
  * Everything one router runs on, built from its configuration in one place, in dependency
@@ -58,6 +61,8 @@ export class RouterServices {
   readonly balancing: VllmBalancing;
   /** Acts on a server that contradicts how the router reaches its ranks. */
   readonly rankHeaders: RankHeaderGuard;
+  /** What each feature does at each point of a request's way (features.ts), built last. */
+  readonly hooks: RouteSeam<RouteState>;
   private readonly watch: EngineWatch;
   /** Upstreams found by DNS; started with the first DNS entry. */
   private dns: DnsDiscovery | undefined;
@@ -114,6 +119,7 @@ export class RouterServices {
     this.started.push(() => this.dns?.stop());
     this.admission = this.startAdmission();
     this.peers = this.startPeers();
+    this.hooks = routeSeam(this);
   }
 
   /** The peer link (`peers`); `undefined` when off. Built after the table whose endpoints it announces and loads. */

@@ -1,12 +1,13 @@
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
-import type { Admission } from '../admission/admission';
+import type { Gate } from '../request/gate';
+import type { RouteSeam } from '../request/route-hooks';
 import { hasBody } from '../http/body';
 import type { AfterBody, BodyReader, Next } from '../request/body-reader';
 import { sendError } from '../errors';
 import { isWebSocketUpgrade, upstreamRequestStripper } from '../http/hop-by-hop';
 import { setForwardedHeaders } from './forwarded-headers';
 import type { Terminal } from '../request/lifecycle';
-import { NO_METRICS, type RouterMetrics } from '../observe/metrics';
+import type { RouterMetrics } from '../observe/metrics';
 import type { UpstreamConfig } from '../upstreams/upstream-options';
 import type { RetryConfig } from './retry-options';
 import { DECISION_HEADER, type RouteState, type RoutedRequest } from '../request/route-state';
@@ -18,9 +19,6 @@ import { answeredFirst, type FirstTokenListener } from '../observe/first-event';
 import { clientGone, createUpstreamProxy, type ProxyConfig, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
 import type { ModelRouting } from '../pools/model-routing';
 import type { VllmBalancing } from '../request/vllm-balancing';
-import type { RankHeaderGuard } from '../upstreams/rank-header-guard';
-import { watchRankRejection } from '../upstreams/rank-rejection';
-import type { Receipts } from '../receipts/receipts';
 
 /** What the forwarder works with, built before it. */
 /** The options the forwarder reads (the router's `Configuration` is one). */
@@ -38,13 +36,11 @@ export interface ForwarderParts {
   readonly detector: OutlierDetector | undefined;
   /** A retry stays in the request's model pool. */
   readonly models: ModelRouting;
-  readonly admission: Admission | undefined;
+  readonly admission: Gate | undefined;
   /** A request vLLM balances is retried on another upstream's balanced endpoint. */
   readonly balancing: VllmBalancing;
-  /** Told of vLLM's refusals of a rank header. */
-  readonly rankHeaders: RankHeaderGuard;
-  /** Route receipts; `undefined` when off. */
-  readonly receipts: Receipts | undefined;
+  /** What the features do at each point of the way (request/route-hooks.ts). */
+  readonly hooks: RouteSeam<RouteState>;
 }
 
 /**
@@ -62,14 +58,9 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
   private readonly detector: OutlierDetector | undefined;
   private readonly policy: Policy;
   private readonly models: ModelRouting;
-  private readonly admission: Admission | undefined;
+  private readonly admission: Gate | undefined;
   private readonly balancing: VllmBalancing;
-  private readonly rankHeaders: RankHeaderGuard;
-  private readonly receipts: Receipts | undefined;
-  /** Whether the policy learns from each endpoint's first tokens (`learnsFirstTokens`). */
-  private readonly countsFirstTokens: boolean;
-  /** Whether anything but the peers reads first tokens (the metrics, the policy): otherwise only a request with prefill announced is watched. */
-  private readonly watchesFirstTokens: boolean;
+  private readonly hooks: RouteSeam<RouteState>;
   /** The router's own rank header, set already, survives a client's `Connection` nomination; the upstream agent keeps connections alive. */
   private readonly stripHopByHop: (headers: IncomingHttpHeaders) => void;
   /** `xfwd`: the X-Forwarded-* headers are set here, once per request, not by http-proxy on each try. */
@@ -92,10 +83,7 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
     this.models = parts.models;
     this.admission = parts.admission;
     this.balancing = parts.balancing;
-    this.rankHeaders = parts.rankHeaders;
-    this.receipts = parts.receipts;
-    this.countsFirstTokens = parts.policy.learnsFirstTokens === true;
-    this.watchesFirstTokens = this.countsFirstTokens || parts.metrics !== NO_METRICS;
+    this.hooks = parts.hooks;
     this.stripHopByHop = upstreamRequestStripper(parts.config.header);
     this.xfwd = parts.config.xfwd;
     this.replayable = (req, res, next, route) => this.send(req, res, next, route);
@@ -178,35 +166,17 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
   answered(route: RouteState, req: RoutedRequest, res: ServerResponse, answer: IncomingMessage): void {
     route.responding();
     const endpoint = route.endpoint!;
+    const { hooks } = this;
     // One scan of the stream for everyone who reads its first token, gone at that token.
-    if (this.watchesFirstTokens || route.prefillBlocks > 0) answeredFirst(endpoint, answer, route.started, this, route);
-    if (route.ticket !== undefined && this.admission!.counts) this.admission!.count(route.ticket, answer);
-    if (endpoint.headerValue !== undefined) watchRankRejection(answer, (refused, numRanks) => this.rankHeaders.refused(endpoint, refused, numRanks));
-    if (route.receipt !== undefined) this.receipts!.answered(route.receipt, endpoint, req, res, answer);
-    if (answer.statusCode !== undefined && answer.statusCode >= 500) {
-      this.metrics.upstreamError(endpoint, 'status_5xx');
-      this.detector?.failed(endpoint, 'request', req);
-    } else {
-      // Any answer below 500, a 4xx included, shows the endpoint alive: a client's bad
-      // request is never the endpoint's fault.
-      this.detector?.succeeded(endpoint);
-    }
+    if (hooks.firstToken.length > 0 && hooks.watchesFirstToken(route)) answeredFirst(endpoint, answer, route.started, this, route);
+    const answered = hooks.answered;
+    for (let i = 0; i < answered.length; i++) answered[i].answered!(route, endpoint, req, res, answer);
   }
 
-  /**
-   * A 2xx answer's first token: observed by the metrics, and, for an event stream, added to
-   * the endpoint's first-token totals (a policy that `learnsFirstTokens`) and the end of the
-   * request's prefill (with `peers`). A non-streamed answer's first byte comes with its last,
-   * which says how long the generation took, not how long the prefill waited: not counted.
-   */
+  /** A 2xx answer's first token (`streamed`: an event stream's first real event), told to every feature that reads it. */
   firstToken(endpoint: RouteEndpoint, seconds: number, streamed: boolean, route: RouteState): void {
-    this.metrics.firstToken(endpoint, seconds);
-    if (!streamed) return;
-    if (this.countsFirstTokens) {
-      endpoint.firstTokens++;
-      endpoint.firstTokenSeconds += seconds;
-    }
-    route.prefilled();
+    const first = this.hooks.firstToken;
+    for (let i = 0; i < first.length; i++) first[i].firstToken!(route, endpoint, seconds, streamed);
   }
 
   /** The try failed: counted once against its endpoint, then retried elsewhere or answered. */

@@ -1,5 +1,5 @@
 import type { ServerResponse } from 'node:http';
-import type { Admission } from '../admission/admission';
+import type { Gate } from './gate';
 import type { ExactLookup } from '../policies/exact-pick';
 import type { RouterEvents } from '../observe/events';
 import type { RouterMetrics } from '../observe/metrics';
@@ -14,9 +14,8 @@ import type { EndpointTable } from '../upstreams/endpoints';
 import type { BodyReader, Next } from './body-reader';
 import type { RequestInputs } from './request-inputs';
 import type { RouteState, RoutedRequest } from './route-state';
-import type { PeerAnnouncer } from '../peers/peer-link';
+import type { RouteSeam } from './route-hooks';
 import type { VllmBalancing } from './vllm-balancing';
-import type { Receipts } from '../receipts/receipts';
 
 /**
  * What follows a decision, injected at construction: dpRank's hand-on to the next middleware,
@@ -55,8 +54,6 @@ export interface LifecycleParts {
   /** Whether tracing records anything (`@opentelemetry/api` installed). */
   readonly tracing: Tracing;
   readonly table: EndpointTable;
-  /** The peer link (`peers`); `undefined` when off. */
-  readonly peers: PeerAnnouncer | undefined;
   readonly metrics: RouterMetrics;
   readonly inputs: RequestInputs;
   readonly bodies: BodyReader;
@@ -65,9 +62,9 @@ export interface LifecycleParts {
   /** Pools by model and the `GET /v1/models` union. */
   readonly models: ModelRouting;
   /** Admission control; `undefined` when off. */
-  readonly admission: Admission | undefined;
+  readonly admission: Gate | undefined;
   /** Where requests go that vLLM balances itself. */
   readonly balancing: VllmBalancing;
-  /** Route receipts (dpRouter's `receipts`); `undefined` when off, and always for dpRank. */
-  readonly receipts?: Receipts | undefined;
+  /** What the features do at each point of the way (route-hooks.ts). */
+  readonly hooks: RouteSeam<RouteState>;
 }

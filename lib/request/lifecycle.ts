@@ -15,13 +15,13 @@ import { RouteState, type RouteReports, type RoutedRequest } from './route-state
 import type { DecisionSource, HintOutcome, IndexSource, PickContext, Policy } from '../types';
 import { leastLoadedOfRank, type ModelRouting } from '../pools/model-routing';
 import type { ModelPools } from '../pools/model-pools';
-import type { Admission } from '../admission/admission';
+import type { Gate } from './gate';
 import { exactContext } from './exact-context';
 import { hintRejection } from './hint-rejection';
 import { balancedByVllm } from './vllm-paths';
 import type { VllmBalancing } from './vllm-balancing';
 import type { LifecycleConfig, LifecycleParts, Terminal } from './lifecycle-parts';
-import type { Receipts } from '../receipts/receipts';
+import type { RouteSeam } from './route-hooks';
 
 export type { Next } from './body-reader';
 export type { LifecycleParts, Terminal } from './lifecycle-parts';
@@ -60,15 +60,13 @@ export class RequestLifecycle {
   private readonly models: ModelRouting;
   /** `models.pools`, whose `active` and `listed` every request reads. */
   private readonly pools: ModelPools<RouteEndpoint>;
-  private readonly admission: Admission | undefined;
+  private readonly admission: Gate | undefined;
   /** Where requests go that vLLM balances itself. */
   private readonly balancing: VllmBalancing;
   /** Exact prefix routing, when the policy scores on a prefix index (`namesIndex`). */
   private readonly exact: ExactLookup | undefined;
   /** The decision header names the index that scored the rank (docs/exact-prefix-routing.md). */
   private readonly namesIndex: boolean;
-  /** With `peers`, each pick's prefill (`policy.uncachedBlocks`) is announced until its first token. */
-  private readonly announcesPrefill: boolean;
   /** The span gets the pick's matched share: a traced router with a policy that reports it. */
   private readonly reportsShare: boolean;
   private warnedParsedBody = false;
@@ -76,7 +74,8 @@ export class RequestLifecycle {
   private readonly buffered: AfterBody;
   /** After a body routing reads: its members into `route.view` (400 for one that is not JSON), then decide. */
   private readonly routed: AfterBody;
-  private readonly receipts: Receipts | undefined; // route receipts: each pick's ticket goes on its request
+  /** What the features do at each point of the way (route-hooks.ts). */
+  private readonly hooks: RouteSeam<RouteState>;
   /** Whether a body all in the stream's buffer is taken at once, without waiting for its end (not for a terminal that {@link Terminal.handsOn}). */
   private readonly takesArrived: boolean;
   /** Whether request buffering lets a body that arrived whole with its headers go on unread (dpRouter with `requestBuffering`). */
@@ -104,10 +103,9 @@ export class RequestLifecycle {
     this.exact = policy.namesIndex === true ? parts.exact : undefined;
     this.namesIndex = config.exposeDecision && policy.namesIndex === true;
     this.reportsShare = parts.tracing.enabled && policy.reportsMatchedShare === true;
-    const admission = (this.admission = parts.admission);
-    const receipts = (this.receipts = parts.receipts);
-    this.reports = { config, metrics: parts.metrics, events: parts.events, freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint), peers: parts.peers, hintMember: parts.inputs.hintMember, claims: receipts?.claims, receiptClosed: receipts?.closed };
-    this.announcesPrefill = parts.peers !== undefined && policy.uncachedBlocks !== undefined;
+    this.admission = parts.admission;
+    this.hooks = parts.hooks;
+    this.reports = { config, events: parts.events, hooks: parts.hooks, hintMember: parts.inputs.hintMember };
     this.takesArrived = terminal.handsOn !== true;
     this.passesArrived = this.takesArrived && this.bufferMaxBytes > 0;
     const lifecycle = this;
@@ -277,8 +275,8 @@ export class RequestLifecycle {
       next(new PolicyError(policy.name, 'returned an endpoint that was not among the candidates'));
       return;
     }
-    if (this.announcesPrefill) route.prefillBlocks = policy.uncachedBlocks!;
-    if (this.receipts !== undefined) this.receipts.decided(route, chosen, picking.exact?.ticket, body?.members, prompt !== undefined && policy.reportsMatchedShare === true ? policy.matchedShare : undefined);
+    const decided = this.hooks.decided;
+    for (let i = 0; i < decided.length; i++) decided[i].decided!(route, chosen, picking, body?.members, prompt !== undefined);
     const index = picking.exact?.source ?? 'approximate';
     const note = this.namesIndex ? `; index=${index}` : undefined;
     this.assign(req, res, next, route, chosen, 'assigned', verdict.outcome === 'none' ? undefined : verdict.outcome, note, this.reportsShare && prompt !== undefined ? index : undefined);
@@ -346,7 +344,7 @@ export class RequestLifecycle {
     this.terminal.proceed(req, res, next, route);
   }
 
-  /** Capacity, under admission ({@link Admission.seat}); the decision header carries the time waited. */
+  /** Capacity, under admission ({@link Gate.seat}); the decision header carries the time waited. */
   private seat(
     req: RoutedRequest,
     res: ServerResponse,

@@ -1,0 +1,30 @@
+import type { IncomingMessage } from 'node:http';
+import type { RouteEndpoint } from './endpoints';
+import type { OutlierDetector } from './outlier-detector';
+import type { RankHeaderGuard } from './rank-header-guard';
+import { watchRankRejection } from './rank-rejection';
+
+/** The rank-header guard on the request's way (request/route-hooks.ts): an answer that refuses the rank header sent is told to it. */
+export function rankHeaderHooks(guard: RankHeaderGuard) {
+  return {
+    name: 'rank-header-guard',
+    answered(_route: unknown, endpoint: RouteEndpoint, _req: IncomingMessage, _res: unknown, answer: IncomingMessage): void {
+      if (endpoint.headerValue !== undefined) watchRankRejection(answer, (refused, numRanks) => guard.refused(endpoint, refused, numRanks));
+    },
+  };
+}
+
+/**
+ * Passive outlier detection on the request's way: a 5xx answer counts against its endpoint;
+ * any answer below 500, a 4xx included, shows it alive (a client's bad request is never the
+ * endpoint's fault).
+ */
+export function outlierHooks(detector: OutlierDetector) {
+  return {
+    name: 'outlier-detection',
+    answered(_route: unknown, endpoint: RouteEndpoint, req: IncomingMessage, _res: unknown, answer: IncomingMessage): void {
+      if (answer.statusCode !== undefined && answer.statusCode >= 500) detector.failed(endpoint, 'request', req);
+      else detector.succeeded(endpoint);
+    },
+  };
+}

@@ -3,9 +3,9 @@ import type { Tracing } from '../observe/tracing';
 import type { Configuration } from '../options';
 import type { RouteEndpoint } from '../upstreams/endpoints';
 import { poolPolicy, UpstreamPool } from './pool';
-import type { UpstreamConfig } from '../upstreams/upstream-options';
+import { prefillPool, type UpstreamConfig } from '../upstreams/upstream-options';
 import { createDisaggregationMetrics, type DisaggregationMetrics } from '../disaggregation/metrics';
-import { PREFILL_HINT_HEADER, prefillPool } from '../disaggregation/options';
+import { PREFILL_HINT_HEADER } from '../disaggregation/options';
 import { PrefillClient } from '../disaggregation/prefill-client';
 
 /**

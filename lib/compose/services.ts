@@ -1,29 +1,26 @@
 import { Registry } from 'prom-client';
-import type { ExactRouting } from '../exact-prefix/exact-routing';
-import { requireTokenizerForKvEvents, unusedKvEventsNotice } from '../exact-prefix/options';
 import type { RouterEvents } from '../observe/events';
 import type { RouterMetrics } from '../observe/metrics';
 import { createTracing, type Tracing } from '../observe/tracing';
 import { BodyBudget } from '../http/body-budget';
-import type { Configuration, UpstreamConfig } from '../options';
+import type { Configuration } from '../options';
+import { decodePool, type UpstreamConfig } from '../upstreams/upstream-options';
 import { BodyReader } from '../request/body-reader';
 import type { RequestInputs } from '../request/request-inputs';
 import { watchEngines, watchedUpstreams, type EngineWatch } from '../upstreams/engine-watch';
 import type { EndpointTable } from '../upstreams/endpoints';
 import type { OutlierDetector } from '../upstreams/outlier-detector';
-import { poolPolicy, UpstreamPool } from './pool';
+import { checkKvEventSources, poolPolicy, UpstreamPool, warnUnusedKvEvents } from './pool';
 import type { Policy } from '../types';
 import { startDnsDiscovery, type DnsDiscovery } from '../pools/dns-discovery';
 import { createModelRouting, type ModelRouting } from '../pools/model-routing';
 import { fixedUpstreams, hasDnsEntries } from '../pools/upstream-sources';
-import { decodePool } from '../disaggregation/options';
 import { Admission } from '../admission/admission';
 import { createAdmissionMetrics } from '../admission/metrics';
 import { startPeers, type PeerLink } from '../peers/peer-link';
 import { VllmBalancing } from '../request/vllm-balancing';
 import { RankHeaderGuard } from '../upstreams/rank-header-guard';
 import { createPeerMetrics } from '../peers/metrics';
-import type { Receipts } from '../receipts/receipts';
 import type { RouteSeam } from '../request/route-hooks';
 import type { RouteState } from '../request/route-state';
 import { routeSeam } from './features';
@@ -45,9 +42,9 @@ export class RouterServices {
   readonly tracing: Tracing;
   /** Metrics, tracing and logs of each event, told once. */
   readonly events: RouterEvents;
-  readonly exact: ExactRouting | undefined;
+  readonly exact: UpstreamPool['exact'];
   /** Route receipts (`receipts`); `undefined` when off. */
-  readonly receipts: Receipts | undefined;
+  readonly receipts: UpstreamPool['receipts'];
   readonly detector: OutlierDetector | undefined;
   readonly inputs: RequestInputs;
   readonly bodies: BodyReader;
@@ -100,8 +97,7 @@ export class RouterServices {
     this.receipts = pool.receipts;
     this.detector = pool.detector;
     this.inputs = pool.inputs;
-    const unusedKvEvents = unusedKvEventsNotice(table.upstreams, pool.exact !== undefined, policy.name);
-    if (unusedKvEvents !== undefined) config.logger.warn(unusedKvEvents);
+    warnUnusedKvEvents(pool, config);
     const rankHeaders = (this.rankHeaders = new RankHeaderGuard(table, pool.metrics, config.logger));
     // Discovery replaces one upstream's ranks and keeps everything else as it is; then the
     // engines its /metrics name are held against how the router reaches them.
@@ -133,8 +129,7 @@ export class RouterServices {
 
   /** Throws for entries this router cannot take (`kvEvents` under prefix-aware without a tokenizer), before anything changes. */
   checkSources(sources: readonly UpstreamConfig[]): void {
-    const { policy, prefixAware } = this.config;
-    requireTokenizerForKvEvents(sources, policy === 'prefix-aware', prefixAware.tokenizer);
+    checkKvEventSources(this.config, sources);
   }
 
   /**

@@ -91,15 +91,6 @@ export function checkPools(path: string, upstreams: readonly UpstreamConfig[]): 
   }
 }
 
-/** The prefill pool: what serves the prefill leg. */
-export function prefillPool(upstreams: readonly UpstreamConfig[]): UpstreamConfig[] {
-  return upstreams.filter((upstream) => upstream.role !== 'decode');
-}
-
-/** The decode pool: what serves the decode leg (and every request the router sends whole). */
-export function decodePool(upstreams: readonly UpstreamConfig[]): UpstreamConfig[] {
-  return upstreams.filter((upstream) => upstream.role !== 'prefill');
-}
 
 function checkBootstrapPorts(upstreams: readonly UpstreamConfig[], connector: Connector | undefined): void {
   upstreams.forEach((upstream, index) => {

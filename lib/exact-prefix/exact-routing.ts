@@ -31,7 +31,7 @@ import { PromptTokenizer, type PromptKind } from './tokenizer/tokenizer';
 import { TokenizerAgreement } from './tokenizer/tokenizer-agreement';
 import { createKvMetrics, type KvGaugeReport } from './kv-metrics';
 import { partsOf } from './tokenizer/id-parts';
-import type { ExactGate, ExactReceipts } from '../receipts/ticket';
+import type { ExactGate, ExactReceipts } from '../policies/pick-ticket';
 
 export { ExactPick, type ExactLookup, type IndexSource } from '../policies/exact-pick';
 

@@ -17,7 +17,7 @@ import type { OutlierDetector } from '../upstreams/outlier-detector';
 import type { PickContext, Policy, UpstreamErrorKind } from '../types';
 import { answeredFirst, type FirstTokenListener } from '../observe/first-event';
 import { clientGone, createUpstreamProxy, type ProxyConfig, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
-import type { ModelRouting } from '../pools/model-routing';
+import type { ModelStage } from '../request/model-stage';
 import type { VllmBalancing } from '../request/vllm-balancing';
 
 /** What the forwarder works with, built before it. */
@@ -35,7 +35,7 @@ export interface ForwarderParts {
   readonly bodies: BodyReader;
   readonly detector: OutlierDetector | undefined;
   /** A retry stays in the request's model pool. */
-  readonly models: ModelRouting;
+  readonly models: ModelStage;
   readonly admission: Gate | undefined;
   /** A request vLLM balances is retried on another upstream's balanced endpoint. */
   readonly balancing: VllmBalancing;
@@ -57,7 +57,7 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
   private readonly bodies: BodyReader;
   private readonly detector: OutlierDetector | undefined;
   private readonly policy: Policy;
-  private readonly models: ModelRouting;
+  private readonly models: ModelStage;
   private readonly admission: Gate | undefined;
   private readonly balancing: VllmBalancing;
   private readonly hooks: RouteSeam<RouteState>;

@@ -4,7 +4,7 @@
  * packages' types.
  */
 import type { Endpoint, IndexSource } from '../types';
-import type { RouteTicket } from '../receipts/ticket';
+import type { RouteTicket } from './pick-ticket';
 
 export type { IndexSource } from '../types';
 

@@ -28,7 +28,7 @@ import { UpstreamBook } from './book';
 import { recoveredLine, unhonouredLine, untrustedLine } from './causes';
 import { joinReceiptFamilies, type ReceiptFamilies } from './metrics';
 import type { ReceiptsConfig } from './options';
-import { RouteTicket, type ExactGate, type ExactReceipts, type HeldBlocks } from './ticket';
+import { RouteTicket, type ExactGate, type ExactReceipts, type HeldBlocks } from '../policies/pick-ticket';
 import { stripAskedUsage } from './usage-strip';
 import { AnswerTail, lastUsage, type ReportedUsage } from './usage-json';
 import type { Transition } from './verdict';

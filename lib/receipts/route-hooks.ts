@@ -1,8 +1,15 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { RouteTicket } from './ticket';
+import type { RouteTicket } from '../policies/pick-ticket';
 import type { Policy } from '../types';
 import type { RouteEndpoint } from '../upstreams/endpoints';
 import type { ReceiptCarrier, Receipts } from './receipts';
+
+declare module '../request/route-slots' {
+  /** Route receipts' slot on a request (`RouteState.receipt`): what its receipts are judged against; a retry drops it. */
+  interface RouteSlots {
+    receipt: RouteTicket;
+  }
+}
 
 /**
  * Route receipts on the request's way (request/route-hooks.ts, receipts.ts says what each

@@ -8,7 +8,7 @@ import type { RouterLogger } from '../observe/logger';
 import type { TimeoutConfig } from '../http/timeout-options';
 import type { HintConfig } from './hint-options';
 import type { BufferingConfig } from './buffering-options';
-import type { ModelRouting } from '../pools/model-routing';
+import type { ModelStage } from './model-stage';
 import type { Policy } from '../types';
 import type { EndpointTable } from '../upstreams/endpoints';
 import type { BodyReader, Next } from './body-reader';
@@ -60,7 +60,7 @@ export interface LifecycleParts {
   /** Exact prefix routing, with a tokenizer and upstreams with `kvEvents`. */
   readonly exact: ExactLookup | undefined;
   /** Pools by model and the `GET /v1/models` union. */
-  readonly models: ModelRouting;
+  readonly models: ModelStage;
   /** Admission control; `undefined` when off. */
   readonly admission: Gate | undefined;
   /** Where requests go that vLLM balances itself. */

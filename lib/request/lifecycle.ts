@@ -13,8 +13,7 @@ import type { PrefixPickContext } from '../policies/prefix-aware';
 import { NO_HINT, type BodyView, type JudgedHint, type RequestInputs } from './request-inputs';
 import { RouteState, type RouteReports, type RoutedRequest } from './route-state';
 import type { DecisionSource, HintOutcome, IndexSource, PickContext, Policy } from '../types';
-import { leastLoadedOfRank, type ModelRouting } from '../pools/model-routing';
-import type { ModelPools } from '../pools/model-pools';
+import { leastLoadedOfRank, type ModelStage, type ServedModels } from './model-stage';
 import type { Gate } from './gate';
 import { exactContext } from './exact-context';
 import { hintRejection } from './hint-rejection';
@@ -57,9 +56,9 @@ export class RequestLifecycle {
   private readonly policy: Policy;
   private readonly inputs: RequestInputs;
   private readonly bodies: BodyReader;
-  private readonly models: ModelRouting;
+  private readonly models: ModelStage;
   /** `models.pools`, whose `active` and `listed` every request reads. */
-  private readonly pools: ModelPools<RouteEndpoint>;
+  private readonly pools: ServedModels;
   private readonly admission: Gate | undefined;
   /** Where requests go that vLLM balances itself. */
   private readonly balancing: VllmBalancing;

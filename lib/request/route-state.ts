@@ -9,7 +9,6 @@ import type { Slot } from './route-slots';
 import type { DeadlineList, Deadlined } from '../http/deadline-list';
 import { carrierOf, setDpRank, type Carrier } from '../http/response-carrier';
 import type { RouteSeam } from './route-hooks';
-import type { RouteTicket } from '../receipts/ticket';
 
 /**
  * Where a request stands: `deciding` until it has an endpoint (and while its retry body is
@@ -109,7 +108,7 @@ export class RouteState implements Deadlined {
    */
   leaseEnds = 0;
   /** With route receipts: what the request's receipts are judged against (a retry drops it). */
-  receipt: RouteTicket | undefined = undefined;
+  receipt: Slot<'receipt'> | undefined = undefined;
   /** Whether the response's close is watched (one listener per request, see {@link watch}). */
   private watching = false;
 

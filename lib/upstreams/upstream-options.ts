@@ -230,3 +230,12 @@ function parseRanks(path: string, value: unknown, startRank: number, size: numbe
   return [...ranks].sort((a, b) => a - b);
 }
 
+/** The prefill pool: what serves the prefill leg. */
+export function prefillPool(upstreams: readonly UpstreamConfig[]): UpstreamConfig[] {
+  return upstreams.filter((upstream) => upstream.role !== 'decode');
+}
+
+/** The decode pool: what serves the decode leg (and every request the router sends whole). */
+export function decodePool(upstreams: readonly UpstreamConfig[]): UpstreamConfig[] {
+  return upstreams.filter((upstream) => upstream.role !== 'prefill');
+}

@@ -7,13 +7,11 @@ import { sendError } from '../errors';
 import { isWebSocketUpgrade, upstreamRequestStripper } from '../http/hop-by-hop';
 import { setForwardedHeaders } from './forwarded-headers';
 import type { Terminal } from '../request/lifecycle';
-import type { RouterMetrics } from '../observe/metrics';
 import type { UpstreamConfig } from '../upstreams/upstream-options';
 import type { RetryConfig } from './retry-options';
 import { DECISION_HEADER, type RouteState, type RoutedRequest } from '../request/route-state';
 import { bareContext, safePick } from '../policies/safe-pick';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
-import type { OutlierDetector } from '../upstreams/outlier-detector';
 import type { PickContext, Policy, UpstreamErrorKind } from '../types';
 import { answeredFirst, type FirstTokenListener } from '../observe/first-event';
 import { clientGone, createUpstreamProxy, type ProxyConfig, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
@@ -31,9 +29,7 @@ export interface ForwarderParts {
   readonly config: ForwarderConfig;
   readonly policy: Policy;
   readonly table: EndpointTable;
-  readonly metrics: RouterMetrics;
   readonly bodies: BodyReader;
-  readonly detector: OutlierDetector | undefined;
   /** A retry stays in the request's model pool. */
   readonly models: ModelStage;
   readonly admission: Gate | undefined;
@@ -53,9 +49,7 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
   private readonly config: ForwarderConfig;
   private readonly retries: RetryConfig;
   private readonly table: EndpointTable;
-  private readonly metrics: RouterMetrics;
   private readonly bodies: BodyReader;
-  private readonly detector: OutlierDetector | undefined;
   private readonly policy: Policy;
   private readonly models: ModelStage;
   private readonly admission: Gate | undefined;
@@ -76,9 +70,7 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
     this.config = parts.config;
     this.retries = parts.config.retries;
     this.table = parts.table;
-    this.metrics = parts.metrics;
     this.bodies = parts.bodies;
-    this.detector = parts.detector;
     this.policy = parts.policy;
     this.models = parts.models;
     this.admission = parts.admission;
@@ -138,12 +130,8 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
   private send(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
     const endpoint = route.endpoint!;
     route.sending();
-    const { detector } = this;
-    if (detector?.dispatched(endpoint, res)) {
-      // This request is the half-open endpoint's one trial; if the client leaves before it
-      // decides, the endpoint must be free for another trial.
-      res.once('close', () => detector.abandoned(endpoint, res));
-    }
+    const sending = this.hooks.sending;
+    for (let i = 0; i < sending.length; i++) sending[i].sending!(route, endpoint, res);
     this.proxyOf(endpoint).send(req, res, next, route);
   }
 
@@ -189,9 +177,8 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
     // A client that left is not the upstream's fault, and there is no one to answer.
     if (!route.settle() || clientGone(res)) return;
     const endpoint = route.endpoint!;
-    this.metrics.upstreamError(endpoint, ERROR_KIND[failure]);
     // A first-byte timeout may be the request's own doing (a long generation); the rest never reached an answer.
-    this.detector?.failed(endpoint, failure === 'first_byte_timeout' ? 'request' : 'connection', req);
+    this.tell(route, endpoint, req, ERROR_KIND[failure], failure === 'first_byte_timeout' ? 'request' : 'connection');
     // Not after a first-byte timeout: the engine may still be working on it, and the client
     // has already waited the whole deadline.
     if (failure !== 'first_byte_timeout' && this.retry(req, res, route, endpoint)) return;
@@ -272,9 +259,14 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
   private settleAsReset(route: RouteState, req: RoutedRequest, res: ServerResponse): boolean {
     if (!route.settle() || clientGone(res)) return false;
     const endpoint = route.endpoint!;
-    this.metrics.upstreamError(endpoint, 'reset');
-    this.detector?.failed(endpoint, 'request', req);
+    this.tell(route, endpoint, req, 'reset', 'request');
     return true;
+  }
+
+  /** A try's failure, told to every feature that counts it (route-hooks.ts `failed`). */
+  private tell(route: RouteState, endpoint: RouteEndpoint, req: RoutedRequest, kind: Exclude<UpstreamErrorKind, 'status_5xx'>, origin: 'request' | 'connection'): void {
+    const failed = this.hooks.failed;
+    for (let i = 0; i < failed.length; i++) failed[i].failed!(route, endpoint, req, kind, origin);
   }
 }
 

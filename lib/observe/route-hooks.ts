@@ -1,5 +1,5 @@
 import type { IncomingMessage } from 'node:http';
-import type { DecisionSource } from '../types';
+import type { DecisionSource, UpstreamErrorKind } from '../types';
 import type { MeteredEndpoint, RouterMetrics } from './metrics';
 
 /** What the metrics read of a request: where its rank came from and when it was dispatched. */
@@ -8,12 +8,15 @@ interface MeteredRoute {
   readonly started: number;
 }
 
-/** The per-endpoint metrics on the request's way (request/route-hooks.ts): dispatched, a 5xx answer, the first token, the duration. */
+/** The per-endpoint metrics on the request's way (request/route-hooks.ts): dispatched, a failed try, a 5xx answer, the first token, the duration. */
 export function metricHooks(metrics: RouterMetrics) {
   return {
     name: 'metrics',
     held(route: MeteredRoute, endpoint: MeteredEndpoint): void {
       metrics.dispatched(endpoint, route.source);
+    },
+    failed(_route: MeteredRoute, endpoint: MeteredEndpoint, _req: IncomingMessage, kind: UpstreamErrorKind): void {
+      metrics.upstreamError(endpoint, kind);
     },
     answered(_route: MeteredRoute, endpoint: MeteredEndpoint, _req: IncomingMessage, _res: unknown, answer: IncomingMessage): void {
       if (answer.statusCode !== undefined && answer.statusCode >= 500) metrics.upstreamError(endpoint, 'status_5xx');

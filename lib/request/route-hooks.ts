@@ -1,4 +1,5 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { UpstreamErrorKind } from '../types';
 import type { PrefixPickContext } from '../policies/prefix-aware';
 import type { RouteEndpoint } from '../upstreams/endpoints';
 
@@ -31,6 +32,14 @@ export interface RouteHooks<R = RouteView> {
   retrying?(route: R, from: RouteEndpoint): void;
   /** A retry left `from` and holds the next endpoint. */
   retried?(route: R, from: RouteEndpoint): void;
+  /** A try is sent to `endpoint` (the first, or a retry's). */
+  sending?(route: R, endpoint: RouteEndpoint, res: ServerResponse): void;
+  /**
+   * A try failed before an answer, or its answer was cut short (`reset`), counted once: `origin`
+   * says whether the request may be its own cause (a first-byte timeout, a reset answer) or the
+   * connection never reached an answer. Not for a client that left.
+   */
+  failed?(route: R, endpoint: RouteEndpoint, req: IncomingMessage, kind: Exclude<UpstreamErrorKind, 'status_5xx'>, origin: 'request' | 'connection'): void;
   /** The upstream began to answer (any status). */
   answered?(route: R, endpoint: RouteEndpoint, req: IncomingMessage, res: ServerResponse, answer: IncomingMessage): void;
   /**
@@ -58,6 +67,8 @@ export class RouteSeam<R = RouteView> {
   readonly held: RouteHooks<R>[] = [];
   readonly retrying: RouteHooks<R>[] = [];
   readonly retried: RouteHooks<R>[] = [];
+  readonly sending: RouteHooks<R>[] = [];
+  readonly failed: RouteHooks<R>[] = [];
   readonly answered: RouteHooks<R>[] = [];
   readonly firstToken: RouteHooks<R>[] = [];
   readonly closing: RouteHooks<R>[] = [];
@@ -74,6 +85,8 @@ export class RouteSeam<R = RouteView> {
     if (hooks.held) this.held.push(hooks);
     if (hooks.retrying) this.retrying.push(hooks);
     if (hooks.retried) this.retried.push(hooks);
+    if (hooks.sending) this.sending.push(hooks);
+    if (hooks.failed) this.failed.push(hooks);
     if (hooks.answered) this.answered.push(hooks);
     if (hooks.firstToken) {
       this.firstToken.push(hooks);

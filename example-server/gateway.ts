@@ -96,6 +96,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
     app.use(
       pinoHttp({
         logger,
+        redact: { paths: REDACTED_HEADERS, censor: '[Redacted]' },
         customProps: (req) => (req.dpRank ? { dpRank: { upstream: req.dpRank.upstream, rank: req.dpRank.rank, source: req.dpRank.source } } : {}),
         // A 5xx is the gateway's answer (or an upstream's passed through), not a fault of this
         // code: its line carries the vLLM error it answered, not a stack pino-http made up.
@@ -152,6 +153,19 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
   const summary = describe(url, upstreams, settings, mock, admission.options) + (mockStart?.eventsOff === undefined ? '' : `; the mock publishes no KV events (${mockStart.eventsOff})`);
   return { server, router, url, mock, prefillMock, summary, close };
 }
+
+/**
+ * Credentials pino-http's default serializers would write with every request and response:
+ * vLLM's `--api-key` arrives as `Authorization: Bearer …`, and a log store is read by more people
+ * than the key is given to. The header stays in the line, its value does not.
+ */
+export const REDACTED_HEADERS = [
+  'req.headers.authorization',
+  'req.headers["proxy-authorization"]',
+  'req.headers.cookie',
+  'req.headers["x-api-key"]',
+  'res.headers["set-cookie"]',
+];
 
 /** pino-http's stand-in for a 5xx without an error: `new Error('failed with status code 502')`. */
 function madeUp(error: Error, status: number): boolean {

@@ -364,6 +364,42 @@ describe("the gateway's own port", () => {
 });
 
 describe("the example gateway's access log", () => {
+  it('48.1: writes no Authorization, Proxy-Authorization, Cookie, x-api-key or Set-Cookie value, only that the header was there', async () => {
+    const lines: string[] = [];
+    const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(line) });
+    // An upstream that sets a session cookie, as a login proxy in front of vLLM may.
+    const upstream = await serve((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json', 'set-cookie': 'session=cookie-from-upstream-s3cret; HttpOnly' });
+      res.end('{"choices":[]}');
+    });
+    const gateway = await startExampleGateway(parseCommandLine(['--port', '0', '--upstream', upstream.url, '--dp-size', '1']) as GatewaySettings, logger);
+    try {
+      const response = await fetch(`${gateway.url}/v1/completions`, {
+        method: 'POST',
+        headers: {
+          'content-type': 'application/json',
+          authorization: 'Bearer sk-vllm-api-key-s3cret',
+          'proxy-authorization': 'Basic cHJveHk6czNjcmV0',
+          cookie: 'session=client-cookie-s3cret',
+          'x-api-key': 'x-api-key-s3cret',
+          'x-tenant-id': 'team-a',
+        },
+        body: '{"model":"m","prompt":"hi"}',
+      });
+      expect(response.status).toBe(200);
+      expect(response.headers.get('set-cookie')).toContain('cookie-from-upstream-s3cret');
+      await response.arrayBuffer();
+      await waitFor(() => lines.some((line) => line.includes('"res":')));
+      const access = JSON.parse(lines.find((line) => line.includes('"res":'))!) as { req: { headers: Record<string, string> }; res: { headers: Record<string, string> } };
+      expect(lines.join('\n')).not.toMatch(/s3cret|cHJveHk6czNjcmV0/);
+      expect(access.req.headers).toMatchObject({ authorization: '[Redacted]', 'proxy-authorization': '[Redacted]', cookie: '[Redacted]', 'x-api-key': '[Redacted]', 'x-tenant-id': 'team-a' });
+      expect(access.res.headers['set-cookie']).toBe('[Redacted]');
+    } finally {
+      await gateway.close();
+      await upstream.close();
+    }
+  });
+
   it('logs a gateway 502 with the vLLM error it answered, not a stack', async () => {
     const lines: Array<Record<string, unknown>> = [];
     const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) });

@@ -234,7 +234,8 @@ describe('parseCommandLine', () => {
   });
 
   it('names --upstream-dns upstreams NAME/ADDRESS (NAME:PORT/ADDRESS for a name given with two ports), and merges a NAME:PORT given again', () => {
-    const { upstreams } = parse('--upstream-dns', 'a.test:8000@0', '--upstream-dns', 'a.test:8001', '--upstream-dns', 'b.test:8000@1', '--upstream-dns', 'b.test:8000@3', '--model', 'm', '--dp-size', '1');
+    // --start-rank 0: b.test's pods are internal-LB servers whose ranks 1 and 3 are routed (48.2).
+    const { upstreams } = parse('--upstream-dns', 'a.test:8000@0', '--upstream-dns', 'a.test:8001', '--upstream-dns', 'b.test:8000@1', '--upstream-dns', 'b.test:8000@3', '--model', 'm', '--dp-size', '1', '--start-rank', '0');
     expect(upstreams.map((upstream) => [upstream.name, upstream.ranks, upstream.models])).toEqual([
       ['a.test:8000', [0], undefined],
       ['a.test:8001', [0], undefined],

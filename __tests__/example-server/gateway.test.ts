@@ -8,7 +8,7 @@ import { parseCommandLine, type GatewaySettings } from '../../example-server/cli
 import { startExampleGateway, startMockOnPort, type RunningGateway } from '../../example-server/gateway';
 import { expressMajor, serve } from '../helpers/app';
 import { freeUdpPort } from '../helpers/udp';
-import { waitFor } from '../helpers/wait';
+import { sleep, waitFor } from '../helpers/wait';
 
 const ROOT = join(__dirname, '..', '..');
 const TSX = join(ROOT, 'node_modules', '.bin', 'tsx');
@@ -143,10 +143,15 @@ describeProcess('npm start (the process)', () => {
 
   it('under npm start, ignores a second Ctrl-C to the process group during the drain and exits on a third', async () => {
     // `npm start` in a process group of its own, as a terminal runs a job: each Ctrl-C is a
-    // SIGINT to every process of the group (npm, its shell, the gateway).
+    // SIGINT to every process of the group (npm and the gateway it execs), and npm forwards its
+    // copy to the gateway. Presses come a human's 0.6 s apart: copies of one press arrive
+    // within the gateway's SAME_SIGNAL_MS.
     const child = spawn('npm', ['start', '--silent', '--', '--port', '0', '--mock-decode-ms', '100'], { cwd: ROOT, detached: true });
     const done = exited(child);
-    const interruptGroup = () => process.kill(-child.pid!, 'SIGINT');
+    const interruptGroup = async () => {
+      await sleep(600);
+      process.kill(-child.pid!, 'SIGINT');
+    };
     let out = '';
     child.stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
     const printed = (pattern: RegExp) =>
@@ -173,13 +178,13 @@ describeProcess('npm start (the process)', () => {
     };
     // 2 s and 40 s of tokens: the short one drains, the long one is still running at the third.
     const [{ rest: short }, { rest: long }] = await Promise.all([stream(20), stream(400)]);
-    interruptGroup();
+    await interruptGroup();
     await printed(/SIGINT: draining in-flight requests/);
-    interruptGroup();
+    await interruptGroup();
     await printed(/SIGINT again: still draining in-flight requests \(a third signal forces an exit\)/);
     expect((await short).trimEnd().endsWith('data: [DONE]')).toBe(true);
     expect(out).not.toMatch(/forcing/);
-    interruptGroup();
+    await interruptGroup();
     await done;
     expect(out).toMatch(/SIGINT: forcing an exit, in-flight requests are cut/);
     expect(await long).not.toContain('data: [DONE]');

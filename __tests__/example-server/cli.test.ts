@@ -200,7 +200,7 @@ describe('parseCommandLine', () => {
     const env = { DP_ROUTER_PEER_SECRET: 'a secret of the replicas' };
     const settings = parseCommandLine(['--redis', 'redis://127.0.0.1:6379', '--peer-redis'], env);
     expect(settings).toMatchObject({ peers: { redis: true, addresses: [], secret: 'a secret of the replicas' }, admission: { redisUrl: 'redis://127.0.0.1:6379' } });
-    expect(() => parseCommandLine(['--peer-redis'], env)).toThrow(/--peer-redis announces on the --redis server: give --redis URL too/);
+    expect(() => parseCommandLine(['--peer-redis'], env)).toThrow(/--peer-redis announces on a Redis server: give its URL in DP_ROUTER_REDIS_URL \(or --redis URL\)/);
     expect(() => parseCommandLine(['--redis', 'redis://127.0.0.1:6379', '--peer-redis'], {})).toThrow(/--peer-redis needs the replicas' shared secret in DP_ROUTER_PEER_SECRET/);
     expect(() => parseCommandLine(['--redis', 'redis://127.0.0.1:6379', '--peer-redis', '--peer-listen', '0.0.0.0:7946', '--peer', '10.0.0.5:7946'], env)).toThrow(/drop --peer-listen/);
   });

@@ -159,8 +159,9 @@ Options:
   --peer HOST:PORT      another gateway replica's --peer-listen (repeatable; may list this one)
   --peer-dns NAME:PORT  the replicas by DNS: every address of NAME (a headless Service over the
                         gateway pods), re-resolved every 10 s
-  --peer-redis          announce and hear the replicas' load on the --redis server's pub/sub
-                        channel dp-router:peers instead of UDP (DP_ROUTER_PEER_SECRET as above)
+  --peer-redis          announce and hear the replicas' load on the Redis server's pub/sub
+                        channel dp-router:peers instead of UDP: --redis URL, or env
+                        DP_ROUTER_REDIS_URL (DP_ROUTER_PEER_SECRET as above)
   --prefill URL[@RANKS] a vLLM prefill server (repeatable): with --decode, each request's
                         prefill leg goes there, its decode leg to a --decode server
   --decode URL[@RANKS]  a vLLM decode server (repeatable)
@@ -185,7 +186,8 @@ Options:
   --tokens-per-minute N admission: each tenant's token budget, from vLLM's usage [off]
   --redis URL           admission: keep token budgets in Redis (shared by replicas),
                         e.g. redis://127.0.0.1:6379 (needs the ioredis package); with
-                        --tokens-per-minute, env DP_ROUTER_REDIS_URL when not given
+                        --tokens-per-minute or --peer-redis, env DP_ROUTER_REDIS_URL
+                        when not given (keeps a password off the command line)
   --drain-timeout-ms N  on SIGTERM, wait this long for in-flight requests [30000]
   --log-level LEVEL     fatal | error | warn | info | debug (one line per routing
                         decision) | trace | silent (env LOG_LEVEL)        [info]
@@ -452,12 +454,14 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
   if (kvEvents.size > 0 && settings.tokenizer === undefined) {
     throw new UsageError('--kv-events needs --tokenizer PATH: the router tokenizes prompts with the model\'s own tokenizer to look them up');
   }
-  settings.peers = peersOf(state, env);
-  // A password in the environment, not on a command line every user of the machine can read.
+  // A password in the environment, not on a command line every user of the machine can read:
+  // for whatever uses Redis (the token budget, the peers), never to turn either on.
   const redisFromEnv = env.DP_ROUTER_REDIS_URL;
-  if (settings.admission.tokensPerMinute !== undefined && settings.admission.redisUrl === undefined && redisFromEnv !== undefined && redisFromEnv !== '') {
+  const needsRedis = settings.admission.tokensPerMinute !== undefined || state.peerRedis;
+  if (needsRedis && settings.admission.redisUrl === undefined && redisFromEnv !== undefined && redisFromEnv !== '') {
     settings.admission.redisUrl = redisUrl('DP_ROUTER_REDIS_URL', redisFromEnv);
   }
+  settings.peers = peersOf(state, env);
   return settings;
 }
 
@@ -531,7 +535,7 @@ function peersOf(state: ParseState, env: NodeJS.ProcessEnv): GatewaySettings['pe
   const { peerListen: listen, peerAddresses: addresses, peerDns: dns } = state;
   if (state.peerRedis) {
     if (listen !== undefined || addresses.length > 0 || dns !== undefined) throw new UsageError('--peer-redis announces through Redis instead of UDP: drop --peer-listen, --peer and --peer-dns');
-    if (state.settings.admission.redisUrl === undefined) throw new UsageError('--peer-redis announces on the --redis server: give --redis URL too');
+    if (state.settings.admission.redisUrl === undefined) throw new UsageError('--peer-redis announces on a Redis server: give its URL in DP_ROUTER_REDIS_URL (or --redis URL)');
     return { addresses: [], redis: true, secret: peerSecret(env, '--peer-redis') };
   }
   if (listen === undefined) {

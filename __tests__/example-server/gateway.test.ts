@@ -7,6 +7,7 @@ import request from 'supertest';
 import { parseCommandLine, type GatewaySettings } from '../../example-server/cli';
 import { startExampleGateway, startMockOnPort, type RunningGateway } from '../../example-server/gateway';
 import { expressMajor, serve } from '../helpers/app';
+import { startRedis } from '../helpers/redis';
 import { freeUdpPort } from '../helpers/udp';
 import { sleep, waitFor } from '../helpers/wait';
 
@@ -349,6 +350,35 @@ describe('the start-up line', () => {
       expect(plain.summary).not.toContain('peers');
     } finally {
       await plain.close();
+    }
+  });
+});
+
+describe('--peer-redis', () => {
+  it('48.4: takes the Redis URL from DP_ROUTER_REDIS_URL, announces on its channel, and the start-up line says Redis, never the password', async () => {
+    const redis = await startRedis(undefined, ['--requirepass', 'redis-pw-s3cret']);
+    const { default: Redis } = await import('ioredis');
+    const listener = new Redis(`redis://:redis-pw-s3cret@127.0.0.1:${redis.port}`);
+    try {
+      const heard = new Promise<string>((resolve) => listener.on('message', (channel: string) => resolve(channel)));
+      await listener.subscribe('dp-router:peers');
+      const env = { DP_ROUTER_REDIS_URL: `redis://:redis-pw-s3cret@127.0.0.1:${redis.port}`, DP_ROUTER_PEER_SECRET: 'a secret of the replicas' };
+      const settings = parseCommandLine(['--port', '0', '--peer-redis'], env) as GatewaySettings;
+      const gateway = await startExampleGateway(settings);
+      try {
+        expect(gateway.summary).toContain(`; peers: Redis pub/sub on redis://***@127.0.0.1:${redis.port}, channel dp-router:peers; metrics at`);
+        expect(gateway.summary).not.toMatch(/UDP|s3cret|undefined/);
+        // The replica's heartbeat, published with the password from the environment.
+        expect(await heard).toBe('dp-router:peers');
+        // Only what uses Redis reads the variable: it turns no admission on.
+        expect(settings.admission).toEqual({ redisUrl: env.DP_ROUTER_REDIS_URL });
+        expect(gateway.summary).not.toContain('admission');
+      } finally {
+        await gateway.close();
+      }
+    } finally {
+      listener.disconnect();
+      await redis.stop();
     }
   });
 });

@@ -105,6 +105,14 @@ describe('parseCommandLine', () => {
     await expect(startExampleGateway(settings, pino({ level: 'silent' }))).rejects.toThrow(/`prefixAware\.chatTemplateKwargs\.tokenize` is not a template variable/);
   });
 
+  it('48.11: refuses --default-chat-template-kwargs where no prefix-aware policy renders chat requests, and takes --rank-header for the embedded mock too', () => {
+    expect(() => parse('--default-chat-template-kwargs', '{"enable_thinking": false}')).toThrow(
+      '--default-chat-template-kwargs is read only by --policy prefix-aware (or --pd, --prefill and --decode), and the policy is least-outstanding: add --policy prefix-aware or drop --default-chat-template-kwargs',
+    );
+    expect(parse('--pd', '--default-chat-template-kwargs', '{"enable_thinking": false}').chatTemplateKwargs).toEqual({ enable_thinking: false });
+    expect(parse('--rank-header', 'none')).toMatchObject({ upstreams: [], rankHeader: 'none' });
+  });
+
   it('reads the log level from LOG_LEVEL, and --log-level over it, and the OTLP endpoint', () => {
     expect((parseCommandLine([], { LOG_LEVEL: 'debug' }) as GatewaySettings).logLevel).toBe('debug');
     expect((parseCommandLine(['--log-level', 'warn'], { LOG_LEVEL: 'debug' }) as GatewaySettings).logLevel).toBe('warn');

@@ -354,6 +354,35 @@ describe('the start-up line', () => {
   });
 });
 
+describe('--rank-header with the embedded mock', () => {
+  it('48.11: --rank-header none reaches the mock, which balances its engines itself, and route receipts say the header is not honoured', async () => {
+    const lines: string[] = [];
+    const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(line) });
+    const gateway = await startExampleGateway(parseCommandLine(['--port', '0', '--policy', 'prefix-aware', '--rank-header', 'none']) as GatewaySettings, logger);
+    try {
+      expect(gateway.summary).toContain('ranks 0-3 (no rank header)');
+      const unhonoured = () => lines.find((line) => line.includes("upstream 'mock-vllm' does not honour the rank header"));
+      // Prompts of their own (new blocks each), as many as receipts need for a verdict.
+      for (let index = 0; index < 40 && unhonoured() === undefined; index++) {
+        const response = await fetch(`${gateway.url}/v1/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ model: 'mock-model', prompt: `request ${index}: ${'a distinct prompt that fills several blocks '.repeat(8)}`, max_tokens: 2 }),
+        });
+        expect(response.status).toBe(200);
+        await response.arrayBuffer();
+      }
+      await waitFor(() => unhonoured() !== undefined, 10_000, () => `no verdict in ${lines.length} lines`);
+      expect(JSON.parse(unhonoured()!)).toMatchObject({ level: 50, msg: expect.stringContaining("`rankHeader: 'none'` sends no rank header") });
+      const generations = gateway.mock!.stats().requests.filter((record) => record.path === '/v1/completions');
+      expect(generations.length).toBeGreaterThan(0);
+      expect(generations.every((record) => record.rankHeaders.length === 0)).toBe(true);
+    } finally {
+      await gateway.close();
+    }
+  });
+});
+
 describe('--peer-redis', () => {
   it('48.4: takes the Redis URL from DP_ROUTER_REDIS_URL, announces on its channel, and the start-up line says Redis, never the password', async () => {
     const redis = await startRedis(undefined, ['--requirepass', 'redis-pw-s3cret']);

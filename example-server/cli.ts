@@ -112,8 +112,8 @@ Options:
                                                 [0; with URL@RANKS, read from /metrics]
   --rank-header MODE    local: rank − start rank, the index vLLM reads in every mode
                         (internal, hybrid and external LB) | global | none (no header:
-                        one server per rank). Not with the embedded mock,
-                        which reads the header as vLLM does              [local]
+                        one server per rank). The embedded mock gets it too:
+                        with none it balances its engines itself, as vLLM does [local]
   --upstream-dns NAME:PORT[@RANKS]
                         every address NAME resolves to (A and AAAA: a Kubernetes
                         headless Service) is a vLLM server on PORT, re-resolved every 10 s;

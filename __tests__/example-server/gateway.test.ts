@@ -6,6 +6,7 @@ import pino from 'pino';
 import request from 'supertest';
 import { parseCommandLine, type GatewaySettings } from '../../example-server/cli';
 import { startExampleGateway, startMockOnPort, type RunningGateway } from '../../example-server/gateway';
+import { startMockVllm } from '../../example-server/mock-vllm';
 import { expressMajor, serve } from '../helpers/app';
 import { startRedis } from '../helpers/redis';
 import { freeUdpPort } from '../helpers/udp';
@@ -379,6 +380,28 @@ describe('--rank-header with the embedded mock', () => {
       expect(generations.every((record) => record.rankHeaders.length === 0)).toBe(true);
     } finally {
       await gateway.close();
+    }
+  });
+});
+
+describe('discovery with --model and --discover', () => {
+  it('48.16: logs at info, naming /v1/models only for what the server listed and the configuration for --model', async () => {
+    const lines: Array<{ level: number; msg: string }> = [];
+    const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line) as { level: number; msg: string }) });
+    const mock = await startMockVllm({ dataParallelSize: 4, port: 0 });
+    // Eight ranks configured, four served: discovery narrows to what the server runs.
+    const settings = parseCommandLine(['--port', '0', '--upstream', mock.url, '--model', 'configured-model', '--discover', '--dp-size', '8']) as GatewaySettings;
+    const gateway = await startExampleGateway(settings, logger);
+    try {
+      const news = () => lines.filter((line) => / by its \/(v1\/models|metrics)\b/.test(line.msg));
+      await waitFor(() => news().length === 2, 10_000, () => JSON.stringify(lines));
+      expect(news().sort((a, b) => a.msg.localeCompare(b.msg))).toEqual([
+        { level: 30, msg: `express-dp-router: upstream '${mock.url}' serves mock-model by its /v1/models and configured-model by its configuration; routing those models to it.`, time: expect.any(Number), pid: expect.any(Number), hostname: expect.any(String) },
+        expect.objectContaining({ level: 30, msg: `express-dp-router: upstream '${mock.url}' serves ranks 0, 1, 2, 3 by its /metrics (was: 0, 1, 2, 3, 4, 5, 6, 7); routing to those now.` }),
+      ]);
+    } finally {
+      await gateway.close();
+      await mock.close();
     }
   });
 });

@@ -639,7 +639,8 @@ describe('example-server/Dockerfile', () => {
   const compile = () => stages[0].instructions.find((instruction) => instruction.keyword === 'RUN' && /^npx tsc /.test(instruction.args))!;
   const npmStart = () => {
     const start = JSON.parse(readFileSync(path.join(REPO, 'package.json'), 'utf8')).scripts.start as string;
-    const match = /^(?:tsx|node --import tsx) (\S+)\.ts$/.exec(start);
+    // `exec`: the shell npm runs the script in gives way to node, which then gets npm's SIGTERM.
+    const match = /^(?:exec )?(?:tsx|node --import tsx) (\S+)\.ts$/.exec(start);
     if (!match) throw new Error(`npm start is ${JSON.stringify(start)}; teach this test what it runs`);
     return match[1];
   };

@@ -107,7 +107,7 @@ export class RouterServices {
     }));
     this.started.push(() => watch.stop());
     this.bodies = new BodyReader(new BodyBudget(config.maxBufferedBytes), config.timeouts.bodyMs);
-    const models = (this.models = createModelRouting(table, (message) => config.logger.warn(message)));
+    const models = (this.models = createModelRouting(table, (message) => config.logger.info({}, message)));
     this.balancing = new VllmBalancing(table, models.pools);
     this.started.push(() => models.stop());
     models.declareSources(decodePool(config.upstreams));
@@ -183,7 +183,8 @@ export class RouterServices {
   private discovered(upstream: UpstreamConfig, ranks: readonly number[]): void {
     const startRank = ranks[0];
     const discovered: UpstreamConfig = { ...upstream, startRank, dataParallelSize: ranks[ranks.length - 1] - startRank + 1, ranks };
-    this.config.logger.warn(
+    this.config.logger.info(
+      { dpRouter: { upstream: upstream.name } },
       `express-dp-router: upstream '${upstream.name}' serves ranks ${ranks.join(', ')} by its /metrics (was: ${upstream.ranks.join(', ')}); routing to those now.`,
     );
     this.reconfigure(this.table.upstreams.map((current) => (current.name === upstream.name ? discovered : current)));

@@ -1,4 +1,4 @@
-import type { ExactPick } from '../exact-prefix/index/exact-pick';
+import type { ExactPick } from './exact-pick';
 import type { Endpoint } from '../types';
 import type { PeerLoad } from './prefix-aware-ttft';
 

@@ -1,29 +1,26 @@
 import type { ServerResponse } from 'node:http';
-import { hasBody, isJson, wholeInBuffer } from './body';
+import { hasBody, isJson, wholeInBuffer } from '../http/body';
 import { PARSED_BODY_NOTICE, replayParsedBody, type AfterBody, type BodyReader, type Next } from './body-reader';
 import { PolicyError, sendError } from '../errors';
 import { bareContext, safePick, UNREAD_CONTEXT } from '../policies/safe-pick';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
-import type { ExactLookup } from '../exact-prefix/index/exact-pick';
+import type { ExactLookup } from '../policies/exact-pick';
 import type { RouterEvents } from '../observe/events';
 import type { Tracing } from '../observe/tracing';
 import type { RouterMetrics } from '../observe/metrics';
-import type { Configuration } from '../options';
 import type { HintConfig } from './hint-options';
 import type { PrefixPickContext } from '../policies/prefix-aware';
 import { NO_HINT, type BodyView, type JudgedHint, type RequestInputs } from './request-inputs';
 import { RouteState, type RouteReports, type RoutedRequest } from './route-state';
 import type { DecisionSource, HintOutcome, IndexSource, PickContext, Policy } from '../types';
-import { leastLoadedOfRank, type ModelRouting } from '../pools/model-routing';
-import type { ModelPools } from '../pools/model-pools';
-import type { Admission } from '../admission/admission';
+import { leastLoadedOfRank, type ModelStage, type ServedModels } from './model-stage';
+import type { Gate } from './gate';
 import { exactContext } from './exact-context';
 import { hintRejection } from './hint-rejection';
 import { balancedByVllm } from './vllm-paths';
 import type { VllmBalancing } from './vllm-balancing';
-import type { LifecycleParts, Terminal } from './lifecycle-parts';
-import type { Receipts } from '../receipts/receipts';
-import { sloPicking, type SloRouting } from '../slo/slo-routing';
+import type { LifecycleConfig, LifecycleParts, Terminal } from './lifecycle-parts';
+import type { RouteSeam } from './route-hooks';
 
 export type { Next } from './body-reader';
 export type { LifecycleParts, Terminal } from './lifecycle-parts';
@@ -47,7 +44,7 @@ export class RequestLifecycle {
   /** The middleware: the first stage, bound. */
   readonly handle: (req: RoutedRequest, res: ServerResponse, next: Next) => void;
   private readonly reports: RouteReports;
-  private readonly config: Configuration;
+  private readonly config: LifecycleConfig;
   private readonly hints: HintConfig;
   private readonly bodyTimeoutMs: number;
   /** `requestBuffering.maxBytes`: 0 when off. */
@@ -59,18 +56,16 @@ export class RequestLifecycle {
   private readonly policy: Policy;
   private readonly inputs: RequestInputs;
   private readonly bodies: BodyReader;
-  private readonly models: ModelRouting;
+  private readonly models: ModelStage;
   /** `models.pools`, whose `active` and `listed` every request reads. */
-  private readonly pools: ModelPools<RouteEndpoint>;
-  private readonly admission: Admission | undefined;
+  private readonly pools: ServedModels;
+  private readonly admission: Gate | undefined;
   /** Where requests go that vLLM balances itself. */
   private readonly balancing: VllmBalancing;
   /** Exact prefix routing, when the policy scores on a prefix index (`namesIndex`). */
   private readonly exact: ExactLookup | undefined;
   /** The decision header names the index that scored the rank (docs/exact-prefix-routing.md). */
   private readonly namesIndex: boolean;
-  /** With `peers`, each pick's prefill (`policy.uncachedBlocks`) is announced until its first token. */
-  private readonly announcesPrefill: boolean;
   /** The span gets the pick's matched share: a traced router with a policy that reports it. */
   private readonly reportsShare: boolean;
   private warnedParsedBody = false;
@@ -78,8 +73,8 @@ export class RequestLifecycle {
   private readonly buffered: AfterBody;
   /** After a body routing reads: its members into `route.view` (400 for one that is not JSON), then decide. */
   private readonly routed: AfterBody;
-  private readonly receipts: Receipts | undefined; // route receipts: each pick's ticket goes on its request
-  private readonly slo: SloRouting | undefined; // `slo`: each request's objectives steer its pick
+  /** What the features do at each point of the way (route-hooks.ts). */
+  private readonly hooks: RouteSeam<RouteState>;
   /** Whether a body all in the stream's buffer is taken at once, without waiting for its end (not for a terminal that {@link Terminal.handsOn}). */
   private readonly takesArrived: boolean;
   /** Whether request buffering lets a body that arrived whole with its headers go on unread (dpRouter with `requestBuffering`). */
@@ -107,11 +102,9 @@ export class RequestLifecycle {
     this.exact = policy.namesIndex === true ? parts.exact : undefined;
     this.namesIndex = config.exposeDecision && policy.namesIndex === true;
     this.reportsShare = parts.tracing.enabled && policy.reportsMatchedShare === true;
-    const admission = (this.admission = parts.admission);
-    const receipts = (this.receipts = parts.receipts);
-    this.slo = parts.slo;
-    this.reports = { config, metrics: parts.metrics, events: parts.events, freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint), peers: parts.peers, hintMember: parts.inputs.hintMember, claims: receipts?.claims, receiptClosed: receipts?.closed };
-    this.announcesPrefill = parts.peers !== undefined && policy.uncachedBlocks !== undefined;
+    this.admission = parts.admission;
+    this.hooks = parts.hooks;
+    this.reports = { config, events: parts.events, hooks: parts.hooks, hintMember: parts.inputs.hintMember };
     this.takesArrived = terminal.handsOn !== true;
     this.passesArrived = this.takesArrived && this.bufferMaxBytes > 0;
     const lifecycle = this;
@@ -144,7 +137,8 @@ export class RequestLifecycle {
     const { header } = this.config;
     try {
       route.trusted = trust === true || (trust !== false && trust(req) === true);
-      if (this.slo !== undefined) route.slo = this.slo.ticket(headers, this.slo.trusts(req));
+      const front = this.hooks.front;
+      for (let i = 0; i < front.length; i++) front[i].front!(route, req, headers);
     } catch (error) {
       next(error);
       return;
@@ -271,7 +265,8 @@ export class RequestLifecycle {
     // A retry picks again among other candidates: without this pick's exact view of these.
     route.context = context;
     let picking: PrefixPickContext = this.exact !== undefined && prompt !== undefined ? exactContext(this.exact!, context, body!, route, candidates) : context;
-    if (route.slo !== undefined) picking = sloPicking(route.slo, picking, req, route, body);
+    const { hooks } = this;
+    for (let i = 0; i < hooks.picking.length; i++) picking = hooks.picking[i].picking!(route, req, picking, body?.bytes ?? route.body, body?.members);
     let chosen: RouteEndpoint;
     try {
       chosen = policy.pick(candidates, picking) as RouteEndpoint;
@@ -283,11 +278,11 @@ export class RequestLifecycle {
       next(new PolicyError(policy.name, 'returned an endpoint that was not among the candidates'));
       return;
     }
-    if (route.slo?.shed === true) return this.slo!.answerShed(res, route.slo);
-    if (this.announcesPrefill) route.prefillBlocks = policy.uncachedBlocks!;
-    if (this.receipts !== undefined) this.receipts.decided(route, chosen, picking.exact?.ticket, body?.members, prompt !== undefined && policy.reportsMatchedShare === true ? policy.matchedShare : undefined);
+    for (let i = 0; i < hooks.refuses.length; i++) if (hooks.refuses[i].refuses!(route, res)) return;
+    for (let i = 0; i < hooks.decided.length; i++) hooks.decided[i].decided!(route, chosen, picking, body?.members, prompt !== undefined);
     const index = picking.exact?.source ?? 'approximate';
-    const note = this.config.exposeDecision ? (this.namesIndex ? `; index=${index}` : '') + (route.slo?.note ?? '') || undefined : undefined;
+    let note = this.namesIndex ? `; index=${index}` : undefined;
+    if (this.config.exposeDecision) for (let i = 0; i < hooks.note.length; i++) note = (note ?? '') + hooks.note[i].note!(route);
     this.assign(req, res, next, route, chosen, 'assigned', verdict.outcome === 'none' ? undefined : verdict.outcome, note, this.reportsShare && prompt !== undefined ? index : undefined);
   }
 
@@ -353,7 +348,7 @@ export class RequestLifecycle {
     this.terminal.proceed(req, res, next, route);
   }
 
-  /** Capacity, under admission ({@link Admission.seat}); the decision header carries the time waited. */
+  /** Capacity, under admission ({@link Gate.seat}); the decision header carries the time waited. */
   private seat(
     req: RoutedRequest,
     res: ServerResponse,

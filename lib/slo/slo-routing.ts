@@ -6,8 +6,7 @@
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import { sendError } from '../errors';
 import type { PrefixPickContext } from '../policies/prefix-aware';
-import { isEventStreamMediaType } from '../request/media-type';
-import type { BodyView } from '../request/request-inputs';
+import { isEventStreamMediaType } from '../http/media-type';
 import { modelledExactly, sourceOf } from './evidence';
 import type { Endpoint } from '../types';
 import { chooseWithObjectives, SloEstimates, type Objectives, type SloChoice } from './choose';
@@ -189,17 +188,16 @@ export class SloRouting {
   }
 }
 
-/** What the request path holds that SLO routing reads: the admission ticket's tenant, the headers, the body. */
+/** What the request path holds that SLO routing reads: the admission ticket's tenant, the headers. */
 interface SloRoute {
   readonly ticket?: { readonly tenant: string; deadline: number } | undefined;
   readonly headers: IncomingHttpHeaders;
-  readonly body: Buffer | undefined;
 }
 
 /** The pick context with the request's objectives, once its source and whether it is evidence are judged. */
-export function sloPicking(ticket: SloTicket, picking: PrefixPickContext, req: IncomingMessage, route: SloRoute, body: BodyView | undefined): PrefixPickContext {
+export function sloPicking(ticket: SloTicket, picking: PrefixPickContext, req: IncomingMessage, route: SloRoute, body: Buffer | undefined, members: Readonly<Record<string, unknown>> | undefined): PrefixPickContext {
   ticket.source = sourceOf(req, route.headers, route.ticket?.tenant);
-  ticket.evidence = modelledExactly(body?.bytes ?? route.body, body?.members);
+  ticket.evidence = modelledExactly(body, members);
   // Under admission, the queue serves a tenant's requests earliest deadline first (fair-queue.ts).
   if (route.ticket !== undefined && ticket.ttft > 0) route.ticket.deadline = performance.now() + ticket.ttft * 1000;
   return { ...picking, slo: ticket };

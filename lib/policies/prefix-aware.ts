@@ -1,6 +1,6 @@
 import { randomKey32, rendezvousWeight } from '../hash';
 import type { ExactPick } from './exact-pick';
-import type { SloSteer } from '../slo/slo-routing';
+import type { PickSteer } from './pick-steer';
 import type { Endpoint, PickContext, Policy } from '../types';
 import { BlockIndex, blockHomes } from './prefix-aware-index';
 import { PromptBlockHasher } from './prefix-aware-hasher';
@@ -26,7 +26,7 @@ export { BlockIndex, hashPromptBlocks, MAX_PROBES } from './prefix-aware-index';
 export interface PrefixPickContext extends PickContext {
   readonly exact?: ExactPick;
   /** With `slo`: the request's objectives, which take the pick from the policy's estimates (lib/slo). */
-  readonly slo?: SloSteer;
+  readonly slo?: PickSteer;
 }
 
 /** The `prefix-aware` policy, with what its last pick estimated (read right after `pick`, e.g. for tracing). */
@@ -161,7 +161,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
    * longest cached prefix on two ranks or more (see {@link sharedPrefix}): the term counts this
    * replica's own traffic, a sample of every replica's, while the events are the same for all.
    */
-  function choose(candidates: readonly Endpoint[], blockCount: number, exact: ExactPick | undefined, slo: SloSteer | undefined): number {
+  function choose(candidates: readonly Endpoint[], blockCount: number, exact: ExactPick | undefined, slo: PickSteer | undefined): number {
     let minLoad = INFINITY;
     let totalLoad = 0;
     let candidateRecent = 0;
@@ -272,7 +272,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
   }
 
   /** Each candidate's prefill (own and queued ahead) and load for the SLO choice, which then picks. */
-  function steer(slo: SloSteer, candidates: readonly Endpoint[], blockCount: number, exact: ExactPick | undefined, work: number, bestAt: number): number {
+  function steer(slo: PickSteer, candidates: readonly Endpoint[], blockCount: number, exact: ExactPick | undefined, work: number, bestAt: number): number {
     const est = slo.estimates;
     est.ensure(candidates.length);
     for (let at = 0; at < candidates.length; at++) {

@@ -353,16 +353,19 @@ describe('mock vLLM with kvEvents', () => {
     expect(index.match(tokens).matchedBlocks[0]).toBe(3);
   });
 
-  it("publishes an offloading connector's CPU stores with offload: neither indexed nor invalid", async () => {
+  it("publishes an offloading connector's CPU stores with offload: the GPU's blocks indexed, the CPU's kept as their tier, none invalid", async () => {
     const mock = await startMock({ dataParallelSize: 1, kvEvents: { offload: true } });
     const { index, recorder } = await feed(mock);
     const stored = recorder.count(0, 'stored');
     const { prompt, tokens } = promptOfBlocks(router(mock), 2, 'offload');
     await complete(mock, 0, prompt);
-    await storedOn(recorder, 0, stored + 1);
+    // The GPU's store and the connector's CPU store of the same two blocks.
+    await storedOn(recorder, 0, stored + 2);
     expect(index.match(tokens).matchedBlocks[0]).toBe(2);
     expect(recorder.count(0, 'invalid')).toBe(0);
-    expect(recorder.count(0, 'stored')).toBe(stored + 1);
+    expect(recorder.count(0, 'stored')).toBe(stored + 2);
+    // The connector copied every block the GPU stored: the tier holds as many, resolved to the GPU's keys.
+    expect(index.tiers.counts(0)).toEqual([['CPU', index.blockCount(0)]]);
   });
 
   it.each<[string, object, RegExp]>([

@@ -128,8 +128,9 @@ describe('properties over hostile input', () => {
       rank: [...ROUTABLE, 'vllm'],
       // Each closed set: decisions and hints, then route receipts' (cached tokens by source, receipts by outcome).
       source: ['hint', 'assigned', 'predicted', 'reported'],
-      outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable', 'confirmed', 'elsewhere', 'unseen', 'cached'],
-      kind: ['connect', 'timeout', 'reset', 'status_5xx'],
+      outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable', 'confirmed', 'elsewhere', 'unseen', 'cached', 'met', 'missed_ttft', 'missed_tpot', 'shed'],
+      // Upstream errors, then the SLO prediction error's.
+      kind: ['connect', 'timeout', 'reset', 'status_5xx', 'ttft', 'tpot'],
       evidence: ['answer', 'metrics'],
     };
     for (const gateway of [reassigning, rejecting]) {

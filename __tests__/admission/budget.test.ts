@@ -142,6 +142,23 @@ describe('what a request is charged', () => {
     expect(await metricValue(gw.registry, 'dp_router_token_store_errors_total')).toBe(0);
   });
 
+  it.each([
+    ['n = 8 choices', { model: 'm', prompt: 'hi', max_tokens: 100, n: 8 }],
+    ['a decoy max_tokens: 1 in vllm_xargs before the top-level limit', { model: 'm', vllm_xargs: { max_tokens: 1 }, prompt: 'hi', max_tokens: 800 }],
+  ])('48.9: a request reserves what vLLM may generate for it (%s): the next is refused while it runs', async (_label, ask) => {
+    const upstream = await startHeldUpstream();
+    started.push(upstream);
+    const gw = await gateway({ upstreams: [{ url: upstream.url }], admission: { tenant, tokens: { perMinute: 700 } } });
+    const running = exchange(gw.url, { body: JSON.stringify(ask), headers: { 'x-tenant-id': 'a' } });
+    await waitFor(() => upstream.held === 1);
+    // 800 tokens at most (capped at the budget) are reserved: nothing is left for a second request.
+    const next = await exchange(gw.url, { body: JSON.stringify({ model: 'm', prompt: 'hi', max_tokens: 10 }), headers: { 'x-tenant-id': 'a' } });
+    expect(next.status).toBe(429);
+    expect(upstream.arrived).toHaveLength(1);
+    upstream.releaseAll();
+    expect((await running).status).toBe(200);
+  });
+
   it('refunds the reservation of a request the upstream refuses (a 4xx counts no tokens)', async () => {
     const upstream = await serve((req, res) => {
       req.resume();

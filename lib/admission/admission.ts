@@ -58,6 +58,8 @@ export interface BodyInHand {
   readonly body: Buffer | undefined;
   /** The first bytes of a body streamed after buffering stopped. */
   readonly bodyHead: Buffer | undefined;
+  /** The body's members, when routing decoded it whole. */
+  readonly view?: { readonly members: Readonly<Record<string, unknown>> | undefined } | undefined;
   readonly headers: IncomingHttpHeaders;
 }
 
@@ -128,7 +130,7 @@ export class Admission {
     const { body } = request;
     const requestBytes = (ticket.requestBytes = body?.length ?? (Number(request.headers['content-length']) || request.bodyHead?.length || 0));
     const budget = this.budget!;
-    const verdict = budget.reserve(ticket, reservationOf(requestBytes, body));
+    const verdict = budget.reserve(ticket, reservationOf(requestBytes, body, request.view?.members));
     if (!(verdict instanceof Promise)) {
       this.judged(res, verdict, go);
       return;

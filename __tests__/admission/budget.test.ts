@@ -21,10 +21,10 @@ const tenant = { header: 'x-tenant-id', trust: true };
 const body = JSON.stringify({ model: 'mock-model', prompt: 'hello world!', max_tokens: 100 });
 const PER_REQUEST = 103;
 
-/** A tenant's count in the current window and the one before (a run may cross a minute's end). */
-async function bothWindows(redis: ReturnType<typeof client>, key: string): Promise<number> {
+/** A tenant's count in the current window and the one before (a run may cross a minute's end); `tag`: `<prefix><tenant>`. */
+async function bothWindows(redis: ReturnType<typeof client>, tag: string): Promise<number> {
   const window = Math.floor(Date.now() / 60_000);
-  const [current, previous] = (await redis.call('MGET', `${key}:${window}`, `${key}:${window - 1}`)) as (string | null)[];
+  const [current, previous] = (await redis.call('MGET', `{${tag}}:${window}`, `{${tag}}:${window - 1}`)) as (string | null)[];
   return Number(current ?? 0) + Number(previous ?? 0);
 }
 

@@ -12,7 +12,10 @@ interface NodeRedisLike {
 
 /** Options of {@link redisTokenStore}. */
 export interface RedisTokenStoreOptions {
-  /** Prepended to every key (`<prefix><tenant>:<window>`). Default: `'dp_router:tokens:'`. */
+  /**
+   * Begins every key's hash tag: a tenant's keys are `{<prefix><tenant>}:<window>`, one slot on
+   * Redis Cluster for both windows the reservation script reads. Default: `'dp_router:tokens:'`.
+   */
   prefix?: string;
 }
 
@@ -75,8 +78,13 @@ const EXPIRE_MS = String(2 * WINDOW_MS + 5_000);
 export function redisTokenStore(client: unknown, options: RedisTokenStoreOptions = {}): TokenStore {
   const send = commandOf(client);
   const prefix = options.prefix ?? 'dp_router:tokens:';
-  if (typeof prefix !== 'string') fail('redisTokenStore.prefix', `must be a string, got ${shown(prefix)}`, "Use e.g. `{ prefix: 'dp_router:tokens:' }`.");
-  const key = (tenant: string, window: number) => `${prefix}${tenant}:${window}`;
+  // An empty hash tag (`{}`, or `{` then `}` at once) would hash each whole key: two slots again.
+  if (typeof prefix !== 'string' || prefix.length === 0 || prefix.startsWith('}')) {
+    fail('redisTokenStore.prefix', `must be a non-empty string that does not begin with '}', got ${shown(prefix)}`, "Use e.g. `{ prefix: 'dp_router:tokens:' }`.");
+  }
+  // Both windows of a tenant share the hash tag (the text between the first `{` and the first
+  // `}` after it), so Redis Cluster keeps them in one slot: a script's keys must be (CROSSSLOT).
+  const key = (tenant: string, window: number) => `{${prefix}${tenant}}:${window}`;
   const addScript = scriptOf(send, ADD);
   const takeScript = scriptOf(send, TAKE);
   return {

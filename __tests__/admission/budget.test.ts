@@ -3,7 +3,7 @@ import { request as httpRequest } from 'node:http';
 import { redisTokenStore, type Options, type TokenStore } from '../../lib';
 import { createMemoryTokenStore } from '../../lib/admission/memory-store';
 import { startMockVllm } from '../../example-server/mock-vllm';
-import { closedAfterEach, exchange, metricValue, serve, startGateway, waitFor, type Exchange, type TestGateway } from '../helpers';
+import { closedAfterEach, exchange, metricValue, serve, sleep, startGateway, waitFor, type Exchange, type TestGateway } from '../helpers';
 import { redisClient, startHeldUpstream, startRedis } from './helpers';
 
 const started = closedAfterEach();
@@ -207,5 +207,38 @@ describe('what a request is charged', () => {
     await new Promise((resolve) => setTimeout(resolve, 20));
     expect(memory.read('a', Math.floor(Date.now() / 60_000))).toEqual({ current: 0, previous: 0 });
     expect(upstream.arrived).toEqual([]);
+  });
+});
+
+describe('Retry-After of a tenant over its budget', () => {
+  it('48.10: a tenant kept out only by a reservation in flight is told to retry when reservations settle (their typical hold), not when the minute ends', async () => {
+    // The whole test within one fixed minute: the window's own answer is then at least 8 s.
+    const into = Date.now() % 60_000;
+    if (into > 50_000) await sleep(60_000 - into + 100);
+    const upstream = await startHeldUpstream();
+    started.push(upstream);
+    const gw = await gateway({ upstreams: [{ url: upstream.url }], admission: { tenant, tokens: { perMinute: 1_000 } } });
+    const ask = (maxTokens: number) => exchange(gw.url, { body: JSON.stringify({ model: 'm', prompt: 'hi', max_tokens: maxTokens }), headers: { 'x-tenant-id': 'a' } });
+    // A first request holds its reservation for about 1.5 s: the typical hold.
+    const first = ask(10);
+    await waitFor(() => upstream.held === 1);
+    await sleep(1_500);
+    upstream.releaseOne();
+    expect((await first).status).toBe(200);
+    // One whose reservation is the whole budget; the next is refused while it runs.
+    const running = ask(5_000);
+    await waitFor(() => upstream.held === 1);
+    const refused = await ask(10);
+    expect(refused.status).toBe(429);
+    const retryAfter = Number(refused.headers['retry-after']);
+    expect(retryAfter).toBeGreaterThanOrEqual(1);
+    expect(retryAfter).toBeLessThanOrEqual(2);
+    // It settles to its usage (5 tokens) when it ends: the budget lets the tenant in again.
+    upstream.releaseAll();
+    expect((await running).status).toBe(200);
+    const next = ask(10);
+    await waitFor(() => upstream.held === 1);
+    upstream.releaseAll();
+    expect((await next).status).toBe(200);
   });
 });

@@ -146,3 +146,53 @@ describe('redisTokenStore on Redis Cluster', () => {
     expect(thrownOptionError(() => redisTokenStore(client('redis://127.0.0.1:1'), { prefix: '}x' })).message).toMatch(/redisTokenStore\.prefix/);
   });
 });
+
+describe('redisTokenStore when Redis is down or refuses us', () => {
+  it('48.13: with Redis gone, requests stop asking it after the first failures (a breaker); a probe finds it back and budgets count again', async () => {
+    const redis = await startRedis(undefined, ['--requirepass', 'pw']);
+    started.push({ close: () => redis.stop() });
+    const mock = await startMockVllm({ dataParallelSize: 1 });
+    started.push(mock);
+    const url = `redis://:pw@127.0.0.1:${redis.port}`;
+    const real = client(url);
+    let calls = 0;
+    const counted = { call: (command: string, ...args: (string | number)[]) => (calls++, real.call(command, ...args)) };
+    const { gw, warnings } = await warnedGateway(mock.url, 100_000, redisTokenStore(counted, { prefix: 'o:' }));
+    expect((await send(gw, 'a')).status).toBe(200);
+    await redis.stop();
+    calls = 0;
+    const statuses = [];
+    const since = performance.now();
+    for (let i = 0; i < 10; i++) statuses.push((await send(gw, 'a')).status);
+    const seconds = (performance.now() - since) / 1000;
+    expect(statuses).toEqual(Array(10).fill(200));
+    // Without a breaker each request asked twice (its reservation, then its settlement), each
+    // waiting up to the store's timeout: 20 calls. With it: the two failures that open it, and
+    // a probe a second at most.
+    expect(calls).toBeLessThanOrEqual(2 + Math.ceil(seconds));
+    expect(calls).toBeLessThan(10);
+    // Every request that went on unchecked is counted.
+    expect(await metricValue(gw.registry, 'dp_router_token_store_errors_total')).toBeGreaterThanOrEqual(10);
+    expect(warnings.filter((line) => line.includes('token store failed'))).toHaveLength(1);
+    const again = await startRedis(redis.port, ['--requirepass', 'pw']);
+    started.push({ close: () => again.stop() });
+    await waitFor(async () => (await send(gw, 'a')).status === 200 && warnings.some((line) => line.includes('answers again;')), 10_000);
+    // Reserved and settled in Redis again.
+    await waitFor(async () => Number(await client(url).call('GET', `{o:a}:${Math.floor(Date.now() / 60_000)}`)) > 0);
+  });
+
+  it('48.13: a wrong password is logged at error level at start, before any request', async () => {
+    const redis = await startRedis(undefined, ['--requirepass', 'pw']);
+    started.push({ close: () => redis.stop() });
+    const mock = await startMockVllm({ dataParallelSize: 1 });
+    started.push(mock);
+    const warnings: string[] = [];
+    const errors: string[] = [];
+    const logger = { warn: (message: string) => warnings.push(message), error: (_fields: object, message: string) => errors.push(message) };
+    await gateway(mock.url, { logger, admission: { tenant: { header: 'x-tenant-id', trust: true }, tokens: { perMinute: 1_000, store: redisTokenStore(client(`redis://:wrong@127.0.0.1:${redis.port}`)) } } });
+    await waitFor(() => errors.length > 0);
+    expect(errors).toHaveLength(1);
+    expect(errors[0]).toMatch(/token store failed \(WRONGPASS.*refuses the credentials/);
+    expect(warnings.filter((line) => line.includes('token store'))).toEqual([]);
+  });
+});

@@ -17,6 +17,7 @@ export class AdmissionTicket implements Reservation {
   window = 0;
   reserved = 0;
   settled = false;
+  since = 0;
   /** Whether the answer is read for its usage, which settles the reservation when it ends. */
   tapped = false;
   constructor(
@@ -67,6 +68,8 @@ export interface BodyInHand {
 export interface AdmissionReports {
   readonly metrics: AdmissionMetrics;
   warn(message: string): void;
+  /** A fault the operator must fix, at error level. */
+  error(message: string): void;
 }
 
 const DEFAULT_TENANT = '';
@@ -100,7 +103,7 @@ export class Admission {
     private readonly reports: AdmissionReports,
   ) {
     this.anyEndpoint = new FairQueue(settings.classes.length, settings.starvationLimit);
-    this.budget = settings.store === undefined ? undefined : new TokenBudget(settings.store, settings.tokensPerMinute!, { storeFailed: () => reports.metrics.storeFailed(), warn: reports.warn });
+    this.budget = settings.store === undefined ? undefined : new TokenBudget(settings.store, settings.tokensPerMinute!, { storeFailed: () => reports.metrics.storeFailed(), warn: reports.warn, error: reports.error });
     this.counts = this.budget !== undefined;
   }
 

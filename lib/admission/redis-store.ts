@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { fail, shown } from '../option-checks';
-import { WINDOW_MS, type TokenStore, type WindowCounts } from './token-window';
+import { NOT_A_COUNT, WINDOW_MS, type TokenStore, type WindowCounts } from './token-window';
 
 /** The client calls this store uses: ioredis's `call`, or node-redis's `sendCommand`. */
 interface IoRedisLike {
@@ -49,7 +49,7 @@ end
 const TAKE = `${COUNT}
 local current = count(KEYS[1], ARGV[4])
 local previous = count(KEYS[2], ARGV[4])
-if current == nil or previous == nil then return redis.error_reply('a token count is not an integer') end
+if current == nil or previous == nil then return redis.error_reply('${NOT_A_COUNT}') end
 if math.max(previous, 0) * tonumber(ARGV[3]) + math.max(current, 0) >= tonumber(ARGV[2]) then
   return {0, tostring(current), tostring(previous)}
 end
@@ -59,7 +59,7 @@ return {1}`;
 
 /** Adds to a window's count (negative: a refund), with the same expiry. KEYS: the window; ARGV: tokens, expiry. */
 const ADD = `${COUNT}
-if count(KEYS[1], ARGV[2]) == nil then return redis.error_reply('a token count is not an integer') end
+if count(KEYS[1], ARGV[2]) == nil then return redis.error_reply('${NOT_A_COUNT}') end
 local n = redis.call('INCRBY', KEYS[1], ARGV[1])
 expire(KEYS[1], ARGV[2])
 return n`;

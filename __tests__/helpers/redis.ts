@@ -9,7 +9,7 @@ export interface TestRedis {
   stop(): Promise<void>;
 }
 
-/** `args`: more of redis-server's options, as `['--requirepass', 'secret']`. */
+/** `args`: more of redis-server's own flags, e.g. `['--requirepass', 'pw']`. */
 export async function startRedis(port?: number, args: readonly string[] = []): Promise<TestRedis> {
   const chosen = port ?? (await freePort());
   const child: ChildProcess = spawn('redis-server', ['--port', String(chosen), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });

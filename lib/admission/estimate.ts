@@ -3,7 +3,7 @@
  * when it is admitted, and what a stream without `usage` is charged. docs/operating.md, "Token
  * budgets", gives their measured error.
  */
-import { decodeField, scanFields } from '../request/json-fields';
+import { decodeField, scanFields } from '../http/json-fields';
 
 /** Request body bytes a prompt token is taken to cost. */
 const BYTES_PER_TOKEN = 4;

@@ -101,7 +101,7 @@ export class RouterServices {
     // Discovery replaces one upstream's ranks and keeps everything else as it is; then the
     // engines its /metrics name are held against how the router reaches them.
     const watch = (this.watch = watchEngines(table, config.loadFeedback, pool.metrics, {
-      discovered: (upstream, ranks) => this.discovered(upstream, ranks),
+      discovered: (upstream, engines, ranks) => this.discovered(upstream, engines, ranks),
       engines: (upstream, engines) => rankHeaders.engines(upstream, engines),
     }));
     this.started.push(() => watch.stop());
@@ -179,12 +179,11 @@ export class RouterServices {
     return this.closed;
   }
 
-  private discovered(upstream: UpstreamConfig, ranks: readonly number[]): void {
-    const startRank = ranks[0];
-    const discovered: UpstreamConfig = { ...upstream, startRank, dataParallelSize: ranks[ranks.length - 1] - startRank + 1, ranks };
-    this.config.logger.warn(
-      `express-dp-router: upstream '${upstream.name}' serves ranks ${ranks.join(', ')} by its /metrics (was: ${upstream.ranks.join(', ')}); routing to those now.`,
-    );
+  private discovered(upstream: UpstreamConfig, engines: readonly number[], ranks: readonly number[]): void {
+    const startRank = engines[0];
+    const discovered: UpstreamConfig = { ...upstream, startRank, dataParallelSize: engines[engines.length - 1] - startRank + 1, ranks };
+    const routed = ranks.length === engines.length ? 'routing to those now' : `routing to ${ranks.join(', ')} of them now (its \`ranks\`)`;
+    this.config.logger.warn(`express-dp-router: upstream '${upstream.name}' serves ranks ${engines.join(', ')} by its /metrics (was: ${upstream.ranks.join(', ')}); ${routed}.`);
     this.reconfigure(this.table.upstreams.map((current) => (current.name === upstream.name ? discovered : current)));
   }
 }

@@ -110,9 +110,11 @@ function withoutQuery(path: string): string {
   return query === -1 ? path : path.slice(0, query);
 }
 
-/** The least loaded of the candidates serving `rank` (a trusted hint within a model's pool), if any. */
-export function leastLoadedOfRank(candidates: readonly RouteEndpoint[], rank: number): RouteEndpoint | undefined {
+/** The least loaded of the candidates serving `rank` (a trusted hint within a model's pool, or its retry), leaving out those `skip` names; if any. */
+export function leastLoadedOfRank(candidates: readonly RouteEndpoint[], rank: number, skip?: (endpoint: RouteEndpoint) => boolean): RouteEndpoint | undefined {
   let best: RouteEndpoint | undefined;
-  for (const endpoint of candidates) if (endpoint.rank === rank && (best === undefined || endpoint.load < best.load)) best = endpoint;
+  for (const endpoint of candidates) {
+    if (endpoint.rank === rank && (best === undefined || endpoint.load < best.load) && (skip === undefined || !skip(endpoint))) best = endpoint;
+  }
   return best;
 }

@@ -216,6 +216,22 @@ describe('Mooncake', () => {
     expect(await outcome(gateway, 'disaggregated')).toBe(1);
   });
 
+  it('48.19: names the prefill engine by its id alone, as vLLM\'s own Mooncake proxy does: no global rank in `remote_dp_rank`', async () => {
+    const prefill = await mock({ role: 'prefill', connector: 'mooncake', startRank: 2, dataParallelSize: 4 });
+    const decode = await mock({ role: 'decode', connector: 'mooncake' });
+    const gateway = await startGateway({
+      upstreams: [
+        { url: prefill.url, name: 'p', startRank: 2, dataParallelSize: 4, ranks: [3], role: 'prefill', bootstrapPort: prefill.bootstrapPort },
+        { url: decode.url, name: 'd', dataParallelSize: 2, role: 'decode' },
+      ],
+      disaggregation: { connector: 'mooncake', onPrefillFailure: 'fail' },
+    });
+    started.push(gateway);
+    expect((await exchange(gateway.url, { body: COMPLETION })).status).toBe(200);
+    // vLLM 52a31cc's connector reads these members only (mooncake_connector.py:323-334, 605-608).
+    expect(Object.keys(JSON.parse(generations(decode)[0].body!).kv_transfer_params).sort()).toEqual(['do_remote_decode', 'do_remote_prefill', 'remote_bootstrap_addr', 'remote_engine_id', 'transfer_id']);
+  });
+
   it('serves decode-only when the bootstrap server cannot name the engine', async () => {
     const prefill = await mock({ role: 'prefill', connector: 'mooncake' });
     const decode = await mock({ role: 'decode', connector: 'mooncake' });

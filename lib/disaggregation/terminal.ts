@@ -245,7 +245,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
         // The decode leg is on its way whatever this says: it is counted, not acted on.
         if (!clientGone(res)) this.judge(req, prefill, result);
       }, next);
-      this.decodeWith(req, res, next, route, bytes, mooncakeDecodeParams(transferId, bootstrapAddress(prefill.config), engineId, prefill.rank), 'disaggregated', scan);
+      this.decodeWith(req, res, next, route, bytes, mooncakeDecodeParams(transferId, bootstrapAddress(prefill.config), engineId), 'disaggregated', scan);
     }, next);
   }
 

@@ -110,7 +110,9 @@ export class RouterServices {
     this.balancing = new VllmBalancing(table, models.pools);
     this.started.push(() => models.stop());
     models.declareSources(decodePool(config.upstreams));
-    if (hasDnsEntries(config.upstreams)) this.dns = this.startDns(config.upstreams);
+    // The decode pool's entries: the prefill pool follows its own (disaggregation/prefill-pool.ts).
+    const sources = config.disaggregation === undefined ? config.upstreams : decodePool(config.upstreams);
+    if (hasDnsEntries(sources)) this.dns = this.startDns(sources);
     this.started.push(() => this.dns?.stop());
     this.admission = this.startAdmission();
     this.peers = this.startPeers();

@@ -4,6 +4,7 @@ import { afterEach, describe, expect, it } from '@jest/globals';
 import { KvExactIndex } from '../../../lib/exact-prefix/index/exact-index';
 import { createKvEventSubscriber, type KvEventSubscriber, type KvSubscriberOptions } from '../../../lib/exact-prefix/events/subscriber';
 import { WORK_SLICE, DECODED_VALUES_PER_UNIT, yieldCount } from '../../../lib/exact-prefix/events/cooperative';
+import { DEFAULT_KV_LIMITS } from '../../../lib/exact-prefix/events/decode';
 import { Recorder } from '../helpers';
 import { RawEngine, batch, honestReplay, seqFrame, storedEvent } from './raw-engine';
 
@@ -190,9 +191,10 @@ describe('the KV-event subscriber under a hostile or broken engine', () => {
       const hashes = Array.from({ length: count }, (_, i) => from + i + 1);
       return batch([storedEvent(hashes, null, hashes.map((h) => h % 100), 1)], 0);
     };
-    // 1.9 MiB and 600k values (within the earlier bounds), then 120k blocks (240k values, within today's).
-    const payloads = [payload(300_000, 0), payload(120_000, 1_000_000)];
-    expect(payloads[0].length).toBeLessThan(2 * 1024 * 1024);
+    // Past the values bound (2.1M values) within the bytes one (so the decoder, not the socket,
+    // refuses it), then 120k blocks (240k values, within the bounds).
+    const payloads = [payload(1_050_000, 0), payload(120_000, 2_000_000)];
+    expect(payloads[0].length).toBeLessThan(DEFAULT_KV_LIMITS.maxBytes);
     const probe = await healthz();
     await sleep(50);
     for (const one_ of payloads) await one.publish(one_);

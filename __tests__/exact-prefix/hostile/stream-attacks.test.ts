@@ -206,6 +206,24 @@ describe('the KV-event subscriber under a hostile or broken engine', () => {
     expect(probe.worst()).toBeLessThan(1_000);
   }, 90_000);
 
+  it('48.25: a batch refused whole leaves the rank\'s index as it was, and the stream goes on', async () => {
+    const one = await engine();
+    const { index, recorder, sub } = subscribe(one);
+    await nudge(one, () => sub.isFresh(0), 'fresh');
+    for (let i = 0; i < 10; i++) await one.publish(chainBlock(i));
+    await recorder.until(() => index.blockCount(0) === 10, 'ten blocks indexed');
+    // Past the decoder's bounds (here: nesting deeper than 16), in sequence: refused whole.
+    await one.publish(Buffer.from('91'.repeat(40) + 'c0', 'hex'));
+    await recorder.until(() => recorder.count(0, 'invalid') === 1, 'the batch refused');
+    expect(index.blockCount(0)).toBe(10);
+    expect(index.match(chainPrompt(10)).matchedBlocks[0]).toBe(10);
+    expect(sub.isFresh(0)).toBe(true);
+    // The next batch chains onto what the index kept.
+    await one.publish(chainBlock(10));
+    await recorder.until(() => index.blockCount(0) === 11, 'the next block indexed');
+    expect(index.match(chainPrompt(11)).matchedBlocks[0]).toBe(11);
+  });
+
   it('bound payloads back to back: each one is decoded in slices, with I/O between them (item 22.3)', async () => {
     const one = await engine();
     const { recorder, sub } = subscribe(one);

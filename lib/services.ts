@@ -4,6 +4,7 @@ import { requireTokenizerForKvEvents, unusedKvEventsNotice } from './exact-prefi
 import type { RouterEvents } from './observe/events';
 import type { RouterMetrics } from './observe/metrics';
 import { createTracing, type Tracing } from './observe/tracing';
+import { foreignRegistryNotice } from './observe/registry-origin';
 import { BodyBudget } from './request/body-budget';
 import type { Configuration, UpstreamConfig } from './options';
 import { BodyReader } from './request/body-reader';
@@ -70,6 +71,9 @@ export class RouterServices {
   constructor(readonly config: Configuration) {
     const { policy, tokenizer } = poolPolicy(config.policy, config);
     this.registry = config.metrics?.registry ?? new Registry();
+    // A package installed from a folder counts on a prom-client the app does not read (registry-origin.ts).
+    const foreign = config.metrics === undefined ? undefined : foreignRegistryNotice(config.metrics.registry);
+    if (foreign !== undefined) config.logger.warn(foreign);
     this.tracing = createTracing(policy.name);
     // The entries given by `url`; with disaggregation, the decode pool (the prefill pool is the terminal's).
     const fixed = fixedUpstreams(config.upstreams);

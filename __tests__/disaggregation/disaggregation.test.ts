@@ -218,7 +218,7 @@ describe('the prefill pool and LoRA adapters', () => {
       prefixAware: { tokenizer: kv.tokenizer },
       hints: { trust: true },
       disaggregation: { connector: 'nixl', prefillPolicy: 'prefix-aware' },
-      logger: { warn: (message) => notices.push(message) },
+      logger: { warn: (message) => notices.push(message), info: (_fields, message) => notices.push(message) },
     });
     started.push(gateway);
     await waitFor(() => notices.some((line) => line.includes("'d' serves mock-model, sql-lora")), 5000, 'the adapter listed');

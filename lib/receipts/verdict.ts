@@ -18,7 +18,7 @@
  * `probeEvery` requests to it; its windows hold only receipts taken since the verdict (an
  * epoch), and it recovers once the probes' receipts stay under half the share that tripped it.
  */
-import type { PromptPath } from './ticket';
+import type { PromptPath } from '../policies/pick-ticket';
 
 export type KvOutcome = 'confirmed' | 'elsewhere' | 'unseen' | 'cached';
 

@@ -1,4 +1,4 @@
-import type { ExactLookup } from '../exact-prefix/index/exact-pick';
+import type { ExactLookup } from '../policies/exact-pick';
 import type { PrefixPickContext } from '../policies/prefix-aware';
 import type { PickContext } from '../types';
 import type { RouteEndpoint } from '../upstreams/endpoints';

@@ -4,23 +4,21 @@ import type { Configuration } from '../options';
 import type { RouteEndpoint } from '../upstreams/endpoints';
 import { startDnsDiscovery, type DnsDiscovery } from '../pools/dns-discovery';
 import { fixedUpstreams, hasDnsEntries } from '../pools/upstream-sources';
-import { poolPolicy, UpstreamPool } from '../upstreams/pool';
+import { poolPolicy, UpstreamPool } from './pool';
 import { RankHeaderGuard } from '../upstreams/rank-header-guard';
-import type { UpstreamConfig } from '../upstreams/upstream-options';
-import { createDisaggregationMetrics, type DisaggregationMetrics } from './metrics';
-import { prefillPool } from './options';
-import { PrefillClient } from './prefill-client';
-
-/** The header a trusted caller names the prefill rank with (the rank header names the decode rank). */
-export const PREFILL_HINT_HEADER = 'x-data-parallel-prefill-rank';
+import { prefillPool, type UpstreamConfig } from '../upstreams/upstream-options';
+import { createDisaggregationMetrics, type DisaggregationMetrics } from '../disaggregation/metrics';
+import { PREFILL_HINT_HEADER } from '../disaggregation/options';
+import { PrefillClient } from '../disaggregation/prefill-client';
 
 /**
  * The prefill leg's own services: a pool of the prefill upstreams built as the router's own
  * ({@link UpstreamPool}: table, metric series, events, outlier detection, health checks, exact
  * prefix routing, the hint judged against its ranks) with `disaggregation.prefillPolicy`, the
  * leg's metrics, one HTTP client per upstream server, and the rank-header guard (a server whose
- * answer refuses the header gets prefill legs no more while its configuration stands). Prefill entries found by DNS are
- * followed here, by a DNS discovery of its own: the router's feeds the decode pool.
+ * answer refuses the header gets prefill legs no more while its configuration stands). Prefill
+ * entries found by DNS are followed here, by a DNS discovery of its own: the router's feeds the
+ * decode pool.
  */
 export class PrefillPool extends UpstreamPool {
   readonly legMetrics: DisaggregationMetrics | undefined;

@@ -1,30 +1,30 @@
 import { Registry } from 'prom-client';
-import type { ExactRouting } from './exact-prefix/exact-routing';
-import { requireTokenizerForKvEvents, unusedKvEventsNotice } from './exact-prefix/options';
-import type { RouterEvents } from './observe/events';
-import type { RouterMetrics } from './observe/metrics';
-import { createTracing, type Tracing } from './observe/tracing';
-import { foreignRegistryNotice } from './observe/registry-origin';
-import { BodyBudget } from './request/body-budget';
-import type { Configuration, UpstreamConfig } from './options';
-import { BodyReader } from './request/body-reader';
-import type { RequestInputs } from './request/request-inputs';
-import { watchEngines, watchedUpstreams, type EngineWatch } from './upstreams/engine-watch';
-import type { EndpointTable } from './upstreams/endpoints';
-import type { OutlierDetector } from './upstreams/outlier-detector';
-import { poolPolicy, UpstreamPool } from './upstreams/pool';
-import type { Policy } from './types';
-import { startDnsDiscovery, type DnsDiscovery } from './pools/dns-discovery';
-import { createModelRouting, type ModelRouting } from './pools/model-routing';
-import { fixedUpstreams, hasDnsEntries } from './pools/upstream-sources';
-import { decodePool } from './disaggregation/options';
-import { Admission } from './admission/admission';
-import { createAdmissionMetrics } from './admission/metrics';
-import { startPeers, type PeerLink } from './peers/peer-link';
-import { VllmBalancing } from './request/vllm-balancing';
-import { RankHeaderGuard } from './upstreams/rank-header-guard';
-import { createPeerMetrics } from './peers/metrics';
-import type { Receipts } from './receipts/receipts';
+import type { RouterEvents } from '../observe/events';
+import type { RouterMetrics } from '../observe/metrics';
+import { createTracing, type Tracing } from '../observe/tracing';
+import { foreignRegistryNotice } from '../observe/registry-origin';
+import { BodyBudget } from '../http/body-budget';
+import type { Configuration } from '../options';
+import { decodePool, type UpstreamConfig } from '../upstreams/upstream-options';
+import { BodyReader } from '../request/body-reader';
+import type { RequestInputs } from '../request/request-inputs';
+import { watchEngines, watchedUpstreams, type EngineWatch } from '../upstreams/engine-watch';
+import type { EndpointTable } from '../upstreams/endpoints';
+import type { OutlierDetector } from '../upstreams/outlier-detector';
+import { checkKvEventSources, poolPolicy, UpstreamPool, warnUnusedKvEvents } from './pool';
+import type { Policy } from '../types';
+import { startDnsDiscovery, type DnsDiscovery } from '../pools/dns-discovery';
+import { createModelRouting, type ModelRouting } from '../pools/model-routing';
+import { fixedUpstreams, hasDnsEntries } from '../pools/upstream-sources';
+import { Admission } from '../admission/admission';
+import { createAdmissionMetrics } from '../admission/metrics';
+import { startPeers, type PeerLink } from '../peers/peer-link';
+import { VllmBalancing } from '../request/vllm-balancing';
+import { RankHeaderGuard } from '../upstreams/rank-header-guard';
+import { createPeerMetrics } from '../peers/metrics';
+import type { RouteSeam } from '../request/route-hooks';
+import type { RouteState } from '../request/route-state';
+import { routeSeam } from './features';
 
 /**
  * Everything one router runs on, built from its configuration in one place, in dependency
@@ -43,9 +43,9 @@ export class RouterServices {
   readonly tracing: Tracing;
   /** Metrics, tracing and logs of each event, told once. */
   readonly events: RouterEvents;
-  readonly exact: ExactRouting | undefined;
+  readonly exact: UpstreamPool['exact'];
   /** Route receipts (`receipts`); `undefined` when off. */
-  readonly receipts: Receipts | undefined;
+  readonly receipts: UpstreamPool['receipts'];
   readonly detector: OutlierDetector | undefined;
   readonly inputs: RequestInputs;
   readonly bodies: BodyReader;
@@ -59,6 +59,8 @@ export class RouterServices {
   readonly balancing: VllmBalancing;
   /** Acts on a server that contradicts how the router reaches its ranks. */
   readonly rankHeaders: RankHeaderGuard;
+  /** What each feature does at each point of a request's way (features.ts), built last. */
+  readonly hooks: RouteSeam<RouteState>;
   private readonly watch: EngineWatch;
   /** Upstreams found by DNS; started with the first DNS entry. */
   private dns: DnsDiscovery | undefined;
@@ -99,8 +101,7 @@ export class RouterServices {
     this.receipts = pool.receipts;
     this.detector = pool.detector;
     this.inputs = pool.inputs;
-    const unusedKvEvents = unusedKvEventsNotice(table.upstreams, pool.exact !== undefined, policy.name);
-    if (unusedKvEvents !== undefined) config.logger.warn(unusedKvEvents);
+    warnUnusedKvEvents(pool, config);
     const rankHeaders = (this.rankHeaders = new RankHeaderGuard(table, pool.metrics, config.logger));
     // Discovery replaces one upstream's ranks and keeps everything else as it is; then the
     // engines its /metrics name are held against how the router reaches them.
@@ -110,16 +111,17 @@ export class RouterServices {
     }));
     this.started.push(() => watch.stop());
     this.bodies = new BodyReader(new BodyBudget(config.maxBufferedBytes), config.timeouts.bodyMs);
-    const models = (this.models = createModelRouting(table, (message) => config.logger.warn(message)));
+    const models = (this.models = createModelRouting(table, (message) => config.logger.info({}, message)));
     this.balancing = new VllmBalancing(table, models.pools);
     this.started.push(() => models.stop());
     models.declareSources(decodePool(config.upstreams));
-    // The decode pool's entries: the prefill pool follows its own (disaggregation/prefill-pool.ts).
+    // The decode pool's entries: the prefill pool follows its own (prefill-pool.ts).
     const sources = config.disaggregation === undefined ? config.upstreams : decodePool(config.upstreams);
     if (hasDnsEntries(sources)) this.dns = this.startDns(sources);
     this.started.push(() => this.dns?.stop());
     this.admission = this.startAdmission();
     this.peers = this.startPeers();
+    this.hooks = routeSeam(this);
   }
 
   /** The peer link (`peers`); `undefined` when off. Built after the table whose endpoints it announces and loads. */
@@ -133,8 +135,7 @@ export class RouterServices {
 
   /** Throws for entries this router cannot take (`kvEvents` under prefix-aware without a tokenizer), before anything changes. */
   checkSources(sources: readonly UpstreamConfig[]): void {
-    const { policy, prefixAware } = this.config;
-    requireTokenizerForKvEvents(sources, policy === 'prefix-aware', prefixAware.tokenizer);
+    checkKvEventSources(this.config, sources);
   }
 
   /**
@@ -189,7 +190,10 @@ export class RouterServices {
     const startRank = engines[0];
     const discovered: UpstreamConfig = { ...upstream, startRank, dataParallelSize: engines[engines.length - 1] - startRank + 1, ranks };
     const routed = ranks.length === engines.length ? 'routing to those now' : `routing to ${ranks.join(', ')} of them now (its \`ranks\`)`;
-    this.config.logger.warn(`express-dp-router: upstream '${upstream.name}' serves ranks ${engines.join(', ')} by its /metrics (was: ${upstream.ranks.join(', ')}); ${routed}.`);
+    this.config.logger.info(
+      { dpRouter: { upstream: upstream.name } },
+      `express-dp-router: upstream '${upstream.name}' serves ranks ${engines.join(', ')} by its /metrics (was: ${upstream.ranks.join(', ')}); ${routed}.`,
+    );
     this.reconfigure(this.table.upstreams.map((current) => (current.name === upstream.name ? discovered : current)));
   }
 }

@@ -206,9 +206,9 @@ describe('route receipts: an index that misses', () => {
   });
 });
 
-describe('route receipts: usage', () => {
-  const cached = (gw: TestGateway, source: string) => metricValue(gw.registry, 'dp_router_prompt_cached_tokens_total', { source });
+const cached = (gw: TestGateway, source: string) => metricValue(gw.registry, 'dp_router_prompt_cached_tokens_total', { source });
 
+describe('route receipts: usage', () => {
   it('compares predicted and reported cached tokens of non-streamed and streamed answers alike', async () => {
     const { gw } = await setup({ receipts: { usageEvery: 1 } });
     await send(gw, completion(1), '/v1/completions');
@@ -248,6 +248,44 @@ describe('route receipts: usage', () => {
     expect(refused.text).not.toMatch(/"usage"/);
     const chats = mock.stats().requests.filter((record) => record.path === '/v1/chat/completions');
     expect(chats.map((record) => JSON.parse(record.body!).stream_options)).toEqual([{ include_usage: true }, { include_usage: false }]);
+  });
+});
+
+/**
+ * A relay that makes the mock a server started with `--enable-force-include-usage`: every stream
+ * sends its usage, on every event too (`should_include_usage` returns `(True, True)`, vLLM 52a31cc
+ * vllm/entrypoints/utils.py:281-285). `bodies` gets what the router sent.
+ */
+function forcingUsage(bodies: string[]): Rewrite {
+  return (_path, _headers, body) => {
+    bodies.push(body.toString());
+    const parsed = JSON.parse(body.toString() || '{}') as Record<string, unknown>;
+    if (parsed.stream !== true) return body;
+    parsed.stream_options = { include_usage: true, continuous_usage_stats: true };
+    return Buffer.from(JSON.stringify(parsed));
+  };
+}
+
+describe('route receipts: an upstream that forces usage', () => {
+  it('48.5: leaves its streams as it sends them (usage chunk kept), reads their usage, and asks it no more', async () => {
+    const bodies: string[] = [];
+    const { gw } = await setup({ relay: forcingUsage(bodies), receipts: { usageEvery: 1 } });
+    bodies.length = 0;
+    await send(gw, chat(1));
+    for (let i = 0; i < 3; i++) {
+      const { text } = await send(gw, chat(1, { stream: true, max_tokens: 4 }));
+      const events = text.split('\n\n').filter((event) => event !== '');
+      // The role and four tokens, each with its usage so far, then the usage chunk and [DONE]: as the server sends it to anyone.
+      expect(events).toHaveLength(7);
+      expect(events.slice(0, 5).every((event) => /\],"usage":\{"prompt_tokens":\d+/.test(event))).toBe(true);
+      expect(events[5]).toMatch(/"choices":\[\],"usage":\{"prompt_tokens":\d+/);
+    }
+    // Asked once: the usage on its events said the server forces it.
+    expect(bodies.filter((body) => body.includes('"stream":true')).map((body) => body.includes('stream_options'))).toEqual([true, false, false]);
+    // Every stream's usage read all the same: three receipts of the cached prompt, on top of the first answer's.
+    const reported = await cached(gw, 'reported');
+    expect(reported).toBeGreaterThan(0);
+    expect(reported % 3).toBe(0);
   });
 });
 

@@ -15,6 +15,12 @@ export interface GenerationRequest {
   maxTokens: number;
   stream: boolean;
   includeUsage: boolean;
+  /**
+   * `stream_options.continuous_usage_stats` with `include_usage`: every event carries the usage so
+   * far (vLLM 52a31cc vllm/entrypoints/utils.py:281-293; chat_completion/serving.py:546-551 and
+   * 932-938, completion/serving.py:426-432), as on a server with `--enable-force-include-usage`.
+   */
+  continuousUsage: boolean;
 }
 
 /** Why a body was rejected (answered 400, like vLLM's validation). */
@@ -75,6 +81,7 @@ export function parseGenerationRequest(
     maxTokens: maxTokens as number,
     stream: body.stream === true,
     includeUsage: streamOptions.include_usage === true,
+    continuousUsage: streamOptions.include_usage === true && streamOptions.continuous_usage_stats === true,
   };
 }
 
@@ -223,11 +230,11 @@ export class SseStream {
     const finishReason = isLast ? 'length' : null;
     const token = outputToken(rank, step);
     if (request.kind === 'chat') {
-      if (step === 0) events.push(this.event({ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }));
-      events.push(this.event({ index: 0, delta: { content: token }, logprobs: null, finish_reason: finishReason, ...(isLast && { stop_reason: null }) }));
+      if (step === 0) events.push(this.event({ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }, 0));
+      events.push(this.event({ index: 0, delta: { content: token }, logprobs: null, finish_reason: finishReason, ...(isLast && { stop_reason: null }) }, step + 1));
     } else {
       for (let index = 0; index < request.prompts.length; index++) {
-        events.push(this.event({ index, text: token, logprobs: null, finish_reason: finishReason, stop_reason: null }));
+        events.push(this.event({ index, text: token, logprobs: null, finish_reason: finishReason, stop_reason: null }, step + 1));
       }
     }
     if (isLast) {
@@ -237,8 +244,12 @@ export class SseStream {
     return events;
   }
 
-  private event(choice: object): string {
-    return `data: ${this.head}${JSON.stringify(choice)}]}\n\n`;
+  /** One choice's event; `completed`: that choice's tokens so far (the continuous usage, when asked). */
+  private event(choice: object, completed: number): string {
+    if (!this.generation.request.continuousUsage) return `data: ${this.head}${JSON.stringify(choice)}]}\n\n`;
+    // The mock's prompt count is the request's (vLLM gives each completions prompt its own).
+    const prompt = this.generation.promptTokens;
+    return `data: ${this.head}${JSON.stringify(choice)}],"usage":{"prompt_tokens":${prompt},"total_tokens":${prompt + completed},"completion_tokens":${completed}}}\n\n`;
   }
 }
 

@@ -38,7 +38,10 @@ export interface PrefillLeg {
   readonly detector: OutlierDetector | undefined;
   readonly inputs: RequestInputs;
   readonly legMetrics: DisaggregationMetrics | undefined;
+  /** Told of a prefill server's refusal of the rank header it was sent (upstreams/rank-header-guard.ts). */
+  readonly rankHeaders: { refused(endpoint: RouteEndpoint, sent: number, numRanks: number): void };
   clientOf(endpoint: RouteEndpoint): PrefillClient;
-  reconfigure(upstreams: readonly UpstreamConfig[]): unknown;
+  /** `setUpstreams()`: the prefill entries, those found by DNS resolved by the pool. */
+  setSources(sources: readonly UpstreamConfig[]): void;
   close(): Promise<void>;
 }

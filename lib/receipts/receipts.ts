@@ -125,19 +125,24 @@ export class Receipts implements ExactReceipts {
       if (ticket !== undefined) route.receipt = ticket;
       return;
     }
-    // Not a stream whose client did not ask for its usage (unless it is asked here): nothing to read.
+    // A stream whose client did not ask for its usage has none to read, unless it is asked here or
+    // its upstream is known to force usage (read then, never asked: whether it still does is
+    // learnt from each such stream; that it does, from usage on events of an asked one, usage-strip.ts).
     const streamed = members !== undefined && members.stream === true && (members.stream_options as { include_usage?: unknown } | undefined)?.include_usage !== true;
+    const forces = streamed ? this.books.get(endpoint.upstream)?.forcesUsage : undefined;
     if (ticket === undefined) {
-      if (share === undefined || streamed || !this.readsApproximate(endpoint.upstream)) return;
+      if (share === undefined || (streamed && forces !== true) || !this.readsApproximate(endpoint.upstream)) return;
       this.sinceUsage = 0;
       const approximate = (route.receipt = new RouteTicket(endpoint.upstream, endpoint.rank, 'approximate', share, -1, false, NaN, false, undefined, 0));
       approximate.readsUsage = true;
+      approximate.looksForUsage = streamed;
       return;
     }
     route.receipt = ticket;
-    if (!streamed) {
+    if (!streamed || forces === true) {
       this.sinceUsage = 0;
       ticket.readsUsage = true;
+      ticket.looksForUsage = streamed;
       return;
     }
     const body = route.body;
@@ -178,13 +183,17 @@ export class Receipts implements ExactReceipts {
     if (receipt.askedUsage && isEventStreamMediaType(headers['content-type'])) {
       // Its length (were one given) would count the chunk taken out. (`delete` takes V8's slow path: only when there.)
       if (headers['content-length'] !== undefined) delete headers['content-length'];
-      stripAskedUsage(res, (found) => (usage ??= found));
+      stripAskedUsage(res, (found, forced) => {
+        usage ??= found;
+        if (forced) book.forcesUsage = true;
+      });
     } else {
       const kept = (tail = new AnswerTail());
       answer.on('data', (chunk: Buffer) => kept.add(chunk));
     }
     answer.once('end', () => {
       if (tail !== undefined) usage = lastUsage(tail.text());
+      if (receipt.looksForUsage && answer.complete) book.forcesUsage = usage !== undefined;
       this.settle(book, receipt, req, usage);
     });
   }

@@ -175,6 +175,33 @@ describe('decodeKvEventBatch', () => {
     expect(decodeKvEventBatch(Buffer.alloc(101), { ...DEFAULT_KV_LIMITS, maxBytes: 100 })).toEqual({ ok: false, reason: 'too_large' });
   });
 
+  // One engine step of a long-context server (`--max-num-batched-tokens` 300,000) storing 300k
+  // tokens in blocks of 16, and evicting as many blocks, as vLLM 52a31cc writes it
+  // (kv_events.py:49-96): about 430k values, past the earlier bound of 262,144.
+  it('48.25: takes one engine step storing 300k tokens, and refuses past the bounds derived from the largest step', () => {
+    const blocks = 300_000 / 16;
+    const tokenIds = Array.from({ length: 300_000 }, (_, i) => (i * 7919) % 151_936);
+    const hashes = Array.from({ length: blocks }, (_, i) => 2 ** 40 + i);
+    const step: MockKvBatch = {
+      ts: 1.5,
+      dataParallelRank: 0,
+      events: [
+        { type: 'BlockStored', blockHashes: hashes, parentBlockHash: null, tokenIds, blockSize: 16, medium: 'GPU' },
+        ...hashes.map((hash) => ({ type: 'BlockRemoved' as const, blockHashes: [hash + blocks], medium: 'GPU' })),
+      ],
+    };
+    const payload = encodeKvBatch(step, 'current');
+    const decoded = decodeKvEventBatch(payload);
+    expect(decoded.ok).toBe(true);
+    if (!decoded.ok) return;
+    expect(decoded.batch.events).toHaveLength(1 + blocks);
+    expect(decoded.batch.events[0]).toMatchObject({ type: 'stored', blockSize: 16 });
+    expect((decoded.batch.events[0] as { tokenIds: number[] }).tokenIds).toEqual(tokenIds);
+    // Five such steps in one payload: past the values bound, refused.
+    const past = encodeKvBatch({ ...step, events: [...step.events, ...step.events, ...step.events, ...step.events, ...step.events] }, 'current');
+    expect(decodeKvEventBatch(past)).toEqual({ ok: false, reason: 'too_many_values' });
+  });
+
   it('refuses more values than maxValues', () => {
     const payload = Buffer.concat([Buffer.from('92cb3ff8000000000000dc0400', 'hex'), Buffer.alloc(1024, 0xc0)]);
     expect(decodeKvEventBatch(payload, { ...DEFAULT_KV_LIMITS, maxValues: 1000 })).toEqual({ ok: false, reason: 'too_many_values' });

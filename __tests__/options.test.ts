@@ -3,6 +3,7 @@ import { getHeapStatistics } from 'node:v8';
 import { describe, expect, it } from '@jest/globals';
 import { Registry } from 'prom-client';
 import { parseOptions } from '../lib/options';
+import type { VerdictsOptions } from '../lib/verdicts/options';
 import { thrownOptionError } from './helpers/option-error';
 import {
   dpRank,
@@ -204,7 +205,9 @@ const wrongValues: Array<[path: string, value: unknown]> = [
     requestBuffering: 'on',
     peers: 'on',
     receipts: 'on',
+    verdicts: 3,
   } satisfies WrongValues<DpRouterOptions>),
+  ...rows('verdicts', { minSources: 0 } satisfies WrongValues<VerdictsOptions>),
   ...rows('receipts', {
     kvEvents: 'yes',
     usage: 'yes',

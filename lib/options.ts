@@ -19,6 +19,7 @@ import { parseUpstreams, type UpstreamConfig, type UpstreamEntry } from './upstr
 import { parseDisaggregation, type DisaggregationConfig, type DisaggregationOptions } from './disaggregation/options';
 import { parsePeers, type PeersConfig, type PeersOptions } from './peers/peer-options';
 import { parseReceipts, type ReceiptsConfig, type ReceiptsOptions } from './receipts/options';
+import { parseVerdicts, type VerdictsConfig, type VerdictsOptions } from './verdicts/options';
 
 export type { HealthCheckConfig, LoadFeedbackConfig, OutlierDetectionConfig, UpstreamConfig };
 
@@ -103,6 +104,12 @@ interface ProxyOptions {
    * {@link ReceiptsOptions} (each part applies where the router has what it needs).
    */
   receipts?: ReceiptsOptions | boolean;
+  /**
+   * What it takes for evidence from client traffic to change how an upstream is served for
+   * every client (a rank header taken as refused or not honoured, an exact index or tokenizer
+   * not trusted, an endpoint ejected): docs/security.md. Default: `{ minSources: 3 }`.
+   */
+  verdicts?: VerdictsOptions;
 }
 
 /** Options of {@link dpRouter}: those of `dpRank()`, the upstream timeouts, and the proxy's own. */
@@ -165,6 +172,8 @@ export interface Configuration {
   readonly peers: PeersConfig | undefined;
   /** Route receipts; `undefined` when off (always, for `dpRank()`). */
   readonly receipts: ReceiptsConfig | undefined;
+  /** What takes a verdict that changes routing for everyone. */
+  readonly verdicts: VerdictsConfig;
 }
 
 const EXPOSE_DECISION = false;
@@ -184,7 +193,7 @@ const RANK_KEYS: KeysEnum<DpRankOptions> = {
   loadFeedback: true,
   logger: true,
 };
-const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true, disaggregation: true, admission: true, requestBuffering: true, peers: true, receipts: true };
+const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true, disaggregation: true, admission: true, requestBuffering: true, peers: true, receipts: true, verdicts: true };
 const ROUTER_KEYS: KeysEnum<DpRouterOptions> = { ...RANK_KEYS, ...PROXY_KEYS };
 
 /**
@@ -232,6 +241,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
     admission: parseAdmission('admission', proxy.admission, hints.trust),
     peers: parsePeers('peers', proxy.peers),
     receipts: proxying ? parseReceipts('receipts', proxy.receipts) : undefined,
+    verdicts: parseVerdicts('verdicts', proxy.verdicts),
   };
   for (const part of OWN_PARTS) freezePart(settings[part]);
   for (const upstream of upstreams) Object.freeze(upstream);
@@ -239,7 +249,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
 }
 
 /** The parts parsing made (the user's objects inside them, a registry or a store, stay as given). */
-const OWN_PARTS = ['upstreams', 'hints', 'metrics', 'affinity', 'prefixAware', 'timeouts', 'loadFeedback', 'outlierDetection', 'healthCheck', 'retries', 'requestBuffering', 'disaggregation', 'admission', 'peers', 'receipts'] as const satisfies ReadonlyArray<keyof Configuration>;
+const OWN_PARTS = ['upstreams', 'hints', 'metrics', 'affinity', 'prefixAware', 'timeouts', 'loadFeedback', 'outlierDetection', 'healthCheck', 'retries', 'requestBuffering', 'disaggregation', 'admission', 'peers', 'receipts', 'verdicts'] as const satisfies ReadonlyArray<keyof Configuration>;
 
 function freezePart(part: object | undefined): void {
   if (part !== undefined) Object.freeze(part);

@@ -175,7 +175,8 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
     // One scan of the stream for everyone who reads its first token, gone at that token.
     if (this.watchesFirstTokens || route.prefillBlocks > 0) answeredFirst(endpoint, answer, route.started, this, route);
     if (route.ticket !== undefined && this.admission!.counts) this.admission!.count(route.ticket, answer);
-    if (endpoint.headerValue !== undefined) watchRankRejection(answer, (refused, numRanks) => this.rankHeaders.refused(endpoint, refused, numRanks));
+    if (endpoint.headerValue !== undefined) watchRankRejection(answer, (refused, numRanks) => this.rankHeaders.refused(endpoint, refused, numRanks, req, route.headers, route.ticket?.tenant));
+    else this.rankHeaders.answered(endpoint, route.headers);
     if (route.receipt !== undefined) this.receipts!.answered(route.receipt, endpoint, req, res, answer);
     if (answer.statusCode !== undefined && answer.statusCode >= 500) {
       this.metrics.upstreamError(endpoint, 'status_5xx');

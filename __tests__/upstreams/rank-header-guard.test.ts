@@ -73,7 +73,9 @@ describe('a server that refuses the rank header', () => {
       expect(next.status).toBe(200);
       expect(next.headers['x-dp-router-decision']).toBe('upstream=node-b; rank=vllm; source=assigned');
     }
-    expect(node.stats().requests.map((record) => record.rankHeaders)).toEqual([[String(firstRank)], [], [], [], []]);
+    // The second is the router's own probe (the same header value on a 1-token completion it
+    // builds), which confirms the refusal before anything changes for other clients.
+    expect(node.stats().requests.map((record) => record.rankHeaders)).toEqual([[String(firstRank)], [String(firstRank)], [], [], [], []]);
     expect(logger.errors()).toHaveLength(1);
     expect(await rejections(front, 'answer')).toBe(1);
     // A new configuration is honoured again, and sends what the node takes.

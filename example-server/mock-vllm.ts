@@ -321,7 +321,8 @@ async function serveGeneration(
   const seated = ctx.seqs.seat(rank.globalRank, res);
   if (seated !== true && !(await seated)) return;
   const adapter = adapterOf(read.body, ctx.config.loraModules);
-  const admitted = ctx.engine.admit(rank, request.prompts, request.tokenIds, adapter);
+  const salt = (read.body as { cache_salt?: unknown }).cache_salt;
+  const admitted = ctx.engine.admit(rank, request.prompts, request.tokenIds, adapter, typeof salt === 'string' && salt !== '' ? salt : undefined);
   const { promptTokens } = admitted;
   // The decode of a transfer read the prompt's KV cache from the prefill: nothing left to compute.
   const cachedTokens = leg?.kind === 'decode' ? promptTokens : admitted.cachedTokens;

@@ -85,14 +85,14 @@ export class MockEngine {
    * token ids when the mock tokenizes (`tokenIds`, one array per prompt, under the LoRA
    * `adapter` the request names), else their texts.
    */
-  admit(rank: RankState, prompts: readonly string[], tokenIds?: readonly number[][], adapter?: MockAdapter): Admission {
+  admit(rank: RankState, prompts: readonly string[], tokenIds?: readonly number[][], adapter?: MockAdapter, cacheSalt?: string): Admission {
     let promptTokens = 0;
     let cachedTokens = 0;
     const { cache } = rank;
     if (cache instanceof TokenPrefixCache) {
       const events: MockKvEvent[] = [];
       for (const ids of tokenIds ?? []) {
-        const admitted = cache.admit(ids, adapter);
+        const admitted = cache.admit(ids, adapter, cacheSalt);
         promptTokens += ids.length;
         cachedTokens += admitted.cachedTokens;
         events.push(...admitted.events);

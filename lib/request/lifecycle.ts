@@ -266,7 +266,7 @@ export class RequestLifecycle {
     const context: PickContext = policy.readsContext === false && affinityKey === undefined && prompt === undefined ? UNREAD_CONTEXT : { path: req.originalUrl ?? req.url ?? '/', affinityKey, prompt };
     // A retry picks again among other candidates: without this pick's exact view of these.
     route.context = context;
-    const picking: PrefixPickContext = this.exact !== undefined && prompt !== undefined ? exactContext(this.exact!, context, body!, route, candidates) : context;
+    const picking: PrefixPickContext = this.exact !== undefined && prompt !== undefined ? exactContext(this.exact!, context, body!, route, candidates, req) : context;
     let chosen: RouteEndpoint;
     try {
       chosen = policy.pick(candidates, picking) as RouteEndpoint;

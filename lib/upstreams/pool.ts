@@ -108,7 +108,7 @@ export class UpstreamPool {
     const receipts = (this.receipts =
       parts.receipts === undefined
         ? undefined
-        : new Receipts({ config: parts.receipts, upstreams: table.upstreams, header: config.header, metrics: config.metrics, logger: config.logger, tracing: parts.tracing }));
+        : new Receipts({ config: parts.receipts, upstreams: table.upstreams, header: config.header, metrics: config.metrics, logger: config.logger, tracing: parts.tracing, verdicts }));
     if (receipts !== undefined) this.started.push(() => receipts.close());
     // Exact prefix routing: with a tokenizer, every upstream with `kvEvents` is subscribed to.
     const { tokenizer } = parts;
@@ -122,6 +122,7 @@ export class UpstreamPool {
             isAdapter: parts.isAdapter,
             warn: (message) => config.logger.warn(message),
             receipts,
+            verdicts,
           }));
     if (exact !== undefined) this.started.push(() => exact.close());
     const detector = (this.detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection, { ejected: (endpoint) => events.ejected(endpoint as RouteEndpoint) }) : undefined);

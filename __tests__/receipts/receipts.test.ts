@@ -74,8 +74,11 @@ interface Answer {
   text: string;
 }
 
-async function send(gw: TestGateway, body: object, path = '/v1/chat/completions'): Promise<Answer> {
-  const res = await fetch(gw.url + path, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+/** Four clients take turns (their API keys tell them apart; four, so that no test's own pattern of requests falls to fewer): a verdict needs `verdicts.minSources` (3) distinct sources. */
+let turn = 0;
+
+async function send(gw: TestGateway, body: object, path = '/v1/chat/completions', client = `client-${turn++ % 4}`): Promise<Answer> {
+  const res = await fetch(gw.url + path, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${client}` }, body: JSON.stringify(body) });
   return { status: res.status, decision: res.headers.get('x-dp-router-decision'), text: await res.text() };
 }
 

@@ -180,7 +180,7 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
     if (route.receipt !== undefined) this.receipts!.answered(route.receipt, endpoint, req, res, answer);
     if (answer.statusCode !== undefined && answer.statusCode >= 500) {
       this.metrics.upstreamError(endpoint, 'status_5xx');
-      this.detector?.failed(endpoint, 'request', req);
+      this.detector?.failed(endpoint, 'request', req, route.ticket?.tenant);
     } else {
       // Any answer below 500, a 4xx included, shows the endpoint alive: a client's bad
       // request is never the endpoint's fault.
@@ -216,7 +216,7 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
     const endpoint = route.endpoint!;
     this.metrics.upstreamError(endpoint, ERROR_KIND[failure]);
     // A first-byte timeout may be the request's own doing (a long generation); the rest never reached an answer.
-    this.detector?.failed(endpoint, failure === 'first_byte_timeout' ? 'request' : 'connection', req);
+    this.detector?.failed(endpoint, failure === 'first_byte_timeout' ? 'request' : 'connection', req, route.ticket?.tenant);
     // Not after a first-byte timeout: the engine may still be working on it, and the client
     // has already waited the whole deadline.
     if (failure !== 'first_byte_timeout' && this.retry(req, res, route, endpoint)) return;
@@ -298,7 +298,7 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
     if (!route.settle() || clientGone(res)) return false;
     const endpoint = route.endpoint!;
     this.metrics.upstreamError(endpoint, 'reset');
-    this.detector?.failed(endpoint, 'request', req);
+    this.detector?.failed(endpoint, 'request', req, route.ticket?.tenant);
     return true;
   }
 }

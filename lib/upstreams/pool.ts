@@ -125,7 +125,7 @@ export class UpstreamPool {
             verdicts,
           }));
     if (exact !== undefined) this.started.push(() => exact.close());
-    const detector = (this.detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection, { ejected: (endpoint) => events.ejected(endpoint as RouteEndpoint) }) : undefined);
+    const detector = (this.detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection, { ejected: (endpoint) => events.ejected(endpoint as RouteEndpoint) }, verdicts) : undefined);
     if (detector !== undefined) this.started.push(() => detector.close());
     const told = parts.tellsHealthOf;
     this.healthChanged = told === undefined ? (endpoints, up) => events.healthChanged(endpoints, up) : (endpoints, up) => events.healthChanged(endpoints.filter(told), up);

@@ -111,11 +111,13 @@ const field = fc.record(
   },
   { requiredKeys: [] },
 );
-const oneRequest: fc.Arbitrary<Sent> = fc.record({ chat: fc.boolean(), prompt: text, extra: field, hint: fc.option(fc.constantFrom('0', '1', '7', ' 1'), { nil: undefined }) }).map(({ chat, prompt, extra, hint }) => ({
-  path: chat ? '/v1/chat/completions' : '/v1/completions',
-  body: chat ? { model: 'mock-model', messages: [{ role: 'user', content: prompt }], ...extra } : { model: 'mock-model', prompt, ...extra },
-  headers: hint === undefined ? {} : { 'x-data-parallel-rank': hint },
-}));
+const oneRequest: fc.Arbitrary<Sent> = fc.record({ chat: fc.boolean(), prompt: text, extra: field, hint: fc.option(fc.constantFrom('0', '1', '7', ' 1'), { nil: undefined }) }).map(
+  ({ chat, prompt, extra, hint }): Sent => ({
+    path: chat ? '/v1/chat/completions' : '/v1/completions',
+    body: chat ? { model: 'mock-model', messages: [{ role: 'user', content: prompt }], ...extra } : { model: 'mock-model', prompt, ...extra },
+    headers: hint === undefined ? {} : { 'x-data-parallel-rank': hint },
+  }),
+);
 /**
  * A sequence, each request sent one to three times in a row (a run of failures is what ejects),
  * ending with a run of requests that make the engine fail (the evidence replayed from several

@@ -48,7 +48,7 @@ export interface VllmRecording {
   vllmDecoded: VllmBatch[];
 }
 
-export const RECORDINGS = ['plain', 'plain-bytes', 'lora', 'lora-bytes', 'hybrid', 'hybrid-masked', 'hybrid-evict', 'hybrid-window', 'offload'] as const;
+export const RECORDINGS = ['plain', 'plain-bytes', 'lora', 'lora-bytes', 'salt', 'hybrid', 'hybrid-masked', 'hybrid-evict', 'hybrid-window', 'offload'] as const;
 
 /** Reads `fixtures/vllm-52a31cc/<name>.json`. */
 export function vllmRecording(name: (typeof RECORDINGS)[number]): VllmRecording {

@@ -71,6 +71,8 @@ export type VerdictBasis = 'probe' | 'sources';
 export class Verdicts {
   readonly minSources: number;
   private readonly counter: Counter | undefined;
+  /** The upstreams whose series are exported. */
+  private tracked = new Set<string>();
   /** `upstream\nverdict` of refusals logged since the last verdict taken there. */
   private readonly refusalsTold = new Set<string>();
 
@@ -101,10 +103,16 @@ export class Verdicts {
     return evidenceSource(req, headers, tenant);
   }
 
-  /** Zero series for each configured upstream (names from configuration only). */
+  /** Zero series for each configured upstream (names from configuration only); none left for one removed. */
   track(upstreams: readonly string[]): void {
     const counter = this.counter;
     if (counter === undefined) return;
+    const wanted = new Set(upstreams);
+    for (const upstream of this.tracked) {
+      if (wanted.has(upstream)) continue;
+      for (const verdict of VERDICT_KINDS) for (const outcome of OUTCOMES) counter.remove({ upstream, verdict, outcome });
+    }
+    this.tracked = wanted;
     for (const upstream of upstreams) for (const verdict of VERDICT_KINDS) for (const outcome of OUTCOMES) counter.inc({ upstream, verdict, outcome }, 0);
   }
 

@@ -627,7 +627,9 @@ describe('metrics', () => {
       rank: ['0', '2', '4', '6', 'vllm'],
       // Each closed set: decisions and hints, then route receipts' (cached tokens by source, receipts by outcome).
       source: ['hint', 'assigned', 'predicted', 'reported'],
-      outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable', 'confirmed', 'elsewhere', 'unseen', 'cached'],
+      outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable', 'confirmed', 'elsewhere', 'unseen', 'cached', 'taken', 'refused_single_source'],
+      // Verdicts that change routing for everyone (lib/verdicts).
+      verdict: ['rank_header', 'elsewhere', 'misses', 'tokens', 'tokenizer', 'ejection'],
       kind: ['connect', 'timeout', 'reset', 'status_5xx'],
       evidence: ['answer', 'metrics'],
     };

@@ -60,11 +60,14 @@ beforeAll(async () => {
   const dev = packageJson.devDependencies as Record<string, string>;
   const pinned = readmeInstallLines().git.map((name) => (dev[name] === undefined ? name : `${name}@${dev[name]}`));
   // From the npm cache this repository's own install filled; a cache without some package's
-  // metadata fills it once from the registry.
+  // metadata fills it once from the registry. `npm ci` caches tarballs but not every package's
+  // metadata: offline, npm 11 then reports the missing metadata as ENOTCACHED or, for a peer
+  // dependency, as an ERESOLVE that found the package at `undefined`.
   const install = (mode: string) =>
     run('npm', ['install', mode, '--no-audit', '--no-fund', '--loglevel=error', `git+file://${clone}`, ...pinned], { cwd: app, maxBuffer: 16 << 20, timeout: SLOW });
   installed = await install('--offline').catch((error: { stderr?: string }) => {
-    if (!error.stderr?.includes('ENOTCACHED')) throw error;
+    const uncached = error.stderr?.includes('ENOTCACHED') === true || /ERESOLVE[\s\S]*Found: [\w@/.-]+@undefined/.test(error.stderr ?? '');
+    if (!uncached) throw error;
     return install('--prefer-offline');
   });
   writeFileSync(join(app, 'scenario.cjs'), SCENARIO_CJS);

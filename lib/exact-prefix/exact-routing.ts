@@ -11,9 +11,11 @@
  *   blocks to store has gone `confirmAfterMs` without a stored event from it since. An idle
  *   engine publishes nothing and stays fresh; a publisher that stopped publishing but keeps
  *   its connection goes stale at the first request routed there with new blocks;
- * - **the tokenizer agrees**: no sampled request's tokens differed from the upstream's
- *   `/tokenize` (one disagreement turns the upstream's ranks to the approximate index until
- *   the router restarts: the files or the template differ, and more samples will not fix that).
+ * - **the tokenizer agrees**: a sampled request whose tokens differ from the upstream's
+ *   `/tokenize` is a suspicion (lib/verdicts); once the router's own samples differ too, or
+ *   samples from `verdicts.minSources` distinct sources do, the upstream's ranks are routed on
+ *   the approximate index until the router restarts (the files or the template differ, and more
+ *   samples will not fix that).
  *
  * Other ranks are scored on the approximate index, in the same pick. A routed request's blocks
  * count on its rank at once, as speculative entries, until its events confirm them or

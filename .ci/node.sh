@@ -12,6 +12,19 @@ CI_NODE_MAJORS=(20 22 24 26)
 # The exact version of each line when it is not the machine's Node. Bump these by hand.
 declare -A CI_NODE_PINNED=([20]=20.20.2 [22]=22.23.5 [24]=24.22.3 [26]=26.12.1)
 
+# The install-path tests (`npm pack` into the consumer projects, the README's install from git)
+# take minutes and test npm, the packed files and the build more than a Node line: CI runs them
+# on one line, the oldest `engines` promises, where a consumer's module resolution would break
+# first.
+CI_INSTALL_TESTS_MAJOR=${CI_NODE_MAJORS[0]}
+CI_INSTALL_TESTS='__tests__/external/'
+
+# Prints the arguments `npm test` passes to jest on the given major, one a line: none on
+# CI_INSTALL_TESTS_MAJOR, the install-path tests left out on every other line.
+ci_jest_args() {
+  if [[ "$1" != "$CI_INSTALL_TESTS_MAJOR" ]]; then printf '%s\n' --testPathIgnorePatterns "$CI_INSTALL_TESTS"; fi
+}
+
 CI_NODE_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/express-dp-router"
 
 # Prints the directory that holds the `node` binary of the given major, installing it first

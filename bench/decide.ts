@@ -33,7 +33,7 @@ import { extractPrompt } from '../lib/request/prompt';
 import type { RoutedRequest } from '../lib/request/route-state';
 import { parseOptions } from '../lib/options';
 import { RequestLifecycle } from '../lib/request/lifecycle';
-import { RouterServices } from '../lib/services';
+import { RouterServices } from '../lib/compose/services';
 import type { PickContext, Policy } from '../lib/types';
 import { fixed, markdownTable, median, parseArgs } from './lib/stats';
 

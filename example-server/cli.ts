@@ -6,7 +6,15 @@ import type { KvEventsOptions } from '../lib/exact-prefix/events/source';
 import { AUTHORIZATION, redactUrl, upstreamUrlProblem } from '../lib/upstreams/upstream-url';
 
 /** An upstream as the gateway passes it to the router, with where its KV events are published. */
-export type GatewayUpstream = (UpstreamOptions | DnsUpstreamOptions) & { kvEvents?: KvEventsOptions };
+export type GatewayUpstream = (UpstreamOptions | DnsUpstreamOptions) & {
+  kvEvents?: KvEventsOptions;
+  /**
+   * Its `URL@RANKS` list does not start at 0 and no `--start-rank` was given: which engines the
+   * server manages (and so each rank's header value) is read from its `/metrics` at start
+   * (example-server/start-rank.ts). The flag that named it, for messages.
+   */
+  learnStartRank?: string;
+};
 
 /** The gateway's settings, as read from the command line and environment. */
 export interface GatewaySettings {
@@ -46,6 +54,8 @@ export interface GatewaySettings {
   disaggregation: { connector: 'nixl' | 'mooncake' } | undefined;
   /** Admission control, on when any of its flags is given (example-server/admission.ts). */
   admission: AdmissionFlags;
+  /** `--rank-header`, which the embedded mock gets too; `undefined`: `'local'`. */
+  rankHeader?: RankHeaderMode;
   /** The embedded mock's per-rank concurrency (vLLM's --max-num-seqs); 0: no limit. */
   mockMaxNumSeqs: number;
   /** `prefixAware.placementSlack`; `undefined`: the policy's default. */
@@ -90,13 +100,20 @@ Options:
   --upstream URL[@RANKS]
                         a vLLM server; RANKS like 0,2,4,6 or 4-7 (global ranks).
                         Repeatable; a URL given again adds ranks (vllm-router's URL@RANK).
-                        Without @RANKS it serves --start-rank … + --dp-size − 1.
+                        Without @RANKS it serves --start-rank … + --dp-size − 1. A list
+                        not starting at 0 is checked against the engine="N" labels of the
+                        server's /metrics at start, which say its first engine (0 for
+                        vllm serve --data-parallel-size N, the node's start rank for a
+                        hybrid node); unreadable, give --start-rank
   --dp-size N           ranks of every upstream given without @RANKS (one value for
-                        all), and of the mock                            [4]
-  --start-rank N        first global rank of upstreams given without @RANKS          [0]
+                        all), and of the mock (vLLM's --data-parallel-size) [4]
+  --start-rank N        first engine (global rank) of every upstream: the servers'
+                        --data-parallel-start-rank (also accepted under that name)
+                                                [0; with URL@RANKS, read from /metrics]
   --rank-header MODE    local: rank − start rank, the index vLLM reads in every mode
                         (internal, hybrid and external LB) | global | none (no header:
-                        one server per rank)                             [local]
+                        one server per rank). The embedded mock gets it too:
+                        with none it balances its engines itself, as vLLM does [local]
   --upstream-dns NAME:PORT[@RANKS]
                         every address NAME resolves to (A and AAAA: a Kubernetes
                         headless Service) is a vLLM server on PORT, re-resolved every 10 s;
@@ -120,7 +137,7 @@ Options:
   --default-chat-template-kwargs JSON
                         what the vLLM servers were started with under the same flag,
                         e.g. '{"enable_thinking": false}': the tokenizer renders chat
-                        requests with it, as vLLM does                   [none]
+                        requests with it, as vLLM does (--policy prefix-aware only) [none]
   --policy NAME         least-outstanding | round-robin | random | power-of-two |
                         session-affinity | prefix-aware                  [least-outstanding]
   --trust-hints         honour valid client X-data-parallel-rank hints   [off]
@@ -142,8 +159,9 @@ Options:
   --peer HOST:PORT      another gateway replica's --peer-listen (repeatable; may list this one)
   --peer-dns NAME:PORT  the replicas by DNS: every address of NAME (a headless Service over the
                         gateway pods), re-resolved every 10 s
-  --peer-redis          announce and hear the replicas' load on the --redis server's pub/sub
-                        channel dp-router:peers instead of UDP (DP_ROUTER_PEER_SECRET as above)
+  --peer-redis          announce and hear the replicas' load on the Redis server's pub/sub
+                        channel dp-router:peers instead of UDP: --redis URL, or env
+                        DP_ROUTER_REDIS_URL (DP_ROUTER_PEER_SECRET as above)
   --prefill URL[@RANKS] a vLLM prefill server (repeatable): with --decode, each request's
                         prefill leg goes there, its decode leg to a --decode server
   --decode URL[@RANKS]  a vLLM decode server (repeatable)
@@ -168,7 +186,8 @@ Options:
   --tokens-per-minute N admission: each tenant's token budget, from vLLM's usage [off]
   --redis URL           admission: keep token budgets in Redis (shared by replicas),
                         e.g. redis://127.0.0.1:6379 (needs the ioredis package); with
-                        --tokens-per-minute, env DP_ROUTER_REDIS_URL when not given
+                        --tokens-per-minute or --peer-redis, env DP_ROUTER_REDIS_URL
+                        when not given (keeps a password off the command line)
   --drain-timeout-ms N  on SIGTERM, wait this long for in-flight requests [30000]
   --log-level LEVEL     fatal | error | warn | info | debug (one line per routing
                         decision) | trace | silent (env LOG_LEVEL)        [info]
@@ -258,7 +277,7 @@ const FLAGS: Readonly<Record<string, Flag>> = {
   },
   '--dp-size': { value: (s, raw, flag) => (s.settings.dpSize = integer(flag, raw, 1, 65536)) },
   '--start-rank': { value: (s, raw, flag) => (s.startRank = integer(flag, raw, 0, 1_000_000)) },
-  '--rank-header': { value: (s, raw, flag) => (s.rankHeader = choice(flag, raw, RANK_HEADERS)) },
+  '--rank-header': { value: (s, raw, flag) => (s.rankHeader = s.settings.rankHeader = choice(flag, raw, RANK_HEADERS)) },
   '--kv-events': {
     value: (s, raw, flag) => {
       const previous = s.upstreamSpecs[s.upstreamSpecs.length - 1];
@@ -315,6 +334,20 @@ const FLAGS: Readonly<Record<string, Flag>> = {
   '-h': { switch: (s, on) => (s.help = on) },
 };
 
+/** vLLM's own names for the gateway's flags (`vllm serve --data-parallel-size 8` reads the same). */
+const ALIASES: Readonly<Record<string, string>> = {
+  '--data-parallel-size': '--dp-size',
+  '--data-parallel-start-rank': '--start-rank',
+};
+
+/** vLLM flags that say how a server runs, which the gateway learns otherwise: what to give instead. */
+const VLLM_ONLY: Readonly<Record<string, string>> = {
+  '--data-parallel-size-local': 'give each server the global ranks it runs as --upstream URL@RANKS, e.g. http://node-b:8000@4-7',
+  '--data-parallel-rank': 'an external-LB server of rank R is --upstream URL@R',
+  '--data-parallel-hybrid-lb': 'give each node its ranks as --upstream URL@RANKS',
+  '--data-parallel-external-lb': 'give each server its rank as --upstream URL@R',
+};
+
 /** Reads the command line; `'help'` when help was asked for. Throws `UsageError`. */
 export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv = {}): GatewaySettings | 'help' {
   const state: ParseState = {
@@ -369,7 +402,8 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
   const given = new Map<string, string | undefined>();
   for (let index = 0; index < argv.length; index++) {
     const arg = argv[index];
-    const [flag, inline] = arg.startsWith('--') && arg.includes('=') ? splitOnce(arg) : [arg, undefined];
+    const [typed, inline] = arg.startsWith('--') && arg.includes('=') ? splitOnce(arg) : [arg, undefined];
+    const flag = Object.hasOwn(ALIASES, typed) ? ALIASES[typed] : typed;
     const spec = Object.hasOwn(FLAGS, flag) ? FLAGS[flag] : undefined;
     if (spec === undefined) throw new UsageError(notAnOption(arg, argv[index - 1]));
     if (!REPEATABLE.has(flag) && 'value' in spec && given.has(flag)) {
@@ -389,8 +423,8 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
       const next = argv[index + 1];
       raw = next === undefined || next.startsWith('--') ? undefined : argv[++index];
     }
-    if (raw === undefined || raw === '') throw new UsageError(`${flag} needs a value (see --help)`);
-    spec.value(state, raw, flag);
+    if (raw === undefined || raw === '') throw new UsageError(`${typed} needs a value (see --help)`);
+    spec.value(state, raw, typed);
   }
   const { settings, kvEvents } = state;
   const withModels = <T extends object>(upstream: T, key: string): T => {
@@ -401,7 +435,7 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     const events = kvEvents.get(upstream.url);
     return { ...withModels(upstream, upstream.url), ...(events && { kvEvents: events }) };
   });
-  const dnsEntries = mergeDnsSpecs(state.dnsSpecs, settings.dpSize, state.startRank);
+  const dnsEntries = mergeDnsSpecs(state.dnsSpecs, settings.dpSize, state.startRank, state.rankHeader);
   for (const [key, { name, port, ranks }] of dnsEntries) {
     const start = state.startRank ?? ranks[0];
     const dns = { name, port, ...(state.dnsServers.length > 0 && { servers: state.dnsServers }) };
@@ -420,12 +454,14 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
   if (kvEvents.size > 0 && settings.tokenizer === undefined) {
     throw new UsageError('--kv-events needs --tokenizer PATH: the router tokenizes prompts with the model\'s own tokenizer to look them up');
   }
-  settings.peers = peersOf(state, env);
-  // A password in the environment, not on a command line every user of the machine can read.
+  // A password in the environment, not on a command line every user of the machine can read:
+  // for whatever uses Redis (the token budget, the peers), never to turn either on.
   const redisFromEnv = env.DP_ROUTER_REDIS_URL;
-  if (settings.admission.tokensPerMinute !== undefined && settings.admission.redisUrl === undefined && redisFromEnv !== undefined && redisFromEnv !== '') {
+  const needsRedis = settings.admission.tokensPerMinute !== undefined || state.peerRedis;
+  if (needsRedis && settings.admission.redisUrl === undefined && redisFromEnv !== undefined && redisFromEnv !== '') {
     settings.admission.redisUrl = redisUrl('DP_ROUTER_REDIS_URL', redisFromEnv);
   }
+  settings.peers = peersOf(state, env);
   return settings;
 }
 
@@ -438,7 +474,7 @@ function refuseWithoutEffect(state: ParseState, given: ReadonlyMap<string, unkno
   // Only prefix-aware reads a tokenizer and a placement slack (with --pd or --prefill/--decode,
   // the prefill policy is prefix-aware).
   if (settings.policy !== 'prefix-aware' && settings.disaggregation === undefined) {
-    for (const flag of ['--tokenizer', '--placement-slack']) {
+    for (const flag of ['--tokenizer', '--placement-slack', '--default-chat-template-kwargs']) {
       if (given.has(flag)) throw new UsageError(`${flag} is read only by --policy prefix-aware (or --pd, --prefill and --decode), and the policy is ${settings.policy}: add --policy prefix-aware or drop ${flag}`);
     }
   }
@@ -462,6 +498,8 @@ function refuseWithoutEffect(state: ParseState, given: ReadonlyMap<string, unkno
 
 /** The answer to an argument that is no flag: a value after a switch, a stray word, an unknown option. */
 function notAnOption(arg: string, previous: string | undefined): string {
+  const name = arg.split('=')[0];
+  if (Object.hasOwn(VLLM_ONLY, name)) return `${name} is a vllm serve flag the gateway does not take: ${VLLM_ONLY[name]} (see --help)`;
   if (arg.startsWith('-')) return `unknown option ${JSON.stringify(arg)} (see --help)`;
   const previousFlag = previous !== undefined && Object.hasOwn(FLAGS, previous) ? FLAGS[previous] : undefined;
   if (previousFlag !== undefined && 'switch' in previousFlag) {
@@ -478,7 +516,7 @@ const REPEATABLE: ReadonlySet<string> = new Set(['--upstream', '--upstream-dns',
  */
 const EVERY_UPSTREAM: Readonly<Record<string, string>> = {
   '--dp-size': '; give a server of another size its ranks as URL@RANKS, e.g. http://10.0.0.6:8000@0-3',
-  '--start-rank': '; without --start-rank, each server starts at the first rank of its URL@RANKS',
+  '--start-rank': '; without --start-rank, each server\'s first engine is read from its /metrics at start',
   '--rank-header': '',
 };
 
@@ -497,7 +535,7 @@ function peersOf(state: ParseState, env: NodeJS.ProcessEnv): GatewaySettings['pe
   const { peerListen: listen, peerAddresses: addresses, peerDns: dns } = state;
   if (state.peerRedis) {
     if (listen !== undefined || addresses.length > 0 || dns !== undefined) throw new UsageError('--peer-redis announces through Redis instead of UDP: drop --peer-listen, --peer and --peer-dns');
-    if (state.settings.admission.redisUrl === undefined) throw new UsageError('--peer-redis announces on the --redis server: give --redis URL too');
+    if (state.settings.admission.redisUrl === undefined) throw new UsageError('--peer-redis announces on a Redis server: give its URL in DP_ROUTER_REDIS_URL (or --redis URL)');
     return { addresses: [], redis: true, secret: peerSecret(env, '--peer-redis') };
   }
   if (listen === undefined) {
@@ -541,7 +579,7 @@ function disaggregate(state: ParseState): void {
  * Turns `URL[@RANKS]` specs into upstreams, one per URL. vllm-router names one rank per
  * `URL@RANK` and repeats the URL; here repeats add ranks to the same upstream.
  */
-function mergeUpstreams(specs: readonly string[], dpSize: number, startRank: number | undefined, rankHeader: RankHeaderMode, flag = '--upstream'): UpstreamOptions[] {
+function mergeUpstreams(specs: readonly string[], dpSize: number, startRank: number | undefined, rankHeader: RankHeaderMode, flag = '--upstream'): Array<UpstreamOptions & Pick<GatewayUpstream, 'learnStartRank'>> {
   const byUrl = new Map<string, Set<number>>();
   for (const spec of specs) {
     const { url, ranks } = parseUpstreamSpec(spec, dpSize, startRank, flag);
@@ -551,19 +589,28 @@ function mergeUpstreams(specs: readonly string[], dpSize: number, startRank: num
   }
   return [...byUrl].map(([url, rankSet]) => {
     const ranks = [...rankSet].sort((a, b) => a - b);
-    // A server's start rank is where its ranks begin unless given, as vLLM's
-    // --data-parallel-start-rank is.
+    // A list from 0 is a server whose first engine is 0. Any other list is either some ranks of
+    // an internal-LB server (first engine 0) or a hybrid node's (first engine its start rank):
+    // the list cannot tell, the server's /metrics can (start-rank.ts), unless --start-rank says.
     const start = startRank ?? ranks[0];
     if (start > ranks[0]) throw new UsageError(`${flag} ${redactUrl(url)} routes rank ${ranks[0]}, below --start-rank ${start}`);
-    return { url, startRank: start, dataParallelSize: ranks[ranks.length - 1] - start + 1, ranks, rankHeader };
+    const learn = startRank === undefined && ranks[0] > 0 && rankHeader === 'local';
+    return { url, startRank: start, dataParallelSize: ranks[ranks.length - 1] - start + 1, ranks, rankHeader, ...(learn && { learnStartRank: flag }) };
   });
 }
 
+/**
+ * Why a rank list not starting at 0 needs `--start-rank` when the servers' `/metrics` cannot say
+ * (vLLM reads the header as an index into the engines the server manages; see start-rank.ts).
+ */
+export const START_RANK_UNKNOWN =
+  'the rank header is an index from 0 into the engines that server runs, and its first engine is not known: give --start-rank N (its --data-parallel-start-rank: 0 for `vllm serve --data-parallel-size N`, the node\'s start rank for a hybrid node)';
+
 /** `--upstream-dns` entries by `dns:NAME:PORT` (the key `--model` uses): one given again adds ranks, as a repeated `--upstream` does. */
-function mergeDnsSpecs(specs: readonly string[], dpSize: number, startRank: number | undefined): Map<string, { name: string; port: number; ranks: number[] }> {
+function mergeDnsSpecs(specs: readonly string[], dpSize: number, startRank: number | undefined, rankHeader: RankHeaderMode): Map<string, { name: string; port: number; ranks: number[] }> {
   const entries = new Map<string, { name: string; port: number; ranks: number[] }>();
   for (const spec of specs) {
-    const { name, port, ranks } = parseDnsSpec(spec, dpSize, startRank);
+    const { name, port, ranks } = parseDnsSpec(spec, dpSize, startRank, rankHeader);
     const key = `dns:${name}:${port}`;
     const known = entries.get(key)?.ranks ?? [];
     entries.set(key, { name, port, ranks: [...new Set([...known, ...ranks])].sort((a, b) => a - b) });
@@ -572,7 +619,7 @@ function mergeDnsSpecs(specs: readonly string[], dpSize: number, startRank: numb
 }
 
 /** `NAME:PORT[@RANKS]` of `--upstream-dns`. */
-function parseDnsSpec(spec: string, dpSize: number, startRank: number | undefined): { name: string; port: number; ranks: number[]; explicit: boolean } {
+function parseDnsSpec(spec: string, dpSize: number, startRank: number | undefined, rankHeader?: RankHeaderMode): { name: string; port: number; ranks: number[]; explicit: boolean } {
   const found = /^([A-Za-z0-9_][A-Za-z0-9_.-]*):(\d{1,5})(?:@(.+))?$/.exec(spec);
   if (!found || Number(found[2]) < 1 || Number(found[2]) > 65535) {
     throw new UsageError(`--upstream-dns ${JSON.stringify(spec)} is not NAME:PORT[@RANKS], e.g. vllm.default.svc.cluster.local:8000`);
@@ -580,6 +627,10 @@ function parseDnsSpec(spec: string, dpSize: number, startRank: number | undefine
   const start = startRank ?? 0;
   const ranks = found[3] === undefined ? Array.from({ length: dpSize }, (_, offset) => start + offset) : [...new Set(parseRankList(`--upstream-dns ${JSON.stringify(spec)}`, found[3]))].sort((a, b) => a - b);
   if (startRank !== undefined && startRank > ranks[0]) throw new UsageError(`--upstream-dns ${spec} routes rank ${ranks[0]}, below --start-rank ${startRank}`);
+  // The addresses are not known yet, so no /metrics can say where their engines start.
+  if (startRank === undefined && ranks[0] > 0 && rankHeader === 'local') {
+    throw new UsageError(`--upstream-dns ${spec}: ${START_RANK_UNKNOWN}`);
+  }
   return { name: found[1], port: Number(found[2]), ranks, explicit: found[3] !== undefined };
 }
 

@@ -4,13 +4,14 @@ import type { AddressInfo } from 'node:net';
 import type { Logger as PinoLogger } from 'pino';
 import { pinoHttp } from 'pino-http';
 import { Registry } from 'prom-client';
-import { dpRouter, type AdmissionOptions, type DpRouter, type UpstreamEntry, type UpstreamOptions } from '../lib';
+import { dpRouter, type AdmissionOptions, type DpRouter, type RankHeaderMode, type UpstreamEntry, type UpstreamOptions } from '../lib';
 import { gatewayErrorOf } from '../lib/errors';
 import { redactUrl } from '../lib/upstreams/upstream-url';
 import { DEFAULT_MOCK_PORT, type GatewaySettings } from './cli';
 import { startMockVllm, type MockVllm, type MockVllmOptions } from './mock-vllm';
 import { admissionFromFlags } from './admission';
 import { listenProblem } from './listen-problem';
+import { learnStartRanks } from './start-rank';
 import { servicesSummary } from './startup-line';
 
 /** A running example gateway. */
@@ -36,6 +37,11 @@ export interface RunningGateway {
 export async function startExampleGateway(settings: GatewaySettings, logger?: PinoLogger): Promise<RunningGateway> {
   const pd = settings.disaggregation;
   const embedded = settings.upstreams.length === 0;
+  // Before anything is bound: a server whose engines cannot be told stops the start.
+  const configured = await learnStartRanks(settings.upstreams);
+  // The mock reads the header as vLLM does; --rank-header none or global is sent to it as to any
+  // server, so that what it does (vLLM balancing, for none) can be watched from a laptop.
+  const rankHeader = settings.rankHeader ?? 'local';
   // With --pd the prefill mock publishes the KV events prefix-aware picks prefill ranks on.
   const prefillStart = embedded && pd ? await startMock(settings, { role: 'prefill', connector: pd.connector }) : undefined;
   const mockStart = embedded ? await startMock(settings, pd && { role: 'decode', connector: pd.connector }) : undefined;
@@ -43,18 +49,19 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
   const prefillMock = prefillStart?.mock;
   const mockEvents = prefillMock?.kvEvents ?? mock?.kvEvents;
   const upstreams: UpstreamEntry[] = prefillMock && mock
-    ? [embeddedUpstream(prefillMock, 'mock-prefill', settings.dpSize, 'prefill'), { url: mock.url, name: 'mock-decode', dataParallelSize: settings.dpSize, role: 'decode' }]
+    ? [embeddedUpstream(prefillMock, 'mock-prefill', settings.dpSize, 'prefill', rankHeader), { url: mock.url, name: 'mock-decode', dataParallelSize: settings.dpSize, role: 'decode', rankHeader }]
     : mock
     ? [
         {
           url: mock.url,
           name: 'mock-vllm',
           dataParallelSize: settings.dpSize,
+          rankHeader,
           // Only prefix-aware reads them; the router warns about KV events nothing reads.
           ...(mockEvents && settings.policy === 'prefix-aware' && { kvEvents: { endpoint: mockEvents.endpoints, replayEndpoint: mockEvents.replayEndpoints, topic: mockEvents.topic } }),
         },
       ]
-    : settings.upstreams;
+    : configured;
   const tokenizer = settings.tokenizer ?? mockEvents?.tokenizer;
   const registry = new Registry();
   const peers = settings.peers;
@@ -96,6 +103,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
     app.use(
       pinoHttp({
         logger,
+        redact: { paths: REDACTED_HEADERS, censor: '[Redacted]' },
         customProps: (req) => (req.dpRank ? { dpRank: { upstream: req.dpRank.upstream, rank: req.dpRank.rank, source: req.dpRank.source } } : {}),
         // A 5xx is the gateway's answer (or an upstream's passed through), not a fault of this
         // code: its line carries the vLLM error it answered, not a stack pino-http made up.
@@ -153,6 +161,19 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
   return { server, router, url, mock, prefillMock, summary, close };
 }
 
+/**
+ * Credentials pino-http's default serializers would write with every request and response:
+ * vLLM's `--api-key` arrives as `Authorization: Bearer …`, and a log store is read by more people
+ * than the key is given to. The header stays in the line, its value does not.
+ */
+export const REDACTED_HEADERS = [
+  'req.headers.authorization',
+  'req.headers["proxy-authorization"]',
+  'req.headers.cookie',
+  'req.headers["x-api-key"]',
+  'res.headers["set-cookie"]',
+];
+
 /** pino-http's stand-in for a 5xx without an error: `new Error('failed with status code 502')`. */
 function madeUp(error: Error, status: number): boolean {
   return error.message === `failed with status code ${status}`;
@@ -198,13 +219,14 @@ function hostPort(host: string, port: number): string {
 }
 
 /** An embedded mock as an upstream, subscribed to its KV events when it publishes them. */
-function embeddedUpstream(mock: MockVllm, name: string, dpSize: number, role: 'prefill' | 'both'): UpstreamOptions {
+function embeddedUpstream(mock: MockVllm, name: string, dpSize: number, role: 'prefill' | 'both', rankHeader: RankHeaderMode): UpstreamOptions {
   const events = mock.kvEvents;
   return {
     url: mock.url,
     name,
     dataParallelSize: dpSize,
     role,
+    rankHeader,
     ...(mock.bootstrapPort !== undefined && { bootstrapPort: mock.bootstrapPort }),
     ...(events && { kvEvents: { endpoint: events.endpoints, replayEndpoint: events.replayEndpoints, topic: events.topic } }),
   };
@@ -216,7 +238,7 @@ function describe(url: string, upstreams: readonly UpstreamEntry[], settings: Ga
       const where = 'dns' in upstream && upstream.dns !== undefined ? `every address of ${upstream.dns.name}:${upstream.dns.port}` : mock ? `embedded mock vLLM ${upstream.url}` : redactUrl(upstream.url!);
       const models = upstream.models === undefined ? '' : `, models ${upstream.models.join(', ')}`;
       const role = upstream.role && upstream.role !== 'both' ? `, ${upstream.role}` : '';
-      return `${where} ranks ${rankList(upstream)} (${upstream.rankHeader ?? 'local'} header${models}${role})`;
+      return `${where} ranks ${rankList(upstream)} (${headerList(upstream)}${models}${role})`;
     })
     .join(', ');
   const hints = settings.trustHints ? `hints trusted, invalid → ${settings.onInvalid}` : 'hints untrusted';
@@ -225,9 +247,24 @@ function describe(url: string, upstreams: readonly UpstreamEntry[], settings: Ga
   return `express-dp-router listening on ${url} → ${targets}; policy ${settings.policy}${exact}${pd}; ${hints}${servicesSummary(settings, admission)}; metrics at ${url}/metrics`;
 }
 
-function rankList(upstream: UpstreamEntry): string {
+function ranksOf(upstream: UpstreamEntry): number[] {
   const start = upstream.startRank ?? 0;
-  const ranks = upstream.ranks ?? Array.from({ length: upstream.dataParallelSize ?? 1 }, (_, offset) => start + offset);
+  return [...(upstream.ranks ?? Array.from({ length: upstream.dataParallelSize ?? 1 }, (_, offset) => start + offset))];
+}
+
+function rankList(upstream: UpstreamEntry): string {
+  return shortList(ranksOf(upstream));
+}
+
+/** What each rank is sent as, in the ranks' order: `X-data-parallel-rank 0-3` for ranks 4-7 of a node starting at 4. */
+function headerList(upstream: UpstreamEntry): string {
+  const mode = upstream.rankHeader ?? 'local';
+  if (mode === 'none') return 'no rank header';
+  const start = mode === 'global' ? 0 : upstream.startRank ?? 0;
+  return `X-data-parallel-rank ${shortList(ranksOf(upstream).map((rank) => rank - start))}${mode === 'global' ? ', global' : ''}`;
+}
+
+function shortList(ranks: readonly number[]): string {
   const contiguous = ranks.every((rank, index) => index === 0 || rank === ranks[index - 1] + 1);
   return contiguous && ranks.length > 2 ? `${ranks[0]}-${ranks[ranks.length - 1]}` : ranks.join(',');
 }

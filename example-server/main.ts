@@ -36,10 +36,17 @@ async function main(): Promise<void> {
   const gateway = await startExampleGateway(settings, logger);
   logger.info({ otlpEndpoint: settings.otlpEndpoint && redactUrl(settings.otlpEndpoint) }, gateway.summary);
 
-  // A terminal's Ctrl-C reaches every process of the group, and tsx (`npm start`) may forward
-  // it once more: the second signal during a drain is ignored, the third forces an exit.
+  // A terminal's Ctrl-C reaches every process of the group, and npm (`npm start`, whose script
+  // execs node so that a SIGTERM to npm alone reaches it) forwards it once more: copies of one
+  // signal within SAME_SIGNAL_MS are one. The second signal during a drain is ignored, the
+  // third forces an exit.
   let signals = 0;
+  const last = new Map<NodeJS.Signals, number>();
   const shutdown = (signal: NodeJS.Signals) => {
+    const now = Date.now();
+    const copy = now - (last.get(signal) ?? -Infinity) < SAME_SIGNAL_MS;
+    last.set(signal, now);
+    if (copy) return;
     signals++;
     if (signals === 2) {
       logger.warn(`express-dp-router: ${signal} again: still draining in-flight requests (a third signal forces an exit)`);
@@ -61,6 +68,9 @@ async function main(): Promise<void> {
   process.on('SIGINT', shutdown);
   process.on('SIGTERM', shutdown);
 }
+
+/** How close two deliveries of one signal are to be one: npm forwards what the terminal sent the whole group. */
+const SAME_SIGNAL_MS = 250;
 
 /** Pretty lines for a person at a terminal, JSON lines for a log collector. */
 function createLogger(settings: GatewaySettings): Logger {

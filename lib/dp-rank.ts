@@ -2,7 +2,7 @@ import { parseOptions, type DpRankOptions } from './options';
 import { HandOn } from './request/hand-on';
 import { RequestLifecycle } from './request/lifecycle';
 import { routerOf, type Middleware, type RoutingHelpers } from './routing';
-import { RouterServices } from './services';
+import { RouterServices } from './compose/services';
 
 /** `dpRank()`'s middleware: decides the rank and leaves the proxying to you. */
 export type DpRank = Middleware & RoutingHelpers;

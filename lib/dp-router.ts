@@ -3,7 +3,8 @@ import { Forwarder } from './forward/forwarder';
 import { parseOptions, type DpRouterOptions } from './options';
 import { RequestLifecycle } from './request/lifecycle';
 import { routerOf, type Middleware, type RoutingHelpers } from './routing';
-import { RouterServices } from './services';
+import { RouterServices } from './compose/services';
+import { PrefillPool } from './compose/prefill-pool';
 
 /** The router: Express middleware with its metrics handler, registry, snapshot and `close()`. */
 export type DpRouter = Middleware & RoutingHelpers;
@@ -23,7 +24,7 @@ export function dpRouter(options: DpRouterOptions): DpRouter {
   const services = new RouterServices(config);
   const forwarder = new Forwarder(services);
   // With `disaggregation`, generations split into a prefill leg and the forwarder's decode leg.
-  const terminal = config.disaggregation ? new DisaggregatedTerminal(services, forwarder) : forwarder;
+  const terminal = config.disaggregation ? new DisaggregatedTerminal(services, forwarder, new PrefillPool(config, services.registry, services.tracing)) : forwarder;
   const lifecycle = new RequestLifecycle(services, terminal);
   return routerOf(services, lifecycle, terminal);
 }

@@ -1,4 +1,4 @@
-import { parseMaxBodyBytes, parseMaxBufferedBytes, type BodyLimitOptions } from './request/body-budget';
+import { parseMaxBodyBytes, parseMaxBufferedBytes, type BodyLimitOptions } from './http/body-budget';
 import { parseLoadFeedback, type LoadFeedbackConfig, type LoadFeedbackOptions } from './upstreams/engine-watch-options';
 import { parseHealthCheck, type HealthCheckConfig, type HealthCheckOptions } from './upstreams/health-checker-options';
 import { parseHints, RANK_HEADER, type HintConfig, type HintOptions } from './request/hint-options';
@@ -13,7 +13,7 @@ import { parseAdmission, type AdmissionOptions, type AdmissionSettings } from '.
 import { parseAffinity, type AffinityConfig, type AffinityOptions } from './policies/session-affinity-options';
 import { parseRetries, type RetryConfig, type RetryOptions } from './forward/retry-options';
 import { parseRequestBuffering, type BufferingConfig, type RequestBufferingOptions } from './request/buffering-options';
-import { parseTimeouts, type BodyTimeoutOptions, type TimeoutConfig, type TimeoutOptions } from './forward/timeout-options';
+import { parseTimeouts, type BodyTimeoutOptions, type TimeoutConfig, type TimeoutOptions } from './http/timeout-options';
 import type { Policy, PolicyName } from './types';
 import { parseUpstreams, type UpstreamConfig, type UpstreamEntry } from './upstreams/upstream-options';
 import { parseDisaggregation, type DisaggregationConfig, type DisaggregationOptions } from './disaggregation/options';

@@ -105,6 +105,14 @@ describe('parseCommandLine', () => {
     await expect(startExampleGateway(settings, pino({ level: 'silent' }))).rejects.toThrow(/`prefixAware\.chatTemplateKwargs\.tokenize` is not a template variable/);
   });
 
+  it('48.11: refuses --default-chat-template-kwargs where no prefix-aware policy renders chat requests, and takes --rank-header for the embedded mock too', () => {
+    expect(() => parse('--default-chat-template-kwargs', '{"enable_thinking": false}')).toThrow(
+      '--default-chat-template-kwargs is read only by --policy prefix-aware (or --pd, --prefill and --decode), and the policy is least-outstanding: add --policy prefix-aware or drop --default-chat-template-kwargs',
+    );
+    expect(parse('--pd', '--default-chat-template-kwargs', '{"enable_thinking": false}').chatTemplateKwargs).toEqual({ enable_thinking: false });
+    expect(parse('--rank-header', 'none')).toMatchObject({ upstreams: [], rankHeader: 'none' });
+  });
+
   it('reads the log level from LOG_LEVEL, and --log-level over it, and the OTLP endpoint', () => {
     expect((parseCommandLine([], { LOG_LEVEL: 'debug' }) as GatewaySettings).logLevel).toBe('debug');
     expect((parseCommandLine(['--log-level', 'warn'], { LOG_LEVEL: 'debug' }) as GatewaySettings).logLevel).toBe('warn');
@@ -200,7 +208,7 @@ describe('parseCommandLine', () => {
     const env = { DP_ROUTER_PEER_SECRET: 'a secret of the replicas' };
     const settings = parseCommandLine(['--redis', 'redis://127.0.0.1:6379', '--peer-redis'], env);
     expect(settings).toMatchObject({ peers: { redis: true, addresses: [], secret: 'a secret of the replicas' }, admission: { redisUrl: 'redis://127.0.0.1:6379' } });
-    expect(() => parseCommandLine(['--peer-redis'], env)).toThrow(/--peer-redis announces on the --redis server: give --redis URL too/);
+    expect(() => parseCommandLine(['--peer-redis'], env)).toThrow(/--peer-redis announces on a Redis server: give its URL in DP_ROUTER_REDIS_URL \(or --redis URL\)/);
     expect(() => parseCommandLine(['--redis', 'redis://127.0.0.1:6379', '--peer-redis'], {})).toThrow(/--peer-redis needs the replicas' shared secret in DP_ROUTER_PEER_SECRET/);
     expect(() => parseCommandLine(['--redis', 'redis://127.0.0.1:6379', '--peer-redis', '--peer-listen', '0.0.0.0:7946', '--peer', '10.0.0.5:7946'], env)).toThrow(/drop --peer-listen/);
   });
@@ -234,7 +242,8 @@ describe('parseCommandLine', () => {
   });
 
   it('names --upstream-dns upstreams NAME/ADDRESS (NAME:PORT/ADDRESS for a name given with two ports), and merges a NAME:PORT given again', () => {
-    const { upstreams } = parse('--upstream-dns', 'a.test:8000@0', '--upstream-dns', 'a.test:8001', '--upstream-dns', 'b.test:8000@1', '--upstream-dns', 'b.test:8000@3', '--model', 'm', '--dp-size', '1');
+    // --start-rank 0: b.test's pods are internal-LB servers whose ranks 1 and 3 are routed (48.2).
+    const { upstreams } = parse('--upstream-dns', 'a.test:8000@0', '--upstream-dns', 'a.test:8001', '--upstream-dns', 'b.test:8000@1', '--upstream-dns', 'b.test:8000@3', '--model', 'm', '--dp-size', '1', '--start-rank', '0');
     expect(upstreams.map((upstream) => [upstream.name, upstream.ranks, upstream.models])).toEqual([
       ['a.test:8000', [0], undefined],
       ['a.test:8001', [0], undefined],

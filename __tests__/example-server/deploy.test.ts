@@ -394,6 +394,21 @@ describe('Kubernetes manifests', () => {
     expect(manifest(file).map((document) => [document.apiVersion, document.kind])).toEqual(expected);
   });
 
+  it('48.16: deploy the image tag the Dockerfile\'s build command makes, the package\'s version', () => {
+    const dockerfile = readFileSync(path.join(REPO, DOCKERFILE), 'utf8');
+    const built = [...dockerfile.matchAll(/^#\s+docker build .*-t (\S+) \.$/gm)].map((match) => match[1]);
+    const run = [...dockerfile.matchAll(/^#\s+docker run .* -p 30000:30000 (\S+)/gm)].map((match) => match[1]);
+    const version = (JSON.parse(readFileSync(path.join(REPO, 'package.json'), 'utf8')) as { version: string }).version;
+    expect(built).toEqual([`express-dp-router-gateway:${version}`]);
+    expect(new Set(run)).toEqual(new Set(built));
+    const images = Object.keys(MANIFESTS).flatMap((file) =>
+      manifest(file).flatMap((document) => (document.spec?.template?.spec?.containers ?? []).map((container: { image: string }) => container.image)),
+    );
+    const gateways = images.filter((image) => image.startsWith('express-dp-router-gateway'));
+    expect(gateways.length).toBeGreaterThan(0);
+    expect(new Set(gateways)).toEqual(new Set([`express-dp-router-gateway:${version}`]));
+  });
+
   it('name no kind and name twice (a pasted copy of a whole document)', () => {
     const names = Object.keys(MANIFESTS).flatMap((file) => manifest(file).map((document) => `${document.kind}/${document.metadata?.name ?? file}`));
     expect(names.length).toBe(new Set(names).size);
@@ -624,7 +639,8 @@ describe('example-server/Dockerfile', () => {
   const compile = () => stages[0].instructions.find((instruction) => instruction.keyword === 'RUN' && /^npx tsc /.test(instruction.args))!;
   const npmStart = () => {
     const start = JSON.parse(readFileSync(path.join(REPO, 'package.json'), 'utf8')).scripts.start as string;
-    const match = /^(?:tsx|node --import tsx) (\S+)\.ts$/.exec(start);
+    // `exec`: the shell npm runs the script in gives way to node, which then gets npm's SIGTERM.
+    const match = /^(?:exec )?(?:tsx|node --import tsx) (\S+)\.ts$/.exec(start);
     if (!match) throw new Error(`npm start is ${JSON.stringify(start)}; teach this test what it runs`);
     return match[1];
   };

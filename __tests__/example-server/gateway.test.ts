@@ -6,9 +6,11 @@ import pino from 'pino';
 import request from 'supertest';
 import { parseCommandLine, type GatewaySettings } from '../../example-server/cli';
 import { startExampleGateway, startMockOnPort, type RunningGateway } from '../../example-server/gateway';
+import { startMockVllm } from '../../example-server/mock-vllm';
 import { expressMajor, serve } from '../helpers/app';
+import { startRedis } from '../helpers/redis';
 import { freeUdpPort } from '../helpers/udp';
-import { waitFor } from '../helpers/wait';
+import { sleep, waitFor } from '../helpers/wait';
 
 const ROOT = join(__dirname, '..', '..');
 const TSX = join(ROOT, 'node_modules', '.bin', 'tsx');
@@ -143,10 +145,15 @@ describeProcess('npm start (the process)', () => {
 
   it('under npm start, ignores a second Ctrl-C to the process group during the drain and exits on a third', async () => {
     // `npm start` in a process group of its own, as a terminal runs a job: each Ctrl-C is a
-    // SIGINT to every process of the group (npm, its shell, the gateway).
+    // SIGINT to every process of the group (npm and the gateway it execs), and npm forwards its
+    // copy to the gateway. Presses come a human's 0.6 s apart: copies of one press arrive
+    // within the gateway's SAME_SIGNAL_MS.
     const child = spawn('npm', ['start', '--silent', '--', '--port', '0', '--mock-decode-ms', '100'], { cwd: ROOT, detached: true });
     const done = exited(child);
-    const interruptGroup = () => process.kill(-child.pid!, 'SIGINT');
+    const interruptGroup = async () => {
+      await sleep(600);
+      process.kill(-child.pid!, 'SIGINT');
+    };
     let out = '';
     child.stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
     const printed = (pattern: RegExp) =>
@@ -173,13 +180,13 @@ describeProcess('npm start (the process)', () => {
     };
     // 2 s and 40 s of tokens: the short one drains, the long one is still running at the third.
     const [{ rest: short }, { rest: long }] = await Promise.all([stream(20), stream(400)]);
-    interruptGroup();
+    await interruptGroup();
     await printed(/SIGINT: draining in-flight requests/);
-    interruptGroup();
+    await interruptGroup();
     await printed(/SIGINT again: still draining in-flight requests \(a third signal forces an exit\)/);
     expect((await short).trimEnd().endsWith('data: [DONE]')).toBe(true);
     expect(out).not.toMatch(/forcing/);
-    interruptGroup();
+    await interruptGroup();
     await done;
     expect(out).toMatch(/SIGINT: forcing an exit, in-flight requests are cut/);
     expect(await long).not.toContain('data: [DONE]');
@@ -348,6 +355,86 @@ describe('the start-up line', () => {
   });
 });
 
+describe('--rank-header with the embedded mock', () => {
+  it('48.11: --rank-header none reaches the mock, which balances its engines itself, and route receipts say the header is not honoured', async () => {
+    const lines: string[] = [];
+    const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(line) });
+    const gateway = await startExampleGateway(parseCommandLine(['--port', '0', '--policy', 'prefix-aware', '--rank-header', 'none']) as GatewaySettings, logger);
+    try {
+      expect(gateway.summary).toContain('ranks 0-3 (no rank header)');
+      const unhonoured = () => lines.find((line) => line.includes("upstream 'mock-vllm' does not honour the rank header"));
+      // Prompts of their own (new blocks each), as many as receipts need for a verdict.
+      for (let index = 0; index < 40 && unhonoured() === undefined; index++) {
+        const response = await fetch(`${gateway.url}/v1/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ model: 'mock-model', prompt: `request ${index}: ${'a distinct prompt that fills several blocks '.repeat(8)}`, max_tokens: 2 }),
+        });
+        expect(response.status).toBe(200);
+        await response.arrayBuffer();
+      }
+      await waitFor(() => unhonoured() !== undefined, 10_000, () => `no verdict in ${lines.length} lines`);
+      expect(JSON.parse(unhonoured()!)).toMatchObject({ level: 50, msg: expect.stringContaining("`rankHeader: 'none'` sends no rank header") });
+      const generations = gateway.mock!.stats().requests.filter((record) => record.path === '/v1/completions');
+      expect(generations.length).toBeGreaterThan(0);
+      expect(generations.every((record) => record.rankHeaders.length === 0)).toBe(true);
+    } finally {
+      await gateway.close();
+    }
+  });
+});
+
+describe('discovery with --model and --discover', () => {
+  it('48.16: logs at info, naming /v1/models only for what the server listed and the configuration for --model', async () => {
+    const lines: Array<{ level: number; msg: string }> = [];
+    const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line) as { level: number; msg: string }) });
+    const mock = await startMockVllm({ dataParallelSize: 4, port: 0 });
+    // Eight ranks configured, four served: discovery narrows to what the server runs.
+    const settings = parseCommandLine(['--port', '0', '--upstream', mock.url, '--model', 'configured-model', '--discover', '--dp-size', '8']) as GatewaySettings;
+    const gateway = await startExampleGateway(settings, logger);
+    try {
+      const news = () => lines.filter((line) => / by its \/(v1\/models|metrics)\b/.test(line.msg));
+      await waitFor(() => news().length === 2, 10_000, () => JSON.stringify(lines));
+      expect(news().sort((a, b) => a.msg.localeCompare(b.msg))).toEqual([
+        { level: 30, msg: `express-dp-router: upstream '${mock.url}' serves mock-model by its /v1/models and configured-model by its configuration; routing those models to it.`, time: expect.any(Number), pid: expect.any(Number), hostname: expect.any(String) },
+        expect.objectContaining({ level: 30, msg: `express-dp-router: upstream '${mock.url}' serves ranks 0, 1, 2, 3 by its /metrics (was: 0, 1, 2, 3, 4, 5, 6, 7); routing to those now.` }),
+      ]);
+    } finally {
+      await gateway.close();
+      await mock.close();
+    }
+  });
+});
+
+describe('--peer-redis', () => {
+  it('48.4: takes the Redis URL from DP_ROUTER_REDIS_URL, announces on its channel, and the start-up line says Redis, never the password', async () => {
+    const redis = await startRedis(undefined, ['--requirepass', 'redis-pw-s3cret']);
+    const { default: Redis } = await import('ioredis');
+    const listener = new Redis(`redis://:redis-pw-s3cret@127.0.0.1:${redis.port}`);
+    try {
+      const heard = new Promise<string>((resolve) => listener.on('message', (channel: string) => resolve(channel)));
+      await listener.subscribe('dp-router:peers');
+      const env = { DP_ROUTER_REDIS_URL: `redis://:redis-pw-s3cret@127.0.0.1:${redis.port}`, DP_ROUTER_PEER_SECRET: 'a secret of the replicas' };
+      const settings = parseCommandLine(['--port', '0', '--peer-redis'], env) as GatewaySettings;
+      const gateway = await startExampleGateway(settings);
+      try {
+        expect(gateway.summary).toContain(`; peers: Redis pub/sub on redis://***@127.0.0.1:${redis.port}, channel dp-router:peers; metrics at`);
+        expect(gateway.summary).not.toMatch(/UDP|s3cret|undefined/);
+        // The replica's heartbeat, published with the password from the environment.
+        expect(await heard).toBe('dp-router:peers');
+        // Only what uses Redis reads the variable: it turns no admission on.
+        expect(settings.admission).toEqual({ redisUrl: env.DP_ROUTER_REDIS_URL });
+        expect(gateway.summary).not.toContain('admission');
+      } finally {
+        await gateway.close();
+      }
+    } finally {
+      listener.disconnect();
+      await redis.stop();
+    }
+  });
+});
+
 describe("the gateway's own port", () => {
   it('taken, is an error naming the gateway, its address and the flag or variable that moves it', async () => {
     const holder = await serve(() => undefined);
@@ -364,6 +451,42 @@ describe("the gateway's own port", () => {
 });
 
 describe("the example gateway's access log", () => {
+  it('48.1: writes no Authorization, Proxy-Authorization, Cookie, x-api-key or Set-Cookie value, only that the header was there', async () => {
+    const lines: string[] = [];
+    const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(line) });
+    // An upstream that sets a session cookie, as a login proxy in front of vLLM may.
+    const upstream = await serve((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json', 'set-cookie': 'session=cookie-from-upstream-s3cret; HttpOnly' });
+      res.end('{"choices":[]}');
+    });
+    const gateway = await startExampleGateway(parseCommandLine(['--port', '0', '--upstream', upstream.url, '--dp-size', '1']) as GatewaySettings, logger);
+    try {
+      const response = await fetch(`${gateway.url}/v1/completions`, {
+        method: 'POST',
+        headers: {
+          'content-type': 'application/json',
+          authorization: 'Bearer sk-vllm-api-key-s3cret',
+          'proxy-authorization': 'Basic cHJveHk6czNjcmV0',
+          cookie: 'session=client-cookie-s3cret',
+          'x-api-key': 'x-api-key-s3cret',
+          'x-tenant-id': 'team-a',
+        },
+        body: '{"model":"m","prompt":"hi"}',
+      });
+      expect(response.status).toBe(200);
+      expect(response.headers.get('set-cookie')).toContain('cookie-from-upstream-s3cret');
+      await response.arrayBuffer();
+      await waitFor(() => lines.some((line) => line.includes('"res":')));
+      const access = JSON.parse(lines.find((line) => line.includes('"res":'))!) as { req: { headers: Record<string, string> }; res: { headers: Record<string, string> } };
+      expect(lines.join('\n')).not.toMatch(/s3cret|cHJveHk6czNjcmV0/);
+      expect(access.req.headers).toMatchObject({ authorization: '[Redacted]', 'proxy-authorization': '[Redacted]', cookie: '[Redacted]', 'x-api-key': '[Redacted]', 'x-tenant-id': 'team-a' });
+      expect(access.res.headers['set-cookie']).toBe('[Redacted]');
+    } finally {
+      await gateway.close();
+      await upstream.close();
+    }
+  });
+
   it('logs a gateway 502 with the vLLM error it answered, not a stack', async () => {
     const lines: Array<Record<string, unknown>> = [];
     const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) });

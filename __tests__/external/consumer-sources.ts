@@ -305,3 +305,17 @@ const router: DpRouter = dpRouter({ upstreams: [{ url: 'http://127.0.0.1:8000', 
 app.get('/metrics', router.metrics);
 app.use(router);
 `;
+
+/** A router asked for exact prefix routing where none of its optional packages is installed: what creating it throws. */
+export const EXACT_ROUTING_CONSUMER = `const { dpRouter } = require('express-dp-router');
+try {
+  dpRouter({
+    upstreams: [{ url: 'http://127.0.0.1:9', dataParallelSize: 2, kvEvents: { endpoint: 'tcp://127.0.0.1:5557' } }],
+    policy: 'prefix-aware',
+    prefixAware: { tokenizer: process.argv[2] },
+  });
+  console.log(JSON.stringify({ created: true }));
+} catch (error) {
+  console.log(JSON.stringify({ name: error.name, code: error.code, message: error.message }));
+}
+`;

@@ -8,6 +8,7 @@ import packageJson from '../../package.json';
 import {
   CJS_CONSUMER,
   ESM_CONSUMER,
+  EXACT_ROUTING_CONSUMER,
   SCENARIO_CJS,
   TS_CJS_CONSUMER,
   TS_CONFIG,
@@ -150,6 +151,7 @@ beforeAll(async () => {
   write('shared/scenario.cjs', SCENARIO_CJS);
   write('cjs/package.json', '{ "type": "commonjs" }');
   write('cjs/index.js', CJS_CONSUMER);
+  write('cjs/exact.js', EXACT_ROUTING_CONSUMER);
   write('esm/package.json', '{ "type": "module" }');
   write('esm/index.js', ESM_CONSUMER);
   write('ts/package.json', '{ "type": "module" }');
@@ -274,6 +276,22 @@ describe('TypeScript consumer with the compiler\'s defaults (no target: ES5, dec
     'compiles the README\'s "Mount it" without an error',
     async () => {
       expect(await finished(tscDefaultRun)).toEqual([]);
+    },
+    SLOW,
+  );
+});
+
+describe('a consumer without the optional packages of exact routing', () => {
+  it(
+    '48.14: is told every missing package in one line, with one install command and no require stack',
+    async () => {
+      const tokenizer = join(repo, 'example-server', 'mock-vllm', 'tokenizer');
+      const { stdout } = await run(process.execPath, [join(workspace, 'cjs', 'exact.js'), tokenizer], { cwd: workspace, timeout: 20_000 });
+      const thrown = JSON.parse(stdout) as { name: string; code: string; message: string };
+      expect(thrown).toMatchObject({ name: 'OptionError', code: 'ERR_DPR_OPTION' });
+      expect(thrown.message).not.toContain('\n');
+      expect(thrown.message).not.toMatch(/Require stack|node_modules/);
+      expect(thrown.message).toMatch(/^express-dp-router: `prefixAware\.tokenizer` cannot be read: Tokenizing prompts needs the optional package "@huggingface\/tokenizers", which is not installed; "zeromq" and "@huggingface\/jinja" are not installed either\. Install them with: npm install zeromq @huggingface\/tokenizers @huggingface\/jinja\.$/);
     },
     SLOW,
   );

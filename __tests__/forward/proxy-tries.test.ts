@@ -6,7 +6,7 @@ import { sendError } from '../../lib/errors';
 import { createUpstreamProxy, type TryOutcomes, type UpstreamProxy } from '../../lib/forward/proxy';
 import { parseOptions } from '../../lib/options';
 import { RouteState, type RouteReports } from '../../lib/request/route-state';
-import { RouterServices } from '../../lib/services';
+import { RouterServices } from '../../lib/compose/services';
 import { exchange, serve, startEchoUpstream, waitFor, type EchoUpstream } from '../helpers';
 
 const running: Array<{ close(): Promise<void> }> = [];
@@ -21,7 +21,7 @@ afterEach(async () => {
 async function start(urls: readonly string[]) {
   const registry = new Registry();
   const services = new RouterServices(parseOptions({ upstreams: urls.map((url, index) => ({ url, name: `u${index}` })), metrics: { registry } }, 'dpRouter'));
-  const reports: RouteReports = { config: services.config, metrics: services.metrics, events: services.events, freed: undefined, peers: undefined };
+  const reports: RouteReports = { config: services.config, events: services.events, hooks: services.hooks };
   const proxies: UpstreamProxy[] = [];
   const outcomes: TryOutcomes = {
     answered: (route) => route.responding(),

@@ -9,9 +9,10 @@ export interface TestRedis {
   stop(): Promise<void>;
 }
 
-export async function startRedis(port?: number): Promise<TestRedis> {
+/** `args`: more of redis-server's own flags, e.g. `['--requirepass', 'pw']`. */
+export async function startRedis(port?: number, args: readonly string[] = []): Promise<TestRedis> {
   const chosen = port ?? (await freePort());
-  const child: ChildProcess = spawn('redis-server', ['--port', String(chosen), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const child: ChildProcess = spawn('redis-server', ['--port', String(chosen), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
   let output = '';
   let killed = false;
   child.stdout!.on('data', (chunk: Buffer) => (output += chunk.toString()));

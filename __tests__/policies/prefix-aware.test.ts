@@ -1,6 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import { OptionError, type PrefixAwareOptions } from '../../lib';
-import { ExactPick } from '../../lib/exact-prefix/index/exact-pick';
+import { ExactPick } from '../../lib/policies/exact-pick';
 import { BlockIndex, prefixAware, type PrefixPickContext } from '../../lib/policies/prefix-aware';
 import type { Endpoint, PickContext, Policy } from '../../lib/types';
 

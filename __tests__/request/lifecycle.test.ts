@@ -6,7 +6,7 @@ import { sendError } from '../../lib/errors';
 import { parseOptions } from '../../lib/options';
 import { RequestLifecycle, type Next, type Terminal } from '../../lib/request/lifecycle';
 import type { RouteState, RoutedRequest } from '../../lib/request/route-state';
-import { RouterServices } from '../../lib/services';
+import { RouterServices } from '../../lib/compose/services';
 import type { RouteEndpoint } from '../../lib/upstreams/endpoints';
 import { exchange, metricValue, serve } from '../helpers';
 

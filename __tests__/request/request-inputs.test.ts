@@ -3,7 +3,7 @@ import type { IncomingMessage } from 'node:http';
 import type { Options } from '../../lib';
 import { parseOptions } from '../../lib/options';
 import { buildPolicy } from '../../lib/policies/by-name';
-import { BodyBudget } from '../../lib/request/body-budget';
+import { BodyBudget } from '../../lib/http/body-budget';
 import { createRequestInputs, NO_HINT, type RequestInputs } from '../../lib/request/request-inputs';
 import { EndpointTable } from '../../lib/upstreams/endpoints';
 import { exchange, serve } from '../helpers';

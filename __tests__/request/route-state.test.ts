@@ -4,9 +4,9 @@ import { Registry } from 'prom-client';
 import type { RouterEvents } from '../../lib/observe/events';
 import { parseOptions } from '../../lib/options';
 import { DECISION_HEADER, RouteState, type RouteReports } from '../../lib/request/route-state';
-import { RankDecision } from '../../lib/request/rank-decision';
-import { RouterServices } from '../../lib/services';
-import { BodyBudget } from '../../lib/request/body-budget';
+import { RankDecision } from '../../lib/upstreams/rank-decision';
+import { RouterServices } from '../../lib/compose/services';
+import { BodyBudget } from '../../lib/http/body-budget';
 import { exchange, metricValue, serve } from '../helpers';
 
 const running: Array<{ close(): Promise<void> }> = [];
@@ -28,7 +28,7 @@ async function start(handle: (req: IncomingMessage, res: ServerResponse, reports
     ejected: (endpoint) => told.push(`ejected ${endpoint.key}`),
     healthChanged: (endpoints, up) => told.push(`health ${endpoints.length} ${up}`),
   };
-  const reports: RouteReports = { config: services.config, metrics: services.metrics, events, freed: undefined, peers: undefined };
+  const reports: RouteReports = { config: services.config, events, hooks: services.hooks };
   const server = await serve((req, res) => handle(req, res, reports, services));
   running.push({ close: async () => (await server.close(), await services.close()) });
   return { ...server, services, registry, told };

@@ -27,11 +27,12 @@ describe('rank discovery', () => {
     const mock = await startMockVllm({ dataParallelSize: 4, startRank: 4 });
     started.push(mock);
     const warnings: string[] = [];
+    const notices: string[] = [];
     {
       const gateway = await startGateway({
         upstreams: [{ url: mock.url, name: 'node-b', discover: { intervalMs: 50 } }],
         policy: 'round-robin',
-        logger: { warn: (message) => warnings.push(message) },
+        logger: { warn: (message) => warnings.push(message), info: (_fields, message) => notices.push(message) },
       });
       started.push(gateway);
       await waitFor(() => gateway.router.endpoints().length === 4);
@@ -47,11 +48,12 @@ describe('rank discovery', () => {
       expect(sumSamples(samples, 'dp_router_requests_total', { rank: '0' })).toBe(0);
       expect(samples.some((sample) => sample.name === 'dp_router_requests_total' && sample.labels.rank === '0')).toBe(false);
       expect(sumSamples(samples, 'dp_router_requests_total', { upstream: 'node-b' })).toBe(8);
-      // Three more polls of the same report: none warns again. (`discover` also reads the
-      // models the server lists, and says so once.)
+      // Three more polls of the same report: none says so again. (`discover` also reads the
+      // models the server lists, and says so once.) Routine news, at info (48.16).
       const before = polls(mock);
       await waitFor(() => polls(mock) >= before + 3);
-      expect(warnings).toEqual([
+      expect(warnings).toEqual([]);
+      expect(notices).toEqual([
         "express-dp-router: upstream 'node-b' serves ranks 4, 5, 6, 7 by its /metrics (was: 0); routing to those now.",
         "express-dp-router: upstream 'node-b' serves mock-model by its /v1/models; routing those models to it.",
       ]);

@@ -1,6 +1,6 @@
 import type { KvEvent } from '../../lib/exact-prefix/events/decode';
 import { KvExactIndex } from '../../lib/exact-prefix/index/exact-index';
-import { ExactPick } from '../../lib/exact-prefix/index/exact-pick';
+import { ExactPick } from '../../lib/policies/exact-pick';
 import { prefixAware, type PrefixAwareOptions, type PrefixAwarePolicy, type PrefixPickContext } from '../../lib/policies/prefix-aware';
 import type { Endpoint, PickContext, Policy } from '../../lib/types';
 import type { SimRank } from '../routing/rank';

@@ -183,9 +183,14 @@ export async function runMockCommand(argv: readonly string[]): Promise<void> {
   const ranks = `${start}-${start + count - 1} (X-data-parallel-rank 0-${count - 1})`;
   const events = mock.kvEvents ? `; KV events from ${mock.kvEvents.endpoints[0]} (rank ${start}; +1 per rank), replay ${mock.kvEvents.replayEndpoints[0]}` : '';
   process.stdout.write(`mock vLLM listening on ${mock.url}: model ${options.model ?? 'mock-model'}, ranks ${ranks}${events}\n`);
+  // A terminal's Ctrl-C reaches the mock twice under `npm run mock` (from the terminal, and
+  // forwarded by npm): the first closes it, the others wait for that.
+  let stopping = false;
   const stop = () => {
+    if (stopping) return;
+    stopping = true;
     void mock.close().then(() => process.exit(0));
   };
-  process.once('SIGINT', stop);
-  process.once('SIGTERM', stop);
+  process.on('SIGINT', stop);
+  process.on('SIGTERM', stop);
 }

@@ -4,7 +4,7 @@
  * gets the client's bytes as they came except for `kv_transfer_params` (vLLM's Rust front end
  * refuses a repeated member, so a member is replaced, never appended twice).
  */
-import { decodeField, isObjectText, scanFields, type FieldScan, type JsonField } from '../request/json-fields';
+import { decodeField, isObjectText, scanFields, type FieldScan, type JsonField } from '../http/json-fields';
 
 const SPACE = new Set([0x20, 0x09, 0x0a, 0x0d]);
 const encode = (name: string) => Buffer.from(name);

@@ -5,6 +5,9 @@ import type { UpstreamConfig } from '../upstreams/upstream-options';
 
 /** How the KV cache moves from the prefill rank to the decode rank (vLLM's `kv_connector`). */
 export type Connector = 'nixl' | 'mooncake';
+
+/** The header a trusted caller names the prefill rank with (the rank header names the decode rank). */
+export const PREFILL_HINT_HEADER = 'x-data-parallel-prefill-rank';
 /** What a request gets when its prefill leg fails. */
 export type PrefillFailureMode = 'decode-only' | 'fail';
 
@@ -88,15 +91,6 @@ export function checkPools(path: string, upstreams: readonly UpstreamConfig[]): 
   }
 }
 
-/** The prefill pool: what serves the prefill leg. */
-export function prefillPool(upstreams: readonly UpstreamConfig[]): UpstreamConfig[] {
-  return upstreams.filter((upstream) => upstream.role !== 'decode');
-}
-
-/** The decode pool: what serves the decode leg (and every request the router sends whole). */
-export function decodePool(upstreams: readonly UpstreamConfig[]): UpstreamConfig[] {
-  return upstreams.filter((upstream) => upstream.role !== 'prefill');
-}
 
 function checkBootstrapPorts(upstreams: readonly UpstreamConfig[], connector: Connector | undefined): void {
   upstreams.forEach((upstream, index) => {

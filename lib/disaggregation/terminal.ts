@@ -1,15 +1,13 @@
 import { randomUUID } from 'node:crypto';
 import type { IncomingHttpHeaders, OutgoingHttpHeaders, ServerResponse } from 'node:http';
-import type { Registry } from 'prom-client';
 import { sendError } from '../errors';
 import { clientGone, type TryFailure } from '../forward/proxy';
 import { setForwardedHeaders } from '../forward/forwarded-headers';
 import type { Tracing } from '../observe/tracing';
-import type { Configuration } from '../options';
 import type { PrefixPickContext } from '../policies/prefix-aware';
-import { hasBody, isJson } from '../request/body';
-import { isWebSocketUpgrade, upstreamRequestStripper, type HopByHopStripper } from '../request/hop-by-hop';
-import { scanFields } from '../request/json-fields';
+import { hasBody, isJson } from '../http/body';
+import { isWebSocketUpgrade, upstreamRequestStripper, type HopByHopStripper } from '../http/hop-by-hop';
+import { scanFields } from '../http/json-fields';
 import type { BodyView, JudgedHint } from '../request/request-inputs';
 import { hintRejection } from '../request/hint-rejection';
 import type { BodyReader, Next } from '../request/body-reader';
@@ -18,21 +16,21 @@ import type { RouteState, RoutedRequest } from '../request/route-state';
 import type { PoolTerminal } from '../routing';
 import type { EndpointSnapshot } from '../types';
 import type { UpstreamConfig } from '../upstreams/upstream-options';
-import { checkPools, decodePool, prefillPool } from './options';
+import { checkPools, PREFILL_HINT_HEADER } from './options';
+import { decodePool, prefillPool } from '../upstreams/upstream-options';
+import type { DisaggregationRouterConfig, PrefillLeg } from './leg-parts';
 import type { DecisionSource, PickContext } from '../types';
 import type { RouteEndpoint } from '../upstreams/endpoints';
-import type { FieldScan } from '../request/json-fields';
+import type { FieldScan } from '../http/json-fields';
 import { decodeBody, mooncakeDecodeParams, mooncakePrefillParams, NIXL_PREFILL_PARAMS, prefillBody, scanLegs, transferParamsOf, type RankField } from './leg-bodies';
 import type { DisaggregatedOutcome } from './metrics';
 import { FallbackLog } from './fallback-log';
 import { bootstrapAddress, BootstrapDirectory } from './mooncake';
 import type { PrefillResult } from './prefill-client';
-import { PREFILL_HINT_HEADER, PrefillPool } from './prefill-pool';
 
 /** What the terminal is built from: the router's services (the decode pool's). */
 export interface DisaggregationParts {
-  readonly config: Configuration;
-  readonly registry: Registry;
+  readonly config: DisaggregationRouterConfig;
   readonly bodies: BodyReader;
   readonly tracing: Tracing;
 }
@@ -59,8 +57,8 @@ const DECISION_HEADER = 'x-dp-router-decision';
  * waits for the prefill answer's `kv_transfer_params`; Mooncake sends both legs at once.
  */
 export class DisaggregatedTerminal implements Terminal, PoolTerminal {
-  readonly pool: PrefillPool;
-  private readonly config: Configuration;
+  readonly pool: PrefillLeg;
+  private readonly config: DisaggregationRouterConfig;
   private readonly tracing: Tracing;
   private readonly bodies: BodyReader;
   private readonly bootstrap: BootstrapDirectory | undefined;
@@ -72,11 +70,12 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
   constructor(
     parts: DisaggregationParts,
     private readonly decode: Terminal,
+    pool: PrefillLeg,
   ) {
     const config = (this.config = parts.config);
     this.bodies = parts.bodies;
     this.tracing = parts.tracing;
-    this.pool = new PrefillPool(config, parts.registry, parts.tracing);
+    this.pool = pool;
     this.bootstrap = config.disaggregation!.connector === 'mooncake' ? new BootstrapDirectory(config.timeouts.connectMs) : undefined;
     const { bodyField } = config.hints;
     this.rankField = bodyField === undefined ? undefined : Buffer.from(bodyField);

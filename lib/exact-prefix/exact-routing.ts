@@ -25,7 +25,7 @@
 import type { Registry } from 'prom-client';
 import type { Endpoint } from '../types';
 import { KvExactIndex, type BlockKeys } from './index/exact-index';
-import { ExactPick, type ExactLookup } from './index/exact-pick';
+import { ExactPick, type ExactLookup } from '../policies/exact-pick';
 import { PromptKeysMemo } from './index/prompt-keys-memo';
 import type { KvEventsOptions } from './events/source';
 import { createKvEventSubscriber, type KvEventSubscriber } from './events/subscriber';
@@ -33,12 +33,12 @@ import { PromptTokenizer, type PromptKind } from './tokenizer/tokenizer';
 import { TokenizerAgreement } from './tokenizer/tokenizer-agreement';
 import { createKvMetrics, type KvGaugeReport } from './kv-metrics';
 import { partsOf } from './tokenizer/id-parts';
-import type { ExactGate, ExactReceipts } from '../receipts/ticket';
+import type { ExactGate, ExactReceipts } from '../policies/pick-ticket';
 import { unmodelled } from '../verdicts/modelled';
 import { quietVerdicts, Suspicion, type Verdicts } from '../verdicts/verdicts';
 import { CUT_SAMPLES, SAMPLE_MESSAGES } from './tokenizer/tokenizer-samples';
 
-export { ExactPick, type ExactLookup, type IndexSource } from './index/exact-pick';
+export { ExactPick, type ExactLookup, type IndexSource } from '../policies/exact-pick';
 
 /** An upstream as exact routing needs it. */
 export interface ExactUpstream {

@@ -1,5 +1,6 @@
 import { fail } from '../option-checks';
 import type { TokenizerSource } from './events/source';
+import { OptionalPackageError } from './optional-deps';
 import { PromptTokenizer } from './tokenizer/tokenizer';
 
 /**
@@ -11,6 +12,8 @@ export function loadTokenizer(path: string, source: TokenizerSource, chatTemplat
   try {
     return PromptTokenizer.load(source, { chatTemplateKwargs });
   } catch (error) {
+    // The files may be right: what is missing is a package.
+    if (error instanceof OptionalPackageError) return fail(path, `cannot be read: ${error.problem}`, `${error.install}.`);
     return fail(path, `could not be loaded: ${(error as Error).message}`, "Point it at the model's tokenizer.json and tokenizer_config.json (the files the engine serves).");
   }
 }

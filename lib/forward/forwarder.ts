@@ -1,44 +1,42 @@
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
-import type { Admission } from '../admission/admission';
-import { hasBody } from '../request/body';
+import type { Gate } from '../request/gate';
+import type { RouteSeam } from '../request/route-hooks';
+import { hasBody } from '../http/body';
 import type { AfterBody, BodyReader, Next } from '../request/body-reader';
 import { sendError } from '../errors';
-import { isWebSocketUpgrade, upstreamRequestStripper } from '../request/hop-by-hop';
+import { isWebSocketUpgrade, upstreamRequestStripper } from '../http/hop-by-hop';
 import { setForwardedHeaders } from './forwarded-headers';
 import type { Terminal } from '../request/lifecycle';
-import { NO_METRICS, type RouterMetrics } from '../observe/metrics';
-import type { Configuration, UpstreamConfig } from '../options';
+import type { UpstreamConfig } from '../upstreams/upstream-options';
 import type { RetryConfig } from './retry-options';
 import { DECISION_HEADER, type RouteState, type RoutedRequest } from '../request/route-state';
 import { bareContext, safePick } from '../policies/safe-pick';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
-import type { OutlierDetector } from '../upstreams/outlier-detector';
 import type { PickContext, Policy, UpstreamErrorKind } from '../types';
 import { answeredFirst, type FirstTokenListener } from '../observe/first-event';
-import { clientGone, createUpstreamProxy, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
-import type { ModelRouting } from '../pools/model-routing';
+import { clientGone, createUpstreamProxy, type ProxyConfig, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
+import type { ModelStage } from '../request/model-stage';
 import type { VllmBalancing } from '../request/vllm-balancing';
-import type { RankHeaderGuard } from '../upstreams/rank-header-guard';
-import { watchRankRejection } from '../upstreams/rank-rejection';
-import type { Receipts } from '../receipts/receipts';
 
 /** What the forwarder works with, built before it. */
+/** The options the forwarder reads (the router's `Configuration` is one). */
+export interface ForwarderConfig extends ProxyConfig {
+  readonly header: string;
+  readonly xfwd: false | 'replace' | 'append';
+}
+
 export interface ForwarderParts {
-  readonly config: Configuration;
+  readonly config: ForwarderConfig;
   readonly policy: Policy;
   readonly table: EndpointTable;
-  readonly metrics: RouterMetrics;
   readonly bodies: BodyReader;
-  readonly detector: OutlierDetector | undefined;
   /** A retry stays in the request's model pool. */
-  readonly models: ModelRouting;
-  readonly admission: Admission | undefined;
+  readonly models: ModelStage;
+  readonly admission: Gate | undefined;
   /** A request vLLM balances is retried on another upstream's balanced endpoint. */
   readonly balancing: VllmBalancing;
-  /** Told of vLLM's refusals of a rank header. */
-  readonly rankHeaders: RankHeaderGuard;
-  /** Route receipts; `undefined` when off. */
-  readonly receipts: Receipts | undefined;
+  /** What the features do at each point of the way (request/route-hooks.ts). */
+  readonly hooks: RouteSeam<RouteState>;
 }
 
 /**
@@ -48,26 +46,19 @@ export interface ForwarderParts {
  * reports of each try: an answer, or a failure that is retried on another server or answered.
  */
 export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<RouteState> {
-  private readonly config: Configuration;
+  private readonly config: ForwarderConfig;
   private readonly retries: RetryConfig;
   private readonly table: EndpointTable;
-  private readonly metrics: RouterMetrics;
   private readonly bodies: BodyReader;
-  private readonly detector: OutlierDetector | undefined;
   private readonly policy: Policy;
-  private readonly models: ModelRouting;
-  private readonly admission: Admission | undefined;
+  private readonly models: ModelStage;
+  private readonly admission: Gate | undefined;
   private readonly balancing: VllmBalancing;
-  private readonly rankHeaders: RankHeaderGuard;
-  private readonly receipts: Receipts | undefined;
-  /** Whether the policy learns from each endpoint's first tokens (`learnsFirstTokens`). */
-  private readonly countsFirstTokens: boolean;
-  /** Whether anything but the peers reads first tokens (the metrics, the policy): otherwise only a request with prefill announced is watched. */
-  private readonly watchesFirstTokens: boolean;
+  private readonly hooks: RouteSeam<RouteState>;
   /** The router's own rank header, set already, survives a client's `Connection` nomination; the upstream agent keeps connections alive. */
   private readonly stripHopByHop: (headers: IncomingHttpHeaders) => void;
   /** `xfwd`: the X-Forwarded-* headers are set here, once per request, not by http-proxy on each try. */
-  private readonly xfwd: Configuration['xfwd'];
+  private readonly xfwd: ForwarderConfig['xfwd'];
   /** After the body is held for a retry (or goes on unheld): the first try. Made once, so that a read allocates no closure. */
   private readonly replayable: AfterBody;
   /** By upstream name and URL: a proxy (and its keep-alive agent) per upstream server entry. */
@@ -79,17 +70,12 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
     this.config = parts.config;
     this.retries = parts.config.retries;
     this.table = parts.table;
-    this.metrics = parts.metrics;
     this.bodies = parts.bodies;
-    this.detector = parts.detector;
     this.policy = parts.policy;
     this.models = parts.models;
     this.admission = parts.admission;
     this.balancing = parts.balancing;
-    this.rankHeaders = parts.rankHeaders;
-    this.receipts = parts.receipts;
-    this.countsFirstTokens = parts.policy.learnsFirstTokens === true;
-    this.watchesFirstTokens = this.countsFirstTokens || parts.metrics !== NO_METRICS;
+    this.hooks = parts.hooks;
     this.stripHopByHop = upstreamRequestStripper(parts.config.header);
     this.xfwd = parts.config.xfwd;
     this.replayable = (req, res, next, route) => this.send(req, res, next, route);
@@ -144,12 +130,8 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
   private send(req: RoutedRequest, res: ServerResponse, next: Next, route: RouteState): void {
     const endpoint = route.endpoint!;
     route.sending();
-    const { detector } = this;
-    if (detector?.dispatched(endpoint, res)) {
-      // This request is the half-open endpoint's one trial; if the client leaves before it
-      // decides, the endpoint must be free for another trial.
-      res.once('close', () => detector.abandoned(endpoint, res));
-    }
+    const sending = this.hooks.sending;
+    for (let i = 0; i < sending.length; i++) sending[i].sending!(route, endpoint, res);
     this.proxyOf(endpoint).send(req, res, next, route);
   }
 
@@ -172,36 +154,17 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
   answered(route: RouteState, req: RoutedRequest, res: ServerResponse, answer: IncomingMessage): void {
     route.responding();
     const endpoint = route.endpoint!;
+    const { hooks } = this;
     // One scan of the stream for everyone who reads its first token, gone at that token.
-    if (this.watchesFirstTokens || route.prefillBlocks > 0) answeredFirst(endpoint, answer, route.started, this, route);
-    if (route.ticket !== undefined && this.admission!.counts) this.admission!.count(route.ticket, answer);
-    if (endpoint.headerValue !== undefined) watchRankRejection(answer, (refused, numRanks) => this.rankHeaders.refused(endpoint, refused, numRanks, req, route.headers, route.ticket?.tenant));
-    else this.rankHeaders.answered(endpoint, route.headers);
-    if (route.receipt !== undefined) this.receipts!.answered(route.receipt, endpoint, req, res, answer);
-    if (answer.statusCode !== undefined && answer.statusCode >= 500) {
-      this.metrics.upstreamError(endpoint, 'status_5xx');
-      this.detector?.failed(endpoint, 'request', req, route.ticket?.tenant);
-    } else {
-      // Any answer below 500, a 4xx included, shows the endpoint alive: a client's bad
-      // request is never the endpoint's fault.
-      this.detector?.succeeded(endpoint);
-    }
+    if (hooks.firstToken.length > 0 && hooks.watchesFirstToken(route)) answeredFirst(endpoint, answer, route.started, this, route);
+    const answered = hooks.answered;
+    for (let i = 0; i < answered.length; i++) answered[i].answered!(route, endpoint, req, res, answer);
   }
 
-  /**
-   * A 2xx answer's first token: observed by the metrics, and, for an event stream, added to
-   * the endpoint's first-token totals (a policy that `learnsFirstTokens`) and the end of the
-   * request's prefill (with `peers`). A non-streamed answer's first byte comes with its last,
-   * which says how long the generation took, not how long the prefill waited: not counted.
-   */
+  /** A 2xx answer's first token (`streamed`: an event stream's first real event), told to every feature that reads it. */
   firstToken(endpoint: RouteEndpoint, seconds: number, streamed: boolean, route: RouteState): void {
-    this.metrics.firstToken(endpoint, seconds);
-    if (!streamed) return;
-    if (this.countsFirstTokens) {
-      endpoint.firstTokens++;
-      endpoint.firstTokenSeconds += seconds;
-    }
-    route.prefilled();
+    const first = this.hooks.firstToken;
+    for (let i = 0; i < first.length; i++) first[i].firstToken!(route, endpoint, seconds, streamed);
   }
 
   /** The try failed: counted once against its endpoint, then retried elsewhere or answered. */
@@ -214,9 +177,8 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
     // A client that left is not the upstream's fault, and there is no one to answer.
     if (!route.settle() || clientGone(res)) return;
     const endpoint = route.endpoint!;
-    this.metrics.upstreamError(endpoint, ERROR_KIND[failure]);
     // A first-byte timeout may be the request's own doing (a long generation); the rest never reached an answer.
-    this.detector?.failed(endpoint, failure === 'first_byte_timeout' ? 'request' : 'connection', req, route.ticket?.tenant);
+    this.tell(route, endpoint, req, ERROR_KIND[failure], failure === 'first_byte_timeout' ? 'request' : 'connection');
     // Not after a first-byte timeout: the engine may still be working on it, and the client
     // has already waited the whole deadline.
     if (failure !== 'first_byte_timeout' && this.retry(req, res, route, endpoint)) return;
@@ -297,9 +259,14 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
   private settleAsReset(route: RouteState, req: RoutedRequest, res: ServerResponse): boolean {
     if (!route.settle() || clientGone(res)) return false;
     const endpoint = route.endpoint!;
-    this.metrics.upstreamError(endpoint, 'reset');
-    this.detector?.failed(endpoint, 'request', req, route.ticket?.tenant);
+    this.tell(route, endpoint, req, 'reset', 'request');
     return true;
+  }
+
+  /** A try's failure, told to every feature that counts it (route-hooks.ts `failed`). */
+  private tell(route: RouteState, endpoint: RouteEndpoint, req: RoutedRequest, kind: Exclude<UpstreamErrorKind, 'status_5xx'>, origin: 'request' | 'connection'): void {
+    const failed = this.hooks.failed;
+    for (let i = 0; i < failed.length; i++) failed[i].failed!(route, endpoint, req, kind, origin);
   }
 }
 

@@ -2,13 +2,15 @@ import { Agent as HttpAgent, type ClientRequest, type IncomingMessage, type Serv
 import { Agent as HttpsAgent } from 'node:https';
 import type { Socket } from 'node:net';
 import { createProxyMiddleware } from 'http-proxy-middleware';
-import { hopByHopStripper } from '../request/hop-by-hop';
+import { hopByHopStripper } from '../http/hop-by-hop';
 import { closeIdleSockets } from './idle-sockets';
-import { DeadlineList } from './deadline-list';
-import type { Configuration, UpstreamConfig } from '../options';
+import { DeadlineList } from '../http/deadline-list';
+import type { UpstreamConfig } from '../upstreams/upstream-options';
+import type { TimeoutConfig } from '../http/timeout-options';
+import type { RetryConfig } from './retry-options';
 import { CONNECT_TIMEOUT, FIRST_BYTE_TIMEOUT, type RouteState, type RoutedRequest, type TryKeeper } from '../request/route-state';
 import { lenientParser, unrelayable } from './upstream-response';
-import { carrierOf } from '../request/response-carrier';
+import { carrierOf } from '../http/response-carrier';
 
 /** One upstream's proxy and the connections it keeps. */
 export interface UpstreamProxy {
@@ -51,8 +53,14 @@ const IDLE_SOCKET_MS = 4_000;
  */
 const stripHopByHop = hopByHopStripper([], 'any', 'unset');
 
+/** The options a proxy reads (the router's `Configuration` is one). */
+export interface ProxyConfig {
+  readonly timeouts: TimeoutConfig;
+  readonly retries: RetryConfig;
+}
+
 /** Creates the http-proxy-middleware instance for one upstream, with a keep-alive agent; each try's outcome goes to `outcomes`. */
-export function createUpstreamProxy(upstream: UpstreamConfig, config: Configuration, outcomes: TryOutcomes): UpstreamProxy {
+export function createUpstreamProxy(upstream: UpstreamConfig, config: ProxyConfig, outcomes: TryOutcomes): UpstreamProxy {
   const agentOptions = { keepAlive: true, scheduling: 'lifo' as const };
   // Without an agent http-proxy sends `Connection: close` and opens a socket per request.
   const agent = upstream.url.startsWith('https:') ? new HttpsAgent(agentOptions) : new HttpAgent(agentOptions);

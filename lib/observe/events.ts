@@ -3,8 +3,7 @@ import type { RouterLogger } from './logger';
 import type { RouterMetrics } from './metrics';
 import type { Tracing } from './tracing';
 import type { DecisionSource, Endpoint, HintOutcome, IndexSource } from '../types';
-import type { HealthCheckConfig } from '../upstreams/health-checker-options';
-import { logHealthChange } from '../upstreams/health-log';
+import { logHealthChange, type HealthRule } from './health-log';
 
 /**
  * What happens to requests and endpoints, told once by whoever sees it; {@link createEvents}
@@ -28,7 +27,7 @@ export interface RouterEvents {
  * The one composite: each event goes to every sink that records it. `healthCheck` words the
  * health lines (the rule that was met); without it no health change is told.
  */
-export function createEvents(metrics: RouterMetrics, tracing: Tracing, logger: RouterLogger, policy: string, healthCheck: HealthCheckConfig | undefined): RouterEvents {
+export function createEvents(metrics: RouterMetrics, tracing: Tracing, logger: RouterLogger, policy: string, healthCheck: HealthRule | undefined): RouterEvents {
   // Told on every request: with neither tracing nor a logger that writes per-request lines, nothing at all.
   const decided: RouterEvents['decided'] =
     tracing.enabled || logger.perRequest

@@ -1,6 +1,6 @@
 import type { IncomingMessage } from 'node:http';
 import type { Readable } from 'node:stream';
-import { isEventStreamMediaType } from '../request/media-type';
+import { isEventStreamMediaType } from '../http/media-type';
 
 const LF = 0x0a;
 const CR = 0x0d;

@@ -1,6 +1,6 @@
 import { isIP } from 'node:net';
 import { fail, integerOption, isPlainObject, MAX_TIMER_MS, pathOf, rejectUnknownKeys, shown, type KeysEnum } from '../option-checks';
-import { parseDns, type DnsConfig, type DnsOptions } from '../pools/dns-options';
+import { parseDns, type DnsConfig, type DnsOptions } from '../upstreams/dns-options';
 import { redisPeerClient, type RedisPeerClient } from './redis-client';
 
 /**

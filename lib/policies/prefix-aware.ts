@@ -1,5 +1,5 @@
 import { randomKey32, rendezvousWeight } from '../hash';
-import type { ExactPick } from '../exact-prefix/index/exact-pick';
+import type { ExactPick } from './exact-pick';
 import type { Endpoint, PickContext, Policy } from '../types';
 import { BlockIndex, blockHomes } from './prefix-aware-index';
 import { PromptBlockHasher } from './prefix-aware-hasher';

@@ -2,7 +2,7 @@ import { Resolver } from 'node:dns';
 import { Counter, type Registry } from 'prom-client';
 import type { MetricsConfig } from '../observe/metrics';
 import type { UpstreamConfig } from '../upstreams/upstream-options';
-import type { DnsConfig } from './dns-options';
+import type { DnsConfig } from '../upstreams/dns-options';
 import { expandSources } from './upstream-sources';
 
 /** What one resolution of a name came to. */

@@ -77,6 +77,12 @@ export class ModelPools<E extends PooledEndpoint> {
     return true;
   }
 
+  /** The model ids an upstream's `GET /v1/models` listed last, and its configured ones it did not list. */
+  sourcesOf(upstream: string): { listed: string[]; configured: string[] } {
+    const listed = (this.learned.get(upstream) ?? []).map((card) => card.id);
+    return { listed, configured: (this.configured.get(upstream) ?? []).filter((id) => !listed.includes(id)) };
+  }
+
   /** The models an upstream serves now, configured and learned; empty when it serves every model. */
   modelsOf(upstream: string): readonly string[] {
     return [...(this.served.get(upstream) ?? [])];

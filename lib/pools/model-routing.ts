@@ -3,10 +3,14 @@ import { sendError } from '../errors';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import type { UpstreamConfig } from '../upstreams/upstream-options';
 import { DEFAULT_MAX_LORA, LoraPreference } from './lora-preference';
-import { MAX_MODEL_NAME, NO_MODEL } from './model-options';
+import { MAX_MODEL_NAME, NO_MODEL } from '../upstreams/model-options';
 import { ModelPools } from './model-pools';
 import { watchModels, type ModelWatch } from './model-watch';
 import { modelListBody } from './models';
+
+function shownModels(models: readonly string[]): string {
+  return models.length === 0 ? 'no model' : models.length > 8 ? `${models.slice(0, 8).join(', ')} and ${models.length - 8} more` : models.join(', ');
+}
 
 /** The paths whose bodies name the model they are for: without one, the router cannot route them. */
 const MODEL_PATH = /\/(?:chat\/completions|completions|embeddings)$/;
@@ -19,14 +23,16 @@ export type ModelRouting = ReturnType<typeof createModelRouting>;
  * Builds the model pools of the table's upstreams and the discovery of their models. Nothing
  * here runs per request unless some upstream's models are known.
  */
-export function createModelRouting(table: EndpointTable, warn: (message: string) => void) {
+export function createModelRouting(table: EndpointTable, notice: (message: string) => void) {
   const pools = new ModelPools<RouteEndpoint>(table.upstreams);
   let watch: ModelWatch | undefined;
   const lora = new LoraPreference<RouteEndpoint>((endpoint) => watch?.maxLora(endpoint.upstream) ?? DEFAULT_MAX_LORA);
+  // Routine news (info): each source named, so a model given in the configuration is never
+  // said to come from the server's list.
   watch = watchModels(pools, table.upstreams, (upstream) => {
-    const models = pools.modelsOf(upstream);
-    const shown = models.length > 8 ? `${models.slice(0, 8).join(', ')} and ${models.length - 8} more` : models.join(', ');
-    warn(`express-dp-router: upstream '${upstream}' serves ${shown} by its /v1/models; routing those models to it.`);
+    const { listed, configured } = pools.sourcesOf(upstream);
+    const also = configured.length === 0 ? '' : ` and ${shownModels(configured)} by its configuration`;
+    notice(`express-dp-router: upstream '${upstream}' serves ${shownModels(listed)} by its /v1/models${also}; routing those models to it.`);
   });
 
   /** Whether this is `GET /v1/models` and the gateway knows models to answer it with. */
@@ -110,9 +116,3 @@ function withoutQuery(path: string): string {
   return query === -1 ? path : path.slice(0, query);
 }
 
-/** The least loaded of the candidates serving `rank` (a trusted hint within a model's pool), if any. */
-export function leastLoadedOfRank(candidates: readonly RouteEndpoint[], rank: number): RouteEndpoint | undefined {
-  let best: RouteEndpoint | undefined;
-  for (const endpoint of candidates) if (endpoint.rank === rank && (best === undefined || endpoint.load < best.load)) best = endpoint;
-  return best;
-}

@@ -1,4 +1,4 @@
-import { isModelName } from './model-options';
+import { isModelName } from '../upstreams/model-options';
 
 /** One entry of a vLLM server's `GET /v1/models`: a served model, or a LoRA adapter (`parent` = its base model). */
 export interface ModelCard {

@@ -1,5 +1,5 @@
 import type { UpstreamConfig } from '../upstreams/upstream-options';
-import type { DnsConfig } from './dns-options';
+import type { DnsConfig } from '../upstreams/dns-options';
 
 /** The entries given by `url`: the upstreams known before any DNS name is resolved. */
 export function fixedUpstreams(sources: readonly UpstreamConfig[]): UpstreamConfig[] {

@@ -5,7 +5,7 @@
  */
 import { EndpointCounts, KV_OUTCOMES } from './metrics';
 import { PendingKeys } from './pending';
-import { RouteTicket, type ExactChoice, type ExactGate, type HeldBlocks } from './ticket';
+import { RouteTicket, type ExactChoice, type ExactGate, type HeldBlocks } from '../policies/pick-ticket';
 import { UpstreamVerdicts, type KvOutcome, type Transition, type VerdictSettings } from './verdict';
 import type { ReportedUsage } from './usage-json';
 

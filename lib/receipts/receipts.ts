@@ -21,14 +21,14 @@ import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:
 import type { MetricsConfig } from '../observe/metrics';
 import type { RouterLogger } from '../observe/logger';
 import type { Tracing } from '../observe/tracing';
-import { isEventStreamMediaType } from '../request/media-type';
+import { isEventStreamMediaType } from '../http/media-type';
 import type { Endpoint } from '../types';
 import { askingUsage, mayAskUsage } from './ask-usage';
 import { UpstreamBook } from './book';
 import { recoveredLine, unhonouredLine, untrustedLine } from './causes';
 import { joinReceiptFamilies, type ReceiptFamilies } from './metrics';
 import type { ReceiptsConfig } from './options';
-import { RouteTicket, type ExactGate, type ExactReceipts, type HeldBlocks } from './ticket';
+import { RouteTicket, type ExactGate, type ExactReceipts, type HeldBlocks } from '../policies/pick-ticket';
 import { stripAskedUsage } from './usage-strip';
 import { AnswerTail, lastUsage, type ReportedUsage } from './usage-json';
 import type { Transition } from './verdict';

@@ -23,7 +23,7 @@
  * the share (lib/verdicts); past the share with fewer, the window reports a refusal instead, once
  * until it drops under the share again.
  */
-import type { PromptPath } from './ticket';
+import type { PromptPath } from '../policies/pick-ticket';
 
 export type KvOutcome = 'confirmed' | 'elsewhere' | 'unseen' | 'cached';
 

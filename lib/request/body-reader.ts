@@ -1,6 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { arrivedBody, readBody, type BodyResult } from './body';
-import type { BodyBudget } from './body-budget';
+import { arrivedBody, readBody, type BodyResult } from '../http/body';
+import type { BodyBudget } from '../http/body-budget';
 import { sendError } from '../errors';
 import type { RouteState, RoutedRequest } from './route-state';
 

@@ -1,5 +1,5 @@
 import type { IncomingMessage } from 'node:http';
-import type { ExactLookup } from '../exact-prefix/index/exact-pick';
+import type { ExactLookup } from '../policies/exact-pick';
 import { evidenceSource } from '../verdicts/source';
 import type { PrefixPickContext } from '../policies/prefix-aware';
 import type { PickContext } from '../types';

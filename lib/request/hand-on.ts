@@ -1,5 +1,5 @@
 import type { IncomingHttpHeaders, ServerResponse } from 'node:http';
-import { withoutNomination } from './hop-by-hop';
+import { withoutNomination } from '../http/hop-by-hop';
 import type { Next, Terminal } from './lifecycle';
 import type { RouteState, RoutedRequest } from './route-state';
 

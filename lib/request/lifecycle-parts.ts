@@ -1,19 +1,21 @@
 import type { ServerResponse } from 'node:http';
-import type { Admission } from '../admission/admission';
-import type { ExactLookup } from '../exact-prefix/index/exact-pick';
+import type { Gate } from './gate';
+import type { ExactLookup } from '../policies/exact-pick';
 import type { RouterEvents } from '../observe/events';
 import type { RouterMetrics } from '../observe/metrics';
 import type { Tracing } from '../observe/tracing';
-import type { Configuration } from '../options';
-import type { ModelRouting } from '../pools/model-routing';
+import type { RouterLogger } from '../observe/logger';
+import type { TimeoutConfig } from '../http/timeout-options';
+import type { HintConfig } from './hint-options';
+import type { BufferingConfig } from './buffering-options';
+import type { ModelStage } from './model-stage';
 import type { Policy } from '../types';
 import type { EndpointTable } from '../upstreams/endpoints';
 import type { BodyReader, Next } from './body-reader';
 import type { RequestInputs } from './request-inputs';
 import type { RouteState, RoutedRequest } from './route-state';
-import type { PeerAnnouncer } from '../peers/peer-link';
+import type { RouteSeam } from './route-hooks';
 import type { VllmBalancing } from './vllm-balancing';
-import type { Receipts } from '../receipts/receipts';
 
 /**
  * What follows a decision, injected at construction: dpRank's hand-on to the next middleware,
@@ -33,27 +35,36 @@ export interface Terminal {
   close(): void;
 }
 
+/** The options a lifecycle reads (the router's `Configuration` is one). */
+export interface LifecycleConfig {
+  readonly header: string;
+  readonly hints: HintConfig;
+  readonly exposeDecision: boolean;
+  readonly maxBodyBytes: number;
+  readonly requestBuffering: BufferingConfig;
+  readonly timeouts: Pick<TimeoutConfig, 'bodyMs'>;
+  readonly logger: RouterLogger;
+}
+
 /** The parts a lifecycle works with, built once per router before it. */
 export interface LifecycleParts {
-  readonly config: Configuration;
+  readonly config: LifecycleConfig;
   readonly policy: Policy;
   readonly events: RouterEvents;
   /** Whether tracing records anything (`@opentelemetry/api` installed). */
   readonly tracing: Tracing;
   readonly table: EndpointTable;
-  /** The peer link (`peers`); `undefined` when off. */
-  readonly peers: PeerAnnouncer | undefined;
   readonly metrics: RouterMetrics;
   readonly inputs: RequestInputs;
   readonly bodies: BodyReader;
   /** Exact prefix routing, with a tokenizer and upstreams with `kvEvents`. */
   readonly exact: ExactLookup | undefined;
   /** Pools by model and the `GET /v1/models` union. */
-  readonly models: ModelRouting;
+  readonly models: ModelStage;
   /** Admission control; `undefined` when off. */
-  readonly admission: Admission | undefined;
+  readonly admission: Gate | undefined;
   /** Where requests go that vLLM balances itself. */
   readonly balancing: VllmBalancing;
-  /** Route receipts (dpRouter's `receipts`); `undefined` when off, and always for dpRank. */
-  readonly receipts?: Receipts | undefined;
+  /** What the features do at each point of the way (route-hooks.ts). */
+  readonly hooks: RouteSeam<RouteState>;
 }

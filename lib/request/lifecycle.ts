@@ -1,28 +1,26 @@
 import type { ServerResponse } from 'node:http';
-import { hasBody, isJson, wholeInBuffer } from './body';
+import { hasBody, isJson, wholeInBuffer } from '../http/body';
 import { replayParsedBody, type AfterBody, type BodyReader, type Next } from './body-reader';
 import { PolicyError, sendError } from '../errors';
 import { bareContext, safePick } from '../policies/safe-pick';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
-import type { ExactLookup } from '../exact-prefix/index/exact-pick';
+import type { ExactLookup } from '../policies/exact-pick';
 import type { RouterEvents } from '../observe/events';
 import type { Tracing } from '../observe/tracing';
 import type { RouterMetrics } from '../observe/metrics';
-import type { Configuration } from '../options';
 import type { HintConfig } from './hint-options';
 import type { PrefixPickContext } from '../policies/prefix-aware';
 import { NO_HINT, type BodyView, type JudgedHint, type RequestInputs } from './request-inputs';
 import { RouteState, type RouteReports, type RoutedRequest } from './route-state';
 import type { DecisionSource, HintOutcome, IndexSource, PickContext, Policy } from '../types';
-import { leastLoadedOfRank, type ModelRouting } from '../pools/model-routing';
-import type { ModelPools } from '../pools/model-pools';
-import type { Admission } from '../admission/admission';
+import { leastLoadedOfRank, type ModelStage, type ServedModels } from './model-stage';
+import type { Gate } from './gate';
 import { exactContext } from './exact-context';
 import { hintRejection } from './hint-rejection';
 import { balancedByVllm } from './vllm-paths';
 import type { VllmBalancing } from './vllm-balancing';
-import type { LifecycleParts, Terminal } from './lifecycle-parts';
-import type { Receipts } from '../receipts/receipts';
+import type { LifecycleConfig, LifecycleParts, Terminal } from './lifecycle-parts';
+import type { RouteSeam } from './route-hooks';
 
 export type { Next } from './body-reader';
 export type { LifecycleParts, Terminal } from './lifecycle-parts';
@@ -46,7 +44,7 @@ export class RequestLifecycle {
   /** The middleware: the first stage, bound. */
   readonly handle: (req: RoutedRequest, res: ServerResponse, next: Next) => void;
   private readonly reports: RouteReports;
-  private readonly config: Configuration;
+  private readonly config: LifecycleConfig;
   private readonly hints: HintConfig;
   private readonly bodyTimeoutMs: number;
   /** `requestBuffering.maxBytes`: 0 when off. */
@@ -58,18 +56,16 @@ export class RequestLifecycle {
   private readonly policy: Policy;
   private readonly inputs: RequestInputs;
   private readonly bodies: BodyReader;
-  private readonly models: ModelRouting;
+  private readonly models: ModelStage;
   /** `models.pools`, whose `active` and `listed` every request reads. */
-  private readonly pools: ModelPools<RouteEndpoint>;
-  private readonly admission: Admission | undefined;
+  private readonly pools: ServedModels;
+  private readonly admission: Gate | undefined;
   /** Where requests go that vLLM balances itself. */
   private readonly balancing: VllmBalancing;
   /** Exact prefix routing, when the policy scores on a prefix index (`namesIndex`). */
   private readonly exact: ExactLookup | undefined;
   /** The decision header names the index that scored the rank (docs/exact-prefix-routing.md). */
   private readonly namesIndex: boolean;
-  /** With `peers`, each pick's prefill (`policy.uncachedBlocks`) is announced until its first token. */
-  private readonly announcesPrefill: boolean;
   /** The span gets the pick's matched share: a traced router with a policy that reports it. */
   private readonly reportsShare: boolean;
   private warnedParsedBody = false;
@@ -77,7 +73,8 @@ export class RequestLifecycle {
   private readonly buffered: AfterBody;
   /** After a body routing reads: its members into `route.view` (400 for one that is not JSON), then decide. */
   private readonly routed: AfterBody;
-  private readonly receipts: Receipts | undefined; // route receipts: each pick's ticket goes on its request
+  /** What the features do at each point of the way (route-hooks.ts). */
+  private readonly hooks: RouteSeam<RouteState>;
   /** Whether a body all in the stream's buffer is taken at once, without waiting for its end (not for a terminal that {@link Terminal.handsOn}). */
   private readonly takesArrived: boolean;
   /** Whether request buffering lets a body that arrived whole with its headers go on unread (dpRouter with `requestBuffering`). */
@@ -105,10 +102,9 @@ export class RequestLifecycle {
     this.exact = policy.namesIndex === true ? parts.exact : undefined;
     this.namesIndex = config.exposeDecision && policy.namesIndex === true;
     this.reportsShare = parts.tracing.enabled && policy.reportsMatchedShare === true;
-    const admission = (this.admission = parts.admission);
-    const receipts = (this.receipts = parts.receipts);
-    this.reports = { config, metrics: parts.metrics, events: parts.events, freed: admission === undefined ? undefined : (endpoint) => admission.freed(endpoint), peers: parts.peers, hintMember: parts.inputs.hintMember, claims: receipts?.claims, receiptClosed: receipts?.closed };
-    this.announcesPrefill = parts.peers !== undefined && policy.uncachedBlocks !== undefined;
+    this.admission = parts.admission;
+    this.hooks = parts.hooks;
+    this.reports = { config, events: parts.events, hooks: parts.hooks, hintMember: parts.inputs.hintMember };
     this.takesArrived = terminal.handsOn !== true;
     this.passesArrived = this.takesArrived && this.bufferMaxBytes > 0;
     const lifecycle = this;
@@ -278,8 +274,8 @@ export class RequestLifecycle {
       next(new PolicyError(policy.name, 'returned an endpoint that was not among the candidates'));
       return;
     }
-    if (this.announcesPrefill) route.prefillBlocks = policy.uncachedBlocks!;
-    if (this.receipts !== undefined) this.receipts.decided(route, chosen, picking.exact?.ticket, body?.members, prompt !== undefined && policy.reportsMatchedShare === true ? policy.matchedShare : undefined);
+    const decided = this.hooks.decided;
+    for (let i = 0; i < decided.length; i++) decided[i].decided!(route, chosen, picking, body?.members, prompt !== undefined);
     const index = picking.exact?.source ?? 'approximate';
     const note = this.namesIndex ? `; index=${index}` : undefined;
     this.assign(req, res, next, route, chosen, 'assigned', verdict.outcome === 'none' ? undefined : verdict.outcome, note, this.reportsShare && prompt !== undefined ? index : undefined);
@@ -347,7 +343,7 @@ export class RequestLifecycle {
     this.terminal.proceed(req, res, next, route);
   }
 
-  /** Capacity, under admission ({@link Admission.seat}); the decision header carries the time waited. */
+  /** Capacity, under admission ({@link Gate.seat}); the decision header carries the time waited. */
   private seat(
     req: RoutedRequest,
     res: ServerResponse,

@@ -1,13 +1,14 @@
 import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
-import type { BodyLease } from './body-budget';
+import type { BodyLease } from '../http/body-budget';
 import type { EndpointTable } from '../upstreams/endpoints';
 import { atHeaderLimit, countHeaderLines, parseBodyRankHint, parseRankHint, type RankHintResult } from './hint';
-import { decodeField, fieldToken, isObjectText, scanFields, type JsonField } from './json-fields';
-import type { Configuration } from '../options';
+import { decodeField, fieldToken, isObjectText, scanFields, type JsonField } from '../http/json-fields';
+import type { HintConfig } from './hint-options';
+import type { AffinityConfig } from '../policies/session-affinity-options';
 import type { HintOutcome, Policy } from '../types';
 import { extractPrompt } from './prompt';
 import { isRecord } from '../guards';
-import { MAX_MODEL_NAME, NO_MODEL } from '../pools/model-options';
+import { MAX_MODEL_NAME, NO_MODEL } from '../upstreams/model-options';
 
 /** A hint that was there: what became of it, its rank when it parsed, and the header or field it came in. */
 export type JudgedHint = { outcome: HintOutcome; rank?: number; param: string };
@@ -56,7 +57,7 @@ export type RequestInputs = ReturnType<typeof createRequestInputs>;
  * session key, its prompt. The body members it needs are found in one scan of the raw bytes and
  * decoded alone, within the request's share of the body budget.
  */
-export function createRequestInputs(config: Pick<Configuration, 'hints' | 'affinity'>, policy: Policy, table: EndpointTable) {
+export function createRequestInputs(config: { readonly hints: HintConfig; readonly affinity: AffinityConfig }, policy: Policy, table: EndpointTable) {
   const { header: hintHeader, bodyField: hintBodyField } = config.hints;
   const { header: affinityHeader, bodyField: affinityBodyField } = config.affinity;
   const readsAffinityBody = policy.usesAffinityKey === true && affinityBodyField !== undefined;

@@ -1,17 +1,14 @@
 import { ServerResponse, type ClientRequest, type IncomingHttpHeaders, type IncomingMessage } from 'node:http';
-import type { BodyBudget, BodyLease } from './body-budget';
+import type { BodyBudget, BodyLease } from '../http/body-budget';
 import type { RouteEndpoint } from '../upstreams/endpoints';
-import { insertMember, replaceValues, type JsonField } from './json-fields';
+import { insertMember, replaceValues, type JsonField } from '../http/json-fields';
 import { NO_HINT, type BodyView, type HintVerdict } from './request-inputs';
 import type { RouterEvents } from '../observe/events';
-import type { RouterMetrics } from '../observe/metrics';
-import type { Configuration } from '../options';
 import type { DecisionSource, HintOutcome, PickContext } from '../types';
-import type { AdmissionTicket } from '../admission/admission';
-import type { DeadlineList, Deadlined } from '../forward/deadline-list';
-import { carrierOf, setDpRank, type Carrier } from './response-carrier';
-import type { PeerAnnouncer } from '../peers/peer-link';
-import type { RouteTicket } from '../receipts/ticket';
+import type { Slot } from './route-slots';
+import type { DeadlineList, Deadlined } from '../http/deadline-list';
+import { carrierOf, setDpRank, type Carrier } from '../http/response-carrier';
+import type { RouteSeam } from './route-hooks';
 
 /**
  * Where a request stands: `deciding` until it has an endpoint (and while its retry body is
@@ -32,19 +29,12 @@ export interface TryKeeper {
 
 /** What every request reports to as it moves: the router's parts, resolved once. */
 export interface RouteReports {
-  readonly config: Pick<Configuration, 'header' | 'exposeDecision'>;
-  readonly metrics: RouterMetrics;
+  readonly config: { readonly header: string; readonly exposeDecision: boolean };
   readonly events: RouterEvents;
-  /** Admission's hook: a slot on `endpoint` was freed. `undefined` without `admission`. */
-  readonly freed: ((endpoint: RouteEndpoint) => void) | undefined;
-  /** The peer link (`peers`), told of each change to an endpoint's own counts; `undefined` without it. */
-  readonly peers: PeerAnnouncer | undefined;
+  /** What the features do at each point of the way (route-hooks.ts). */
+  readonly hooks: RouteSeam<RouteState>;
   /** `hints.bodyField` as a member's start, `"name":`, for a body without it. */
   readonly hintMember?: Buffer;
-  /** Route receipts: whether the rank header is sent (not to an upstream that does not honour it); `undefined` without them. */
-  readonly claims?: ((endpoint: RouteEndpoint, receipt: RouteTicket | undefined) => boolean) | undefined;
-  /** Route receipts: the response of a request with a receipt closed, after `answer` (the upstream's, when there was one). */
-  readonly receiptClosed?: ((receipt: RouteTicket, answer: IncomingMessage | null | undefined) => void) | undefined;
 }
 
 /**
@@ -103,7 +93,7 @@ export class RouteState implements Deadlined {
   /** The body's members routing reads, once read (`undefined` when routing does not need the body). */
   view: BodyView | undefined = undefined;
   /** What admission knows of the request; `undefined` without `admission`. */
-  ticket: AdmissionTicket | undefined = undefined;
+  ticket: Slot<'ticket'> | undefined = undefined;
   /** Takes the request out of the admission queue while it waits there. */
   leave: (() => void) | undefined = undefined;
   /**
@@ -118,7 +108,7 @@ export class RouteState implements Deadlined {
    */
   leaseEnds = 0;
   /** With route receipts: what the request's receipts are judged against (a retry drops it). */
-  receipt: RouteTicket | undefined = undefined;
+  receipt: Slot<'receipt'> | undefined = undefined;
   /** Whether the response's close is watched (one listener per request, see {@link watch}). */
   private watching = false;
 
@@ -150,26 +140,17 @@ export class RouteState implements Deadlined {
    */
   moveTo(req: RoutedRequest, res: ServerResponse, next: RouteEndpoint): void {
     const failed = this.endpoint!;
-    this.receipt = undefined;
+    const { hooks } = this.reports;
     this.reports.events.retried(req, failed, next);
     failed.inflight--;
-    failed.sentBlocks -= this.prefillBlocks;
-    if (!failed.balanced) this.reports.peers?.changed(failed);
+    const retrying = hooks.retrying;
+    for (let i = 0; i < retrying.length; i++) retrying[i].retrying!(this, failed);
     const shown = this.reports.config.exposeDecision ? res.getHeader(DECISION_HEADER) : undefined;
     const receipt = failed.receipts[this.source];
     this.hold(req, res, next, typeof shown === 'string' && shown.startsWith(receipt) && shown.length > receipt.length ? shown.slice(receipt.length) : undefined);
     this.attempt++;
-    if (!failed.balanced) this.reports.freed?.(failed);
-  }
-
-  /** The first token arrived (or the request ended without one): its prefill leaves its endpoint's `sentBlocks`. */
-  prefilled(): void {
-    const blocks = this.prefillBlocks;
-    if (blocks === 0) return;
-    this.prefillBlocks = 0;
-    const endpoint = this.endpoint!;
-    endpoint.sentBlocks = endpoint.sentBlocks > blocks ? endpoint.sentBlocks - blocks : 0;
-    this.reports.peers?.changed(endpoint);
+    const retried = hooks.retried;
+    for (let i = 0; i < retried.length; i++) retried[i].retried!(this, failed);
   }
 
   /** A try is sent and waits for its answer. */
@@ -273,20 +254,19 @@ export class RouteState implements Deadlined {
    * e.g. `; index=exact`).
    */
   private hold(req: RoutedRequest, res: ServerResponse, endpoint: RouteEndpoint, note?: string): void {
-    const { config, metrics } = this.reports;
+    const { config, hooks } = this.reports;
     const source = this.source;
     endpoint.inflight++;
-    // A balanced endpoint is no rank the peers know, and holds no rank's admission slot.
-    if (this.reports.peers !== undefined && !endpoint.balanced) {
-      endpoint.sentBlocks += this.prefillBlocks;
-      this.reports.peers.changed(endpoint);
-    }
-    metrics.dispatched(endpoint, source);
+    const held = hooks.held;
+    for (let i = 0; i < held.length; i++) held[i].held!(this, endpoint);
     const { header } = config;
     const { headers } = this;
-    const { claims } = this.reports;
     // A client's own hint is its claim, not the router's: receipts judge only the router's picks.
-    const claimed = claims === undefined || source === 'hint' || claims(endpoint, this.receipt);
+    let claimed = true;
+    if (source !== 'hint') {
+      const claims = hooks.claims;
+      for (let i = 0; i < claims.length && claimed; i++) claimed = claims[i].claims!(this, endpoint);
+    }
     if (endpoint.headerValue !== undefined && claimed) headers[header] = endpoint.headerValue;
     else if (headers[header] !== undefined) delete headers[header];
     this.endpoint = endpoint;
@@ -317,7 +297,9 @@ export class RouteState implements Deadlined {
    */
   private closed(): void {
     this.responseClosed = true;
-    this.ticket?.ended();
+    const { hooks } = this.reports;
+    const closing = hooks.closing;
+    for (let i = 0; i < closing.length; i++) closing[i].closing!(this);
     clearTimeout(this.bodyDeadline);
     this.lease?.release();
     const held = this.endpoint;
@@ -332,15 +314,9 @@ export class RouteState implements Deadlined {
     // cannot cache): one that came whole has nothing left to stop.
     const upstream = this.upstreamRequest as UpstreamRequest | undefined;
     if (upstream !== undefined && upstream.res?.complete !== true) upstream.destroy();
-    if (this.receipt !== undefined) this.reports.receiptClosed!(this.receipt, upstream?.res);
     held.inflight--;
-    this.reports.metrics.finished(held, (performance.now() - this.started) / 1000);
-    if (held.balanced) return;
-    if (this.reports.peers !== undefined) {
-      this.prefilled();
-      this.reports.peers.changed(held);
-    }
-    this.reports.freed?.(held);
+    const closed = hooks.closed;
+    for (let i = 0; i < closed.length; i++) closed[i].closed!(this, held, upstream?.res);
   }
 }
 

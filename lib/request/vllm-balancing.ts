@@ -1,5 +1,5 @@
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
-import type { ModelPools } from '../pools/model-pools';
+import type { ServedModels } from './model-stage';
 
 /** What a choice among balanced endpoints knows of the request: its model, where requests are routed by model. */
 export interface BalancedRequest {
@@ -16,7 +16,7 @@ export interface BalancedRequest {
 export class VllmBalancing {
   constructor(
     private readonly table: EndpointTable,
-    private readonly pools: ModelPools<RouteEndpoint>,
+    private readonly pools: ServedModels,
   ) {}
 
   /** For a path vLLM balances itself: the least loaded upstream's balanced endpoint (among those serving the request's model), skipping `skip`. */

@@ -1,7 +1,7 @@
 import { reachedAlike, type UpstreamConfig } from './upstream-options';
 import type { DecisionSource, Endpoint, EndpointSnapshot } from '../types';
 import type { PeerLoad } from '../policies/prefix-aware-ttft';
-import { RankDecision } from '../request/rank-decision';
+import { RankDecision } from './rank-decision';
 
 /**
  * Where a circuit stands in passive outlier detection: `closed` (in rotation), `ejected`

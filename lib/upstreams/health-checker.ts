@@ -1,4 +1,4 @@
-import { smallRequest } from './small-http';
+import { smallRequest } from '../http/small-http';
 import type { EndpointTable, RouteEndpoint } from './endpoints';
 import type { HealthCheckConfig } from './health-checker-options';
 

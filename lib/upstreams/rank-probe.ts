@@ -1,6 +1,6 @@
 import type { IncomingHttpHeaders, OutgoingHttpHeaders } from 'node:http';
 import { parseOutOfRange } from './rank-header-check';
-import { smallRequest } from './small-http';
+import { smallRequest } from '../http/small-http';
 
 /** What a probe found: the value refused as vLLM refuses it, taken, or neither (no answer, another error). */
 export type ProbeOutcome = 'refused' | 'honoured' | 'unknown';

@@ -1,5 +1,5 @@
 import type { IncomingMessage } from 'node:http';
-import { isEventStreamMediaType } from '../request/media-type';
+import { isEventStreamMediaType } from '../http/media-type';
 import { parseOutOfRange } from './rank-header-check';
 
 /** More than vLLM's error body or error event ever is; what is past it is not read. */

@@ -1,4 +1,4 @@
-import { smallRequest } from './small-http';
+import { smallRequest } from '../http/small-http';
 
 /** Largest `/metrics` page read; vLLM's is tens of kilobytes. */
 export const MAX_SCRAPE_BYTES = 4 * 1024 * 1024;

@@ -3,8 +3,8 @@ import { parseKvEvents } from '../exact-prefix/options';
 import type { KvEventsOptions } from '../exact-prefix/events/source';
 import { redactUrl, upstreamUrlProblem } from './upstream-url';
 import { fail, integerOption, isPlainObject, oneOf, rejectUnknownKeys, shown, type KeysEnum } from '../option-checks';
-import { parseUpstreamDns, type DnsConfig, type UpstreamDnsOptions } from '../pools/dns-options';
-import { parseModels } from '../pools/model-options';
+import { parseUpstreamDns, type DnsConfig, type UpstreamDnsOptions } from './dns-options';
+import { parseModels } from './model-options';
 
 /** What the proxied request's rank header carries for an upstream. */
 export type RankHeaderMode = 'global' | 'local' | 'none';
@@ -230,3 +230,12 @@ function parseRanks(path: string, value: unknown, startRank: number, size: numbe
   return [...ranks].sort((a, b) => a - b);
 }
 
+/** The prefill pool: what serves the prefill leg. */
+export function prefillPool(upstreams: readonly UpstreamConfig[]): UpstreamConfig[] {
+  return upstreams.filter((upstream) => upstream.role !== 'decode');
+}
+
+/** The decode pool: what serves the decode leg (and every request the router sends whole). */
+export function decodePool(upstreams: readonly UpstreamConfig[]): UpstreamConfig[] {
+  return upstreams.filter((upstream) => upstream.role !== 'prefill');
+}

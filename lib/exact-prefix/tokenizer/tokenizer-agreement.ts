@@ -9,7 +9,7 @@
  * The check runs after the routing decision, on its own socket, with a timeout; its failures
  * (upstream down, an error answer, a timeout) are not counted either way.
  */
-import { smallRequest, SmallHttpError } from '../../upstreams/small-http';
+import { smallRequest, SmallHttpError } from '../../http/small-http';
 import { isRefused } from './refusals';
 import { laxBool, requestTemplateKwargs } from './template-arguments';
 import type { PromptKind } from './tokenizer-options';

@@ -9,8 +9,6 @@ import type * as HfTokenizers from '@huggingface/tokenizers';
 import type * as HfJinja from '@huggingface/jinja';
 import { requireOptional } from '../optional-deps';
 
-const INSTALL = 'npm install @huggingface/tokenizers @huggingface/jinja';
-
 /** The two files' parsed JSON. */
 export interface TokenizerFiles {
   /** `tokenizer.json`. */
@@ -108,20 +106,20 @@ function readJson(path: string, required: boolean): Record<string, unknown> | un
 let tokenizers: typeof HfTokenizers | undefined;
 let jinja: typeof HfJinja | undefined;
 
-/** `@huggingface/tokenizers`, or an Error naming the install command. */
+/** `@huggingface/tokenizers`, or an `OptionalPackageError` naming the install command. */
 export function loadTokenizersPackage(): typeof HfTokenizers {
   tokenizers ??= load<typeof HfTokenizers>('@huggingface/tokenizers');
   return tokenizers;
 }
 
-/** `@huggingface/jinja`, or an Error naming the install command. */
+/** `@huggingface/jinja`, or an `OptionalPackageError` naming the install command. */
 export function loadJinjaPackage(): typeof HfJinja {
   jinja ??= load<typeof HfJinja>('@huggingface/jinja');
   return jinja;
 }
 
 function load<T>(name: string): T {
-  return requireOptional<T>(name, 'Tokenizing prompts needs', INSTALL);
+  return requireOptional<T>(name, 'Tokenizing prompts needs');
 }
 
 /**

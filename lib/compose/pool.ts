@@ -2,7 +2,7 @@ import type { Registry } from 'prom-client';
 import { createExactRouting, type ExactRouting } from '../exact-prefix/exact-routing';
 import { loadTokenizer } from '../exact-prefix/load-tokenizer';
 import type { PromptTokenizer } from '../exact-prefix/tokenizer/tokenizer';
-import { exactTokenizer, type TokenizerSource } from '../exact-prefix/options';
+import { exactTokenizer, requireTokenizerForKvEvents, unusedKvEventsNotice, type TokenizerSource } from '../exact-prefix/options';
 import { createEvents, type RouterEvents } from '../observe/events';
 import { createMetrics, NO_METRICS, type RouterMetrics } from '../observe/metrics';
 import type { Tracing } from '../observe/tracing';
@@ -11,10 +11,10 @@ import { buildPolicy } from '../policies/by-name';
 import type { HintConfig } from '../request/hint-options';
 import { createRequestInputs, type RequestInputs } from '../request/request-inputs';
 import type { Policy, PolicyName } from '../types';
-import { EndpointTable, type RouteEndpoint } from './endpoints';
-import { startHealthChecks, type HealthChange, type HealthChecker } from './health-checker';
-import { OutlierDetector } from './outlier-detector';
-import type { UpstreamConfig } from './upstream-options';
+import { EndpointTable, type RouteEndpoint } from '../upstreams/endpoints';
+import { startHealthChecks, type HealthChange, type HealthChecker } from '../upstreams/health-checker';
+import { OutlierDetector } from '../upstreams/outlier-detector';
+import type { UpstreamConfig } from '../upstreams/upstream-options';
 import type { ReceiptsConfig } from '../receipts/options';
 import { Receipts } from '../receipts/receipts';
 import { Verdicts } from '../verdicts/verdicts';
@@ -58,6 +58,17 @@ function tokenizerOf(config: Configuration, source: TokenizerSource): PromptToke
     for (const notice of tokenizer.notices) config.logger.warn(`express-dp-router: prefixAware.tokenizer ${notice}`);
   }
   return tokenizer;
+}
+
+/** Says once, at creation, that upstreams' `kvEvents` go unused (no exact prefix routing on the router's pool). */
+export function warnUnusedKvEvents(pool: UpstreamPool, config: Configuration): void {
+  const notice = unusedKvEventsNotice(pool.table.upstreams, pool.exact !== undefined, pool.policy.name);
+  if (notice !== undefined) config.logger.warn(notice);
+}
+
+/** Throws for entries this router cannot take (`kvEvents` under prefix-aware without a tokenizer), before anything changes. */
+export function checkKvEventSources(config: Configuration, sources: readonly UpstreamConfig[]): void {
+  requireTokenizerForKvEvents(sources, config.policy === 'prefix-aware', config.prefixAware.tokenizer);
 }
 
 /**

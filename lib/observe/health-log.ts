@@ -1,12 +1,18 @@
-import type { RouterLogger } from '../observe/logger';
+import type { RouterLogger } from './logger';
 import type { Endpoint } from '../types';
-import type { HealthCheckConfig } from './health-checker-options';
+
+/** What a health check verdict's log line names of the check (`healthCheck`'s resolved settings). */
+export interface HealthRule {
+  readonly path: string;
+  readonly healthyThreshold: number;
+  readonly unhealthyThreshold: number;
+}
 
 /**
  * The log lines of a health check verdict: one per upstream entry behind the probed URL (two
  * entries may share a server), naming its ranks and the rule that was met.
  */
-export function logHealthChange(logger: RouterLogger, check: HealthCheckConfig, endpoints: readonly Endpoint[], up: boolean): void {
+export function logHealthChange(logger: RouterLogger, check: HealthRule, endpoints: readonly Endpoint[], up: boolean): void {
   const why = up
     ? `passes its health check again (${check.healthyThreshold} × GET ${check.path})`
     : `failed ${check.unhealthyThreshold} health check${check.unhealthyThreshold === 1 ? '' : 's'} in a row (GET ${check.path})`;

@@ -1,5 +1,5 @@
 import { describe, expect, it } from '@jest/globals';
-import { isEventStreamMediaType, isJsonMediaType } from '../../lib/request/media-type';
+import { isEventStreamMediaType, isJsonMediaType } from '../../lib/http/media-type';
 
 describe('isJsonMediaType', () => {
   it.each([

@@ -1,8 +1,8 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
 import type { IncomingMessage } from 'node:http';
 import { connect } from 'node:net';
-import { arrivedBody } from '../../lib/request/body';
-import { BodyBudget } from '../../lib/request/body-budget';
+import { arrivedBody } from '../../lib/http/body';
+import { BodyBudget } from '../../lib/http/body-budget';
 import { exchange, serve } from '../helpers';
 
 const running: Array<{ close(): Promise<void> }> = [];

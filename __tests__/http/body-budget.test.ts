@@ -1,5 +1,5 @@
 import { describe, expect, it } from '@jest/globals';
-import { BodyBudget } from '../../lib/request/body-budget';
+import { BodyBudget } from '../../lib/http/body-budget';
 
 describe('BodyBudget', () => {
   it('gives bytes while they fit and takes them back once per lease', () => {

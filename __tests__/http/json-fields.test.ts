@@ -1,6 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import fc from 'fast-check';
-import { decodeField, fieldToken, MAX_OCCURRENCES, replaceValues, scanFields } from '../../lib/request/json-fields';
+import { decodeField, fieldToken, MAX_OCCURRENCES, replaceValues, scanFields } from '../../lib/http/json-fields';
 
 const KEYS = ['a', 'prompt', '\\', 'é', 'routed_dp_rank'];
 const NAMES = KEYS.map((key) => Buffer.from(key));

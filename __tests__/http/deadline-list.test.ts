@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { DeadlineList, type Deadlined } from '../../lib/forward/deadline-list';
+import { DeadlineList, type Deadlined } from '../../lib/http/deadline-list';
 
 interface Item extends Deadlined {
   readonly name: string;

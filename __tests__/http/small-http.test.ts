@@ -2,7 +2,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo, Socket } from 'node:net';
 import { afterEach, describe, expect, it } from '@jest/globals';
 import { fetchText } from '../../lib/upstreams/scrape';
-import { smallRequest, SmallHttpError, type SmallHttpFailure } from '../../lib/upstreams/small-http';
+import { smallRequest, SmallHttpError, type SmallHttpFailure } from '../../lib/http/small-http';
 
 const servers: Server[] = [];
 afterEach(async () => {

@@ -1,6 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import type { IncomingHttpHeaders } from 'node:http';
-import { hopByHopStripper, nominated, withoutNomination } from '../../lib/request/hop-by-hop';
+import { hopByHopStripper, nominated, withoutNomination } from '../../lib/http/hop-by-hop';
 
 describe('hopByHopStripper', () => {
   const strip = hopByHopStripper(['X-data-parallel-rank']);

@@ -3,10 +3,10 @@
  * policy's and the request path's types reach it, and nothing here imports the optional
  * packages' types.
  */
-import type { Endpoint, IndexSource } from '../../types';
-import type { RouteTicket } from '../../receipts/ticket';
+import type { Endpoint, IndexSource } from '../types';
+import type { RouteTicket } from './pick-ticket';
 
-export type { IndexSource } from '../../types';
+export type { IndexSource } from '../types';
 
 /**
  * One pick's exact view of the candidates, put into the pick context: per candidate the

@@ -1,29 +1,29 @@
 import { Registry } from 'prom-client';
-import type { ExactRouting } from './exact-prefix/exact-routing';
-import { requireTokenizerForKvEvents, unusedKvEventsNotice } from './exact-prefix/options';
-import type { RouterEvents } from './observe/events';
-import type { RouterMetrics } from './observe/metrics';
-import { createTracing, type Tracing } from './observe/tracing';
-import { BodyBudget } from './request/body-budget';
-import type { Configuration, UpstreamConfig } from './options';
-import { BodyReader } from './request/body-reader';
-import type { RequestInputs } from './request/request-inputs';
-import { watchEngines, watchedUpstreams, type EngineWatch } from './upstreams/engine-watch';
-import type { EndpointTable } from './upstreams/endpoints';
-import type { OutlierDetector } from './upstreams/outlier-detector';
-import { poolPolicy, UpstreamPool } from './upstreams/pool';
-import type { Policy } from './types';
-import { startDnsDiscovery, type DnsDiscovery } from './pools/dns-discovery';
-import { createModelRouting, type ModelRouting } from './pools/model-routing';
-import { fixedUpstreams, hasDnsEntries } from './pools/upstream-sources';
-import { decodePool } from './disaggregation/options';
-import { Admission } from './admission/admission';
-import { createAdmissionMetrics } from './admission/metrics';
-import { startPeers, type PeerLink } from './peers/peer-link';
-import { VllmBalancing } from './request/vllm-balancing';
-import { RankHeaderGuard } from './upstreams/rank-header-guard';
-import { createPeerMetrics } from './peers/metrics';
-import type { Receipts } from './receipts/receipts';
+import type { RouterEvents } from '../observe/events';
+import type { RouterMetrics } from '../observe/metrics';
+import { createTracing, type Tracing } from '../observe/tracing';
+import { BodyBudget } from '../http/body-budget';
+import type { Configuration } from '../options';
+import { decodePool, type UpstreamConfig } from '../upstreams/upstream-options';
+import { BodyReader } from '../request/body-reader';
+import type { RequestInputs } from '../request/request-inputs';
+import { watchEngines, watchedUpstreams, type EngineWatch } from '../upstreams/engine-watch';
+import type { EndpointTable } from '../upstreams/endpoints';
+import type { OutlierDetector } from '../upstreams/outlier-detector';
+import { checkKvEventSources, poolPolicy, UpstreamPool, warnUnusedKvEvents } from './pool';
+import type { Policy } from '../types';
+import { startDnsDiscovery, type DnsDiscovery } from '../pools/dns-discovery';
+import { createModelRouting, type ModelRouting } from '../pools/model-routing';
+import { fixedUpstreams, hasDnsEntries } from '../pools/upstream-sources';
+import { Admission } from '../admission/admission';
+import { createAdmissionMetrics } from '../admission/metrics';
+import { startPeers, type PeerLink } from '../peers/peer-link';
+import { VllmBalancing } from '../request/vllm-balancing';
+import { RankHeaderGuard } from '../upstreams/rank-header-guard';
+import { createPeerMetrics } from '../peers/metrics';
+import type { RouteSeam } from '../request/route-hooks';
+import type { RouteState } from '../request/route-state';
+import { routeSeam } from './features';
 
 /**
  * Everything one router runs on, built from its configuration in one place, in dependency
@@ -42,9 +42,9 @@ export class RouterServices {
   readonly tracing: Tracing;
   /** Metrics, tracing and logs of each event, told once. */
   readonly events: RouterEvents;
-  readonly exact: ExactRouting | undefined;
+  readonly exact: UpstreamPool['exact'];
   /** Route receipts (`receipts`); `undefined` when off. */
-  readonly receipts: Receipts | undefined;
+  readonly receipts: UpstreamPool['receipts'];
   readonly detector: OutlierDetector | undefined;
   readonly inputs: RequestInputs;
   readonly bodies: BodyReader;
@@ -58,6 +58,8 @@ export class RouterServices {
   readonly balancing: VllmBalancing;
   /** Acts on a server that contradicts how the router reaches its ranks. */
   readonly rankHeaders: RankHeaderGuard;
+  /** What each feature does at each point of a request's way (features.ts), built last. */
+  readonly hooks: RouteSeam<RouteState>;
   private readonly watch: EngineWatch;
   /** Upstreams found by DNS; started with the first DNS entry. */
   private dns: DnsDiscovery | undefined;
@@ -95,8 +97,7 @@ export class RouterServices {
     this.receipts = pool.receipts;
     this.detector = pool.detector;
     this.inputs = pool.inputs;
-    const unusedKvEvents = unusedKvEventsNotice(table.upstreams, pool.exact !== undefined, policy.name);
-    if (unusedKvEvents !== undefined) config.logger.warn(unusedKvEvents);
+    warnUnusedKvEvents(pool, config);
     const rankHeaders = (this.rankHeaders = new RankHeaderGuard({ table, metrics: pool.metrics, logger: config.logger, verdicts: pool.verdicts, header: config.header }));
     this.started.push(() => rankHeaders.close());
     // Discovery replaces one upstream's ranks and keeps everything else as it is; then the
@@ -107,7 +108,7 @@ export class RouterServices {
     }));
     this.started.push(() => watch.stop());
     this.bodies = new BodyReader(new BodyBudget(config.maxBufferedBytes), config.timeouts.bodyMs);
-    const models = (this.models = createModelRouting(table, (message) => config.logger.warn(message)));
+    const models = (this.models = createModelRouting(table, (message) => config.logger.info({}, message)));
     this.balancing = new VllmBalancing(table, models.pools);
     this.started.push(() => models.stop());
     models.declareSources(decodePool(config.upstreams));
@@ -115,6 +116,7 @@ export class RouterServices {
     this.started.push(() => this.dns?.stop());
     this.admission = this.startAdmission();
     this.peers = this.startPeers();
+    this.hooks = routeSeam(this);
   }
 
   /** The peer link (`peers`); `undefined` when off. Built after the table whose endpoints it announces and loads. */
@@ -128,8 +130,7 @@ export class RouterServices {
 
   /** Throws for entries this router cannot take (`kvEvents` under prefix-aware without a tokenizer), before anything changes. */
   checkSources(sources: readonly UpstreamConfig[]): void {
-    const { policy, prefixAware } = this.config;
-    requireTokenizerForKvEvents(sources, policy === 'prefix-aware', prefixAware.tokenizer);
+    checkKvEventSources(this.config, sources);
   }
 
   /**
@@ -183,7 +184,8 @@ export class RouterServices {
   private discovered(upstream: UpstreamConfig, ranks: readonly number[]): void {
     const startRank = ranks[0];
     const discovered: UpstreamConfig = { ...upstream, startRank, dataParallelSize: ranks[ranks.length - 1] - startRank + 1, ranks };
-    this.config.logger.warn(
+    this.config.logger.info(
+      { dpRouter: { upstream: upstream.name } },
       `express-dp-router: upstream '${upstream.name}' serves ranks ${ranks.join(', ')} by its /metrics (was: ${upstream.ranks.join(', ')}); routing to those now.`,
     );
     this.reconfigure(this.table.upstreams.map((current) => (current.name === upstream.name ? discovered : current)));

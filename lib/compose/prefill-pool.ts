@@ -2,14 +2,11 @@ import type { Registry } from 'prom-client';
 import type { Tracing } from '../observe/tracing';
 import type { Configuration } from '../options';
 import type { RouteEndpoint } from '../upstreams/endpoints';
-import { poolPolicy, UpstreamPool } from '../upstreams/pool';
-import type { UpstreamConfig } from '../upstreams/upstream-options';
-import { createDisaggregationMetrics, type DisaggregationMetrics } from './metrics';
-import { prefillPool } from './options';
-import { PrefillClient } from './prefill-client';
-
-/** The header a trusted caller names the prefill rank with (the rank header names the decode rank). */
-export const PREFILL_HINT_HEADER = 'x-data-parallel-prefill-rank';
+import { poolPolicy, UpstreamPool } from './pool';
+import { prefillPool, type UpstreamConfig } from '../upstreams/upstream-options';
+import { createDisaggregationMetrics, type DisaggregationMetrics } from '../disaggregation/metrics';
+import { PREFILL_HINT_HEADER } from '../disaggregation/options';
+import { PrefillClient } from '../disaggregation/prefill-client';
 
 /**
  * The prefill leg's own services: a pool of the prefill upstreams built as the router's own

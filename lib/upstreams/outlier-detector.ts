@@ -1,5 +1,4 @@
 import type { IncomingMessage } from 'node:http';
-import { isIPv4 } from 'node:net';
 import type { Circuit, EndpointTable, RouteEndpoint, UpstreamServer } from './endpoints';
 import { hashString } from '../hash';
 import { NO_METRICS, type RouterMetrics } from '../observe/metrics';
@@ -228,20 +227,5 @@ export class OutlierDetector {
   }
 }
 
-/**
- * Who sent the request: Express's `req.ip` where present (it follows the app's `trust proxy`
- * setting), else the socket's address. An IPv6 client counts by its /64, the block one host
- * or subscriber is usually given, so that one client cannot pose as many.
- */
-export function clientOf(req: IncomingMessage | undefined): string {
-  const ip = (req as { ip?: unknown } | undefined)?.ip;
-  const address = typeof ip === 'string' ? ip : req?.socket?.remoteAddress ?? '';
-  if (!address.includes(':')) return address;
-  const mapped = address.lastIndexOf(':');
-  if (isIPv4(address.slice(mapped + 1))) return address.slice(mapped + 1);
-  const [head, tail = ''] = address.split('::');
-  const left = head === '' ? [] : head.split(':');
-  const right = tail === '' ? [] : tail.split(':');
-  const groups = [...left, ...Array<string>(Math.max(0, 8 - left.length - right.length)).fill('0'), ...right];
-  return groups.slice(0, 4).map((group) => group.toLowerCase().replace(/^0+(?=.)/, '')).join(':');
-}
+/** Who sent the request, as a client counts for ejection (verdicts/source.ts). */
+export { clientOf } from '../verdicts/source';

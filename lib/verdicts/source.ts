@@ -6,7 +6,7 @@
  */
 import { createHmac, randomBytes } from 'node:crypto';
 import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
-import { clientOf } from '../upstreams/outlier-detector';
+import { isIPv4 } from 'node:net';
 
 const KEY = randomBytes(32);
 
@@ -34,4 +34,22 @@ export function evidenceSource(req: IncomingMessage, headers: IncomingHttpHeader
   const credentials = credentialsOf(headers);
   if (credentials !== undefined) return `key:${createHmac('sha256', KEY).update(credentials).digest('base64url').slice(0, 22)}`;
   return `ip:${clientOf(req)}`;
+}
+
+/**
+ * Who sent the request: Express's `req.ip` where present (it follows the app's `trust proxy`
+ * setting), else the socket's address. An IPv6 client counts by its /64, the block one host
+ * or subscriber is usually given, so that one client cannot pose as many.
+ */
+export function clientOf(req: IncomingMessage | undefined): string {
+  const ip = (req as { ip?: unknown } | undefined)?.ip;
+  const address = typeof ip === 'string' ? ip : req?.socket?.remoteAddress ?? '';
+  if (!address.includes(':')) return address;
+  const mapped = address.lastIndexOf(':');
+  if (isIPv4(address.slice(mapped + 1))) return address.slice(mapped + 1);
+  const [head, tail = ''] = address.split('::');
+  const left = head === '' ? [] : head.split(':');
+  const right = tail === '' ? [] : tail.split(':');
+  const groups = [...left, ...Array<string>(Math.max(0, 8 - left.length - right.length)).fill('0'), ...right];
+  return groups.slice(0, 4).map((group) => group.toLowerCase().replace(/^0+(?=.)/, '')).join(':');
 }

@@ -176,7 +176,7 @@ export class TokenPrefixCache {
   /**
    * One `BlockStored` per run of consecutive blocks not held yet, naming the block before it as
    * parent, with vLLM's per-block extra keys (`generate_block_hash_extra_keys`,
-   * kv_cache_utils.py:510-538 at 52a31cc): `[lora_name]` for an adapter's blocks (#33304), the
+   * kv_cache_utils.py:503-538 at 52a31cc): `[lora_name]` for an adapter's blocks (#33304), the
    * salt after it on the prompt's first block (`[lora_name, cache_salt]` or `[cache_salt]`),
    * else none.
    */

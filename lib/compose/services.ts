@@ -155,7 +155,7 @@ export class RouterServices {
     const admission =
       config.admission === undefined
         ? undefined
-        : new Admission(config.admission, table, { metrics: createAdmissionMetrics(config.metrics, config.admission.classes), warn: (message) => config.logger.warn(message) });
+        : new Admission(config.admission, table, { metrics: createAdmissionMetrics(config.metrics, config.admission.classes), warn: (message) => config.logger.warn(message), error: (message) => config.logger.error({}, message) });
     if (admission !== undefined) this.started.push(() => admission.close());
     return admission;
   }

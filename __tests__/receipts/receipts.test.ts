@@ -74,8 +74,11 @@ interface Answer {
   text: string;
 }
 
-async function send(gw: TestGateway, body: object, path = '/v1/chat/completions'): Promise<Answer> {
-  const res = await fetch(gw.url + path, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+/** Four clients take turns (their API keys tell them apart; four, so that no test's own pattern of requests falls to fewer): a verdict needs `verdicts.minSources` (3) distinct sources. */
+let turn = 0;
+
+async function send(gw: TestGateway, body: object, path = '/v1/chat/completions', client = `client-${turn++ % 4}`): Promise<Answer> {
+  const res = await fetch(gw.url + path, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${client}` }, body: JSON.stringify(body) });
   return { status: res.status, decision: res.headers.get('x-dp-router-decision'), text: await res.text() };
 }
 
@@ -310,5 +313,42 @@ describe('route receipts: off', () => {
     const chats = mock.stats().requests.filter((record) => record.path === '/v1/chat/completions');
     expect(chats).toHaveLength(30);
     expect(chats.every((record) => JSON.parse(record.body!).stream_options === undefined && record.rankHeaders.length === 0)).toBe(true);
+  });
+});
+
+describe('route receipts: requests the router does not model exactly (issue 46)', () => {
+  const taken = (gw: TestGateway, verdict: string) => metricValue(gw.registry, 'dp_router_verdicts_total', { upstream: 'mock', verdict, outcome: 'taken' });
+
+  it('reproduction 2: truncate_prompt_tokens requests, however many and from however many clients, leave the exact index trusted', async () => {
+    const { gw, warnings, errors } = await setup({ receipts: { usageEvery: 1 } });
+    for (let i = 0; i < 40; i++) {
+      const answer = await send(gw, i % 2 === 0 ? chat(i, { truncate_prompt_tokens: 8 }) : completion(i, { truncate_prompt_tokens: 8 }), i % 2 === 0 ? undefined : '/v1/completions');
+      expect(answer.status).toBe(200);
+      // vLLM cut the prompt: its usage counts 8 tokens, not the router's.
+      expect((JSON.parse(answer.text) as { usage: { prompt_tokens: number } }).usage.prompt_tokens).toBe(8);
+    }
+    expect((await send(gw, chat(999))).decision).toMatch(/; index=exact$/);
+    expect(warnings).toEqual([]);
+    expect(errors).toEqual([]);
+    expect(await taken(gw, 'tokens')).toBe(0);
+  });
+
+  it('reproduction 3: cache_salt requests find only their own salt\'s blocks, predicted as the engine reports them, and leave the index trusted', async () => {
+    const { gw, warnings } = await setup({ receipts: { usageEvery: 1 } });
+    // Cached unsalted, and seen to report cached tokens.
+    for (let i = 0; i < 12; i++) for (let twice = 0; twice < 2; twice++) await send(gw, chat(i));
+    for (let i = 0; i < 24; i++) expect((await send(gw, chat(i % 12, { cache_salt: `tenant-${i}` }))).status).toBe(200);
+    expect(warnings).toEqual([]);
+    expect(await taken(gw, 'misses')).toBe(0);
+    expect((await send(gw, chat(0))).decision).toMatch(/; index=exact$/);
+    // A salted prompt sent again finds its own salt's blocks, as predicted.
+    const cached = (source: string) => metricValue(gw.registry, 'dp_router_prompt_cached_tokens_total', { source });
+    await send(gw, chat(100, { cache_salt: 'tenant-x' }));
+    const [predicted, reported] = [await cached('predicted'), await cached('reported')];
+    const again = await send(gw, chat(100, { cache_salt: 'tenant-x' }));
+    expect(again.decision).toMatch(/; index=exact$/);
+    const hit = (JSON.parse(again.text) as { usage: { prompt_tokens_details: { cached_tokens: number } } }).usage.prompt_tokens_details.cached_tokens;
+    expect(hit).toBeGreaterThan(0);
+    expect([(await cached('predicted')) - predicted, (await cached('reported')) - reported]).toEqual([hit, hit]);
   });
 });

@@ -59,7 +59,7 @@ export function parseGenerationRequest(
   if (tokenizer) {
     const outcome = tokenizer.tokenize(kind, body);
     if ('refused' in outcome) return { message: `Cannot tokenize this request (${outcome.refused}).`, param: kind === 'chat' ? 'messages' : 'prompt' };
-    tokenIds = outcome.prompts;
+    tokenIds = outcome.prompts.map((ids) => truncated(ids, body.truncate_prompt_tokens, body.truncation_side, maxModelLen));
   }
   const longestPrompt = tokenIds
     ? tokenIds.reduce((longest, ids) => Math.max(longest, ids.length), 0)
@@ -83,6 +83,18 @@ export function parseGenerationRequest(
     includeUsage: streamOptions.include_usage === true,
     continuousUsage: streamOptions.include_usage === true && streamOptions.continuous_usage_stats === true,
   };
+}
+
+/**
+ * The prompt as vLLM 52a31cc cuts it for `truncate_prompt_tokens` (`_token_truncation`,
+ * vllm/renderers/params.py:396-413): −1 is the model's length; the tail kept with
+ * `truncation_side: 'left'`, else the head (a Hugging Face tokenizer's default side).
+ */
+function truncated(ids: number[], limit: unknown, side: unknown, maxModelLen: number): number[] {
+  if (typeof limit !== 'number' || !Number.isSafeInteger(limit) || limit < -1) return ids;
+  const keep = limit < 0 ? maxModelLen : limit;
+  if (keep >= ids.length) return ids;
+  return side === 'left' ? ids.slice(ids.length - keep) : ids.slice(0, keep);
 }
 
 /** Tells a rejected body from a valid one. */

@@ -53,7 +53,7 @@ export class PrefillPool extends UpstreamPool {
     });
     this.legMetrics = config.metrics === undefined ? undefined : createDisaggregationMetrics(registry, config.metrics.prefix, this.table.all);
     ({ connectMs: this.connectMs, firstByteMs: this.firstByteMs } = config.timeouts);
-    this.rankHeaders = new RankHeaderGuard(this.table, this.metrics, config.logger);
+    this.rankHeaders = new RankHeaderGuard({ table: this.table, metrics: this.metrics, logger: config.logger, verdicts: this.verdicts, header: config.header });
     if (hasDnsEntries(sources)) this.dns = this.startDns(sources);
   }
 
@@ -90,6 +90,7 @@ export class PrefillPool extends UpstreamPool {
   override async close(): Promise<void> {
     this.dns?.stop();
     for (const client of this.clients.values()) client.close();
+    this.rankHeaders.close();
     await super.close();
   }
 }

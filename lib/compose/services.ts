@@ -108,7 +108,8 @@ export class RouterServices {
     this.detector = pool.detector;
     this.inputs = pool.inputs;
     warnUnusedKvEvents(pool, config);
-    const rankHeaders = (this.rankHeaders = new RankHeaderGuard(table, pool.metrics, config.logger));
+    const rankHeaders = (this.rankHeaders = new RankHeaderGuard({ table, metrics: pool.metrics, logger: config.logger, verdicts: pool.verdicts, header: config.header }));
+    this.started.push(() => rankHeaders.close());
     // Discovery replaces one upstream's ranks and keeps everything else as it is; then the
     // engines its /metrics name are held against how the router reaches them.
     const watch = (this.watch = watchEngines(table, config.loadFeedback, pool.metrics, {

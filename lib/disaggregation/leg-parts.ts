@@ -8,6 +8,7 @@ import type { ExactLookup } from '../policies/exact-pick';
 import type { Policy } from '../types';
 import type { EndpointTable } from '../upstreams/endpoints';
 import type { OutlierDetector } from '../upstreams/outlier-detector';
+import type { RankHeaderGuard } from '../upstreams/rank-header-guard';
 import type { RequestInputs } from '../request/request-inputs';
 import type { RouteEndpoint } from '../upstreams/endpoints';
 import type { UpstreamConfig } from '../upstreams/upstream-options';
@@ -39,7 +40,7 @@ export interface PrefillLeg {
   readonly inputs: RequestInputs;
   readonly legMetrics: DisaggregationMetrics | undefined;
   /** Told of a prefill server's refusal of the rank header it was sent (upstreams/rank-header-guard.ts). */
-  readonly rankHeaders: { refused(endpoint: RouteEndpoint, sent: number, numRanks: number): void };
+  readonly rankHeaders: Pick<RankHeaderGuard, 'refused'>;
   clientOf(endpoint: RouteEndpoint): PrefillClient;
   /** `setUpstreams()`: the prefill entries, those found by DNS resolved by the pool. */
   setSources(sources: readonly UpstreamConfig[]): void;

@@ -203,7 +203,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
         this.cancelledDuringPrefill(prefill, result);
         return;
       }
-      const judged = this.judge(req, prefill, result);
+      const judged = this.judge(req, route, prefill, result);
       if (typeof judged === 'object') {
         // The prefill keeps the blocks for kv_lease_duration from now, unless the decode engine renews it.
         route.leaseEnds = performance.now() + this.config.disaggregation!.kvLeaseMs;
@@ -245,7 +245,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
       }
       this.sendPrefill(req, res, path, prefill, source, body).then((result) => {
         // The decode leg is on its way whatever this says: it is counted, not acted on.
-        if (!clientGone(res)) this.judge(req, prefill, result);
+        if (!clientGone(res)) this.judge(req, route, prefill, result);
       }, next);
       this.decodeWith(req, res, next, route, bytes, mooncakeDecodeParams(transferId, bootstrapAddress(prefill.config), engineId), 'disaggregated', scan);
     }, next);
@@ -274,7 +274,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
   }
 
   /** Counts the prefill's answer against its endpoint: the `kv_transfer_params` it handed over (Mooncake's need none), or the failure. */
-  private judge(req: RoutedRequest, prefill: RouteEndpoint, result: PrefillResult): PrefillFailure | { params: string | undefined } {
+  private judge(req: RoutedRequest, route: RouteState, prefill: RouteEndpoint, result: PrefillResult): PrefillFailure | { params: string | undefined } {
     const { pool } = this;
     if (!result.ok) {
       const kind = result.failure === 'refused' ? 'connect' : result.failure === 'reset' || result.failure === 'too_large' ? 'reset' : 'timeout';
@@ -291,7 +291,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
     if (result.status === 400 && prefill.headerValue !== undefined) {
       // vLLM's refusal of the header (rank-rejection.ts): the guard takes the server's ranks out of the prefill pool's rotation.
       const refused = parseOutOfRange(result.body.subarray(0, MAX_REFUSAL_BYTES).toString('utf8'));
-      if (refused !== undefined) pool.rankHeaders.refused(prefill, refused.rank, refused.numRanks);
+      if (refused !== undefined) pool.rankHeaders.refused(prefill, refused.rank, refused.numRanks, req, route.headers, route.ticket?.tenant);
     }
     if (result.status < 200 || result.status >= 300) return 'status';
     if (this.bootstrap !== undefined) return { params: undefined };

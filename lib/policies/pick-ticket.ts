@@ -23,6 +23,8 @@ export class RouteTicket {
   epoch = 0;
   /** How many times the rank's events had stored blocks the index could not key, when routed. */
   orphans = 0;
+  /** Who sent the request (lib/verdicts/source.ts): a verdict needs receipts of several. */
+  source: string | undefined = undefined;
 
   constructor(
     readonly upstream: string,

@@ -139,7 +139,7 @@ export class UpstreamBook {
   private kv(ticket: RouteTicket, outcome: KvOutcome): KvOutcome {
     const counts = this.counts.get(ticket.rank);
     if (counts !== undefined) counts.outcomes[KV_OUTCOMES.indexOf(outcome)]++;
-    const transition = this.verdicts.kv(outcome, ticket.epoch, ticket.rank, ticket.path);
+    const transition = this.verdicts.kv(outcome, ticket.epoch, ticket.rank, ticket.path, ticket.source);
     if (transition !== undefined) this.told(this, transition);
     return outcome;
   }
@@ -169,7 +169,7 @@ export class UpstreamBook {
     }
     if (exact) {
       const missed = reported === undefined || predicted < ticket.blockSize ? undefined : reported + ticket.blockSize < predicted;
-      const transition = this.verdicts.usage(ticket.epoch, missed, usage.promptTokens !== ticket.promptTokens);
+      const transition = this.verdicts.usage(ticket.epoch, missed, usage.promptTokens !== ticket.promptTokens, ticket.source);
       if (transition !== undefined) this.told(this, transition);
     }
     return reported === undefined ? undefined : { predicted, reported };

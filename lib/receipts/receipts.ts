@@ -32,6 +32,7 @@ import { RouteTicket, type ExactGate, type ExactReceipts, type HeldBlocks } from
 import { stripAskedUsage } from './usage-strip';
 import { AnswerTail, lastUsage, type ReportedUsage } from './usage-json';
 import type { Transition } from './verdict';
+import type { Verdicts } from '../verdicts/verdicts';
 
 /** An upstream as receipts need it. */
 export interface ReceiptUpstream {
@@ -57,6 +58,8 @@ export interface ReceiptsParts {
   readonly metrics: MetricsConfig | undefined;
   readonly logger: RouterLogger;
   readonly tracing: Tracing;
+  /** Where a verdict is counted and logged with its evidence; its `minSources` is what a verdict needs. */
+  readonly verdicts: Verdicts;
   /** The clock. Default: `Date.now`. */
   readonly now?: () => number;
 }
@@ -238,7 +241,7 @@ export class Receipts implements ExactReceipts {
   }
 
   private open(upstream: ReceiptUpstream): UpstreamBook {
-    const book = new UpstreamBook(upstream.name, upstream.rankHeader, upstream.ranks, this.config, this.told);
+    const book = new UpstreamBook(upstream.name, upstream.rankHeader, upstream.ranks, { ...this.config, minSources: this.parts.verdicts.minSources }, this.told);
     this.books.set(upstream.name, book);
     return book;
   }
@@ -250,14 +253,19 @@ export class Receipts implements ExactReceipts {
 
   /** A verdict changed: the line that says so, and why. */
   private readonly told = (book: UpstreamBook, transition: Transition): void => {
-    const { logger, header } = this.parts;
+    const { logger, header, verdicts } = this.parts;
     const { probeEvery } = this.config;
     this.degraded = [...this.books.values()].filter((one) => !one.verdicts.honoured || !one.verdicts.trusted).length;
     switch (transition.kind) {
+      case 'refused':
+        verdicts.refused(book.name, transition.cause, { bad: transition.bad, total: transition.total, sources: transition.sources });
+        return;
       case 'unhonoured':
+        verdicts.taken(book.name, 'elsewhere', 'sources', { elsewhere: transition.breakdown.elsewhere, total: transition.breakdown.total, sources: transition.sources });
         logger.error({ dpRouter: { upstream: book.name, receipts: { elsewhere: transition.breakdown.elsewhere, total: transition.breakdown.total } } }, unhonouredLine(book, header, transition.breakdown, this.config.elsewhereShare, probeEvery));
         return;
       case 'untrusted':
+        verdicts.taken(book.name, transition.cause, 'sources', { bad: transition.bad, total: transition.total, sources: transition.sources });
         logger.warn(untrustedLine(book, transition.cause, transition.bad, transition.total, probeEvery));
         return;
       case 'honoured':

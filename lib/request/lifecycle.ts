@@ -264,7 +264,7 @@ export class RequestLifecycle {
     const context: PickContext = policy.readsContext === false && affinityKey === undefined && prompt === undefined ? UNREAD_CONTEXT : { path: req.originalUrl ?? req.url ?? '/', affinityKey, prompt };
     // A retry picks again among other candidates: without this pick's exact view of these.
     route.context = context;
-    let picking: PrefixPickContext = this.exact !== undefined && prompt !== undefined ? exactContext(this.exact!, context, body!, route, candidates) : context;
+    let picking: PrefixPickContext = this.exact !== undefined && prompt !== undefined ? exactContext(this.exact!, context, body!, route, candidates, req) : context;
     const { hooks } = this;
     for (let i = 0; i < hooks.picking.length; i++) picking = hooks.picking[i].picking!(route, req, picking, body?.bytes ?? route.body, body?.members);
     let chosen: RouteEndpoint;

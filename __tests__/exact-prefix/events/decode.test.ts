@@ -94,7 +94,7 @@ const cases: Array<{ file: string; layout: KvLayout; batch: MockKvBatch; decoded
       dataParallelRank: 0,
       invalidEvents: 0,
       events: [
-        { type: 'stored', blockHashes: [10, 11], parentBlockHash: null, tokenIds: [1, 2], blockSize: 1, loraId: 7, loraName: 'sql-lora', medium: null, extraKeyed: [true, false], groupIdx: 0, kvCacheSpecKind: null },
+        { type: 'stored', blockHashes: [10, 11], parentBlockHash: null, tokenIds: [1, 2], blockSize: 1, loraId: 7, loraName: 'sql-lora', medium: null, extraKeyed: [false, false], cacheSalt: 'salt', groupIdx: 0, kvCacheSpecKind: null },
       ],
     },
   },
@@ -118,12 +118,12 @@ describe('vLLM 52a31cc recordings', () => {
     expect(encodeKvBatch(mockBatch(decodedBatch(recording, at)), 'current').toString('hex')).toBe(recording.frames[at][2]);
   });
 
-  it('reads a LoRA block whose only extra key is its adapter as keyed by token ids, and a salted or multimodal one as not', () => {
-    const [lora, salted, saltedBase] = (decodeKvEventBatch(payloadOf(vllmRecording('lora'), 0)) as { ok: true; batch: { events: Array<{ extraKeyed: boolean[] }> } }).batch.events;
+  it("reads a LoRA block whose only extra key is its adapter as keyed by token ids, and a salted one's salt as its first block's key", () => {
+    const [lora, salted, saltedBase] = (decodeKvEventBatch(payloadOf(vllmRecording('lora'), 0)) as { ok: true; batch: { events: Array<{ extraKeyed: boolean[]; cacheSalt?: string }> } }).batch.events;
     // vLLM: [["sql-lora"], ["sql-lora"]], [["sql-lora", "tenant-a"], ["sql-lora"]], [["tenant-a"], null].
-    expect(lora.extraKeyed).toEqual([false, false]);
-    expect(salted.extraKeyed).toEqual([true, false]);
-    expect(saltedBase.extraKeyed).toEqual([true, false]);
+    expect([lora.extraKeyed, lora.cacheSalt]).toEqual([[false, false], undefined]);
+    expect([salted.extraKeyed, salted.cacheSalt]).toEqual([[false, false], 'tenant-a']);
+    expect([saltedBase.extraKeyed, saltedBase.cacheSalt]).toEqual([[false, false], 'tenant-a']);
   });
 });
 

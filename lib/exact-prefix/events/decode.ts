@@ -46,6 +46,12 @@ export interface KvBlockStored {
    * index keys LoRA blocks under the adapter's name.
    */
   extraKeyed: boolean[] | null;
+  /**
+   * The `cache_salt` in the first block's extra keys, when the event starts a prompt (no parent):
+   * vLLM adds it there, after the adapter's name, on a prompt's first block only
+   * (kv_cache_utils.py:524-532 at 52a31cc); that block is then not counted as extra-keyed.
+   */
+  cacheSalt?: string | null;
   groupIdx: number | null;
   /** The KV-cache group's kind: `full_attention`, `sliding_window`, `mla_attention`, … (vLLM #40984); `null` or absent before. */
   kvCacheSpecKind?: string | null;
@@ -295,8 +301,20 @@ function decodeStored(fields: EventFields, blockHashes: EngineBlockHash[] | null
   if (extraRaw !== undefined && extraRaw !== null) {
     if (!Array.isArray(extraRaw) || extraRaw.length !== blockHashes.length) return null;
     extraKeyed = extraRaw.map((entry) => entry !== null && !(Array.isArray(entry) && entry.length === 1 && entry[0] === loraName && loraName !== null));
+    const salt = parentBlockHash === null ? saltOf(extraRaw[0], loraName) : undefined;
+    if (salt !== undefined) {
+      extraKeyed[0] = false;
+      return { type: 'stored', blockHashes, parentBlockHash, tokenIds, blockSize, loraId, loraName, medium, extraKeyed, cacheSalt: salt, groupIdx, kvCacheSpecKind };
+    }
   }
   return { type: 'stored', blockHashes, parentBlockHash, tokenIds, blockSize, loraId, loraName, medium, extraKeyed, groupIdx, kvCacheSpecKind };
+}
+
+/** A first block's salt: its extra keys `[cache_salt]`, or `[lora_name, cache_salt]` for an adapter's (mm keys are tuples, prompt embeddings bytes). */
+function saltOf(keys: unknown, loraName: string | null): string | undefined {
+  if (!Array.isArray(keys)) return undefined;
+  const rest = loraName !== null && keys[0] === loraName ? 1 : 0;
+  return keys.length === rest + 1 && typeof keys[rest] === 'string' && keys[rest] !== '' ? keys[rest] : undefined;
 }
 
 function convertHashes(raw: unknown[], into: EngineBlockHash[], from: number, to: number): boolean {

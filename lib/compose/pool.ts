@@ -8,6 +8,7 @@ import { createMetrics, NO_METRICS, type RouterMetrics } from '../observe/metric
 import type { Tracing } from '../observe/tracing';
 import type { Configuration } from '../options';
 import { buildPolicy } from '../policies/by-name';
+import { routePolicy, type RoutePolicy } from '../policies/route-policy';
 import type { HintConfig } from '../request/hint-options';
 import { createRequestInputs, type RequestInputs } from '../request/request-inputs';
 import type { Policy, PolicyName } from '../types';
@@ -22,7 +23,7 @@ import { Receipts } from '../receipts/receipts';
 export interface PoolParts {
   readonly config: Configuration;
   /** The pool's policy, built from `policy` (or `disaggregation.prefillPolicy` for the prefill pool) by {@link poolPolicy}. */
-  readonly policy: Policy;
+  readonly policy: RoutePolicy;
   /** The tokenizer its exact prefix routing loads, by {@link poolPolicy}; `undefined`: none. */
   readonly tokenizer: TokenizerSource | undefined;
   readonly upstreams: readonly UpstreamConfig[];
@@ -69,11 +70,12 @@ export function checkKvEventSources(config: Configuration, sources: readonly Ups
 }
 
 /**
- * A pool's policy, built from its setting (a fresh built-in one, or the user's object), and the
- * tokenizer exact prefix routing loads for it (the built-in `'prefix-aware'` by name only).
+ * A pool's policy, built from its setting (a fresh built-in one, or the user's object) and put
+ * in the router's form once ({@link routePolicy}), and the tokenizer exact prefix routing loads
+ * for it (the built-in `'prefix-aware'` by name only).
  */
-export function poolPolicy(setting: PolicyName | Policy, config: Configuration): { policy: Policy; tokenizer: TokenizerSource | undefined } {
-  return { policy: buildPolicy(setting, config), tokenizer: exactTokenizer(setting, config.prefixAware) };
+export function poolPolicy(setting: PolicyName | Policy, config: Configuration): { policy: RoutePolicy; tokenizer: TokenizerSource | undefined } {
+  return { policy: routePolicy(buildPolicy(setting, config)), tokenizer: exactTokenizer(setting, config.prefixAware) };
 }
 
 /**
@@ -84,7 +86,7 @@ export function poolPolicy(setting: PolicyName | Policy, config: Configuration):
  * disaggregation one more for the prefill leg. What is not configured is not built.
  */
 export class UpstreamPool {
-  readonly policy: Policy;
+  readonly policy: RoutePolicy;
   readonly table: EndpointTable;
   readonly metrics: RouterMetrics;
   /** Metrics, tracing and logs of this pool's events, told once. */

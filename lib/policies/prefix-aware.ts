@@ -1,6 +1,7 @@
 import { randomKey32, rendezvousWeight } from '../hash';
 import type { ExactPick } from './exact-pick';
 import type { Endpoint, PickContext, Policy } from '../types';
+import { PICK_RESULT, type PicksResult, type PickResult } from './pick-result';
 import { BlockIndex, blockHomes } from './prefix-aware-index';
 import { PromptBlockHasher } from './prefix-aware-hasher';
 import { type PeerLoad, PrefillCostModel } from './prefix-aware-ttft';
@@ -27,7 +28,7 @@ export interface PrefixPickContext extends PickContext {
 }
 
 /** The `prefix-aware` policy, with what its last pick estimated (read right after `pick`, e.g. for tracing). */
-export interface PrefixAwarePolicy extends Policy {
+export interface PrefixAwarePolicy extends Policy, PicksResult {
   /** The share of the last picked prompt's blocks the chosen endpoint was estimated to hold; 0 without a prompt. */
   readonly matchedShare: number;
   /** The last picked prompt's blocks the chosen endpoint was estimated to lack (its prefill, in blocks); 0 without a prompt. */
@@ -101,8 +102,8 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
   let typicalWork = -1;
   /** Sum of every index's `recentBlocks`. */
   let recentTotal = 0;
-  let matchedShare = 0;
-  let uncachedBlocks = 0;
+  /** What the last pick found: filled by each pick (`PICK_RESULT`), read by the router at once. */
+  const result: PickResult & { matchedShare: number; uncachedBlocks: number } = { endpoint: undefined as unknown as Endpoint, index: 'approximate', matchedShare: 0, uncachedBlocks: 0 };
 
   function hashBlocks(prompt: string): number {
     const count = hasher.hash(prompt);
@@ -310,27 +311,34 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     return chosen;
   }
 
-  return {
+  const policy: PrefixAwarePolicy = {
     name: 'prefix-aware',
     usesPrompt: true,
     namesIndex: true,
     reportsMatchedShare: true,
     learnsFirstTokens: true,
     get matchedShare() {
-      return matchedShare;
+      return result.matchedShare;
     },
     get uncachedBlocks() {
-      return uncachedBlocks;
+      return result.uncachedBlocks;
     },
     get prefillCost() {
       return { secondsPerBlock: costModel.secondsPerBlock, blocksPerLoad: costModel.blocksPerLoad() };
     },
     pick(candidates: readonly Endpoint[], ctx: PickContext): Endpoint {
+      return policy[PICK_RESULT](candidates, ctx).endpoint;
+    },
+    [PICK_RESULT](candidates: readonly Endpoint[], ctx: PickContext): PickResult {
       const prompt = ctx.prompt;
       const blockCount = prompt === undefined ? 0 : hashBlocks(prompt);
-      matchedShare = 0;
-      uncachedBlocks = 0;
-      if (blockCount === 0) return fallback.pick(candidates, ctx);
+      result.index = 'approximate';
+      result.matchedShare = 0;
+      result.uncachedBlocks = 0;
+      if (blockCount === 0) {
+        result.endpoint = fallback.pick(candidates, ctx);
+        return result;
+      }
       if (++picks % FORGET_AFTER_PICKS === 0) recentTotal -= states.forget(picks, FORGET_AFTER_PICKS);
       const exact = (ctx as PrefixPickContext).exact;
       const chosenAt = choose(candidates, blockCount, exact);
@@ -349,8 +357,10 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
         ? exactUncached(blockCount, exact.matched[chosenAt], exact.promptBlocks)
         : blockCount - (candidateRuns[chosenAt] >= 0 ? candidateRuns[chosenAt] : index.leadingRun(blockHashes, blockCount, 0, homes));
       typicalWork = typicalWork < 0 ? uncached : typicalWork + (uncached - typicalWork) * WORK_SMOOTHING;
-      matchedShare = 1 - uncached / blockCount;
-      uncachedBlocks = uncached;
+      result.endpoint = chosen;
+      result.index = exact === undefined ? 'approximate' : exact.source;
+      result.matchedShare = 1 - uncached / blockCount;
+      result.uncachedBlocks = uncached;
       const pending = state.pending;
       pending.push(uncached, pending.blocks + waitingElsewhere(chosen, chosen.load, typicalWork < 0 ? uncached : typicalWork) + uncached, chosen.load);
       const added = index.recordChain(blockHashes, blockCount, homes);
@@ -365,7 +375,8 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
           recentTotal += held.index.recentBlocks;
         }
       }
-      return chosen;
+      return result;
     },
   };
+  return policy;
 }

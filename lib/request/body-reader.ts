@@ -119,3 +119,7 @@ function encodeParsedBody(body: unknown): Buffer | undefined {
   if (typeof body === 'string') return Buffer.from(body);
   return Buffer.from(JSON.stringify(body));
 }
+
+/** Logged once per router when a body parser ran before it. */
+export const PARSED_BODY_NOTICE =
+  'express-dp-router: the request body was already parsed (e.g. by express.json()); it is re-encoded to forward it. Mount the router before body parsers to forward the original bytes.';

@@ -19,9 +19,12 @@ import type { UpstreamConfig } from '../upstreams/upstream-options';
 import type { ReceiptsConfig } from '../receipts/options';
 import { Receipts } from '../receipts/receipts';
 
+/** The options a pool of upstreams reads (the router's `Configuration` is one). */
+export type PoolConfig = Pick<Configuration, 'policy' | 'prefixAware' | 'affinity' | 'hints' | 'header' | 'metrics' | 'healthCheck' | 'outlierDetection' | 'logger'>;
+
 /** What one pool of upstreams is built from. */
 export interface PoolParts {
-  readonly config: Configuration;
+  readonly config: PoolConfig;
   /** The pool's policy, built from `policy` (or `disaggregation.prefillPolicy` for the prefill pool) by {@link poolPolicy}. */
   readonly policy: RoutePolicy;
   /** The tokenizer its exact prefix routing loads, by {@link poolPolicy}; `undefined`: none. */
@@ -45,9 +48,9 @@ export interface PoolParts {
 const NOT_SCRAPED = (): string[] => [];
 
 /** The router's tokenizer, loaded once whichever of its pools route on it (the decode pool and the prefill pool share it). */
-const tokenizers = new WeakMap<Configuration, PromptTokenizer>();
+const tokenizers = new WeakMap<PoolConfig, PromptTokenizer>();
 
-function tokenizerOf(config: Configuration, source: TokenizerSource): PromptTokenizer {
+function tokenizerOf(config: PoolConfig, source: TokenizerSource): PromptTokenizer {
   let tokenizer = tokenizers.get(config);
   if (tokenizer === undefined) {
     tokenizer = loadTokenizer('prefixAware.tokenizer', source, config.prefixAware.chatTemplateKwargs);
@@ -59,13 +62,13 @@ function tokenizerOf(config: Configuration, source: TokenizerSource): PromptToke
 }
 
 /** Says once, at creation, that upstreams' `kvEvents` go unused (no exact prefix routing on the router's pool). */
-export function warnUnusedKvEvents(pool: UpstreamPool, config: Configuration): void {
+export function warnUnusedKvEvents(pool: UpstreamPool, config: Pick<Configuration, 'logger'>): void {
   const notice = unusedKvEventsNotice(pool.table.upstreams, pool.exact !== undefined, pool.policy.name);
   if (notice !== undefined) config.logger.warn(notice);
 }
 
 /** Throws for entries this router cannot take (`kvEvents` under prefix-aware without a tokenizer), before anything changes. */
-export function checkKvEventSources(config: Configuration, sources: readonly UpstreamConfig[]): void {
+export function checkKvEventSources(config: Pick<Configuration, 'policy' | 'prefixAware'>, sources: readonly UpstreamConfig[]): void {
   requireTokenizerForKvEvents(sources, config.policy === 'prefix-aware', config.prefixAware.tokenizer);
 }
 
@@ -74,7 +77,7 @@ export function checkKvEventSources(config: Configuration, sources: readonly Ups
  * in the router's form once ({@link routePolicy}), and the tokenizer exact prefix routing loads
  * for it (the built-in `'prefix-aware'` by name only).
  */
-export function poolPolicy(setting: PolicyName | Policy, config: Configuration): { policy: RoutePolicy; tokenizer: TokenizerSource | undefined } {
+export function poolPolicy(setting: PolicyName | Policy, config: Pick<Configuration, 'affinity' | 'prefixAware'>): { policy: RoutePolicy; tokenizer: TokenizerSource | undefined } {
   return { policy: routePolicy(buildPolicy(setting, config)), tokenizer: exactTokenizer(setting, config.prefixAware) };
 }
 

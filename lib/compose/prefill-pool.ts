@@ -2,11 +2,14 @@ import type { Registry } from 'prom-client';
 import type { Tracing } from '../observe/tracing';
 import type { Configuration } from '../options';
 import type { RouteEndpoint } from '../upstreams/endpoints';
-import { poolPolicy, UpstreamPool } from './pool';
+import { poolPolicy, UpstreamPool, type PoolConfig } from './pool';
 import { prefillPool, type UpstreamConfig } from '../upstreams/upstream-options';
 import { createDisaggregationMetrics, type DisaggregationMetrics } from '../disaggregation/metrics';
 import { PREFILL_HINT_HEADER } from '../disaggregation/options';
 import { PrefillClient } from '../disaggregation/prefill-client';
+
+/** The options the prefill leg's pool reads (the router's `Configuration` is one). */
+export type PrefillPoolConfig = PoolConfig & Pick<Configuration, 'disaggregation' | 'upstreams' | 'timeouts'>;
 
 /**
  * The prefill leg's own services: a pool of the prefill upstreams built as the router's own
@@ -20,7 +23,7 @@ export class PrefillPool extends UpstreamPool {
   private readonly connectMs: number;
   private readonly firstByteMs: number;
 
-  constructor(config: Configuration, registry: Registry, tracing: Tracing) {
+  constructor(config: PrefillPoolConfig, registry: Registry, tracing: Tracing) {
     const settings = config.disaggregation!;
     super({
       config,

@@ -196,10 +196,10 @@ describe('a prefill server that refuses the rank header', () => {
     expect((await exchange(gateway.url, { body: COMPLETION })).status).toBe(200);
     await waitFor(() => errors.length === 1, 5000, 'the probe confirms the refusal');
     for (let i = 0; i < 7; i++) expect((await exchange(gateway.url, { body: COMPLETION })).status).toBe(200);
-    const legs = (server: MockVllm) => generations(server).filter((record) => record.body.includes('kv_transfer_params'));
+    const legs = (server: MockVllm) => generations(server).filter((record) => (record.body ?? '').includes('kv_transfer_params'));
     expect(legs(wrong)).toHaveLength(1);
     // The probe: a 1-token completion the router built, carrying the refused header value.
-    expect(generations(wrong).filter((record) => !record.body.includes('kv_transfer_params')).map((record) => record.rankHeaders)).toEqual([['2']]);
+    expect(generations(wrong).filter((record) => !(record.body ?? '').includes('kv_transfer_params')).map((record) => record.rankHeaders)).toEqual([['2']]);
     expect(generations(right)).toHaveLength(7);
     expect(await outcome(gateway, 'disaggregated')).toBe(7);
     expect(errors).toHaveLength(1);

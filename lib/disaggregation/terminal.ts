@@ -177,7 +177,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
     const exact = prompt !== undefined && skip === undefined ? pool.exact?.lookupRequest(path, bytes, candidates, view?.members) : undefined;
     const picking: PrefixPickContext = exact === undefined ? context : { ...context, exact };
     try {
-      const chosen = policy.pick(candidates, picking) as RouteEndpoint;
+      const chosen = policy.pick(candidates, picking).endpoint;
       if (candidates.includes(chosen)) return chosen;
       next(new TypeError(`express-dp-router: policy '${policy.name}' returned an endpoint that was not among the candidates.`));
     } catch (error) {

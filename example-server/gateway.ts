@@ -66,7 +66,7 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
   const tokenizer = settings.tokenizer ?? mockEvents?.tokenizer;
   const registry = new Registry();
   const peers = settings.peers;
-  const admission = await admissionFromFlags(settings.admission, (message) => (logger ? logger.warn(message) : process.emitWarning(message)), peers?.redis === true);
+  const admission = await admissionFromFlags(settings.admission, (message) => (logger ? logger.warn(message) : process.emitWarning(message)), peers?.redis === true, (message) => (logger ? logger.error(message) : process.emitWarning(message)));
   const router = dpRouter({
     upstreams,
     policy: settings.policy,
@@ -95,9 +95,14 @@ export async function startExampleGateway(settings: GatewaySettings, logger?: Pi
   app.get('/healthz', (_req, res) => {
     res.json({ status: 'ok' });
   });
+  // Token budgets in a Redis that is down are not enforced (the router fails open): still ready,
+  // flagged degraded; a Redis that refused our credentials from the start is not (docs/deploying.md).
   app.get('/readyz', (_req, res) => {
     const healthy = router.endpoints().filter((endpoint) => endpoint.healthy).length;
-    res.status(healthy > 0 ? 200 : 503).json({ status: healthy > 0 ? 'ready' : 'no healthy endpoint', healthyEndpoints: healthy });
+    const store = admission.readiness();
+    const ready = healthy > 0 && store !== 'refused';
+    const status = healthy === 0 ? 'no healthy endpoint' : store === 'refused' ? 'the token store (--redis) refuses its credentials' : 'ready';
+    res.status(ready ? 200 : 503).json({ status, healthyEndpoints: healthy, ...(store !== 'ok' && { degraded: ['token budgets not enforced: Redis unreachable or refusing credentials'] }) });
   });
   app.get('/metrics', router.metrics);
   if (logger) {

@@ -3,7 +3,7 @@ import { request as httpRequest } from 'node:http';
 import { redisTokenStore, type Options, type TokenStore } from '../../lib';
 import { createMemoryTokenStore } from '../../lib/admission/memory-store';
 import { startMockVllm } from '../../example-server/mock-vllm';
-import { closedAfterEach, exchange, metricValue, serve, startGateway, waitFor, type Exchange, type TestGateway } from '../helpers';
+import { closedAfterEach, exchange, metricValue, serve, sleep, startGateway, waitFor, type Exchange, type TestGateway } from '../helpers';
 import { redisClient, startHeldUpstream, startRedis } from './helpers';
 
 const started = closedAfterEach();
@@ -21,10 +21,10 @@ const tenant = { header: 'x-tenant-id', trust: true };
 const body = JSON.stringify({ model: 'mock-model', prompt: 'hello world!', max_tokens: 100 });
 const PER_REQUEST = 103;
 
-/** A tenant's count in the current window and the one before (a run may cross a minute's end). */
-async function bothWindows(redis: ReturnType<typeof client>, key: string): Promise<number> {
+/** A tenant's count in the current window and the one before (a run may cross a minute's end); `tag`: `<prefix><tenant>`. */
+async function bothWindows(redis: ReturnType<typeof client>, tag: string): Promise<number> {
   const window = Math.floor(Date.now() / 60_000);
-  const [current, previous] = (await redis.call('MGET', `${key}:${window}`, `${key}:${window - 1}`)) as (string | null)[];
+  const [current, previous] = (await redis.call('MGET', `{${tag}}:${window}`, `{${tag}}:${window - 1}`)) as (string | null)[];
   return Number(current ?? 0) + Number(previous ?? 0);
 }
 
@@ -142,6 +142,23 @@ describe('what a request is charged', () => {
     expect(await metricValue(gw.registry, 'dp_router_token_store_errors_total')).toBe(0);
   });
 
+  it.each([
+    ['n = 8 choices', { model: 'm', prompt: 'hi', max_tokens: 100, n: 8 }],
+    ['a decoy max_tokens: 1 in vllm_xargs before the top-level limit', { model: 'm', vllm_xargs: { max_tokens: 1 }, prompt: 'hi', max_tokens: 800 }],
+  ])('48.9: a request reserves what vLLM may generate for it (%s): the next is refused while it runs', async (_label, ask) => {
+    const upstream = await startHeldUpstream();
+    started.push(upstream);
+    const gw = await gateway({ upstreams: [{ url: upstream.url }], admission: { tenant, tokens: { perMinute: 700 } } });
+    const running = exchange(gw.url, { body: JSON.stringify(ask), headers: { 'x-tenant-id': 'a' } });
+    await waitFor(() => upstream.held === 1);
+    // 800 tokens at most (capped at the budget) are reserved: nothing is left for a second request.
+    const next = await exchange(gw.url, { body: JSON.stringify({ model: 'm', prompt: 'hi', max_tokens: 10 }), headers: { 'x-tenant-id': 'a' } });
+    expect(next.status).toBe(429);
+    expect(upstream.arrived).toHaveLength(1);
+    upstream.releaseAll();
+    expect((await running).status).toBe(200);
+  });
+
   it('refunds the reservation of a request the upstream refuses (a 4xx counts no tokens)', async () => {
     const upstream = await serve((req, res) => {
       req.resume();
@@ -190,5 +207,38 @@ describe('what a request is charged', () => {
     await new Promise((resolve) => setTimeout(resolve, 20));
     expect(memory.read('a', Math.floor(Date.now() / 60_000))).toEqual({ current: 0, previous: 0 });
     expect(upstream.arrived).toEqual([]);
+  });
+});
+
+describe('Retry-After of a tenant over its budget', () => {
+  it('48.10: a tenant kept out only by a reservation in flight is told to retry when reservations settle (their typical hold), not when the minute ends', async () => {
+    // The whole test within one fixed minute: the window's own answer is then at least 8 s.
+    const into = Date.now() % 60_000;
+    if (into > 50_000) await sleep(60_000 - into + 100);
+    const upstream = await startHeldUpstream();
+    started.push(upstream);
+    const gw = await gateway({ upstreams: [{ url: upstream.url }], admission: { tenant, tokens: { perMinute: 1_000 } } });
+    const ask = (maxTokens: number) => exchange(gw.url, { body: JSON.stringify({ model: 'm', prompt: 'hi', max_tokens: maxTokens }), headers: { 'x-tenant-id': 'a' } });
+    // A first request holds its reservation for about 1.5 s: the typical hold.
+    const first = ask(10);
+    await waitFor(() => upstream.held === 1);
+    await sleep(1_500);
+    upstream.releaseOne();
+    expect((await first).status).toBe(200);
+    // One whose reservation is the whole budget; the next is refused while it runs.
+    const running = ask(5_000);
+    await waitFor(() => upstream.held === 1);
+    const refused = await ask(10);
+    expect(refused.status).toBe(429);
+    const retryAfter = Number(refused.headers['retry-after']);
+    expect(retryAfter).toBeGreaterThanOrEqual(1);
+    expect(retryAfter).toBeLessThanOrEqual(2);
+    // It settles to its usage (5 tokens) when it ends: the budget lets the tenant in again.
+    upstream.releaseAll();
+    expect((await running).status).toBe(200);
+    const next = ask(10);
+    await waitFor(() => upstream.held === 1);
+    upstream.releaseAll();
+    expect((await next).status).toBe(200);
   });
 });

@@ -1,6 +1,8 @@
 import { describe, expect, it } from '@jest/globals';
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
+import { Writable } from 'node:stream';
+import pino from 'pino';
 import { parseCommandLine, type GatewaySettings } from '../../example-server/cli';
 import { startExampleGateway } from '../../example-server/gateway';
 import { closedAfterEach, exchange, freePort, waitFor } from '../helpers';
@@ -28,6 +30,61 @@ describe('example server admission flags', () => {
     const metrics = await (await fetch(`${gateway.url}/metrics`)).text();
     expect(metrics).toMatch(/dp_router_admission_total\{outcome="queued"\} [1-9]/);
     expect(metrics).toMatch(/dp_router_token_store_errors_total 0/);
+  });
+});
+
+describe('the example server\'s /readyz with token budgets in Redis', () => {
+  const start = async (redisUrl: string) => {
+    const settings = parseCommandLine(['--port', '0', '--dp-size', '1', '--tokens-per-minute', '1000', '--redis', redisUrl], {}) as GatewaySettings;
+    const errors: string[] = [];
+    const warnings: string[] = [];
+    // pino's JSON lines, by level (40 warn, 50 error).
+    const lines = new Writable({
+      write(chunk: Buffer, _encoding, done) {
+        for (const line of chunk.toString().split('\n').filter(Boolean)) {
+          const { level, msg } = JSON.parse(line) as { level: number; msg: string };
+          if (level === 50) errors.push(msg);
+          else if (level === 40) warnings.push(msg);
+        }
+        done();
+      },
+    });
+    const gateway = await startExampleGateway(settings, pino({ level: 'info' }, lines));
+    started.push(gateway);
+    const ready = async () => {
+      const answer = await fetch(`${gateway.url}/readyz`);
+      return { status: answer.status, body: (await answer.json()) as { status: string; degraded?: string[] } };
+    };
+    return { gateway, ready, errors, warnings };
+  };
+
+  it('48.13: not ready, and an error logged, while Redis refuses the --redis password from the start', async () => {
+    const redis = await startRedis(undefined, ['--requirepass', 'pw']);
+    started.push({ close: () => redis.stop() });
+    const { ready, errors, warnings } = await start(`redis://:wrong@127.0.0.1:${redis.port}`);
+    await waitFor(() => errors.length >= 2);
+    expect(errors.join('\n')).toMatch(/WRONGPASS/);
+    expect(warnings.join('\n')).not.toMatch(/WRONGPASS/);
+    const { status, body } = await ready();
+    expect(status).toBe(503);
+    expect(body.status).toMatch(/refuses its credentials/);
+  });
+
+  it('48.13: ready but flagged degraded while Redis is down (budgets fail open), and ready again when it is back', async () => {
+    const redis = await startRedis(undefined, ['--requirepass', 'pw']);
+    started.push({ close: () => redis.stop() });
+    const { ready } = await start(`redis://:pw@127.0.0.1:${redis.port}`);
+    await waitFor(async () => (await ready()).body.degraded === undefined);
+    expect(await ready()).toEqual({ status: 200, body: { status: 'ready', healthyEndpoints: 1 } });
+    await redis.stop();
+    await waitFor(async () => (await ready()).body.degraded !== undefined);
+    const down = await ready();
+    expect(down.status).toBe(200);
+    expect(down.body.status).toBe('ready');
+    expect(down.body.degraded![0]).toMatch(/token budgets not enforced/);
+    const again = await startRedis(redis.port, ['--requirepass', 'pw']);
+    started.push({ close: () => again.stop() });
+    await waitFor(async () => (await ready()).body.degraded === undefined, 10_000);
   });
 });
 

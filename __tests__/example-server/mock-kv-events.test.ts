@@ -340,6 +340,27 @@ describe('mock vLLM with kvEvents', () => {
     expect((await post(mock, '/v1/chat/completions', { ...chat, model: 'other-lora' }, 0)).status).toBe(404);
   });
 
+  it("salts a request's first block with its cache_salt as vLLM does (fixtures/vllm-52a31cc/salt.json): its extra keys name the salt, and only that salt finds the blocks again", async () => {
+    const mock = await startMock();
+    const { index, sink, recorder } = await feed(mock);
+    const chat = { messages: [{ role: 'system', content: SYSTEM }, { role: 'user', content: 'Salted?' }], max_tokens: 1 };
+    const before = sink.events.length;
+    const stored = recorder.count(1, 'stored');
+    expect((await post(mock, '/v1/chat/completions', { ...chat, cache_salt: 'tenant-a' }, 1)).status).toBe(200);
+    await storedOn(recorder, 1, stored + 1);
+    const tokens = (router(mock).tokenize('chat', chat) as { prompts: number[][] }).prompts[0];
+    const blocks = Math.floor(tokens.length / BLOCK);
+    const [event] = sink.stored(1, before);
+    // vLLM: [["tenant-a"], null, …]; decoded, the salt keys the first block and nothing is extra.
+    expect(event).toMatchObject({ cacheSalt: 'tenant-a', extraKeyed: Array(blocks).fill(false) });
+    expect(Array.from(index.match(tokens, { salt: 'tenant-a' }).matchedBlocks)).toEqual([0, blocks]);
+    expect(Array.from(index.match(tokens).matchedBlocks)).toEqual([0, 0]);
+    const same = await post(mock, '/v1/chat/completions', { ...chat, cache_salt: 'tenant-a' }, 1);
+    expect(same.body.usage.prompt_tokens_details.cached_tokens).toBe(Math.min(blocks, Math.floor((tokens.length - 1) / BLOCK)) * BLOCK);
+    const other = await post(mock, '/v1/chat/completions', { ...chat, cache_salt: 'tenant-b' }, 1);
+    expect(other.body.usage.prompt_tokens_details).toBeUndefined();
+  });
+
   it('publishes as a hybrid-attention model with hybrid: the index follows the full-attention group through the sliding group\'s evictions', async () => {
     const mock = await startMock({ dataParallelSize: 1, kvEvents: { hybrid: true } });
     const { index, sink, recorder } = await feed(mock);
@@ -353,17 +374,19 @@ describe('mock vLLM with kvEvents', () => {
     expect(index.match(tokens).matchedBlocks[0]).toBe(3);
   });
 
-  it("publishes an offloading connector's CPU stores with offload: counted as stores, never invalid, outside the GPU match", async () => {
+  it("publishes an offloading connector's CPU stores with offload: the GPU's blocks indexed, the CPU's kept as their tier, none invalid", async () => {
     const mock = await startMock({ dataParallelSize: 1, kvEvents: { offload: true } });
     const { index, recorder } = await feed(mock);
     const stored = recorder.count(0, 'stored');
     const { prompt, tokens } = promptOfBlocks(router(mock), 2, 'offload');
     await complete(mock, 0, prompt);
-    // The GPU's store and the connector's CPU store (a lower tier's event is counted, not skipped).
+    // The GPU's store and the connector's CPU store of the same two blocks.
     await storedOn(recorder, 0, stored + 2);
     expect(index.match(tokens).matchedBlocks[0]).toBe(2);
     expect(recorder.count(0, 'invalid')).toBe(0);
     expect(recorder.count(0, 'stored')).toBe(stored + 2);
+    // The connector copied every block the GPU stored: the tier holds as many, resolved to the GPU's keys.
+    expect(index.tiers.counts(0)).toEqual([['CPU', index.blockCount(0)]]);
   });
 
   it.each<[string, object, RegExp]>([

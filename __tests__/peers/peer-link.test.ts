@@ -230,6 +230,45 @@ describe('peers', () => {
     await waitFor(() => b.router.endpoints().every((endpoint) => endpoint.peerInflight === 0), 5000);
   });
 
+  it('48.24: under a steady closed-loop load announce the mean in flight, which does not move: a few batches, not one per announceMs', async () => {
+    const mock = await startMockVllm({ dataParallelSize: 2, decodeMsPerToken: 1 });
+    started.push(mock);
+    const tap = createSocket('udp4');
+    const heard: Buffer[] = [];
+    tap.on('message', (message) => heard.push(message));
+    await new Promise<void>((resolve) => tap.bind(0, '127.0.0.1', resolve));
+    started.push({ close: () => new Promise<void>((resolve) => tap.close(() => resolve())) });
+    const port = await freeUdpPort();
+    const announceMs = 100;
+    const a = await startGateway({
+      upstreams: [{ url: mock.url, name: 'vllm', dataParallelSize: 2 }],
+      policy: 'round-robin',
+      peers: { listen: `127.0.0.1:${port}`, addresses: [`127.0.0.1:${tap.address().port}`], secret: SECRET, heartbeatMs: 60_000, ttlMs: 180_000, announceMs },
+      logger: false,
+    });
+    started.push(a);
+    await waitFor(() => heard.length >= 1);
+    // One request at a time, turn by turn on the two ranks: each rank's count goes 0, 1, 0
+    // many times an interval, and is 0 or 1 at any instant; its mean over an interval stays.
+    for (const end = performance.now() + 300; performance.now() < end; ) await answeredBy(a);
+    const before = heard.length;
+    const began = performance.now();
+    for (const end = began + 2_500; performance.now() < end; ) await answeredBy(a);
+    const intervals = (performance.now() - began) / announceMs;
+    const sent = heard.length - before;
+    // Announcing the count at the batch's instant sent a batch in most intervals.
+    expect(sent).toBeLessThan(intervals / 4);
+    // The load ends: the mean falls to 0 and is announced without waiting for the heartbeat.
+    await waitFor(() => {
+      const latest = new Map<string, number>();
+      for (const message of heard) {
+        const datagram = decodeDatagram(message, Buffer.from(SECRET));
+        if (typeof datagram !== 'string') for (const record of datagram.records) latest.set(record.key, record.inflight);
+      }
+      return latest.size === 2 && [...latest.values()].every((inflight) => inflight === 0);
+    }, 2_000);
+  });
+
   it('announce the end of a request on an endpoint the replica has since removed', async () => {
     const { mock, a, b, held } = await heldOnRankOne();
     // A leaves the upstream (it stays in B's list): the request runs on, so its slot still counts.

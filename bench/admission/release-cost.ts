@@ -13,7 +13,7 @@ import { parseUpstreams } from '../../lib/upstreams/upstream-options';
 export function releaseCost(waiting: number, tenants: number): { enqueueUs: number; releaseUs: number } {
   const table = new EndpointTable(parseUpstreams('upstreams', [{ url: 'http://127.0.0.1:1', dataParallelSize: 1 }]));
   const settings = parseAdmission('admission', { maxInflightPerRank: 1, queue: { maxLength: waiting, timeoutMs: 3_600_000 }, tenant: { header: 'x-tenant-id', trust: true }, priority: {} })!;
-  const admission = new Admission({ ...settings, maxPerTenant: waiting }, table, { metrics: NO_ADMISSION_METRICS, warn: () => undefined });
+  const admission = new Admission({ ...settings, maxPerTenant: waiting }, table, { metrics: NO_ADMISSION_METRICS, warn: () => undefined, error: () => undefined });
   const [endpoint] = table.all;
   endpoint.inflight = 1;
   const res = { once: () => undefined } as unknown as ServerResponse;

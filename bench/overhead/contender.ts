@@ -141,9 +141,11 @@ process.stdout.on('error', () => undefined);
 function peersOption(redis: boolean): Record<string, unknown> {
   const given = JSON.parse(process.env.DP_ROUTER_BENCH_PEERS ?? '{}') as { listen?: string; addresses?: string[]; redis?: string };
   const secret = 'bench peers share this secret';
-  if (!redis) return { listen: given.listen, addresses: given.addresses, secret };
+  // `--announce-ms` of peers.ts: the option's default when not given.
+  const timing = process.env.DP_ROUTER_BENCH_ANNOUNCE_MS === undefined ? {} : { announceMs: Number(process.env.DP_ROUTER_BENCH_ANNOUNCE_MS) };
+  if (!redis) return { listen: given.listen, addresses: given.addresses, secret, ...timing };
   const Redis = require('ioredis') as typeof import('ioredis').default;
-  return { redis: new Redis(given.redis!), secret };
+  return { redis: new Redis(given.redis!), secret, ...timing };
 }
 
 /**

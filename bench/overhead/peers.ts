@@ -1,11 +1,13 @@
 /**
- * npx tsx bench/overhead/peers.ts [--policy round-robin] [--exact] [--rate 300] [--seconds 24]
+ * npx tsx bench/overhead/peers.ts [--policy round-robin] [--exact] [--rate 300 | --burst 32] [--announce-ms 50] [--seconds 24]
  *                                 [--block 4] [--modes udp,redis] [--ref GIT_REF] [--no-pin] [--tsx]
  *
  * What `peers` cost per request, as an A/B that holds on a shared machine: three router
  * processes without peers and three with them (UDP to each other, or Redis pub/sub through a
  * redis-server started here), all pinned to the same core, the client sending open loop at
- * `--rate` requests per second to *each* of them, turn by turn. Each group's CPU per request
+ * `--rate` requests per second to *each* of them, turn by turn; or, with `--burst N`, closed
+ * loop in bursts: N requests to every router at once, the next burst when all are answered (every
+ * endpoint's count swings from 0 to its share of N and back, as fast as the routers go). Each group's CPU per request
  * (all threads, /proc) is taken per block of `--block` seconds and divided by the peers-off
  * group's in the same block; the figure is the median over blocks. Each router's event-loop
  * delay p99 after the warm-up comes from a probe route in its process (contender.ts).
@@ -42,7 +44,7 @@ async function probeOf(router: BenchChild): Promise<Probe> {
 async function main(): Promise<void> {
   const { build, rest } = libraryBuildFrom(process.argv.slice(2));
   const args = parseArgs(rest);
-  const known = new Set(['policy', 'exact', 'rate', 'seconds', 'block', 'modes', 'ref', 'no-pin']);
+  const known = new Set(['policy', 'exact', 'rate', 'burst', 'announce-ms', 'seconds', 'block', 'modes', 'ref', 'no-pin']);
   for (const flag of args.keys()) if (!known.has(flag)) throw new Error(`unknown flag --${flag}`);
   const number = (flag: string, fallback: number) => {
     const value = args.get(flag);
@@ -53,6 +55,8 @@ async function main(): Promise<void> {
   const exact = args.has('exact');
   const policy = typeof args.get('policy') === 'string' ? (args.get('policy') as string) : exact ? 'prefix-aware' : 'round-robin';
   const rate = number('rate', 300);
+  const burst = args.has('burst') ? number('burst', 32) : undefined;
+  const announceMs = args.has('announce-ms') ? String(number('announce-ms', 50)) : undefined;
   const seconds = number('seconds', 24);
   const blockSeconds = number('block', 4);
   const ref = args.get('ref');
@@ -80,14 +84,16 @@ async function main(): Promise<void> {
         redis ??= await startBenchRedis();
         envs = envs.map(() => ({ DP_ROUTER_BENCH_PEERS: JSON.stringify({ redis: redis!.url }) }));
       }
-      const routers = await Promise.all(envs.map((env) => startContender(idOf(mode), upstream.url, build, core, [], [], { ...env, DP_ROUTER_BENCH_PROBE: '1' })));
+      const timing = announceMs === undefined ? {} : { DP_ROUTER_BENCH_ANNOUNCE_MS: announceMs };
+      const routers = await Promise.all(envs.map((env) => startContender(idOf(mode), upstream.url, build, core, [], [], { ...env, ...timing, DP_ROUTER_BENCH_PROBE: '1' })));
       groups.push({ mode, routers });
     }
     const all = groups.flatMap((group) => group.routers);
     // Turn by turn: off #1, udp #1, redis #1, off #2, …: each router gets `rate` requests a second.
     const order = Array.from({ length: REPLICAS }, (_, replica) => groups.map((group) => group.routers[replica])).flat();
     const total = rate * all.length;
-    console.log(`${REPLICAS} routers per group (${modes.join(', ')}), ${base}${typeof ref === 'string' ? ` at ${ref}` : ''}, ${rate} req/s each (${total} req/s on ${pinned ? 'core 1' : 'every core, not pinned'}), ${describeBuild(build)}; blocks of ${blockSeconds} s after ${WARMUP_SECONDS} s of warm-up`);
+    const shape = burst === undefined ? `${rate} req/s each (${total} req/s` : `bursts of ${burst} requests to each at once, closed loop (${burst * all.length} at a time`;
+    console.log(`${REPLICAS} routers per group (${modes.join(', ')}), ${base}${typeof ref === 'string' ? ` at ${ref}` : ''}, ${shape} on ${pinned ? 'core 1' : 'every core, not pinned'}), ${describeBuild(build)}; blocks of ${blockSeconds} s after ${WARMUP_SECONDS} s of warm-up`);
     const poster = createPoster(exact ? 2048 : 256);
     const sentTo = new Map<BenchChild, number>(all.map((router) => [router, 0]));
     let failed = 0;
@@ -110,14 +116,29 @@ async function main(): Promise<void> {
       }
       await Promise.all(inFlight);
     };
-    await paced(WARMUP_SECONDS * 1000);
+    /** Closed loop in bursts for `ms`: `burst` requests to every router at once, the next burst when all are answered. */
+    const bursts = async (ms: number) => {
+      const end = performance.now() + ms;
+      while (performance.now() < end) {
+        const round: Array<Promise<void>> = [];
+        for (let i = 0; i < burst!; i++) {
+          for (const router of order) {
+            sentTo.set(router, sentTo.get(router)! + 1);
+            round.push(poster.send(router.port).catch(() => void failed++));
+          }
+        }
+        await Promise.all(round);
+      }
+    };
+    const load = burst === undefined ? paced : bursts;
+    await load(WARMUP_SECONDS * 1000);
     await Promise.all(all.map(probeOf));
     const ratios = new Map<Mode, number[]>(modes.map((mode) => [mode, []]));
     const costs = new Map<Mode, number[]>(modes.map((mode) => [mode, []]));
     for (let block = 0; block * blockSeconds < seconds; block++) {
       const cpuBefore = all.map((router) => processCpuMs(router.process.pid)!);
       const sentBefore = all.map((router) => sentTo.get(router)!);
-      await paced(blockSeconds * 1000);
+      await load(blockSeconds * 1000);
       const perRequest = new Map<Mode, number>();
       for (const group of groups) {
         let cpu = 0;

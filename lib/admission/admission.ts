@@ -17,6 +17,7 @@ export class AdmissionTicket implements Reservation {
   window = 0;
   reserved = 0;
   settled = false;
+  since = 0;
   /** Whether the answer is read for its usage, which settles the reservation when it ends. */
   tapped = false;
   /** With `slo`: by when the request should start, arrival + its TTFT objective (ms, `performance.now()`); Infinity for none. */
@@ -60,6 +61,8 @@ export interface BodyInHand {
   readonly body: Buffer | undefined;
   /** The first bytes of a body streamed after buffering stopped. */
   readonly bodyHead: Buffer | undefined;
+  /** The body's members, when routing decoded it whole. */
+  readonly view?: { readonly members: Readonly<Record<string, unknown>> | undefined } | undefined;
   readonly headers: IncomingHttpHeaders;
 }
 
@@ -67,6 +70,8 @@ export interface BodyInHand {
 export interface AdmissionReports {
   readonly metrics: AdmissionMetrics;
   warn(message: string): void;
+  /** A fault the operator must fix, at error level. */
+  error(message: string): void;
 }
 
 const DEFAULT_TENANT = '';
@@ -100,7 +105,7 @@ export class Admission {
     private readonly reports: AdmissionReports,
   ) {
     this.anyEndpoint = new FairQueue(settings.classes.length, settings.starvationLimit);
-    this.budget = settings.store === undefined ? undefined : new TokenBudget(settings.store, settings.tokensPerMinute!, { storeFailed: () => reports.metrics.storeFailed(), warn: reports.warn });
+    this.budget = settings.store === undefined ? undefined : new TokenBudget(settings.store, settings.tokensPerMinute!, { storeFailed: () => reports.metrics.storeFailed(), warn: reports.warn, error: reports.error });
     this.counts = this.budget !== undefined;
   }
 
@@ -130,7 +135,7 @@ export class Admission {
     const { body } = request;
     const requestBytes = (ticket.requestBytes = body?.length ?? (Number(request.headers['content-length']) || request.bodyHead?.length || 0));
     const budget = this.budget!;
-    const verdict = budget.reserve(ticket, reservationOf(requestBytes, body));
+    const verdict = budget.reserve(ticket, reservationOf(requestBytes, body, request.view?.members));
     if (!(verdict instanceof Promise)) {
       this.judged(res, verdict, go);
       return;

@@ -3,16 +3,23 @@
  * when it is admitted, and what a stream without `usage` is charged. docs/operating.md, "Token
  * budgets", gives their measured error.
  */
+import { decodeField, scanFields } from '../http/json-fields';
 
 /** Request body bytes a prompt token is taken to cost. */
 const BYTES_PER_TOKEN = 4;
 /**
- * vLLM's chat API reads `max_completion_tokens` first, then `max_tokens` (chat_completion/protocol.py:502
- * at 52a31cc). Searched for without the opening quote, checked after: Node's search runs `memchr`
- * on a needle's first byte, and quotes are everywhere in JSON.
+ * The top-level members a reservation reads, found by the validating scanner (a member nested
+ * anywhere else, `vllm_xargs: {"max_tokens": 1}` say, is not vLLM's limit). vLLM's chat API
+ * reads `max_completion_tokens` first, then `max_tokens` (chat_completion/protocol.py:502-507 at
+ * 52a31cc), and generates up to that many tokens for each of `n` choices (`n`, default 1:
+ * chat_completion/protocol.py:199 and completion/protocol.py:59, passed to `SamplingParams` at
+ * chat_completion/protocol.py:616 and completion/protocol.py:316).
  */
-const MAX_COMPLETION_TOKENS = Buffer.from('max_completion_tokens"');
-const MAX_TOKENS = Buffer.from('max_tokens"');
+const NAMES = ['max_completion_tokens', 'max_tokens', 'n'];
+const ENCODED_NAMES = NAMES.map((name) => Buffer.from(name));
+const MAX_COMPLETION_TOKENS = 0;
+const MAX_TOKENS = 1;
+const N = 2;
 /** The most digits a count is read with: 15 are exact as a double, and more than any budget. */
 export const MAX_DIGITS = 15;
 
@@ -23,31 +30,53 @@ export function estimate(requestBytes: number, events: number): number {
 
 /**
  * What a request reserves when admitted: its prompt at four body bytes a token, plus the
- * completion it asks for at most (`max_completion_tokens`, else `max_tokens`) when the router
- * holds its body. Settled to vLLM's `usage` (or {@link estimate}) when the answer ends.
+ * completion it asks for at most (`max_completion_tokens`, else `max_tokens`, times `n`) when
+ * the router holds its body; `members`, the body already decoded for routing, when it was.
+ * Settled to vLLM's `usage` (or {@link estimate}) when the answer ends.
  */
-export function reservationOf(requestBytes: number, body: Buffer | undefined): number {
+export function reservationOf(requestBytes: number, body: Buffer | undefined, members?: Readonly<Record<string, unknown>>): number {
   const prompt = Math.ceil(requestBytes / BYTES_PER_TOKEN);
   if (body === undefined) return prompt;
-  return prompt + (memberInteger(body, MAX_COMPLETION_TOKENS) ?? memberInteger(body, MAX_TOKENS) ?? 0);
+  let completion: number | undefined;
+  let n: number | undefined;
+  if (members !== undefined) {
+    completion = countOf(members.max_completion_tokens) ?? countOf(members.max_tokens);
+    n = countOf(members.n);
+  } else {
+    const scan = scanFields(body, ENCODED_NAMES);
+    // Not JSON: vLLM answers 400, and the reservation is given back. A member repeated past the
+    // scanner's bound is a body built to hide its limit: it reserves the whole budget.
+    if (!scan.ok) return scan.repeated ? Infinity : prompt;
+    // JSON allows a member twice; Python's decoder, vLLM's, keeps the last. An array or object
+    // is no count, and is never decoded (what it would build is not bounded by its bytes).
+    const last = (which: number) => {
+      const field = scan.fields[which]?.at(-1);
+      return field === undefined || body[field.start] === 0x5b || body[field.start] === 0x7b ? undefined : countOf(decodeField(body, field));
+    };
+    completion = last(MAX_COMPLETION_TOKENS) ?? last(MAX_TOKENS);
+    n = last(N);
+  }
+  return prompt + (completion ?? 0) * Math.max(1, n ?? 1);
 }
 
 /**
- * The first `"name": <integer>` in a JSON body, found by a byte search (no decoding): an unescaped
- * quoted name followed by a colon is a member name wherever it is, and one whose value is not an
- * integer (a schema's property of that name) is passed over.
+ * A count as vLLM's request models take it: pydantic's lax mode makes an `int` of `8`, `8.0`,
+ * `1e3`, `true` and of a string such as `" 8 "`, `"+8"`, `"1_000"` or `"8.0"` (checked with
+ * pydantic 2.13 against `n: int | None`, as declared at chat_completion/protocol.py:199 at
+ * 52a31cc), so a limit written in any of these is read; a negative one or anything else, which
+ * vLLM refuses, counts as none.
  */
-function memberInteger(body: Buffer, name: Buffer): number | undefined {
-  for (let at = body.indexOf(name, 1); at !== -1; at = body.indexOf(name, at + name.length)) {
-    if (body[at - 1] !== 0x22) continue;
-    let index = skipSpace(body, at + name.length, body.length);
-    if (body[index] !== COLON) continue;
-    index = skipSpace(body, index + 1, body.length);
-    const stop = digitsEnd(body, index, body.length);
-    if (stop > index && stop - index <= MAX_DIGITS && !NUMBER_GOES_ON.has(body[stop] ?? 0)) return digitsValue(body, index, stop);
-  }
-  return undefined;
+function countOf(value: unknown): number | undefined {
+  let count: number;
+  if (typeof value === 'number') count = value;
+  else if (value === true) count = 1;
+  else if (typeof value === 'string' && LAX_INTEGER.test(value)) count = Number(value.replace(/_/g, ''));
+  else return undefined;
+  return Number.isInteger(count) && count >= 0 ? count : undefined;
 }
+
+/** pydantic's integer string: optional space and sign, digits with single underscores between, an optional `.0…`. */
+const LAX_INTEGER = /^\s*\+?[0-9](?:_?[0-9])*(?:\.0*)?\s*$/;
 
 /** The index after the decimal digits starting at `index` (`index` itself when there are none), at most `end`. */
 export function digitsEnd(bytes: Uint8Array, index: number, end: number): number {
@@ -74,6 +103,3 @@ export function skipSpace(bytes: Uint8Array, index: number, end: number): number
   return at;
 }
 
-const COLON = 0x3a;
-/** A number that goes on past its integer digits (`.5`, `e3`) is not an integer. */
-const NUMBER_GOES_ON = new Set([0x2e, 0x65, 0x45]);

@@ -30,7 +30,7 @@ export function createAdmissionMetrics(config: MetricsConfig | undefined, classe
     new Histogram({ name: `${prefix}queue_wait_seconds`, help: 'Time queued requests waited for a slot, by priority class.', labelNames: ['priority'], buckets: WAIT_BUCKETS, registers: [registry] }),
   );
   const outcomes = family(registry, `${prefix}admission_total`, Counter, () => new Counter({ name: `${prefix}admission_total`, help: 'Requests by what admission control did with them.', labelNames: ['outcome'], registers: [registry] }));
-  const storeErrors = family(registry, `${prefix}token_store_errors_total`, Counter, () => new Counter({ name: `${prefix}token_store_errors_total`, help: 'Token store calls that failed or timed out (the request went on: fail open).', registers: [registry] }));
+  const storeErrors = family(registry, `${prefix}token_store_errors_total`, Counter, () => new Counter({ name: `${prefix}token_store_errors_total`, help: 'Token store calls that failed or timed out, and requests not checked while the store is taken as down (the request went on: fail open).', registers: [registry] }));
   for (const name of classes) {
     depth.inc({ priority: name }, 0);
     wait.zero({ priority: name });

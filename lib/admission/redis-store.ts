@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { fail, shown } from '../option-checks';
-import { WINDOW_MS, type TokenStore, type WindowCounts } from './token-window';
+import { NOT_A_COUNT, WINDOW_MS, type TokenStore, type WindowCounts } from './token-window';
 
 /** The client calls this store uses: ioredis's `call`, or node-redis's `sendCommand`. */
 interface IoRedisLike {
@@ -12,7 +12,10 @@ interface NodeRedisLike {
 
 /** Options of {@link redisTokenStore}. */
 export interface RedisTokenStoreOptions {
-  /** Prepended to every key (`<prefix><tenant>:<window>`). Default: `'dp_router:tokens:'`. */
+  /**
+   * Begins every key's hash tag: a tenant's keys are `{<prefix><tenant>}:<window>`, one slot on
+   * Redis Cluster for both windows the reservation script reads. Default: `'dp_router:tokens:'`.
+   */
   prefix?: string;
 }
 
@@ -46,7 +49,7 @@ end
 const TAKE = `${COUNT}
 local current = count(KEYS[1], ARGV[4])
 local previous = count(KEYS[2], ARGV[4])
-if current == nil or previous == nil then return redis.error_reply('a token count is not an integer') end
+if current == nil or previous == nil then return redis.error_reply('${NOT_A_COUNT}') end
 if math.max(previous, 0) * tonumber(ARGV[3]) + math.max(current, 0) >= tonumber(ARGV[2]) then
   return {0, tostring(current), tostring(previous)}
 end
@@ -56,7 +59,7 @@ return {1}`;
 
 /** Adds to a window's count (negative: a refund), with the same expiry. KEYS: the window; ARGV: tokens, expiry. */
 const ADD = `${COUNT}
-if count(KEYS[1], ARGV[2]) == nil then return redis.error_reply('a token count is not an integer') end
+if count(KEYS[1], ARGV[2]) == nil then return redis.error_reply('${NOT_A_COUNT}') end
 local n = redis.call('INCRBY', KEYS[1], ARGV[1])
 expire(KEYS[1], ARGV[2])
 return n`;
@@ -75,8 +78,13 @@ const EXPIRE_MS = String(2 * WINDOW_MS + 5_000);
 export function redisTokenStore(client: unknown, options: RedisTokenStoreOptions = {}): TokenStore {
   const send = commandOf(client);
   const prefix = options.prefix ?? 'dp_router:tokens:';
-  if (typeof prefix !== 'string') fail('redisTokenStore.prefix', `must be a string, got ${shown(prefix)}`, "Use e.g. `{ prefix: 'dp_router:tokens:' }`.");
-  const key = (tenant: string, window: number) => `${prefix}${tenant}:${window}`;
+  // An empty hash tag (`{}`, or `{` then `}` at once) would hash each whole key: two slots again.
+  if (typeof prefix !== 'string' || prefix.length === 0 || prefix.startsWith('}')) {
+    fail('redisTokenStore.prefix', `must be a non-empty string that does not begin with '}', got ${shown(prefix)}`, "Use e.g. `{ prefix: 'dp_router:tokens:' }`.");
+  }
+  // Both windows of a tenant share the hash tag (the text between the first `{` and the first
+  // `}` after it), so Redis Cluster keeps them in one slot: a script's keys must be (CROSSSLOT).
+  const key = (tenant: string, window: number) => `{${prefix}${tenant}}:${window}`;
   const addScript = scriptOf(send, ADD);
   const takeScript = scriptOf(send, TAKE);
   return {

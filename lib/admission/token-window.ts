@@ -30,6 +30,12 @@ export interface TokenStore {
   take?(tenant: string, window: number, tokens: number, limit: number, previousWeight: number): WindowCounts | undefined | Promise<WindowCounts | undefined>;
 }
 
+/**
+ * What a store's error says when a tenant's count is not a number (another writer on a shared
+ * Redis): that tenant's failure, not the store's, so it does not open the breaker.
+ */
+export const NOT_A_COUNT = 'a token count is not an integer';
+
 /** Whether `value` has a store's shape. */
 export function isTokenStore(value: unknown): value is TokenStore {
   const store = value as Partial<TokenStore> | null;

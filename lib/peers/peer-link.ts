@@ -9,9 +9,9 @@ import { startRedisTransport } from './redis-transport';
 import { startUdpTransport } from './udp-transport';
 
 /**
- * What the request path tells the peers: an endpoint's own counts changed. It only arms the
- * next batch (at most one timer per `announceMs`); which endpoints changed, and by how much, is
- * read off the endpoints when the batch goes.
+ * What the request path tells the peers: an endpoint's own counts changed. It adds to the
+ * endpoint's time-weighted in-flight count and arms the next batch (at most one timer per
+ * `announceMs`); which endpoints changed, and by how much, is read when the batch goes.
  */
 export interface PeerAnnouncer {
   changed(endpoint: RouteEndpoint): void;
@@ -28,6 +28,23 @@ export interface PeerLink extends PeerAnnouncer {
 interface Announced {
   inflight: number;
   blocks: number;
+}
+
+/**
+ * An endpoint's own in-flight count over the batch being gathered. A batch announces its mean
+ * over the interval, weighted by time, not the count at the instant the batch goes: under a
+ * steady load whose requests come and go within an interval (a burst, answered at once) the
+ * instant is noise that would be worth a batch every interval, whatever the request rate; the
+ * mean moves only when the load does.
+ */
+interface Interval {
+  /** When the interval began: the last batch, or the endpoint's first change since. */
+  from: number;
+  /** When the count last changed, and what it has been since. */
+  at: number;
+  value: number;
+  /** The count integrated over time from `from` to `at` (request·ms). */
+  area: number;
 }
 
 /**
@@ -63,6 +80,8 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
   let armed = false;
   /** What was last announced, by endpoint key. */
   const announced = new Map<string, Announced>();
+  /** Each endpoint's count over the batch being gathered, once it changed. */
+  let intervals = new Map<RouteEndpoint, Interval>();
   /** Endpoints `sync()` removed that still had requests, announced until they end. */
   let retiring: RouteEndpoint[] = [];
   const warned = new Set<string>();
@@ -130,27 +149,55 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
     seq = (seq + datagrams.length) >>> 0;
     for (const datagram of datagrams) transport.send(datagram);
   };
-  /** Adds `endpoint`'s record to `records` when `all` or when its counts moved enough, and remembers it as announced. */
-  const collect = (records: PeerRecord[], endpoint: RouteEndpoint, all: boolean) => {
-    const { key, inflight, sentBlocks: blocks } = endpoint;
-    const last = announced.get(key);
-    if (!all && !matters(last, inflight, blocks)) return;
-    records.push({ key, inflight, blocks });
-    if (last === undefined) announced.set(key, { inflight, blocks });
-    else {
-      last.inflight = inflight;
-      last.blocks = blocks;
+  /**
+   * Adds `endpoint`'s record to `records` when `all` (the heartbeat: every count as it is now),
+   * when its count held one value through the interval and that is not what was announced (a
+   * level is announced exactly), or when its in-flight mean over the interval, or its blocks,
+   * moved enough; and remembers it as announced. Returns whether its count now differs from
+   * what was announced, for another batch to look again.
+   */
+  const collect = (records: PeerRecord[], endpoint: RouteEndpoint, all: boolean, now: number): boolean => {
+    const { key, inflight: current, sentBlocks: blocks } = endpoint;
+    const interval = intervals.get(endpoint);
+    const steady = interval === undefined || interval.at === interval.from;
+    let inflight = current;
+    if (interval !== undefined) {
+      const span = now - interval.from;
+      if (!all && !steady && span > 0) inflight = (interval.area + interval.value * (now - interval.at)) / span;
+      interval.from = interval.at = now;
+      interval.area = 0;
+      interval.value = current;
     }
+    let last = announced.get(key);
+    if (all || matters(last, inflight, blocks) || (steady && last!.inflight !== current)) {
+      records.push({ key, inflight, blocks });
+      if (last === undefined) announced.set(key, (last = { inflight, blocks }));
+      else {
+        last.inflight = inflight;
+        last.blocks = blocks;
+      }
+    }
+    return last !== undefined && last.inflight !== current;
   };
-  const announce = (all: boolean) => {
+  /** Announces what moved (or everything: `all`); whether some count still differs from its announcement. */
+  const announce = (all: boolean): boolean => {
+    const now = performance.now();
     const records: PeerRecord[] = [];
-    for (const endpoint of table.all) collect(records, endpoint, all);
-    for (const endpoint of retiring) collect(records, endpoint, all);
+    let unsettled = false;
+    for (const endpoint of table.all) unsettled = collect(records, endpoint, all, now) || unsettled;
+    for (const endpoint of retiring) unsettled = collect(records, endpoint, all, now) || unsettled;
     if (all || records.length > 0) send(records);
+    return unsettled;
+  };
+  const arm = () => {
+    armed = true;
+    setTimeout(batch, config.announceMs).unref();
   };
   const batch = () => {
     armed = false;
-    announce(false);
+    // A count that settled at a new level after the interval's mean was taken is announced by
+    // the next batch, changes or not: within two intervals of a step.
+    if (announce(false) && !closed) arm();
   };
   const heartbeat = setInterval(() => {
     const now = performance.now();
@@ -160,16 +207,28 @@ export function startPeers(config: PeersConfig, table: EndpointTable, metrics: P
     // A removed endpoint is announced at 0 in a heartbeat (and by a batch before, as its last
     // request ended) before it is left out: twice, in case one was lost.
     if (retiring.length > 0) retiring = retiring.filter((endpoint) => endpoint.inflight > 0 || endpoint.sentBlocks > 0);
+    if (intervals.size > table.all.length + retiring.length) {
+      const kept = new Set([...table.all, ...retiring]);
+      intervals = new Map([...intervals].filter(([endpoint]) => kept.has(endpoint)));
+    }
   }, config.heartbeatMs).unref();
   const ready = () => announce(true);
   /** The endpoints as of the last `sync()`, to keep announcing those it removes. */
   let current = new Set(table.all);
 
   return {
-    changed() {
-      if (armed || closed) return;
-      armed = true;
-      setTimeout(batch, config.announceMs).unref();
+    changed(endpoint) {
+      if (closed) return;
+      const now = performance.now();
+      const interval = intervals.get(endpoint);
+      if (interval === undefined) {
+        intervals.set(endpoint, { from: now, at: now, value: endpoint.inflight, area: 0 });
+      } else {
+        interval.area += interval.value * (now - interval.at);
+        interval.at = now;
+        interval.value = endpoint.inflight;
+      }
+      if (!armed) arm();
     },
     sync() {
       for (const endpoint of table.all) {

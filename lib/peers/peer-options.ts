@@ -56,8 +56,9 @@ export interface PeersOptions {
   ttlMs?: number;
   /**
    * The most often changed counts are announced: changes are gathered for this long and sent
-   * as one batch (one tag), only for endpoints whose counts moved by at least 1 and an eighth of
-   * what was last announced; the heartbeat sends everything. Default: `50` ms.
+   * as one batch (one tag), only for endpoints whose in-flight mean over the interval (weighted
+   * by time) moved by at least 1 and an eighth of what was last announced, or whose count held a
+   * new value through it; the heartbeat sends everything. Default: `50` ms.
    */
   announceMs?: number;
 }

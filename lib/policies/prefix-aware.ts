@@ -1,7 +1,8 @@
 import { randomKey32, rendezvousWeight } from '../hash';
 import type { ExactPick } from './exact-pick';
-import type { SloSteer } from '../slo/slo-routing';
+import type { PickSteer } from './pick-steer';
 import type { Endpoint, PickContext, Policy } from '../types';
+import { PICK_RESULT, type PicksResult, type PickResult } from './pick-result';
 import { BlockIndex, blockHomes } from './prefix-aware-index';
 import { PromptBlockHasher } from './prefix-aware-hasher';
 import { type PeerLoad, PrefillCostModel } from './prefix-aware-ttft';
@@ -26,11 +27,11 @@ export { BlockIndex, hashPromptBlocks, MAX_PROBES } from './prefix-aware-index';
 export interface PrefixPickContext extends PickContext {
   readonly exact?: ExactPick;
   /** With `slo`: the request's objectives, which take the pick from the policy's estimates (lib/slo). */
-  readonly slo?: SloSteer;
+  readonly slo?: PickSteer;
 }
 
 /** The `prefix-aware` policy, with what its last pick estimated (read right after `pick`, e.g. for tracing). */
-export interface PrefixAwarePolicy extends Policy {
+export interface PrefixAwarePolicy extends Policy, PicksResult {
   /** The share of the last picked prompt's blocks the chosen endpoint was estimated to hold; 0 without a prompt. */
   readonly matchedShare: number;
   /** The last picked prompt's blocks the chosen endpoint was estimated to lack (its prefill, in blocks); 0 without a prompt. */
@@ -104,8 +105,8 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
   let typicalWork = -1;
   /** Sum of every index's `recentBlocks`. */
   let recentTotal = 0;
-  let matchedShare = 0;
-  let uncachedBlocks = 0;
+  /** What the last pick found: filled by each pick (`PICK_RESULT`), read by the router at once. */
+  const result: PickResult & { matchedShare: number; uncachedBlocks: number } = { endpoint: undefined as unknown as Endpoint, index: 'approximate', matchedShare: 0, uncachedBlocks: 0 };
 
   function hashBlocks(prompt: string): number {
     const count = hasher.hash(prompt);
@@ -161,7 +162,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
    * longest cached prefix on two ranks or more (see {@link sharedPrefix}): the term counts this
    * replica's own traffic, a sample of every replica's, while the events are the same for all.
    */
-  function choose(candidates: readonly Endpoint[], blockCount: number, exact: ExactPick | undefined, slo: SloSteer | undefined): number {
+  function choose(candidates: readonly Endpoint[], blockCount: number, exact: ExactPick | undefined, slo: PickSteer | undefined): number {
     let minLoad = INFINITY;
     let totalLoad = 0;
     let candidateRecent = 0;
@@ -272,7 +273,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
   }
 
   /** Each candidate's prefill (own and queued ahead) and load for the SLO choice, which then picks. */
-  function steer(slo: SloSteer, candidates: readonly Endpoint[], blockCount: number, exact: ExactPick | undefined, work: number, bestAt: number): number {
+  function steer(slo: PickSteer, candidates: readonly Endpoint[], blockCount: number, exact: ExactPick | undefined, work: number, bestAt: number): number {
     const est = slo.estimates;
     est.ensure(candidates.length);
     for (let at = 0; at < candidates.length; at++) {
@@ -330,32 +331,42 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     return chosen;
   }
 
-  return {
+  const policy: PrefixAwarePolicy = {
     name: 'prefix-aware',
     usesPrompt: true,
     namesIndex: true,
     reportsMatchedShare: true,
     learnsFirstTokens: true,
     get matchedShare() {
-      return matchedShare;
+      return result.matchedShare;
     },
     get uncachedBlocks() {
-      return uncachedBlocks;
+      return result.uncachedBlocks;
     },
     get prefillCost() {
       return { secondsPerBlock: costModel.secondsPerBlock, blocksPerLoad: costModel.blocksPerLoad() };
     },
     pick(candidates: readonly Endpoint[], ctx: PickContext): Endpoint {
+      return policy[PICK_RESULT](candidates, ctx).endpoint;
+    },
+    [PICK_RESULT](candidates: readonly Endpoint[], ctx: PickContext): PickResult {
       const prompt = ctx.prompt;
       const blockCount = prompt === undefined ? 0 : hashBlocks(prompt);
-      matchedShare = 0;
-      uncachedBlocks = 0;
-      if (blockCount === 0) return fallback.pick(candidates, ctx);
+      result.index = 'approximate';
+      result.matchedShare = 0;
+      result.uncachedBlocks = 0;
+      if (blockCount === 0) {
+        result.endpoint = fallback.pick(candidates, ctx);
+        return result;
+      }
       if (++picks % FORGET_AFTER_PICKS === 0) recentTotal -= states.forget(picks, FORGET_AFTER_PICKS);
       const exact = (ctx as PrefixPickContext).exact;
       const chosenAt = choose(candidates, blockCount, exact, (ctx as PrefixPickContext).slo);
       // Shed (lib/slo): nothing is recorded for a request that goes nowhere.
-      if (chosenAt < 0) return candidates[0];
+      if (chosenAt < 0) {
+        result.endpoint = candidates[0];
+        return result;
+      }
       const chosen = candidates[chosenAt];
       const state = states.cachedAt(chosenAt);
       let index = state.index;
@@ -371,8 +382,10 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
         ? exactUncachedAt(blockCount, exact, chosenAt)
         : blockCount - (candidateRuns[chosenAt] >= 0 ? candidateRuns[chosenAt] : index.leadingRun(blockHashes, blockCount, 0, homes));
       typicalWork = typicalWork < 0 ? uncached : typicalWork + (uncached - typicalWork) * WORK_SMOOTHING;
-      matchedShare = 1 - uncached / blockCount;
-      uncachedBlocks = uncached;
+      result.endpoint = chosen;
+      result.index = exact === undefined ? 'approximate' : exact.source;
+      result.matchedShare = 1 - uncached / blockCount;
+      result.uncachedBlocks = uncached;
       const pending = state.pending;
       pending.push(uncached, pending.blocks + waitingElsewhere(chosen, chosen.load, typicalWork < 0 ? uncached : typicalWork) + uncached, chosen.load);
       const added = index.recordChain(blockHashes, blockCount, homes);
@@ -387,7 +400,8 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
           recentTotal += held.index.recentBlocks;
         }
       }
-      return chosen;
+      return result;
     },
   };
+  return policy;
 }

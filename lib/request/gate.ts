@@ -10,6 +10,8 @@ export interface GatedRoute {
   readonly body: Buffer | undefined;
   readonly bodyHead: Buffer | undefined;
   readonly headers: IncomingHttpHeaders;
+  /** The body's members, when routing decoded it whole: the token estimate reads its limits there. */
+  readonly view: { readonly members: Readonly<Record<string, unknown>> | undefined } | undefined;
 }
 
 /**

@@ -8,6 +8,7 @@ import { sendError } from '../errors';
 import type { PrefixPickContext } from '../policies/prefix-aware';
 import { isEventStreamMediaType } from '../http/media-type';
 import { modelledExactly, sourceOf } from './evidence';
+import type { PickSteer } from '../policies/pick-steer';
 import type { Endpoint } from '../types';
 import { chooseWithObjectives, SloEstimates, type Objectives, type SloChoice } from './choose';
 import { LatencyModel, type RankLatency } from './latency-model';
@@ -20,12 +21,9 @@ export const MIN_TOKENS = 8;
 /** An objective header's value: a plain decimal of milliseconds, as the rank header's grammar. */
 const OBJECTIVE = /^(0|[1-9][0-9]{0,9})$/;
 
-/** What the policy's pick asks of SLO routing (`ctx.slo`, see `PrefixPickContext`). */
-export interface SloSteer {
-  /** Filled by the policy per candidate before {@link steer}. */
+/** What the policy's pick asks of SLO routing (`ctx.slo`, see `PrefixPickContext`): −1 from `steer` sheds the request. */
+export interface SloSteer extends PickSteer {
   readonly estimates: SloEstimates;
-  /** The candidate to take (the policy's own choice was `bestAt`), or −1 to shed the request. */
-  steer(candidates: readonly Endpoint[], count: number, bestAt: number): number;
 }
 
 type Measured = LabelledEndpoint & { readonly load: number };

@@ -1,8 +1,8 @@
 import { randomKey32, rendezvousWeight } from '../hash';
 import type { ExactPick } from './exact-pick';
 import type { PickSteer } from './pick-steer';
-import type { Endpoint, PickContext, Policy } from '../types';
-import { PICK_RESULT, type PicksResult, type PickResult } from './pick-result';
+import type { Endpoint, PickContext } from '../types';
+import { PICK_RESULT, type PickResult } from './pick-result';
 import { BlockIndex, blockHomes } from './prefix-aware-index';
 import { PromptBlockHasher } from './prefix-aware-hasher';
 import { type PeerLoad, PrefillCostModel } from './prefix-aware-ttft';
@@ -12,33 +12,14 @@ import { parsePrefixAwarePolicy, type PrefixAwareOptions } from './prefix-aware-
 import { DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK, type SessionAffinitySettings } from './session-affinity-options';
 
 export type { PrefixAwareOptions } from './prefix-aware-options';
+export type { PrefixAwarePolicy, PrefixPickContext } from './prefix-aware-types';
+import type { PrefixAwarePolicy, PrefixPickContext } from './prefix-aware-types';
 
 // Module bindings, not global reads in the per-candidate loops: code run in a vm context
 // (jest) pays an interceptor lookup for each global it reads.
 const { ceil, max, min } = Math;
 const INFINITY = Infinity;
 export { BlockIndex, hashPromptBlocks, MAX_PROBES } from './prefix-aware-index';
-
-/**
- * What the router adds to the pick context when exact routing from KV events applies: per
- * candidate, the blocks its rank holds by the engines' own events, or −1 for a candidate
- * scored on the approximate index.
- */
-export interface PrefixPickContext extends PickContext {
-  readonly exact?: ExactPick;
-  /** With `slo`: the request's objectives, which take the pick from the policy's estimates (lib/slo). */
-  readonly slo?: PickSteer;
-}
-
-/** The `prefix-aware` policy, with what its last pick estimated (read right after `pick`, e.g. for tracing). */
-export interface PrefixAwarePolicy extends Policy, PicksResult {
-  /** The share of the last picked prompt's blocks the chosen endpoint was estimated to hold; 0 without a prompt. */
-  readonly matchedShare: number;
-  /** The last picked prompt's blocks the chosen endpoint was estimated to lack (its prefill, in blocks); 0 without a prompt. */
-  readonly uncachedBlocks: number;
-  /** What the policy learned from measured times to first token (0 until it has; see {@link PrefillCostModel}). */
-  readonly prefillCost: { readonly secondsPerBlock: number; readonly blocksPerLoad: number };
-}
 
 /** Picks after this many requests drop the index of an endpoint absent from all of them. */
 const FORGET_AFTER_PICKS = 4096;

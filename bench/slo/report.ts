@@ -27,8 +27,8 @@ export type ContenderResult =
       /** Medians of the router's prediction-error histograms, ms. */
       ttftErrorRouterMs: number;
       tpotErrorRouterMs: number;
-      /** Per rank: interactive and batch requests served, and the interactive ones' attainment. */
-      perRank: Array<{ rank: number; speed: number; interactive: number; batch: number; attainment: number }>;
+      /** Per rank: interactive and batch requests served, the interactive ones' attainment, the batch ones' TTFT p99. */
+      perRank: Array<{ rank: number; speed: number; interactive: number; batch: number; attainment: number; batchTtftP99: number }>;
     };
 
 export interface Objectives {
@@ -76,21 +76,23 @@ export async function summarize(name: string, fleet: Fleet, outcomes: readonly O
     tpotErrorRouterMs: router ? (await histogramMedian(router, 'dp_router_latency_prediction_error_seconds', { kind: 'tpot' })) * 1000 : NaN,
     perRank: speeds.map((speed, rank) => {
       const mine = served.filter((one) => one.rank === rank);
-      return { rank, speed, interactive: mine.length, batch: batch.filter((one) => one.rank === rank).length, attainment: mine.filter((one) => ttftMet(one) && tpotMet(one)).length / Math.max(1, mine.length) };
+      const itsBatch = batch.filter((one) => one.rank === rank);
+      const attainment = mine.filter((one) => ttftMet(one) && tpotMet(one)).length / Math.max(1, mine.length);
+      return { rank, speed, interactive: mine.length, batch: itsBatch.length, attainment, batchTtftP99: quantileSorted(sorted(itsBatch.map((one) => one.ttftMs)), 0.99) };
     }),
   };
 }
 
-/** Per contender, each rank's share of the interactive and of the batch requests, and its interactive attainment. */
+/** Per contender, each rank's share of the interactive and of the batch requests, its interactive attainment and its batch TTFT p99. */
 export function formatPerRank(results: readonly ContenderResult[]): string {
   const present = results.filter((one) => one.missing === undefined);
   const rows = present.flatMap((one) =>
     one.missing !== undefined
       ? []
-      : [[one.name, ...one.perRank.map((rank) => `${rank.interactive}/${rank.batch} ${share(rank.attainment)}`)]],
+      : [[one.name, ...one.perRank.map((rank) => `${rank.interactive}/${rank.batch} ${share(rank.attainment)} ${rank.batch > 0 ? ms(rank.batchTtftP99) : '—'}`)]],
   );
   const speeds = present[0]?.missing === undefined ? present[0].perRank.map((rank) => `rank ${rank.rank} (×${rank.speed})`) : [];
-  return markdownTable(['interactive/batch, attainment', ...speeds], rows);
+  return markdownTable(['interactive/batch, attainment, batch TTFT p99', ...speeds], rows);
 }
 
 const ms = (value: number) => (Number.isFinite(value) ? `${Math.round(value)} ms` : 'n/a');

@@ -14,12 +14,17 @@ import type { LatencyModel, RankLatency } from './latency-model';
 export const HEADROOM = 0.8;
 
 /**
- * How much longer a request without objectives may be predicted to wait for its first token on
- * the rank it yields to, against the policy's own choice: it yields, it does not starve. Without
- * this bound the batch class piled onto the slow ranks (`bench:slo -- --quick`: its TTFT p99 2.5×
- * today's exact routing's).
+ * How much longer than the rank's own time with nothing ahead a request without objectives may be
+ * predicted to wait for its first token on a rank it goes to for the others' sake: it yields, it
+ * does not starve. The bound is the rank's own capacity, not a fast rank's time: bounded against
+ * the policy's choice (slo-lib before slo-tune), a half-speed rank never qualified, the batch class
+ * piled onto the fast ranks that held no interactive stream at the moment, and those became
+ * batch-only ranks the interactive class avoided (docs/performance.md, "SLO routing").
  */
 export const YIELD = 1.5;
+
+/** The running mean of the TPOT objectives seen follows about the last 64. */
+const OBJECTIVE_SMOOTHING = 1 / 64;
 
 /** Per candidate, filled by the policy for one pick (grown to the most candidates seen). */
 export class SloEstimates {
@@ -38,6 +43,12 @@ export class SloEstimates {
   /** Out: predicted TTFT and TPOT per candidate, seconds (NaN when the model is cold). */
   ttft = new Float64Array(0);
   tpot = new Float64Array(0);
+  /**
+   * The running mean of the TPOT objectives of the requests steered (seconds; 0 before the
+   * first): a rank predicted to miss it with nothing else running serves no objective, and a
+   * request without objectives costs nobody's there.
+   */
+  objectiveTpot = 0;
 
   ensure(count: number): void {
     if (this.uncached.length >= count) return;
@@ -68,15 +79,17 @@ export interface SloChoice {
 }
 
 /**
- * Predicts every candidate, then: with objectives, the candidate predicted to meet both with the
- * most of the prompt cached (the policy's cost breaks ties), else the least bad (the least
- * worst ratio of prediction to objective); without objectives, the policy's choice `bestAt`
- * unless one more decode there would break the TPOT objective of a stream running there, then
- * the policy's cheapest candidate where it would not (a long batch decode on a fast rank slows
- * every interactive stream there), among those predicted to give it its first token within
- * {@link YIELD} times the policy's choice.
+ * Predicts every candidate, then: with objectives, among the candidates predicted to meet both
+ * (within {@link HEADROOM}) the one that uses least of them, the sum of its predictions' shares of
+ * the objectives (its TTFT share prices the cache hit, its TPOT share the decodes running there;
+ * without a TTFT objective, the fewest uncached blocks), the fewest uncached blocks then the
+ * policy's cost breaking ties; none: the least bad (the least worst ratio of prediction to
+ * objective). Taking the best hit outright filled the cache holders to the edge of the TPOT
+ * objective while ranks beside them ran half empty. Without objectives see {@link spare}.
  */
 export function chooseWithObjectives(model: LatencyModel, est: SloEstimates, count: number, objectives: Objectives, bestAt: number, out: SloChoice): SloChoice {
+  const { ttft: ttftGoal, tpot: tpotGoal } = objectives;
+  if (tpotGoal > 0) est.objectiveTpot = est.objectiveTpot === 0 ? tpotGoal : est.objectiveTpot + (tpotGoal - est.objectiveTpot) * OBJECTIVE_SMOOTHING;
   out.at = bestAt;
   out.meets = true;
   out.predicted = false;
@@ -90,19 +103,26 @@ export function chooseWithObjectives(model: LatencyModel, est: SloEstimates, cou
     tpot[at] = tpotWarm ? model.tpot(rank, load[at] + 1) : 0;
   }
   out.predicted = true;
-  const { ttft: ttftGoal, tpot: tpotGoal } = objectives;
   if (ttftGoal === 0 && tpotGoal === 0) {
-    out.at = spare(est, count, bestAt);
+    out.at = spare(model, est, count);
     return out;
   }
   let best = -1;
+  let bestUse = Infinity;
   let leastBad = bestAt;
   let leastBadness = Infinity;
   for (let at = 0; at < count; at++) {
-    const badness = Math.max(ttftGoal > 0 ? ttft[at] / ttftGoal : 0, tpotGoal > 0 ? tpot[at] / tpotGoal : 0);
+    const ttftShare = ttftGoal > 0 ? ttft[at] / ttftGoal : 0;
+    const tpotShare = tpotGoal > 0 ? tpot[at] / tpotGoal : 0;
+    const badness = Math.max(ttftShare, tpotShare);
     // Meeting its own objectives is not enough where it would break a running stream's.
     if (badness <= HEADROOM && !breaks(est, at)) {
-      if (best < 0 || uncached[at] < uncached[best] || (uncached[at] === uncached[best] && less(est.cost[at], est.cost[best]))) best = at;
+      // The TTFT share prices the cache hit (the prefill it saves) against the load; without a TTFT objective, the hit itself.
+      const use = ttftGoal > 0 ? ttftShare + tpotShare : uncached[at];
+      if (best < 0 || use < bestUse || (use === bestUse && (uncached[at] < uncached[best] || (uncached[at] === uncached[best] && less(est.cost[at], est.cost[best]))))) {
+        best = at;
+        bestUse = use;
+      }
     } else if (badness < leastBadness) {
       leastBadness = badness;
       leastBad = at;
@@ -117,16 +137,43 @@ export function chooseWithObjectives(model: LatencyModel, est: SloEstimates, cou
   return out;
 }
 
-/** Without objectives: `bestAt`, unless one more decode there breaks a running stream's TPOT objective (see {@link chooseWithObjectives}). */
-function spare(est: SloEstimates, count: number, bestAt: number): number {
-  if (!breaks(est, bestAt)) return bestAt;
+/**
+ * Without objectives, where the request costs the objectives of others least, among the
+ * candidates where one more decode breaks no running stream's TPOT objective and its own first
+ * token is predicted within {@link YIELD} times the rank's own time for it with nothing ahead
+ * (its capacity, not a faster rank's time). First a rank that serves no objective: predicted,
+ * with nothing else running, to miss the TPOT objectives seen (a slower GPU), holding no more
+ * than its share of the requests in flight; the policy's cheapest of those. Else the least
+ * loaded, so that the class spreads over the ranks instead of filling a few that the requests
+ * with objectives then avoid (the policy's cost breaks ties). None: the least predicted TTFT
+ * where it breaks no stream's objective, if within {@link YIELD} times the least anywhere, else
+ * that least (it yields, it does not starve).
+ */
+function spare(model: LatencyModel, est: SloEstimates, count: number): number {
+  const { uncached, load, ttft, ranks, cost } = est;
+  const busy = model.tpotWarm && est.objectiveTpot > 0 ? HEADROOM * est.objectiveTpot : Infinity;
+  let total = 0;
+  for (let at = 0; at < count; at++) total += load[at];
+  const share = total / count;
   let chosen = -1;
-  const patience = YIELD * est.ttft[bestAt];
+  let chosenFree = false;
+  let soonest = 0;
+  let soonestSpared = -1;
   for (let at = 0; at < count; at++) {
-    if (breaks(est, at) || est.ttft[at] > patience) continue;
-    if (chosen < 0 || less(est.cost[at], est.cost[chosen])) chosen = at;
+    if (ttft[at] < ttft[soonest]) soonest = at;
+    if (breaks(est, at)) continue;
+    if (soonestSpared < 0 || ttft[at] < ttft[soonestSpared]) soonestSpared = at;
+    const rank = ranks[at];
+    if (ttft[at] > YIELD * model.ttft(rank, uncached[at], 0)) continue;
+    const free = load[at] <= share && model.tpot(rank, 1) > busy;
+    if (chosen >= 0 && chosenFree && !free) continue;
+    if (chosen < 0 || (free && !chosenFree) || (free ? less(cost[at], cost[chosen]) : load[at] < load[chosen] || (load[at] === load[chosen] && less(cost[at], cost[chosen])))) {
+      chosen = at;
+      chosenFree = free;
+    }
   }
-  return chosen < 0 ? bestAt : chosen;
+  if (chosen >= 0) return chosen;
+  return soonestSpared >= 0 && ttft[soonestSpared] <= YIELD * ttft[soonest] ? soonestSpared : soonest;
 }
 
 /** Whether one more request at `at` would put its decoding streams' TPOT past the tightest of their objectives. */

@@ -104,7 +104,7 @@ export function chooseWithObjectives(model: LatencyModel, est: SloEstimates, cou
   }
   out.predicted = true;
   if (ttftGoal === 0 && tpotGoal === 0) {
-    out.at = spare(model, est, count);
+    out.at = spare(model, est, count, bestAt);
     return out;
   }
   let best = -1;
@@ -143,13 +143,14 @@ export function chooseWithObjectives(model: LatencyModel, est: SloEstimates, cou
  * token is predicted within {@link YIELD} times the rank's own time for it with nothing ahead
  * (its capacity, not a faster rank's time). First a rank that serves no objective: predicted,
  * with nothing else running, to miss the TPOT objectives seen (a slower GPU), holding no more
- * than its share of the requests in flight; the policy's cheapest of those. Else the least
- * loaded, so that the class spreads over the ranks instead of filling a few that the requests
- * with objectives then avoid (the policy's cost breaks ties). None: the least predicted TTFT
+ * than its share of the requests in flight; the policy's cheapest of those. Else the policy's
+ * choice `bestAt` if it qualifies; else the least loaded, so that the class spreads over the
+ * ranks instead of filling a few that the requests with objectives then avoid (the policy's cost
+ * breaks ties). None: the least predicted TTFT
  * where it breaks no stream's objective, if within {@link YIELD} times the least anywhere, else
  * that least (it yields, it does not starve).
  */
-function spare(model: LatencyModel, est: SloEstimates, count: number): number {
+function spare(model: LatencyModel, est: SloEstimates, count: number, bestAt: number): number {
   const { uncached, load, ttft, ranks, cost } = est;
   const busy = model.tpotWarm && est.objectiveTpot > 0 ? HEADROOM * est.objectiveTpot : Infinity;
   let total = 0;
@@ -167,7 +168,7 @@ function spare(model: LatencyModel, est: SloEstimates, count: number): number {
     if (ttft[at] > YIELD * model.ttft(rank, uncached[at], 0)) continue;
     const free = load[at] <= share && model.tpot(rank, 1) > busy;
     if (chosen >= 0 && chosenFree && !free) continue;
-    if (chosen < 0 || (free && !chosenFree) || (free ? less(cost[at], cost[chosen]) : load[at] < load[chosen] || (load[at] === load[chosen] && less(cost[at], cost[chosen])))) {
+    if (chosen < 0 || (free && !chosenFree) || (free ? less(cost[at], cost[chosen]) : at === bestAt || (chosen !== bestAt && (load[at] < load[chosen] || (load[at] === load[chosen] && less(cost[at], cost[chosen])))))) {
       chosen = at;
       chosenFree = free;
     }

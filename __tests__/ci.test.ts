@@ -27,7 +27,7 @@ describe('.ci/run on each Node line', () => {
     expect(majors.length).toBeGreaterThan(1);
     const all = testFiles([]);
     const install = all.filter((file) => file.startsWith('__tests__/external/'));
-    expect(install).toEqual(['__tests__/external/consumers.test.ts', '__tests__/external/git-install.test.ts']);
+    expect(install).toEqual(['__tests__/external/consumers.test.ts', '__tests__/external/folder-install.test.ts', '__tests__/external/git-install.test.ts']);
     const linesWithInstall: string[] = [];
     for (const major of majors) {
       const files = testFiles(ciShell(`ci_jest_args ${major}`));

@@ -627,9 +627,11 @@ describe('metrics', () => {
       rank: ['0', '2', '4', '6', 'vllm'],
       // Each closed set: decisions and hints, then route receipts' (cached tokens by source, receipts by outcome).
       source: ['hint', 'assigned', 'predicted', 'reported'],
-      outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable', 'confirmed', 'elsewhere', 'unseen', 'cached', 'met', 'missed_ttft', 'missed_tpot', 'shed'],
+      outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable', 'confirmed', 'elsewhere', 'unseen', 'cached', 'met', 'missed_ttft', 'missed_tpot', 'shed', 'taken', 'refused_single_source'],
       // Upstream errors, then the SLO prediction error's (docs/slo-routing.md).
       kind: ['connect', 'timeout', 'reset', 'status_5xx', 'ttft', 'tpot'],
+      // Verdicts that change routing for everyone (lib/verdicts).
+      verdict: ['rank_header', 'elsewhere', 'misses', 'tokens', 'tokenizer', 'ejection'],
       evidence: ['answer', 'metrics'],
     };
     for (const sample of samples) {

@@ -44,7 +44,9 @@ function unitOf(file: string): string {
  * feature, a new one included, and is reached through its registration, its options and the
  * exports only.
  */
-const LAYERS = new Set(['http/', 'observe/', 'upstreams/', 'policies/', 'request/', 'forward/', 'compose/']);
+// `verdicts/` is a service, not a feature: the one rule every check that changes routing for
+// everyone consults (issue 46), so each of those checks imports it.
+const LAYERS = new Set(['http/', 'observe/', 'verdicts/', 'upstreams/', 'policies/', 'request/', 'forward/', 'compose/']);
 
 describe('the house', () => {
   it('keeps every file in lib/ at 400 lines or fewer', () => {

@@ -4,6 +4,7 @@ import { getHeapStatistics } from 'node:v8';
 import { describe, expect, it } from '@jest/globals';
 import { Registry } from 'prom-client';
 import { parseOptions } from '../lib/options';
+import type { VerdictsOptions } from '../lib/verdicts/options';
 import { thrownOptionError } from './helpers/option-error';
 import {
   dpRank,
@@ -56,7 +57,7 @@ describe('parseOptions', () => {
   it('is shaped like the options: one frozen part per option, nothing else', () => {
     const config = parse({ upstreams: [{ url }], hints: { trust: true }, timeouts: { connectMs: 5 }, retries: { attempts: 3 }, requestBuffering: { maxBytes: 10 } });
     const optionKeys = ['upstreams', 'policy', 'hints', 'header', 'metrics', 'affinity', 'prefixAware', 'timeouts', 'maxBodyBytes', 'maxBufferedBytes', 'exposeDecision', 'loadFeedback', 'logger'];
-    const proxyKeys = ['xfwd', 'outlierDetection', 'healthCheck', 'retries', 'disaggregation', 'admission', 'requestBuffering', 'peers', 'receipts', 'slo'];
+    const proxyKeys = ['xfwd', 'outlierDetection', 'healthCheck', 'retries', 'disaggregation', 'admission', 'requestBuffering', 'peers', 'receipts', 'slo', 'verdicts'];
     expect(Object.keys(config).sort()).toEqual([...optionKeys, ...proxyKeys].sort());
     expect(Object.keys(parseOptions({ upstreams: [{ url }] }, 'dpRank')).sort()).toEqual([...optionKeys, ...proxyKeys].sort());
     expect(config).toMatchObject({ hints: { trust: true }, timeouts: { connectMs: 5 }, retries: { attempts: 3 }, requestBuffering: { maxBytes: 10 } });
@@ -206,8 +207,10 @@ const wrongValues: Array<[path: string, value: unknown]> = [
     peers: 'on',
     receipts: 'on',
     slo: 'on',
+    verdicts: 3,
   } satisfies WrongValues<DpRouterOptions>),
   ...rows('slo', { trust: 'yes', ttftMs: 1.5, tpotMs: -1, shed: 'yes' } satisfies WrongValues<SloOptions>),
+  ...rows('verdicts', { minSources: 0 } satisfies WrongValues<VerdictsOptions>),
   ...rows('receipts', {
     kvEvents: 'yes',
     usage: 'yes',
@@ -360,5 +363,14 @@ describe('header options', () => {
     expect(parse({ upstreams: [{ url }], affinity: { header: false } }).affinity.header).toBeUndefined();
     expect(() => parse({ upstreams: [{ url }], hints: { header: false } })).toThrow(/`hints\.header` must be a header name, got false\. Use e\.g\. `hints\.header: 'x-data-parallel-rank'`/);
     expect(() => parse({ upstreams: [{ url }], header: false })).toThrow(/`header` must be a header name, got false/);
+  });
+});
+
+describe('verdicts', () => {
+  it('needs 3 distinct sources by default, and takes 1 to 64', () => {
+    expect(parseOptions({ upstreams: [{ url: 'http://127.0.0.1:8000' }] }).verdicts).toEqual({ minSources: 3 });
+    expect(parseOptions({ upstreams: [{ url: 'http://127.0.0.1:8000' }], verdicts: { minSources: 1 } }).verdicts).toEqual({ minSources: 1 });
+    expect(thrownOptionError(() => parseOptions({ upstreams: [{ url: 'http://127.0.0.1:8000' }], verdicts: { minSources: 65 } })).message).toMatch(/`verdicts\.minSources` must be an integer from 1 to 64, got 65/);
+    expect(thrownOptionError(() => parseOptions({ upstreams: [{ url: 'http://127.0.0.1:8000' }], verdicts: { minSource: 2 } as never })).message).toMatch(/`verdicts\.minSource` is not an option\. Did you mean `minSources`\?/);
   });
 });

@@ -460,13 +460,13 @@ export function parseCommandLine(argv: readonly string[], env: NodeJS.ProcessEnv
     return { ...withModels(upstream, upstream.url), ...(events && { kvEvents: events }) };
   });
   const dnsEntries = mergeDnsSpecs(state.dnsSpecs, settings.dpSize, state.startRank, state.rankHeader);
-  for (const [key, { name, port, ranks }] of dnsEntries) {
+  for (const [key, { name, port, ranks, listed }] of dnsEntries) {
     const start = state.startRank ?? ranks[0];
     const dns = { name, port, ...(state.dnsServers.length > 0 && { servers: state.dnsServers }) };
     // Each address is an upstream named NAME/ADDRESS (NAME:PORT/ADDRESS for a name given with
     // two ports), so that two entries resolving to one address stay two upstreams.
     const label = [...dnsEntries.values()].some((other) => other.name === name && other.port !== port) ? `${name}:${port}` : name;
-    const entry = { dns, name: label, startRank: start, dataParallelSize: ranks[ranks.length - 1] - start + 1, ranks, rankHeader: state.rankHeader };
+    const entry = { dns, name: label, startRank: start, dataParallelSize: ranks[ranks.length - 1] - start + 1, ...(listed && { ranks }), rankHeader: state.rankHeader };
     settings.upstreams.push(withModels(entry, key));
   }
   if (state.dnsServers.length > 0 && state.dnsSpecs.length === 0) throw new UsageError('--dns-server is the server --upstream-dns asks: give an --upstream-dns too');
@@ -616,11 +616,14 @@ function disaggregate(state: ParseState): void {
  */
 function mergeUpstreams(specs: readonly string[], dpSize: number, startRank: number | undefined, rankHeader: RankHeaderMode, flag = '--upstream'): Array<UpstreamOptions & Pick<GatewayUpstream, 'learnStartRank'>> {
   const byUrl = new Map<string, Set<number>>();
+  // URLs given with @RANKS: only those limit what --discover may route to (`ranks`).
+  const listed = new Set<string>();
   for (const spec of specs) {
-    const { url, ranks } = parseUpstreamSpec(spec, dpSize, startRank, flag);
+    const { url, ranks, explicit } = parseUpstreamSpec(spec, dpSize, startRank, flag);
     const known = byUrl.get(url) ?? new Set<number>();
     ranks.forEach((rank) => known.add(rank));
     byUrl.set(url, known);
+    if (explicit) listed.add(url);
   }
   return [...byUrl].map(([url, rankSet]) => {
     const ranks = [...rankSet].sort((a, b) => a - b);
@@ -630,7 +633,7 @@ function mergeUpstreams(specs: readonly string[], dpSize: number, startRank: num
     const start = startRank ?? ranks[0];
     if (start > ranks[0]) throw new UsageError(`${flag} ${redactUrl(url)} routes rank ${ranks[0]}, below --start-rank ${start}`);
     const learn = startRank === undefined && ranks[0] > 0 && rankHeader === 'local';
-    return { url, startRank: start, dataParallelSize: ranks[ranks.length - 1] - start + 1, ranks, rankHeader, ...(learn && { learnStartRank: flag }) };
+    return { url, startRank: start, dataParallelSize: ranks[ranks.length - 1] - start + 1, ...(listed.has(url) && { ranks }), rankHeader, ...(learn && { learnStartRank: flag }) };
   });
 }
 
@@ -642,13 +645,14 @@ export const START_RANK_UNKNOWN =
   'the rank header is an index from 0 into the engines that server runs, and its first engine is not known: give --start-rank N (its --data-parallel-start-rank: 0 for `vllm serve --data-parallel-size N`, the node\'s start rank for a hybrid node)';
 
 /** `--upstream-dns` entries by `dns:NAME:PORT` (the key `--model` uses): one given again adds ranks, as a repeated `--upstream` does. */
-function mergeDnsSpecs(specs: readonly string[], dpSize: number, startRank: number | undefined, rankHeader: RankHeaderMode): Map<string, { name: string; port: number; ranks: number[] }> {
-  const entries = new Map<string, { name: string; port: number; ranks: number[] }>();
+function mergeDnsSpecs(specs: readonly string[], dpSize: number, startRank: number | undefined, rankHeader: RankHeaderMode): Map<string, { name: string; port: number; ranks: number[]; listed: boolean }> {
+  const entries = new Map<string, { name: string; port: number; ranks: number[]; listed: boolean }>();
   for (const spec of specs) {
-    const { name, port, ranks } = parseDnsSpec(spec, dpSize, startRank, rankHeader);
+    const { name, port, ranks, explicit } = parseDnsSpec(spec, dpSize, startRank, rankHeader);
     const key = `dns:${name}:${port}`;
-    const known = entries.get(key)?.ranks ?? [];
-    entries.set(key, { name, port, ranks: [...new Set([...known, ...ranks])].sort((a, b) => a - b) });
+    const known = entries.get(key);
+    // Given with @RANKS: only those may --discover route to (`ranks`).
+    entries.set(key, { name, port, ranks: [...new Set([...(known?.ranks ?? []), ...ranks])].sort((a, b) => a - b), listed: explicit || known?.listed === true });
   }
   return entries;
 }

@@ -345,14 +345,16 @@ async function serveGeneration(
   const seated = ctx.seqs.seat(rank.globalRank, res);
   if (seated !== true && !(await seated)) return;
   const adapter = adapterOf(read.body, ctx.config.loraModules);
+  const salt = (read.body as { cache_salt?: unknown }).cache_salt;
+  const cacheSalt = typeof salt === 'string' && salt !== '' ? salt : undefined;
   if (ctx.scheduler) {
     record.rank = rank.globalRank;
     const fault = ctx.currentFault();
     const eventBudget = fault?.kind === 'die-mid-stream' ? fault.afterChunks : Infinity;
     const model = adapter?.name ?? ctx.config.model;
-    return serveTimed({ scheduler: ctx.scheduler, engine: ctx.engine, rank, request, adapter, model, reportsCached: ctx.config.promptTokensDetails, leg, eos, eventBudget, res });
+    return serveTimed({ scheduler: ctx.scheduler, engine: ctx.engine, rank, request, adapter, cacheSalt, model, reportsCached: ctx.config.promptTokensDetails, leg, eos, eventBudget, res });
   }
-  const admitted = ctx.engine.admit(rank, request.prompts, request.tokenIds, adapter);
+  const admitted = ctx.engine.admit(rank, request.prompts, request.tokenIds, adapter, cacheSalt);
   const { promptTokens } = admitted;
   // The decode of a transfer read the prompt's KV cache from the prefill: nothing left to compute.
   // What usage reports as cached counts the CPU tier's hits too (prefill_stats: vllm/v1/metrics/stats.py:266 at 52a31cc).

@@ -24,7 +24,7 @@ export function dpRouter(options: DpRouterOptions): DpRouter {
   const services = new RouterServices(config);
   const forwarder = new Forwarder(services);
   // With `disaggregation`, generations split into a prefill leg and the forwarder's decode leg.
-  const terminal = config.disaggregation ? new DisaggregatedTerminal(services, forwarder, new PrefillPool(config, services.registry, services.tracing)) : forwarder;
+  const terminal = config.disaggregation ? new DisaggregatedTerminal(services, forwarder, new PrefillPool(config, services.registry, services.tracing, (model) => services.models.pools.isAdapter(model))) : forwarder;
   const lifecycle = new RequestLifecycle(services, terminal);
   return routerOf(services, lifecycle, terminal);
 }

@@ -37,6 +37,7 @@ export type { MetricsOptions } from './observe/metrics';
 export type { PeersOptions } from './peers/peer-options';
 export type { ReceiptsOptions } from './receipts/options';
 export type { SloOptions } from './slo/options';
+export type { VerdictsOptions } from './verdicts/options';
 export type { FirstTokenTotals, PeerLoad } from './policies/prefix-aware-ttft';
 export { redisTokenStore } from './admission/redis-store';
 export type { RedisTokenStoreOptions } from './admission/redis-store';

@@ -20,6 +20,7 @@ import { parseDisaggregation, type DisaggregationConfig, type DisaggregationOpti
 import { parsePeers, type PeersConfig, type PeersOptions } from './peers/peer-options';
 import { parseReceipts, type ReceiptsConfig, type ReceiptsOptions } from './receipts/options';
 import { parseSlo, type SloConfig, type SloOptions } from './slo/options';
+import { parseVerdicts, type VerdictsConfig, type VerdictsOptions } from './verdicts/options';
 
 export type { HealthCheckConfig, LoadFeedbackConfig, OutlierDetectionConfig, UpstreamConfig };
 
@@ -110,6 +111,12 @@ interface ProxyOptions {
    * (docs/slo-routing.md). Default: off.
    */
   slo?: SloOptions;
+  /**
+   * What it takes for evidence from client traffic to change how an upstream is served for
+   * every client (a rank header taken as refused or not honoured, an exact index or tokenizer
+   * not trusted, an endpoint ejected): docs/security.md. Default: `{ minSources: 3 }`.
+   */
+  verdicts?: VerdictsOptions;
 }
 
 /** Options of {@link dpRouter}: those of `dpRank()`, the upstream timeouts, and the proxy's own. */
@@ -174,6 +181,8 @@ export interface Configuration {
   readonly receipts: ReceiptsConfig | undefined;
   /** SLO-aware routing; `undefined` when off (always, for `dpRank()`). */
   readonly slo: SloConfig | undefined;
+  /** What takes a verdict that changes routing for everyone. */
+  readonly verdicts: VerdictsConfig;
 }
 
 const EXPOSE_DECISION = false;
@@ -193,7 +202,7 @@ const RANK_KEYS: KeysEnum<DpRankOptions> = {
   loadFeedback: true,
   logger: true,
 };
-const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true, disaggregation: true, admission: true, requestBuffering: true, peers: true, receipts: true, slo: true };
+const PROXY_KEYS: KeysEnum<ProxyOptions> = { xfwd: true, outlierDetection: true, healthCheck: true, retries: true, disaggregation: true, admission: true, requestBuffering: true, peers: true, receipts: true, slo: true, verdicts: true };
 const ROUTER_KEYS: KeysEnum<DpRouterOptions> = { ...RANK_KEYS, ...PROXY_KEYS };
 
 /**
@@ -242,6 +251,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
     peers: parsePeers('peers', proxy.peers),
     receipts: proxying ? parseReceipts('receipts', proxy.receipts) : undefined,
     slo: proxying ? parseSlo('slo', proxy.slo, policy) : undefined,
+    verdicts: parseVerdicts('verdicts', proxy.verdicts),
   };
   for (const part of OWN_PARTS) freezePart(settings[part]);
   for (const upstream of upstreams) Object.freeze(upstream);
@@ -249,7 +259,7 @@ export function parseOptions(options: DpRankOptions | DpRouterOptions, mode: Mod
 }
 
 /** The parts parsing made (the user's objects inside them, a registry or a store, stay as given). */
-const OWN_PARTS = ['upstreams', 'hints', 'metrics', 'affinity', 'prefixAware', 'timeouts', 'loadFeedback', 'outlierDetection', 'healthCheck', 'retries', 'requestBuffering', 'disaggregation', 'admission', 'peers', 'receipts', 'slo'] as const satisfies ReadonlyArray<keyof Configuration>;
+const OWN_PARTS = ['upstreams', 'hints', 'metrics', 'affinity', 'prefixAware', 'timeouts', 'loadFeedback', 'outlierDetection', 'healthCheck', 'retries', 'requestBuffering', 'disaggregation', 'admission', 'peers', 'receipts', 'slo', 'verdicts'] as const satisfies ReadonlyArray<keyof Configuration>;
 
 function freezePart(part: object | undefined): void {
   if (part !== undefined) Object.freeze(part);

@@ -10,10 +10,11 @@ describe('the disaggregation flags', () => {
   it('give --prefill and --decode servers their roles, and --bootstrap-port to the --prefill before it', () => {
     const settings = parse('--prefill', 'http://p1:8000@0-1', '--bootstrap-port', '9000', '--prefill', 'http://p2:8000', '--decode', 'http://d:8000@4-7', '--pd-connector', 'mooncake');
     expect(settings.disaggregation).toEqual({ connector: 'mooncake' });
-    expect(settings.upstreams.map(({ url, role, bootstrapPort, ranks }) => ({ url, role, bootstrapPort, ranks }))).toEqual([
-      { url: 'http://p1:8000', role: 'prefill', bootstrapPort: 9000, ranks: [0, 1] },
-      { url: 'http://p2:8000', role: 'prefill', bootstrapPort: undefined, ranks: [0, 1, 2, 3] },
-      { url: 'http://d:8000', role: 'decode', bootstrapPort: undefined, ranks: [4, 5, 6, 7] },
+    // Without @RANKS, every rank from the start rank on: no `ranks` list (--discover may learn them).
+    expect(settings.upstreams.map(({ url, role, bootstrapPort, startRank, dataParallelSize, ranks }) => ({ url, role, bootstrapPort, startRank, dataParallelSize, ranks }))).toEqual([
+      { url: 'http://p1:8000', role: 'prefill', bootstrapPort: 9000, startRank: 0, dataParallelSize: 2, ranks: [0, 1] },
+      { url: 'http://p2:8000', role: 'prefill', bootstrapPort: undefined, startRank: 0, dataParallelSize: 4, ranks: undefined },
+      { url: 'http://d:8000', role: 'decode', bootstrapPort: undefined, startRank: 4, dataParallelSize: 4, ranks: [4, 5, 6, 7] },
     ]);
     expect(parse('--pd').disaggregation).toEqual({ connector: 'nixl' });
     expect(parse().disaggregation).toBeUndefined();

@@ -40,7 +40,8 @@ describe('the disaggregated kit', () => {
     const settings = parseCommandLine(gatewayArgs()) as GatewaySettings;
     const upstream = settings.upstreams.find((candidate) => candidate.role === role)!;
     expect(upstream.url).toBe(`http://${service.metadata.name}:${service.spec.ports[0].port}`);
-    expect(upstream.ranks).toHaveLength(8);
+    expect(upstream).toMatchObject({ startRank: 0, dataParallelSize: 8 });
+    expect(upstream.ranks).toBeUndefined();
     expect(settings.disaggregation).toEqual({ connector: 'nixl' });
   });
 

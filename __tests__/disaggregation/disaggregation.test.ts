@@ -4,7 +4,7 @@ import type { AddressInfo } from 'node:net';
 import OpenAI from 'openai';
 import { startMockVllm, type MockVllm, type MockVllmOptions } from '../../example-server/mock-vllm';
 import { dpRouter, OptionError, type Options } from '../../lib';
-import { allIdle, closedAfterEach, exchange, metricValue, rawRequest, serve, startGateway, waitFor, type TestGateway } from '../helpers';
+import { allIdle, closedAfterEach, exchange, metricValue, rawRequest, serve, startDnsmasq, startGateway, waitFor, type TestGateway } from '../helpers';
 
 const started = closedAfterEach();
 const COMPLETION = '{"model":"mock-model","prompt":"The quick brown fox jumps over the lazy dog, again and again.","max_tokens":3,"min_tokens":2}';
@@ -171,6 +171,108 @@ describe('NIXL', () => {
   });
 });
 
+describe('a prefill server that refuses the rank header', () => {
+  // vLLM 52a31cc answers a header past its engines `400 data_parallel_rank N is out of range [0, M).`
+  // (vllm/entrypoints/openai/server_utils.py:378); the mock reads the header as vLLM does.
+  it('48.19: is told once at error level with the fix, counted, and gets prefill legs no more', async () => {
+    // A node serving global ranks 2-3, configured to be sent the global rank.
+    const wrong = await mock({ role: 'prefill', connector: 'nixl', startRank: 2 });
+    const right = await mock({ role: 'prefill', connector: 'nixl' });
+    const decode = await mock({ role: 'decode', connector: 'nixl', startRank: 4 });
+    const errors: string[] = [];
+    const gateway = await startGateway({
+      upstreams: [
+        { url: wrong.url, name: 'wrong', startRank: 2, dataParallelSize: 2, rankHeader: 'global', role: 'prefill' },
+        { url: right.url, name: 'right', dataParallelSize: 2, role: 'prefill' },
+        { url: decode.url, name: 'd', dataParallelSize: 2, startRank: 4, role: 'decode' },
+      ],
+      disaggregation: { connector: 'nixl', prefillPolicy: 'round-robin' },
+      logger: { warn: () => undefined, error: (_fields, message) => errors.push(message) },
+    });
+    started.push(gateway);
+    for (let i = 0; i < 8; i++) expect((await exchange(gateway.url, { body: COMPLETION })).status).toBe(200);
+    // One refusal (served decode-only), then every prefill leg on the server that takes the header.
+    expect(generations(wrong)).toHaveLength(1);
+    expect(generations(right)).toHaveLength(7);
+    expect(await outcome(gateway, 'disaggregated')).toBe(7);
+    expect(errors).toHaveLength(1);
+    expect(errors[0]).toMatch(/^express-dp-router: upstream 'wrong' does not take the rank header.*out of range \[0, 2\).*set rankHeader: 'local'/);
+    expect(await metricValue(gateway.registry, 'dp_router_rank_header_rejections_total', { upstream: 'wrong', evidence: 'answer' })).toBe(1);
+  });
+});
+
+describe('the prefill pool and LoRA adapters', () => {
+  // vLLM keys an adapter's blocks with its name (#33304): the base model's blocks are no hit for
+  // it. The model pools know an adapter from /v1/models before any KV event names it.
+  it("48.19: scores a LoRA request's prefill under its adapter, as the model pools know it: never on the base model's blocks", async () => {
+    const prefill = await mock({ role: 'prefill', connector: 'nixl', kvEvents: {}, loraModules: ['sql-lora'] });
+    const decode = await mock({ role: 'decode', connector: 'nixl', startRank: 4, loraModules: ['sql-lora'] });
+    const kv = prefill.kvEvents!;
+    const notices: string[] = [];
+    const gateway = await startGateway({
+      upstreams: [
+        { url: prefill.url, name: 'p', dataParallelSize: 2, role: 'prefill', kvEvents: { endpoint: kv.endpoints } },
+        { url: decode.url, name: 'd', dataParallelSize: 2, startRank: 4, role: 'decode', discover: { intervalMs: 50 } },
+      ],
+      policy: 'prefix-aware',
+      prefixAware: { tokenizer: kv.tokenizer },
+      hints: { trust: true },
+      disaggregation: { connector: 'nixl', prefillPolicy: 'prefix-aware' },
+      logger: { warn: (message) => notices.push(message), info: (_fields, message) => notices.push(message) },
+    });
+    started.push(gateway);
+    await waitFor(() => notices.some((line) => line.includes("'d' serves mock-model, sql-lora")), 5000, 'the adapter listed');
+    for (const rank of [0, 1]) {
+      let probe = 0;
+      await waitFor(
+        async () => {
+          const sent = await fetch(`${prefill.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-data-parallel-rank': String(rank) }, body: JSON.stringify({ prompt: `probe ${rank} ${probe++} ${'lorem ipsum dolor '.repeat(8)}`, max_tokens: 1 }) });
+          await sent.arrayBuffer();
+          return (await metricValue(gateway.registry, 'dp_router_kv_stream_fresh', { upstream: 'p', rank: String(rank) })) === 1;
+        },
+        5000,
+        `the prefill pool joined rank ${rank}'s KV events`,
+      );
+    }
+    const messages = [
+      { role: 'system', content: 'You answer questions about the warehouse schema, briefly and accurately. '.repeat(6) },
+      { role: 'user', content: 'Which tables?' },
+    ];
+    // The base model's blocks on prefill rank 1 (a trusted prefill hint puts them there).
+    const base = await exchange(gateway.url, { path: '/v1/chat/completions', body: JSON.stringify({ model: 'mock-model', messages, max_tokens: 2 }), headers: { 'x-data-parallel-prefill-rank': '1' } });
+    expect(base.status).toBe(200);
+    await waitFor(async () => (await metricValue(gateway.registry, 'dp_router_kv_index_blocks', { upstream: 'p', rank: '1' })) > 0, 5000, 'the base blocks indexed');
+    const lora = await exchange(gateway.url, { path: '/v1/chat/completions', body: JSON.stringify({ model: 'sql-lora', messages, max_tokens: 2 }) });
+    expect(lora.status).toBe(200);
+    // No rank holds the adapter's blocks: the prefill goes by load (rank 0 first), not to rank 1.
+    const legs = generations(prefill).filter((record) => record.leg === 'prefill');
+    expect(legs.map((record) => record.rank)).toEqual([1, 0]);
+  });
+});
+
+describe('prefill upstreams found by DNS', () => {
+  it('48.19: are the prefill pool\'s, resolved by a discovery of its own: never decode upstreams, never the entry itself', async () => {
+    const prefill = await mock({ role: 'prefill', connector: 'nixl' });
+    const decode = await mock({ role: 'decode', connector: 'nixl', startRank: 4 });
+    const dns = await startDnsmasq([['127.0.0.1', 'prefill.test']]);
+    started.push(dns);
+    const gateway = await startGateway({
+      upstreams: [
+        { dns: { name: 'prefill.test', port: Number(new URL(prefill.url).port), intervalMs: 50, servers: [dns.server] }, name: 'p', dataParallelSize: 2, role: 'prefill' },
+        { url: decode.url, name: 'd', dataParallelSize: 2, startRank: 4, role: 'decode' },
+      ],
+      disaggregation: { connector: 'nixl', onPrefillFailure: 'fail' },
+    });
+    started.push(gateway);
+    await waitFor(() => gateway.router.endpoints().length === 4, 5000, 'the prefill address resolved');
+    expect(gateway.router.endpoints().map(({ upstream, rank, leg }) => `${leg ?? 'decode'} ${upstream}#${rank}`)).toEqual(['decode d#4', 'decode d#5', 'prefill p/127.0.0.1#0', 'prefill p/127.0.0.1#1']);
+    for (let i = 0; i < 4; i++) expect((await exchange(gateway.url, { body: COMPLETION })).status).toBe(200);
+    expect(generations(prefill).map((record) => record.leg)).toEqual(['prefill', 'prefill', 'prefill', 'prefill']);
+    expect(generations(decode).map((record) => record.leg)).toEqual(['decode', 'decode', 'decode', 'decode']);
+    expect(await outcome(gateway, 'disaggregated')).toBe(4);
+  });
+});
+
 describe('Mooncake', () => {
   it('sends both legs with one transfer_id, the decode leg naming the prefill rank’s engine from /query', async () => {
     const { prefill, decode, gateway } = await pd('mooncake');
@@ -214,6 +316,22 @@ describe('Mooncake', () => {
     expect(p.rankHeaders).toEqual(['0']);
     expect(JSON.parse(generations(decode)[0].body!).kv_transfer_params.remote_engine_id).toBe(prefill.engineIds!.get(2));
     expect(await outcome(gateway, 'disaggregated')).toBe(1);
+  });
+
+  it('48.19: names the prefill engine by its id alone, as vLLM\'s own Mooncake proxy does: no global rank in `remote_dp_rank`', async () => {
+    const prefill = await mock({ role: 'prefill', connector: 'mooncake', startRank: 2, dataParallelSize: 4 });
+    const decode = await mock({ role: 'decode', connector: 'mooncake' });
+    const gateway = await startGateway({
+      upstreams: [
+        { url: prefill.url, name: 'p', startRank: 2, dataParallelSize: 4, ranks: [3], role: 'prefill', bootstrapPort: prefill.bootstrapPort },
+        { url: decode.url, name: 'd', dataParallelSize: 2, role: 'decode' },
+      ],
+      disaggregation: { connector: 'mooncake', onPrefillFailure: 'fail' },
+    });
+    started.push(gateway);
+    expect((await exchange(gateway.url, { body: COMPLETION })).status).toBe(200);
+    // vLLM 52a31cc's connector reads these members only (mooncake_connector.py:323-334, 605-608).
+    expect(Object.keys(JSON.parse(generations(decode)[0].body!).kv_transfer_params).sort()).toEqual(['do_remote_decode', 'do_remote_prefill', 'remote_bootstrap_addr', 'remote_engine_id', 'transfer_id']);
   });
 
   it('serves decode-only when the bootstrap server cannot name the engine', async () => {

@@ -46,12 +46,12 @@ describe('prefillBody', () => {
 
   it('gives Mooncake prefills their transfer id', () => {
     expect(json(prefillBody(bytes('{"prompt":"x"}'), mooncakePrefillParams('xfer-1'))).kv_transfer_params).toEqual({ do_remote_decode: true, do_remote_prefill: false, transfer_id: 'xfer-1' });
-    expect(JSON.parse(mooncakeDecodeParams('xfer-1', 'http://h:8998', 'e0', 2))).toEqual({
+    // What vLLM 52a31cc's own proxy sends (examples/disaggregated/mooncake_connector/mooncake_connector_proxy.py:299-305).
+    expect(JSON.parse(mooncakeDecodeParams('xfer-1', 'http://h:8998', 'e0'))).toEqual({
       do_remote_decode: false,
       do_remote_prefill: true,
       remote_bootstrap_addr: 'http://h:8998',
       remote_engine_id: 'e0',
-      remote_dp_rank: 2,
       transfer_id: 'xfer-1',
     });
   });

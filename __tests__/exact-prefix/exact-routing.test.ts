@@ -5,7 +5,8 @@ import { createExactRouting, type ExactRouting, type ExactRoutingOptions } from 
 import { PromptTokenizer, readTokenizerFiles } from '../../lib/exact-prefix/tokenizer/tokenizer';
 import { prefixAware, type PrefixPickContext } from '../../lib/policies/prefix-aware';
 import type { Endpoint } from '../../lib/types';
-import { closedAfterEach, waitFor } from '../helpers';
+import { Verdicts } from '../../lib/verdicts/verdicts';
+import { closedAfterEach, metricValue, startRelay, waitFor } from '../helpers';
 import { fakeEndpoints } from '../policies/fake-endpoints';
 import { untilJoined } from './helpers';
 
@@ -177,6 +178,43 @@ describe('createExactRouting', () => {
     const text = await registry.metrics();
     expect(text).toContain('dp_router_tokenizer_agreement_ratio 0');
     expect(text).toContain('dp_router_kv_stream_fresh{upstream="u",rank="0"} 0');
+  });
+
+  it("takes a client's sample that disagrees as a suspicion: the router's own samples agreeing, one source changes nothing; three sources take the verdict", async () => {
+    const mock = await startMock();
+    // A /tokenize that differs from the router's only on text a client chose (a corner case of the tokenizer).
+    const relay = await startRelay(mock.url, (path, _headers, body) => (path === '/tokenize' ? Buffer.from(body.toString().replace('zzqx', 'other words here')) : body));
+    started.push(relay);
+    const kv = mock.kvEvents!;
+    const registry = new Registry();
+    const lines: string[] = [];
+    const verdicts = new Verdicts({ minSources: 3 }, { registry, prefix: 'dp_router_' }, { info: (_fields, message) => lines.push(message), warn: (message) => lines.push(message) });
+    const router = createExactRouting({
+      upstreams: [{ name: 'u', url: relay.url, ranks: kv.ranks, kvEvents: { endpoint: kv.endpoints, replayEndpoint: kv.replayEndpoints } }],
+      tokenizer: kv.tokenizer,
+      agreementSampleRate: 1,
+      agreementIntervalMs: 0,
+      verdicts,
+    });
+    started.push(router);
+    await join(mock, router);
+    const candidates = fakeEndpoints(RANKS).map((endpoint) => ({ ...endpoint, upstream: 'u' }));
+    const taken = () => metricValue(registry, 'dp_router_verdicts_total', { upstream: 'u', verdict: 'tokenizer', outcome: 'taken' });
+    const refused = () => metricValue(registry, 'dp_router_verdicts_total', { upstream: 'u', verdict: 'tokenizer', outcome: 'refused_single_source' });
+    const sample = async (source: string, at: number) => {
+      const before = await refused();
+      router.lookup('chat', chat(SYSTEMS[0], `Question ${at}: zzqx?`), candidates, () => source)!.chose(0);
+      await waitFor(async () => (await refused()) > before || (await taken()) > 0, 5000, 'the sample judged');
+    };
+    for (let at = 0; at < 4; at++) await sample('key:one', at);
+    expect(router.serves('u', 0)).toBe(true);
+    expect(await taken()).toBe(0);
+    await sample('key:two', 4);
+    expect(router.serves('u', 0)).toBe(true);
+    await sample('key:three', 5);
+    expect(await taken()).toBe(1);
+    expect(router.serves('u', 0)).toBe(false);
+    expect(lines).toEqual([expect.stringMatching(/verdict 'tokenizer' from 1 source was not taken/), "express-dp-router: upstream 'u': verdict 'tokenizer' taken on evidence from 3 distinct sources."]);
   });
 
   it('exports its metrics per configured endpoint from the start, then the counts', async () => {

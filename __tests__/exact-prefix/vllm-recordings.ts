@@ -48,7 +48,7 @@ export interface VllmRecording {
   vllmDecoded: VllmBatch[];
 }
 
-export const RECORDINGS = ['plain', 'plain-bytes', 'lora', 'lora-bytes', 'hybrid', 'hybrid-masked', 'hybrid-evict', 'hybrid-window', 'offload'] as const;
+export const RECORDINGS = ['plain', 'plain-bytes', 'lora', 'lora-bytes', 'salt', 'hybrid', 'hybrid-masked', 'hybrid-evict', 'hybrid-window', 'offload'] as const;
 
 /** Reads `fixtures/vllm-52a31cc/<name>.json`. */
 export function vllmRecording(name: (typeof RECORDINGS)[number]): VllmRecording {
@@ -105,6 +105,11 @@ export function routerEvent(event: VllmEvent): KvEvent {
       return { type: 'removed', blockHashes: event.block_hashes.map(routerHash), medium: event.medium, groupIdx: event.group_idx };
     case 'BlockStored': {
       const gpu = event.medium === null || event.medium === 'GPU';
+      // vLLM's first-block keys of a salted prompt: [lora_name?, cache_salt] (kv_cache_utils.py:524-532), keyed by the index as vLLM keys them.
+      const first = gpu && event.parent_block_hash === null ? event.extra_keys?.[0] : null;
+      const rest = first === null || first === undefined ? [] : first.slice(first[0] === event.lora_name ? 1 : 0);
+      const salt = rest.length === 1 && typeof rest[0] === 'string' ? rest[0] : undefined;
+      const extraKeyed = !gpu || event.extra_keys === null ? null : event.extra_keys.map((keys, at) => keys !== null && !(keys.length === 1 && keys[0] === event.lora_name) && !(at === 0 && salt !== undefined));
       return {
         type: 'stored',
         blockHashes: event.block_hashes.map(routerHash),
@@ -114,7 +119,8 @@ export function routerEvent(event: VllmEvent): KvEvent {
         loraId: event.lora_id,
         loraName: event.lora_name,
         medium: event.medium,
-        extraKeyed: !gpu || event.extra_keys === null ? null : event.extra_keys.map((keys) => keys !== null && !(keys.length === 1 && keys[0] === event.lora_name)),
+        extraKeyed,
+        ...(salt !== undefined && { cacheSalt: salt }),
         groupIdx: event.group_idx,
         kvCacheSpecKind: event.kv_cache_spec_kind,
       };

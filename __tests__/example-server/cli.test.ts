@@ -157,10 +157,10 @@ describe('parseCommandLine', () => {
   });
 
   it('gives upstreams without @RANKS --dp-size ranks from --start-rank', () => {
-    expect(parse('--upstream', 'http://h:8000', '--dp-size', '8', '--start-rank', '8').upstreams[0]).toMatchObject({
-      startRank: 8,
-      ranks: [8, 9, 10, 11, 12, 13, 14, 15],
-    });
+    // Every rank from the start rank on: no \`ranks\` list, which --discover could not route past.
+    const [upstream] = parse('--upstream', 'http://h:8000', '--dp-size', '8', '--start-rank', '8').upstreams;
+    expect(upstream).toMatchObject({ startRank: 8, dataParallelSize: 8 });
+    expect(upstream.ranks).toBeUndefined();
   });
 
   // vLLM reads the header as an index from 0 into the engines a server manages, in every mode
@@ -246,7 +246,7 @@ describe('parseCommandLine', () => {
     );
     expect(upstreams).toEqual([
       { url: 'http://a:8000', startRank: 0, dataParallelSize: 4, ranks: [0, 1, 2, 3], rankHeader: 'local', models: ['llama', 'llama-sql-lora'] },
-      { dns: { name: 'vllm-pods.default.svc.cluster.local', port: 8000, servers: ['10.96.0.10', '127.0.0.1:5353'] }, name: 'vllm-pods.default.svc.cluster.local', startRank: 0, dataParallelSize: 2, ranks: [0, 1], rankHeader: 'local' },
+      { dns: { name: 'vllm-pods.default.svc.cluster.local', port: 8000, servers: ['10.96.0.10', '127.0.0.1:5353'] }, name: 'vllm-pods.default.svc.cluster.local', startRank: 0, dataParallelSize: 2, rankHeader: 'local' },
       { dns: { name: 'qwen-pods.default.svc.cluster.local', port: 8001, servers: ['10.96.0.10', '127.0.0.1:5353'] }, name: 'qwen-pods.default.svc.cluster.local', startRank: 0, dataParallelSize: 3, ranks: [0, 2], rankHeader: 'local', models: ['qwen'] },
     ]);
   });
@@ -256,7 +256,7 @@ describe('parseCommandLine', () => {
     const { upstreams } = parse('--upstream-dns', 'a.test:8000@0', '--upstream-dns', 'a.test:8001', '--upstream-dns', 'b.test:8000@1', '--upstream-dns', 'b.test:8000@3', '--model', 'm', '--dp-size', '1', '--start-rank', '0');
     expect(upstreams.map((upstream) => [upstream.name, upstream.ranks, upstream.models])).toEqual([
       ['a.test:8000', [0], undefined],
-      ['a.test:8001', [0], undefined],
+      ['a.test:8001', undefined, undefined],
       ['b.test', [1, 3], ['m']],
     ]);
   });
@@ -308,7 +308,10 @@ describe('parseCommandLine', () => {
     expect(parse('--pd', '--placement-slack', '0').placementSlack).toBe(0);
     expect(parse('--trust-hints', '--on-invalid', 'reject').onInvalid).toBe('reject');
     expect(parse('--mock-decode-ms', '50', '--mock-port', '0').mockDecodeMs).toBe(50);
-    expect(parse('--upstream', 'http://a:8000@0-3', '--upstream', 'http://b:8000', '--dp-size', '8').upstreams.map((upstream) => upstream.ranks?.length)).toEqual([4, 8]);
+    expect(parse('--upstream', 'http://a:8000@0-3', '--upstream', 'http://b:8000', '--dp-size', '8').upstreams.map((upstream) => [upstream.ranks?.length, upstream.dataParallelSize])).toEqual([
+      [4, 4],
+      [undefined, 8],
+    ]);
     expect(parse('--pd', '--dp-size', '2').dpSize).toBe(2);
   });
 

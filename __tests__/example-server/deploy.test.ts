@@ -521,8 +521,9 @@ describe('Kubernetes manifests', () => {
     expect(containerPort(vllm, headless.spec.ports[0].targetPort)).toBe(Number(flagValue(vllm.args, '--port')));
     expect(dns?.name.split('.').slice(0, 3)).toEqual([headless.metadata.name, 'default', 'svc']);
     expect(dns?.port).toBe(headless.spec.ports[0].port);
-    // The gateway routes every rank the server runs, no more.
-    expect(settings.upstreams[0].ranks).toEqual(Array.from({ length: dataParallelSize }, (_, rank) => rank));
+    // The gateway routes every rank the server runs, no more (every rank from 0: no `ranks` list).
+    expect(settings.upstreams[0]).toMatchObject({ startRank: 0, dataParallelSize });
+    expect(settings.upstreams[0].ranks).toBeUndefined();
   });
 
   it('render with kustomize, when kubectl is there', () => {

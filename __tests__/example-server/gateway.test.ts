@@ -363,11 +363,12 @@ describe('--rank-header with the embedded mock', () => {
     try {
       expect(gateway.summary).toContain('ranks 0-3 (no rank header)');
       const unhonoured = () => lines.find((line) => line.includes("upstream 'mock-vllm' does not honour the rank header"));
-      // Prompts of their own (new blocks each), as many as receipts need for a verdict.
+      // Prompts of their own (new blocks each), as many as receipts need for a verdict, from
+      // three clients (API keys): a verdict for everyone needs verdicts.minSources (3) sources.
       for (let index = 0; index < 40 && unhonoured() === undefined; index++) {
         const response = await fetch(`${gateway.url}/v1/completions`, {
           method: 'POST',
-          headers: { 'content-type': 'application/json' },
+          headers: { 'content-type': 'application/json', authorization: `Bearer client-${index % 3}` },
           body: JSON.stringify({ model: 'mock-model', prompt: `request ${index}: ${'a distinct prompt that fills several blocks '.repeat(8)}`, max_tokens: 2 }),
         });
         expect(response.status).toBe(200);

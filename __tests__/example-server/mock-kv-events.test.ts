@@ -340,6 +340,27 @@ describe('mock vLLM with kvEvents', () => {
     expect((await post(mock, '/v1/chat/completions', { ...chat, model: 'other-lora' }, 0)).status).toBe(404);
   });
 
+  it("salts a request's first block with its cache_salt as vLLM does (fixtures/vllm-52a31cc/salt.json): its extra keys name the salt, and only that salt finds the blocks again", async () => {
+    const mock = await startMock();
+    const { index, sink, recorder } = await feed(mock);
+    const chat = { messages: [{ role: 'system', content: SYSTEM }, { role: 'user', content: 'Salted?' }], max_tokens: 1 };
+    const before = sink.events.length;
+    const stored = recorder.count(1, 'stored');
+    expect((await post(mock, '/v1/chat/completions', { ...chat, cache_salt: 'tenant-a' }, 1)).status).toBe(200);
+    await storedOn(recorder, 1, stored + 1);
+    const tokens = (router(mock).tokenize('chat', chat) as { prompts: number[][] }).prompts[0];
+    const blocks = Math.floor(tokens.length / BLOCK);
+    const [event] = sink.stored(1, before);
+    // vLLM: [["tenant-a"], null, …]; decoded, the salt keys the first block and nothing is extra.
+    expect(event).toMatchObject({ cacheSalt: 'tenant-a', extraKeyed: Array(blocks).fill(false) });
+    expect(Array.from(index.match(tokens, { salt: 'tenant-a' }).matchedBlocks)).toEqual([0, blocks]);
+    expect(Array.from(index.match(tokens).matchedBlocks)).toEqual([0, 0]);
+    const same = await post(mock, '/v1/chat/completions', { ...chat, cache_salt: 'tenant-a' }, 1);
+    expect(same.body.usage.prompt_tokens_details.cached_tokens).toBe(Math.min(blocks, Math.floor((tokens.length - 1) / BLOCK)) * BLOCK);
+    const other = await post(mock, '/v1/chat/completions', { ...chat, cache_salt: 'tenant-b' }, 1);
+    expect(other.body.usage.prompt_tokens_details).toBeUndefined();
+  });
+
   it('publishes as a hybrid-attention model with hybrid: the index follows the full-attention group through the sliding group\'s evictions', async () => {
     const mock = await startMock({ dataParallelSize: 1, kvEvents: { hybrid: true } });
     const { index, sink, recorder } = await feed(mock);

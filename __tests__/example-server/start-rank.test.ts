@@ -96,8 +96,10 @@ describe('--upstream URL@RANKS not starting at 0', () => {
 
 describe("vLLM's own flag names", () => {
   it('48.12: takes --data-parallel-size and --data-parallel-start-rank as --dp-size and --start-rank, and hints at the vllm serve flags it does not take', () => {
-    expect(parseCommandLine(['--upstream', 'http://h:8000', '--data-parallel-size', '8'])).toMatchObject({ upstreams: [{ url: 'http://h:8000', startRank: 0, dataParallelSize: 8, ranks: [0, 1, 2, 3, 4, 5, 6, 7] }] });
-    expect(parseCommandLine(['--upstream', 'http://h:8000', '--data-parallel-size=4', '--data-parallel-start-rank=4'])).toMatchObject({ upstreams: [{ startRank: 4, dataParallelSize: 4, ranks: [4, 5, 6, 7] }] });
+    // Without @RANKS: every rank from the start rank on, no `ranks` list (which --discover would not route past, 48.3).
+    expect(parseCommandLine(['--upstream', 'http://h:8000', '--data-parallel-size', '8'])).toMatchObject({ upstreams: [{ url: 'http://h:8000', startRank: 0, dataParallelSize: 8 }] });
+    expect((parseCommandLine(['--upstream', 'http://h:8000', '--data-parallel-size', '8']) as GatewaySettings).upstreams[0]).not.toHaveProperty('ranks');
+    expect(parseCommandLine(['--upstream', 'http://h:8000', '--data-parallel-size=4', '--data-parallel-start-rank=4'])).toMatchObject({ upstreams: [{ startRank: 4, dataParallelSize: 4 }] });
     expect((parseCommandLine(['--data-parallel-size', '2']) as GatewaySettings).dpSize).toBe(2);
     expect(() => parseCommandLine(['--dp-size', '4', '--data-parallel-size', '8'])).toThrow(/^--dp-size is given twice \("4", then "8"\)/);
     expect(() => parseCommandLine(['--data-parallel-size', 'x'])).toThrow('--data-parallel-size must be an integer from 1 to 65536, got "x"');

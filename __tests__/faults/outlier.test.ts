@@ -274,6 +274,24 @@ describe('what one client provokes', () => {
     expect(await metricValue(gateway.registry, 'dp_router_endpoint_healthy', { upstream: 'a', rank: '1' })).toBe(0);
   });
 
+  it('tells clients behind one address apart by their credentials (a verdict for everyone): one key cannot eject, three can, and both are counted', async () => {
+    const upstream = await echo();
+    upstream.respond = (req, res) => {
+      const status = req.headers['x-data-parallel-rank'] === '1' ? 500 : 200;
+      res.writeHead(status, { 'content-type': 'application/json' });
+      res.end('{}');
+    };
+    gateway = await startGateway({ upstreams: [{ url: upstream.url, name: 'a', dataParallelSize: 4 }], policy: 'round-robin', retries: false, outlierDetection: { consecutiveFailures: 3, minimumClients: 3 } });
+    const verdicts = (outcome: string) => metricValue(gateway!.registry, 'dp_router_verdicts_total', { upstream: 'a', verdict: 'ejection', outcome });
+    expect([await verdicts('taken'), await verdicts('refused_single_source')]).toEqual([0, 0]);
+    for (let index = 0; index < 24; index++) await exchange(gateway.url, { headers: { authorization: 'Bearer the-only-key' } });
+    expect(gateway.router.endpoints().every((endpoint) => endpoint.healthy)).toBe(true);
+    expect(await verdicts('refused_single_source')).toBe(1);
+    for (let index = 0; index < 12; index++) await exchange(gateway.url, { headers: { 'x-api-key': `key-${index % 3}` } });
+    expect(gateway.router.endpoints().map((endpoint) => endpoint.healthy)).toEqual([true, false, true, true]);
+    expect(await verdicts('taken')).toBe(1);
+  });
+
   it.each([
     ['127.0.0.1', '127.0.0.1'],
     ['::ffff:10.1.2.3', '10.1.2.3'],

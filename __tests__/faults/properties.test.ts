@@ -128,10 +128,12 @@ describe('properties over hostile input', () => {
       rank: [...ROUTABLE, 'vllm'],
       // Each closed set: decisions and hints, then route receipts' (cached tokens by source, receipts by outcome).
       source: ['hint', 'assigned', 'predicted', 'reported'],
-      outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable', 'confirmed', 'elsewhere', 'unseen', 'cached', 'met', 'missed_ttft', 'missed_tpot', 'shed'],
-      // Upstream errors, then the SLO prediction error's.
+      outcome: ['accepted', 'untrusted', 'malformed', 'out_of_range', 'unavailable', 'confirmed', 'elsewhere', 'unseen', 'cached', 'met', 'missed_ttft', 'missed_tpot', 'shed', 'taken', 'refused_single_source'],
+      // Upstream errors, then the SLO prediction error's (docs/slo-routing.md).
       kind: ['connect', 'timeout', 'reset', 'status_5xx', 'ttft', 'tpot'],
       evidence: ['answer', 'metrics'],
+      // Verdicts that change routing for everyone (lib/verdicts).
+      verdict: ['rank_header', 'elsewhere', 'misses', 'tokens', 'tokenizer', 'ejection'],
     };
     for (const gateway of [reassigning, rejecting]) {
       for (const sample of parseExposition(await gateway.registry.metrics())) {

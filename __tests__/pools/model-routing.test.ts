@@ -118,6 +118,28 @@ describe('pools by model', () => {
     expect(other.seen).toHaveLength(0);
   });
 
+  it('48.17: retries a hinted request on its rank within the model pool', async () => {
+    const [good, other] = [await echo(), await echo()];
+    const { url } = await gateway({
+      upstreams: [
+        { url: 'http://127.0.0.1:1', name: 'down', models: ['llama'], dataParallelSize: 2 },
+        // Serves rank 1 too, and comes first among the rest: only the pool keeps the retry off it.
+        { url: other.url, name: 'other', models: ['qwen'], dataParallelSize: 2 },
+        { url: good.url, name: 'good', models: ['llama'], dataParallelSize: 2 },
+      ],
+      hints: { trust: true },
+      exposeDecision: true,
+      outlierDetection: false,
+    });
+    for (let i = 0; i < 3; i++) {
+      const answer = await exchange(url, { body: '{"model":"llama","messages":[]}', path: '/v1/chat/completions', headers: { 'x-data-parallel-rank': '1' } });
+      expect(answer.status).toBe(200);
+      expect(answer.headers['x-dp-router-decision']).toBe('upstream=good; rank=1; source=hint');
+    }
+    expect(good.seen.map((seen) => seen.rankHeaders)).toEqual([['1'], ['1'], ['1']]);
+    expect(other.seen).toHaveLength(0);
+  });
+
   it('learns models and LoRA adapters from /v1/models, and keeps an adapter on the rank that has it', async () => {
     const [base, second] = [await echo(), await echo()];
     servesVllm(base, 'llama', ['sql-lora', 'chat-lora'], 1);

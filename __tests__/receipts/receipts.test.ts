@@ -74,8 +74,11 @@ interface Answer {
   text: string;
 }
 
-async function send(gw: TestGateway, body: object, path = '/v1/chat/completions'): Promise<Answer> {
-  const res = await fetch(gw.url + path, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+/** Four clients take turns (their API keys tell them apart; four, so that no test's own pattern of requests falls to fewer): a verdict needs `verdicts.minSources` (3) distinct sources. */
+let turn = 0;
+
+async function send(gw: TestGateway, body: object, path = '/v1/chat/completions', client = `client-${turn++ % 4}`): Promise<Answer> {
+  const res = await fetch(gw.url + path, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${client}` }, body: JSON.stringify(body) });
   return { status: res.status, decision: res.headers.get('x-dp-router-decision'), text: await res.text() };
 }
 
@@ -206,9 +209,9 @@ describe('route receipts: an index that misses', () => {
   });
 });
 
-describe('route receipts: usage', () => {
-  const cached = (gw: TestGateway, source: string) => metricValue(gw.registry, 'dp_router_prompt_cached_tokens_total', { source });
+const cached = (gw: TestGateway, source: string) => metricValue(gw.registry, 'dp_router_prompt_cached_tokens_total', { source });
 
+describe('route receipts: usage', () => {
   it('compares predicted and reported cached tokens of non-streamed and streamed answers alike', async () => {
     const { gw } = await setup({ receipts: { usageEvery: 1 } });
     await send(gw, completion(1), '/v1/completions');
@@ -251,6 +254,44 @@ describe('route receipts: usage', () => {
   });
 });
 
+/**
+ * A relay that makes the mock a server started with `--enable-force-include-usage`: every stream
+ * sends its usage, on every event too (`should_include_usage` returns `(True, True)`, vLLM 52a31cc
+ * vllm/entrypoints/utils.py:281-285). `bodies` gets what the router sent.
+ */
+function forcingUsage(bodies: string[]): Rewrite {
+  return (_path, _headers, body) => {
+    bodies.push(body.toString());
+    const parsed = JSON.parse(body.toString() || '{}') as Record<string, unknown>;
+    if (parsed.stream !== true) return body;
+    parsed.stream_options = { include_usage: true, continuous_usage_stats: true };
+    return Buffer.from(JSON.stringify(parsed));
+  };
+}
+
+describe('route receipts: an upstream that forces usage', () => {
+  it('48.5: leaves its streams as it sends them (usage chunk kept), reads their usage, and asks it no more', async () => {
+    const bodies: string[] = [];
+    const { gw } = await setup({ relay: forcingUsage(bodies), receipts: { usageEvery: 1 } });
+    bodies.length = 0;
+    await send(gw, chat(1));
+    for (let i = 0; i < 3; i++) {
+      const { text } = await send(gw, chat(1, { stream: true, max_tokens: 4 }));
+      const events = text.split('\n\n').filter((event) => event !== '');
+      // The role and four tokens, each with its usage so far, then the usage chunk and [DONE]: as the server sends it to anyone.
+      expect(events).toHaveLength(7);
+      expect(events.slice(0, 5).every((event) => /\],"usage":\{"prompt_tokens":\d+/.test(event))).toBe(true);
+      expect(events[5]).toMatch(/"choices":\[\],"usage":\{"prompt_tokens":\d+/);
+    }
+    // Asked once: the usage on its events said the server forces it.
+    expect(bodies.filter((body) => body.includes('"stream":true')).map((body) => body.includes('stream_options'))).toEqual([true, false, false]);
+    // Every stream's usage read all the same: three receipts of the cached prompt, on top of the first answer's.
+    const reported = await cached(gw, 'reported');
+    expect(reported).toBeGreaterThan(0);
+    expect(reported % 3).toBe(0);
+  });
+});
+
 describe('route receipts: a sample of the usage', () => {
   it('reads the usage of one answer in usageEvery, and asks only those streams', async () => {
     const { mock, gw } = await setup({ mock: { recordBodies: true }, receipts: { usageEvery: 4 } });
@@ -272,5 +313,42 @@ describe('route receipts: off', () => {
     const chats = mock.stats().requests.filter((record) => record.path === '/v1/chat/completions');
     expect(chats).toHaveLength(30);
     expect(chats.every((record) => JSON.parse(record.body!).stream_options === undefined && record.rankHeaders.length === 0)).toBe(true);
+  });
+});
+
+describe('route receipts: requests the router does not model exactly (issue 46)', () => {
+  const taken = (gw: TestGateway, verdict: string) => metricValue(gw.registry, 'dp_router_verdicts_total', { upstream: 'mock', verdict, outcome: 'taken' });
+
+  it('reproduction 2: truncate_prompt_tokens requests, however many and from however many clients, leave the exact index trusted', async () => {
+    const { gw, warnings, errors } = await setup({ receipts: { usageEvery: 1 } });
+    for (let i = 0; i < 40; i++) {
+      const answer = await send(gw, i % 2 === 0 ? chat(i, { truncate_prompt_tokens: 8 }) : completion(i, { truncate_prompt_tokens: 8 }), i % 2 === 0 ? undefined : '/v1/completions');
+      expect(answer.status).toBe(200);
+      // vLLM cut the prompt: its usage counts 8 tokens, not the router's.
+      expect((JSON.parse(answer.text) as { usage: { prompt_tokens: number } }).usage.prompt_tokens).toBe(8);
+    }
+    expect((await send(gw, chat(999))).decision).toMatch(/; index=exact$/);
+    expect(warnings).toEqual([]);
+    expect(errors).toEqual([]);
+    expect(await taken(gw, 'tokens')).toBe(0);
+  });
+
+  it('reproduction 3: cache_salt requests find only their own salt\'s blocks, predicted as the engine reports them, and leave the index trusted', async () => {
+    const { gw, warnings } = await setup({ receipts: { usageEvery: 1 } });
+    // Cached unsalted, and seen to report cached tokens.
+    for (let i = 0; i < 12; i++) for (let twice = 0; twice < 2; twice++) await send(gw, chat(i));
+    for (let i = 0; i < 24; i++) expect((await send(gw, chat(i % 12, { cache_salt: `tenant-${i}` }))).status).toBe(200);
+    expect(warnings).toEqual([]);
+    expect(await taken(gw, 'misses')).toBe(0);
+    expect((await send(gw, chat(0))).decision).toMatch(/; index=exact$/);
+    // A salted prompt sent again finds its own salt's blocks, as predicted.
+    const cached = (source: string) => metricValue(gw.registry, 'dp_router_prompt_cached_tokens_total', { source });
+    await send(gw, chat(100, { cache_salt: 'tenant-x' }));
+    const [predicted, reported] = [await cached('predicted'), await cached('reported')];
+    const again = await send(gw, chat(100, { cache_salt: 'tenant-x' }));
+    expect(again.decision).toMatch(/; index=exact$/);
+    const hit = (JSON.parse(again.text) as { usage: { prompt_tokens_details: { cached_tokens: number } } }).usage.prompt_tokens_details.cached_tokens;
+    expect(hit).toBeGreaterThan(0);
+    expect([(await cached('predicted')) - predicted, (await cached('reported')) - reported]).toEqual([hit, hit]);
   });
 });

@@ -29,20 +29,29 @@ interface StreamShape {
 const ID = 'chatcmpl-3f0e2b6a9c6d4c1bb1f2f0b2a8d1e7c4';
 const HEAD = (kind: StreamShape['kind']) => `{"id":"${ID}","object":"${kind === 'chat' ? 'chat.completion.chunk' : 'text_completion'}","created":1790000000,"model":"Qwen/Qwen3-8B"`;
 
-/** The stream vLLM sends for `shape`, with or without `stream_options.include_usage`. */
-function vllmStream(shape: StreamShape, includeUsage: boolean): string {
+/**
+ * The stream vLLM sends for `shape`, with or without `stream_options.include_usage`; `forced`: from
+ * a server started with `--enable-force-include-usage`, which sends usage whether asked or not,
+ * on every event too (`should_include_usage` returns `(True, True)`, vllm/entrypoints/utils.py:281-285;
+ * continuous usage at chat_completion/serving.py:546-551 and 932-938, completion/serving.py:426-432,
+ * after `choices` in model order, chat_completion/protocol.py:144-145). `separator`: the blank line
+ * that ends each event, as a proxy between may rewrite it.
+ */
+function vllmStream(shape: StreamShape, asked: boolean, forced = false, separator = '\n\n'): string {
+  const includeUsage = asked || forced;
   const head = HEAD(shape.kind);
   let out = '';
-  const event = (json: string) => (out += `data: ${json}\n\n`);
+  const event = (json: string) => (out += `data: ${json}${separator}`);
   const stamp = (ends: boolean) => (!includeUsage && ends && shape.fingerprint !== null ? `,"system_fingerprint":${JSON.stringify(shape.fingerprint)}` : '');
+  const continuous = (completion: number) => (forced ? `,"usage":{"prompt_tokens":${shape.promptTokens},"total_tokens":${shape.promptTokens + completion},"completion_tokens":${completion}}` : '');
   if (shape.kind === 'chat') {
-    shape.lengths.forEach((_, index) => event(`${head},"choices":[{"index":${index},"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`));
+    shape.lengths.forEach((_, index) => event(`${head},"choices":[{"index":${index},"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]${continuous(0)}}`));
   }
   const steps = Math.max(...shape.lengths) + 1;
   for (let step = 0; step < steps; step++) {
     if (shape.error && step === 0) {
       event('{"error":{"message":"engine died","type":"InternalServerError","param":null,"code":500}}');
-      out += 'data: [DONE]\n\n';
+      out += `data: [DONE]${separator}`;
       return out;
     }
     shape.lengths.forEach((length, index) => {
@@ -53,7 +62,7 @@ function vllmStream(shape: StreamShape, includeUsage: boolean): string {
         shape.kind === 'chat'
           ? `{"index":${index},"delta":{"content":${text}},"logprobs":null,"finish_reason":${ends ? '"length","stop_reason":null' : 'null'}}`
           : `{"index":${index},"text":${text},"logprobs":null,"finish_reason":${ends ? '"length"' : 'null'},"stop_reason":null}`;
-      event(`${head},"choices":[${choice}]${stamp(ends)}}`);
+      event(`${head},"choices":[${choice}]${continuous(step + 1)}${stamp(ends)}}`);
     });
   }
   if (includeUsage) {
@@ -62,14 +71,17 @@ function vllmStream(shape: StreamShape, includeUsage: boolean): string {
     const fingerprint = shape.fingerprint === null ? '' : `,"system_fingerprint":${JSON.stringify(shape.fingerprint)}`;
     event(`${head},"choices":[],"usage":{"prompt_tokens":${shape.promptTokens},"total_tokens":${shape.promptTokens + completion},"completion_tokens":${completion}${details}}${fingerprint}}`);
   }
-  out += 'data: [DONE]\n\n';
+  out += `data: [DONE]${separator}`;
   return out;
 }
 
 /** `bytes` cut at `cuts` (positions, any order) and fed through a stripper. */
-function strip(bytes: Buffer, cuts: number[]): { out: Buffer; found: Array<ReportedUsage | undefined> } {
+function strip(bytes: Buffer, cuts: number[], forced: boolean[] = []): { out: Buffer; found: Array<ReportedUsage | undefined> } {
   const found: Array<ReportedUsage | undefined> = [];
-  const stripper = new UsageStripper((usage) => found.push(usage));
+  const stripper = new UsageStripper((usage, forces) => {
+    found.push(usage);
+    forced.push(forces);
+  });
   const points = [...new Set(cuts.map((cut) => cut % (bytes.length + 1)))].sort((a, b) => a - b);
   const parts: Buffer[] = [];
   let from = 0;
@@ -104,6 +116,43 @@ describe('UsageStripper', () => {
       }),
       { numRuns: 500 },
     );
+  });
+
+  it('48.5: leaves the stream of a server that forces usage as it came (usage chunk, no fingerprint stamped), and says it forces', () => {
+    fc.assert(
+      fc.property(shapes, fc.array(fc.nat(), { maxLength: 12 }), (shape, cuts) => {
+        // The router asked, but the server sends the same stream whether asked or not.
+        const sent = vllmStream(shape, true, true);
+        const forced: boolean[] = [];
+        const { out, found } = strip(Buffer.from(sent), cuts, forced);
+        expect(out.toString()).toBe(sent);
+        expect(found).toEqual([shape.error ? undefined : { promptTokens: shape.promptTokens, cachedTokens: shape.cachedTokens > 0 ? shape.cachedTokens : undefined }]);
+        // An error before the first token carries no usage to tell by, but for chat's role event before it.
+        expect(forced).toEqual([!shape.error || shape.kind === 'chat']);
+      }),
+      { numRuns: 300 },
+    );
+  });
+
+  it.each([
+    ['CRLF', '\r\n\r\n'],
+    ['CR', '\r\r'],
+    ['LF then CRLF', '\n\r\n'],
+  ])('48.7: ends events at a blank line of %s line ends too, whatever the chunk boundaries', (_name, separator) => {
+    fc.assert(
+      fc.property(shapes, fc.array(fc.nat(), { maxLength: 12 }), (shape, cuts) => {
+        const { out, found } = strip(Buffer.from(vllmStream(shape, true, false, separator)), cuts);
+        expect(out.toString()).toBe(vllmStream(shape, false, false, separator));
+        expect(found).toEqual([shape.error ? undefined : { promptTokens: shape.promptTokens, cachedTokens: shape.cachedTokens > 0 ? shape.cachedTokens : undefined }]);
+      }),
+      { numRuns: 200 },
+    );
+  });
+
+  it('48.7: passes CRLF events on as they come, not at the end of the stream', () => {
+    const stripper = new UsageStripper(() => undefined);
+    const first = Buffer.from(`data: ${HEAD('chat')},"choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}]}\r\n\r\n`);
+    expect(stripper.push(first).toString()).toBe(first.toString());
   });
 
   it('cut into single bytes, too', () => {

@@ -12,7 +12,7 @@ describe('UpstreamVerdicts', () => {
     for (const [outcome, rank] of outcomes) expect(verdicts.kv(outcome, 0, rank, 'chat')).toBeUndefined();
     // Three of nine: under the fewest receipts a verdict takes; the tenth, elsewhere, makes 4 of 10.
     const transition = verdicts.kv('elsewhere', 0, 1, 'completions');
-    expect(transition).toEqual({ kind: 'unhonoured', breakdown: expect.objectContaining({ elsewhere: 4, total: 10 }) });
+    expect(transition).toEqual({ kind: 'unhonoured', breakdown: expect.objectContaining({ elsewhere: 4, total: 10 }), sources: 1 });
     expect(verdicts.honoured).toBe(false);
     expect(verdicts.exact).toBe(false);
     expect(verdicts.epoch).toBe(1);
@@ -69,5 +69,32 @@ describe('UpstreamVerdicts', () => {
     expect(change).toMatchObject({ kind: 'untrusted', cause });
     expect(verdicts.trusted).toBe(false);
     expect(verdicts.honoured).toBe(true);
+  });
+
+  describe('with minSources 3', () => {
+    const THREE = { ...SETTINGS, minSources: 3 };
+
+    it.each([
+      ['elsewhere', (verdicts: UpstreamVerdicts, source: string) => verdicts.kv('elsewhere', 0, 0, 'chat', source), 'unhonoured'],
+      ['misses', (verdicts: UpstreamVerdicts, source: string) => verdicts.usage(0, true, false, source), 'untrusted'],
+      ['tokens', (verdicts: UpstreamVerdicts, source: string) => verdicts.usage(0, undefined, true, source), 'untrusted'],
+    ] as const)('one source\'s %s receipts, however many, are refused once and take nothing; three sources take the verdict', (cause, bad, taken) => {
+      const alone = new UpstreamVerdicts(THREE);
+      const changes = [];
+      for (let i = 0; i < 200; i++) {
+        const change = bad(alone, 'key:one');
+        if (change !== undefined) changes.push(change);
+      }
+      expect(changes).toEqual([{ kind: 'refused', cause, bad: 32, total: 32, sources: 1 }].map((refusal, at) => (at === 0 ? { ...refusal, bad: 10, total: 10 } : refusal)));
+      expect(alone.honoured && alone.trusted).toBe(true);
+      // Two sources, one of them heavy: still refused (each source counts at most its part).
+      const two = new UpstreamVerdicts(THREE);
+      for (let i = 0; i < 40; i++) bad(two, i % 8 === 0 ? 'key:two' : 'key:one');
+      expect(two.honoured && two.trusted).toBe(true);
+      const three = new UpstreamVerdicts(THREE);
+      let change;
+      for (let i = 0; i < 40 && (change === undefined || change.kind === 'refused'); i++) change = bad(three, `key:${i % 3}`);
+      expect(change).toMatchObject({ kind: taken, sources: 3 });
+    });
   });
 });

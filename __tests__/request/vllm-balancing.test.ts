@@ -53,6 +53,40 @@ describe('balancedByVllm', () => {
   ])('%s: %s', (url, balanced) => {
     expect(balancedByVllm(url)).toBe(balanced);
   });
+
+  // uvicorn percent-decodes the path before Starlette routes on it (urllib.parse.unquote, in its
+  // h11_impl.py and httptools_impl.py); unquote leaves an escape that is not `%` and two hex digits as written.
+  it.each([
+    ['/v1%2Fembeddings', true],
+    ['/v1%2fembeddings', true],
+    ['/v1/embedding%73', true],
+    ['/%761/rerank', true],
+    ['/v1/embedding%73?x=%2F', true],
+    ['/v1/responses%2Fresp_1', true],
+    ['/v1/chat%2Fcompletions', false],
+    ['/v1/embedding%7', false],
+    ['/v1/embedding%zz', false],
+    ['/v1/embeddings%', false],
+    ['/v1/embeddings%00', false],
+    ['/v1/embeddings%C3%A9', false],
+    ['/v1/embeddings%C3', false],
+  ])('48.8: judges the path vLLM routes, percent-decoded: %s: %s', (url, balanced) => {
+    expect(balancedByVllm(url)).toBe(balanced);
+  });
+
+  // vLLM 52a31cc's /invocations hands a body to chat or completions (which read the header) on a
+  // generative model, to a pooling handler on a pooling one (sagemaker/api_router.py:55-87).
+  it.each([
+    [{ model: 'm', messages: [{ role: 'user', content: 'x' }] }, false],
+    [{ model: 'm', prompt: 'x' }, false],
+    [{ model: 'm', prompt_embeds: 'AAAA' }, false],
+    [{ model: 'm', input: 'x' }, true],
+    [{ model: 'm', query: 'q', documents: ['d'] }, true],
+    [undefined, true],
+  ])('48.20: /invocations with the body %j: balanced by vLLM %s', (members, balanced) => {
+    expect(balancedByVllm('/invocations', members)).toBe(balanced);
+    expect(balancedByVllm('/%69nvocations?x=1', members)).toBe(balanced);
+  });
 });
 
 describe('a path vLLM balances itself', () => {
@@ -74,6 +108,35 @@ describe('a path vLLM balances itself', () => {
     const chat = await exchange(front.url, { body: '{"model":"mock-model","prompt":"hi","max_tokens":1}', headers: { 'x-data-parallel-rank': '1' } });
     expect(chat.headers['x-dp-router-decision']).toBe('upstream=a; rank=1; source=hint');
     expect(rankHeadersOn(a, '/v1/completions')).toEqual([['1']]);
+  });
+
+  it('48.8: judges a percent-encoded path as vLLM decodes it, and sends it on as the client wrote it', async () => {
+    const a = await startEchoUpstream();
+    started.push(a);
+    const front = await gateway({ upstreams: [{ url: a.url, name: 'a', dataParallelSize: 2 }], exposeDecision: true });
+    for (const path of ['/v1%2Fembeddings', '/v1/embedding%73', '/%761/rerank']) {
+      const answer = await exchange(front.url, { path, body: EMBEDDING });
+      expect(answer.headers['x-dp-router-decision']).toBe('upstream=a; rank=vllm; source=assigned');
+    }
+    expect(a.seen.map((seen) => [seen.url, seen.rankHeaders])).toEqual([
+      ['/v1%2Fembeddings', []],
+      ['/v1/embedding%73', []],
+      ['/%761/rerank', []],
+    ]);
+    expect(await metricValue(front.registry, 'dp_router_requests_total', { rank: '0' })).toBe(0);
+    expect(await metricValue(front.registry, 'dp_router_requests_total', { rank: '1' })).toBe(0);
+  });
+
+  it('48.20: /invocations claims a rank for a chat body the router reads, and none for a pooling body', async () => {
+    const a = await startEchoUpstream();
+    started.push(a);
+    // prefix-aware reads the prompt: the body is decoded.
+    const front = await gateway({ upstreams: [{ url: a.url, name: 'a', dataParallelSize: 2 }], policy: 'prefix-aware', exposeDecision: true });
+    const pooled = await exchange(front.url, { path: '/invocations', body: EMBEDDING });
+    expect(pooled.headers['x-dp-router-decision']).toBe('upstream=a; rank=vllm; source=assigned');
+    const chat = await exchange(front.url, { path: '/invocations', body: JSON.stringify({ model: 'mock-model', messages: [{ role: 'user', content: 'x' }] }) });
+    expect(chat.headers['x-dp-router-decision']).toMatch(/^upstream=a; rank=[01]; source=assigned/);
+    expect(a.seen.map((seen) => seen.rankHeaders.length)).toEqual([0, 1]);
   });
 
   it('counts it in flight on the upstream, not on a rank, until it ends', async () => {

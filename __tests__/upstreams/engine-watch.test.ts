@@ -60,6 +60,42 @@ describe('rank discovery', () => {
     }
   });
 
+  it('48.3: narrows the ranks a `ranks` option lists to those served, never widening past them', async () => {
+    const wide = await startMockVllm({ dataParallelSize: 8 });
+    started.push(wide);
+    const warnings: string[] = [];
+    const gateway = await startGateway({
+      upstreams: [{ url: wide.url, name: 'node', dataParallelSize: 8, ranks: [0, 2, 4, 6], discover: { intervalMs: 30 } }],
+      policy: 'round-robin',
+      logger: { warn: (message) => warnings.push(message), info: (_fields, message) => warnings.push(message) },
+    });
+    started.push(gateway);
+    // Several polls of a server that serves all eight: still the four listed.
+    await pollApplied(wide);
+    await pollApplied(wide);
+    expect(gateway.router.endpoints().map((endpoint) => endpoint.rank)).toEqual([0, 2, 4, 6]);
+    const served = new Set<string>();
+    for (let index = 0; index < 8; index++) served.add((await completion(gateway)).body.choices[0].text.slice(5, 6));
+    expect([...served].sort()).toEqual(['0', '2', '4', '6']);
+    expect(warnings.filter((warning) => warning.includes('by its /metrics'))).toEqual([]);
+    // Restarted with four engines: of the listed ranks, those it serves.
+    await wide.close();
+    const narrow = await startMockVllm({ dataParallelSize: 4, port: Number(new URL(wide.url).port) });
+    started.push(narrow);
+    await waitFor(() => gateway.router.endpoints().length === 2);
+    expect(gateway.router.endpoints().map((endpoint) => endpoint.rank)).toEqual([0, 2]);
+    expect(warnings.filter((warning) => warning.includes('by its /metrics'))).toEqual([
+      "express-dp-router: upstream 'node' serves ranks 0, 1, 2, 3 by its /metrics (was: 0, 2, 4, 6); routing to 0, 2 of them now (its `ranks`).",
+    ]);
+    // Back to eight: the listed four again, not eight.
+    await narrow.close();
+    const again = await startMockVllm({ dataParallelSize: 8, port: Number(new URL(wide.url).port) });
+    started.push(again);
+    await waitFor(() => gateway.router.endpoints().length === 4);
+    await pollApplied(again);
+    expect(gateway.router.endpoints().map((endpoint) => endpoint.rank)).toEqual([0, 2, 4, 6]);
+  });
+
   it('keeps the configured ranks while the upstream cannot be read, counting the failures', async () => {
     const mock = await startMockVllm({ dataParallelSize: 2 });
     started.push(mock);

@@ -11,7 +11,10 @@ import { startMockVllm, type MockVllm, type MockVllmOptions } from '../../exampl
 import type { Options, UpstreamOptions } from '../../lib';
 import { enginesProblem, outOfRangeProblem, parseOutOfRange } from '../../lib/upstreams/rank-header-check';
 import { parseUpstreams } from '../../lib/upstreams/upstream-options';
-import { closedAfterEach, keptIn, exchange, metricValue, startGateway, waitFor, type TestGateway } from '../helpers';
+import { EndpointTable } from '../../lib/upstreams/endpoints';
+import { RankHeaderGuard } from '../../lib/upstreams/rank-header-guard';
+import { quietVerdicts } from '../../lib/verdicts/verdicts';
+import { closedAfterEach, keptIn, exchange, metricValue, serve, sleep, startGateway, waitFor, type TestGateway } from '../helpers';
 import OUT_OF_RANGE_FIXTURE from '../example-server/fixtures/vllm-rank-out-of-range.json';
 
 const started = closedAfterEach();
@@ -73,7 +76,9 @@ describe('a server that refuses the rank header', () => {
       expect(next.status).toBe(200);
       expect(next.headers['x-dp-router-decision']).toBe('upstream=node-b; rank=vllm; source=assigned');
     }
-    expect(node.stats().requests.map((record) => record.rankHeaders)).toEqual([[String(firstRank)], [], [], [], []]);
+    // The second is the router's own probe (the same header value on a 1-token completion it
+    // builds), which confirms the refusal before anything changes for other clients.
+    expect(node.stats().requests.map((record) => record.rankHeaders)).toEqual([[String(firstRank)], [String(firstRank)], [], [], [], []]);
     expect(logger.errors()).toHaveLength(1);
     expect(await rejections(front, 'answer')).toBe(1);
     // A new configuration is honoured again, and sends what the node takes.
@@ -145,5 +150,129 @@ describe('/metrics that contradict the configuration', () => {
     expect(front.router.endpoints().map((endpoint) => endpoint.rank)).toEqual([4, 5, 6, 7]);
     const answer = await exchange(front.url, { body: COMPLETION });
     expect(answer.status).toBe(200);
+  });
+});
+
+/** A node honest about the rank header that answers vLLM's out-of-range sentence to requests marked `refuse`, and the probe as `probe` says. */
+async function crafted(probe: 'honoured' | 'unreachable'): Promise<{ url: string; headers: string[][] }> {
+  const headers: string[][] = [];
+  const node = await keptIn(
+    started,
+    serve((req, res) => {
+      let body = '';
+      req.on('data', (chunk: Buffer) => (body += chunk));
+      req.on('end', () => {
+        const value = String(req.headers['x-data-parallel-rank'] ?? '');
+        headers.push([value]);
+        const isProbe = body === '{"prompt":"0","max_tokens":1}';
+        res.setHeader('content-type', 'application/json');
+        if (isProbe && probe === 'unreachable') {
+          res.statusCode = 503;
+          res.end('{"error":{"message":"busy","type":"ServiceUnavailableError","param":null,"code":503}}');
+        } else if (!isProbe && body.includes('refuse')) {
+          res.statusCode = 400;
+          res.end(JSON.stringify({ error: { message: `data_parallel_rank ${value} is out of range [0, 1).`, type: 'BadRequestError', param: null, code: 400 } }));
+        } else {
+          res.end('{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"x","finish_reason":"length"}]}');
+        }
+      });
+    }),
+  );
+  return { url: node.url, headers };
+}
+
+const verdicts = (front: TestGateway, outcome: string) => metricValue(front.registry, 'dp_router_verdicts_total', { upstream: 'node-b', verdict: 'rank_header', outcome });
+
+describe('an answer one client can make the server give (issue 46, reproduction 1)', () => {
+  it.each([
+    ['a validation error that echoes the sentence for a rank the router sent', 'data_parallel_rank 0 is out of range [0, 1).'],
+    ['a validation error that echoes the sentence for a rank never sent', 'data_parallel_rank 999 is out of range [0, 1000).'],
+  ])('%s leaves the rank header on for everyone', async (_title, echoed) => {
+    const node = await mock({ dataParallelSize: 1 });
+    const logger = recordingLogger();
+    const front = await gateway({ upstreams: [{ url: node.url, name: 'node-b' }], exposeDecision: true, logger });
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const forged = await exchange(front.url, { body: JSON.stringify({ model: 'mock-model', prompt: 'hi', max_tokens: echoed }) });
+      expect(forged.status).toBe(400);
+      expect(forged.body).toContain(echoed);
+    }
+    const next = await exchange(front.url, { body: COMPLETION });
+    expect([next.status, next.headers['x-dp-router-decision']]).toEqual([200, 'upstream=node-b; rank=0; source=assigned']);
+    expect(node.stats().requests.at(-1)!.rankHeaders).toEqual(['0']);
+    expect(logger.errors()).toEqual([]);
+    expect(await rejections(front, 'answer')).toBe(0);
+    expect(await verdicts(front, 'taken')).toBe(0);
+  });
+
+  it("vLLM's very sentence for the value sent, which the router's own probe contradicts, is refused: one source cannot take it", async () => {
+    const node = await crafted('honoured');
+    const logger = recordingLogger();
+    const front = await gateway({ upstreams: [{ url: node.url, name: 'node-b' }], exposeDecision: true, logger });
+    const refused = await exchange(front.url, { body: '{"prompt":"refuse","max_tokens":1}', headers: { authorization: 'Bearer one-key' } });
+    expect(refused.status).toBe(400);
+    await waitFor(async () => (await verdicts(front, 'refused_single_source')) === 1);
+    const next = await exchange(front.url, { body: COMPLETION });
+    expect(next.headers['x-dp-router-decision']).toBe('upstream=node-b; rank=0; source=assigned');
+    // The client's request, the router's probe (the same value), the next request.
+    expect(node.headers).toEqual([['0'], ['0'], ['0']]);
+    expect(await verdicts(front, 'taken')).toBe(0);
+    expect(logger.lines.filter((line) => line.level === 'warn').map((line) => line.message)).toEqual([expect.stringMatching(/verdict 'rank_header' from 1 source was not taken.*verdicts\.minSources/)]);
+    // No secret anywhere in what the router says.
+    expect(JSON.stringify(logger.lines)).not.toContain('one-key');
+  });
+
+  it('where no probe can decide, agreeing answers to minSources distinct sources take the verdict, and fewer do not', async () => {
+    const node = await crafted('unreachable');
+    const logger = recordingLogger();
+    const front = await gateway({ upstreams: [{ url: node.url, name: 'node-b' }], exposeDecision: true, logger, verdicts: { minSources: 3 } });
+    const refuse = (key: string) => exchange(front.url, { body: '{"prompt":"refuse","max_tokens":1}', headers: { 'x-api-key': key } });
+    for (const key of ['a', 'b', 'a', 'b', 'a']) {
+      await refuse(key);
+      await waitFor(() => node.headers.length % 2 === 0);
+    }
+    await waitFor(async () => (await verdicts(front, 'refused_single_source')) === 5);
+    expect((await exchange(front.url, { body: COMPLETION })).headers['x-dp-router-decision']).toBe('upstream=node-b; rank=0; source=assigned');
+    await refuse('c');
+    await waitFor(() => logger.errors().length === 1);
+    expect(await verdicts(front, 'taken')).toBe(1);
+    expect((await exchange(front.url, { body: COMPLETION })).headers['x-dp-router-decision']).toBe('upstream=node-b; rank=vllm; source=assigned');
+  });
+});
+
+describe('a verdict the probes no longer bear out', () => {
+  it('lifts once a probe is honoured again (not at reconfiguration only)', async () => {
+    let refusing = true;
+    const node = await keptIn(
+      started,
+      serve((req, res) => {
+        req.resume();
+        req.on('end', () => {
+          res.setHeader('content-type', 'application/json');
+          if (refusing && req.headers['x-data-parallel-rank'] !== undefined) {
+            res.statusCode = 400;
+            res.end(OUT_OF_RANGE_FIXTURE.cases[1].json);
+          } else res.end('{"id":"cmpl-1","object":"text_completion","choices":[]}');
+        });
+      }),
+    );
+    const logger = recordingLogger();
+    const table = new EndpointTable(parseUpstreams('upstreams', [{ url: node.url, name: 'node-b', startRank: 1, rankHeader: 'global' }]));
+    const guard = new RankHeaderGuard({ table, metrics: { rankHeaderRejected: () => undefined }, logger: { ...logger, perRequest: false } as never, verdicts: quietVerdicts(), header: 'x-data-parallel-rank', liftEveryMs: 0 });
+    started.push(guard);
+    const endpoint = table.all.find((one) => one.rank === 1)!;
+    const req = { headers: {}, socket: { remoteAddress: '127.0.0.1' } } as never;
+    guard.refused(endpoint, 1, 1, req, {}, undefined);
+    await waitFor(() => table.unhonouredBalanced().length === 1);
+    expect(logger.errors()).toHaveLength(1);
+    // Still refused: a probe changes nothing.
+    guard.answered(table.unhonouredBalanced()[0], {});
+    await sleep(50);
+    expect(table.unhonouredBalanced()).toHaveLength(1);
+    refusing = false;
+    await waitFor(() => {
+      guard.answered(table.unhonouredBalanced()[0] ?? endpoint, {});
+      return table.unhonouredBalanced().length === 0;
+    });
+    expect(logger.lines.at(-1)!.message).toMatch(/takes the rank header again/);
   });
 });

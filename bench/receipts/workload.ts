@@ -37,8 +37,10 @@ export function workload(seed: number, completions = false): (i: number) => Benc
 }
 
 /** Sends one request to `base`; resolves with its status once the answer is read. */
-export async function post(base: string, request: BenchRequest): Promise<number> {
-  const res = await fetch(base + request.path, { method: 'POST', headers: { 'content-type': 'application/json' }, body: request.body });
+export async function post(base: string, request: BenchRequest, client?: number): Promise<number> {
+  // Each client its own API key: a verdict needs evidence from several (verdicts.minSources).
+  const headers: Record<string, string> = client === undefined ? { 'content-type': 'application/json' } : { 'content-type': 'application/json', authorization: `Bearer bench-client-${client}` };
+  const res = await fetch(base + request.path, { method: 'POST', headers, body: request.body });
   await res.arrayBuffer();
   return res.status;
 }
@@ -49,13 +51,13 @@ export async function post(base: string, request: BenchRequest): Promise<number>
  */
 export async function drive(base: string | ((i: number) => string), next: (i: number) => BenchRequest, concurrency: number, limit: number, stop: (sent: number) => boolean = () => false): Promise<number> {
   let sent = 0;
-  const client = async () => {
+  const client = async (id: number) => {
     while (sent < limit && !stop(sent)) {
       const i = sent++;
-      const status = await post(typeof base === 'string' ? base : base(i), next(i));
+      const status = await post(typeof base === 'string' ? base : base(i), next(i), id);
       if (status !== 200) throw new Error(`request ${i} answered ${status}`);
     }
   };
-  await Promise.all(Array.from({ length: concurrency }, client));
+  await Promise.all(Array.from({ length: concurrency }, (_, id) => client(id)));
   return sent;
 }

@@ -92,7 +92,7 @@ export class MockEngine {
    * token ids when the mock tokenizes (`tokenIds`, one array per prompt, under the LoRA
    * `adapter` the request names), else their texts.
    */
-  admit(rank: RankState, prompts: readonly string[], tokenIds?: readonly number[][], adapter?: MockAdapter): Admission {
+  admit(rank: RankState, prompts: readonly string[], tokenIds?: readonly number[][], adapter?: MockAdapter, cacheSalt?: string): Admission {
     let promptTokens = 0;
     let cachedTokens = 0;
     let cpuCachedTokens = 0;
@@ -100,7 +100,7 @@ export class MockEngine {
     if (cache instanceof TokenPrefixCache) {
       const events: MockKvEvent[] = [];
       for (const ids of tokenIds ?? []) {
-        const admitted = cache.admit(ids, adapter);
+        const admitted = cache.admit(ids, adapter, cacheSalt);
         promptTokens += ids.length;
         cachedTokens += admitted.cachedTokens;
         cpuCachedTokens += admitted.cpuCachedTokens;

@@ -15,6 +15,12 @@ export interface GenerationRequest {
   maxTokens: number;
   stream: boolean;
   includeUsage: boolean;
+  /**
+   * `stream_options.continuous_usage_stats` with `include_usage`: every event carries the usage so
+   * far (vLLM 52a31cc vllm/entrypoints/utils.py:281-293; chat_completion/serving.py:546-551 and
+   * 932-938, completion/serving.py:426-432), as on a server with `--enable-force-include-usage`.
+   */
+  continuousUsage: boolean;
 }
 
 /** Why a body was rejected (answered 400, like vLLM's validation). */
@@ -53,7 +59,7 @@ export function parseGenerationRequest(
   if (tokenizer) {
     const outcome = tokenizer.tokenize(kind, body);
     if ('refused' in outcome) return { message: `Cannot tokenize this request (${outcome.refused}).`, param: kind === 'chat' ? 'messages' : 'prompt' };
-    tokenIds = outcome.prompts;
+    tokenIds = outcome.prompts.map((ids) => truncated(ids, body.truncate_prompt_tokens, body.truncation_side, maxModelLen));
   }
   const longestPrompt = tokenIds
     ? tokenIds.reduce((longest, ids) => Math.max(longest, ids.length), 0)
@@ -75,7 +81,20 @@ export function parseGenerationRequest(
     maxTokens: maxTokens as number,
     stream: body.stream === true,
     includeUsage: streamOptions.include_usage === true,
+    continuousUsage: streamOptions.include_usage === true && streamOptions.continuous_usage_stats === true,
   };
+}
+
+/**
+ * The prompt as vLLM 52a31cc cuts it for `truncate_prompt_tokens` (`_token_truncation`,
+ * vllm/renderers/params.py:396-413): −1 is the model's length; the tail kept with
+ * `truncation_side: 'left'`, else the head (a Hugging Face tokenizer's default side).
+ */
+function truncated(ids: number[], limit: unknown, side: unknown, maxModelLen: number): number[] {
+  if (typeof limit !== 'number' || !Number.isSafeInteger(limit) || limit < -1) return ids;
+  const keep = limit < 0 ? maxModelLen : limit;
+  if (keep >= ids.length) return ids;
+  return side === 'left' ? ids.slice(ids.length - keep) : ids.slice(0, keep);
 }
 
 /** Tells a rejected body from a valid one. */
@@ -223,11 +242,11 @@ export class SseStream {
     const finishReason = isLast ? 'length' : null;
     const token = outputToken(rank, step);
     if (request.kind === 'chat') {
-      if (step === 0) events.push(this.event({ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }));
-      events.push(this.event({ index: 0, delta: { content: token }, logprobs: null, finish_reason: finishReason, ...(isLast && { stop_reason: null }) }));
+      if (step === 0) events.push(this.event({ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }, 0));
+      events.push(this.event({ index: 0, delta: { content: token }, logprobs: null, finish_reason: finishReason, ...(isLast && { stop_reason: null }) }, step + 1));
     } else {
       for (let index = 0; index < request.prompts.length; index++) {
-        events.push(this.event({ index, text: token, logprobs: null, finish_reason: finishReason, stop_reason: null }));
+        events.push(this.event({ index, text: token, logprobs: null, finish_reason: finishReason, stop_reason: null }, step + 1));
       }
     }
     if (isLast) {
@@ -237,8 +256,12 @@ export class SseStream {
     return events;
   }
 
-  private event(choice: object): string {
-    return `data: ${this.head}${JSON.stringify(choice)}]}\n\n`;
+  /** One choice's event; `completed`: that choice's tokens so far (the continuous usage, when asked). */
+  private event(choice: object, completed: number): string {
+    if (!this.generation.request.continuousUsage) return `data: ${this.head}${JSON.stringify(choice)}]}\n\n`;
+    // The mock's prompt count is the request's (vLLM gives each completions prompt its own).
+    const prompt = this.generation.promptTokens;
+    return `data: ${this.head}${JSON.stringify(choice)}],"usage":{"prompt_tokens":${prompt},"total_tokens":${prompt + completed},"completion_tokens":${completed}}}\n\n`;
   }
 }
 

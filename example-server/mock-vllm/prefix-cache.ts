@@ -137,8 +137,11 @@ export class TokenPrefixCache {
     this.blocks.clear();
   }
 
-  /** Counts the cached leading tokens of `ids` (under `adapter`'s name when given), then caches its full blocks (at most the capacity's worth). */
-  admit(ids: readonly number[], adapter?: MockAdapter): TokenAdmission {
+  /**
+   * Counts the cached leading tokens of `ids` (under `adapter`'s name and the request's
+   * `cacheSalt` when given), then caches its full blocks (at most the capacity's worth).
+   */
+  admit(ids: readonly number[], adapter?: MockAdapter, cacheSalt?: string): TokenAdmission {
     const size = this.blockTokens;
     // A prompt longer than the whole cache keeps its first blocks (vLLM would not admit it at all).
     const fullBlocks = Math.min(Math.floor(ids.length / size), this.capacityBlocks);
@@ -147,7 +150,10 @@ export class TokenPrefixCache {
     const hashes: number[] = [];
     let leadingHits = 0;
     let missing = 0;
-    const root = adapter === undefined ? 0 : hashBlock(0, adapter.name, 0, adapter.name.length);
+    const named = adapter === undefined ? 0 : hashBlock(0, adapter.name, 0, adapter.name.length);
+    // vLLM keys the prompt's first block with the salt too (kv_cache_utils.py:524-532 at 52a31cc), after the adapter's name.
+    const salted = cacheSalt === undefined ? '' : `\u0000salt\u0000${cacheSalt}`;
+    const root = cacheSalt === undefined ? named : hashBlock(named, salted, 0, salted.length);
     for (let block = 0, hash = root; block < fullBlocks; block++) {
       hash = hashBlock(hash, ids, block * size, (block + 1) * size);
       hashes.push(hash);
@@ -159,7 +165,7 @@ export class TokenPrefixCache {
     let cpuHits = 0;
     while (this.cpu !== undefined && leadingHits + cpuHits < Math.min(hitEligibleBlocks, hashes.length) && this.cpu.has(hashes[leadingHits + cpuHits])) cpuHits++;
     const events: MockKvEvent[] = [];
-    const stored = this.storedEvents(ids, hashes, adapter);
+    const stored = this.storedEvents(ids, hashes, adapter, cacheSalt);
     // What the prompt holds already is used first, so that making room never evicts it.
     this.rank(hashes, (hash) => this.blocks.has(hash));
     const evicted: number[] = [];
@@ -179,9 +185,12 @@ export class TokenPrefixCache {
 
   /**
    * One `BlockStored` per run of consecutive blocks not held yet, naming the block before it as
-   * parent, with vLLM's per-block extra keys: `[lora_name]` for an adapter's blocks (#33304), else none.
+   * parent, with vLLM's per-block extra keys (`generate_block_hash_extra_keys`,
+   * kv_cache_utils.py:503-538 at 52a31cc): `[lora_name]` for an adapter's blocks (#33304), the
+   * salt after it on the prompt's first block (`[lora_name, cache_salt]` or `[cache_salt]`),
+   * else none.
    */
-  private storedEvents(ids: readonly number[], hashes: readonly number[], adapter: MockAdapter | undefined): MockKvEvent[] {
+  private storedEvents(ids: readonly number[], hashes: readonly number[], adapter: MockAdapter | undefined, cacheSalt: string | undefined): MockKvEvent[] {
     const size = this.blockTokens;
     const events: MockKvEvent[] = [];
     let block = 0;
@@ -201,7 +210,7 @@ export class TokenPrefixCache {
         loraId: adapter?.id ?? null,
         medium: 'GPU',
         loraName: adapter?.name ?? null,
-        extraKeys: Array.from({ length: block - first }, () => (adapter === undefined ? null : [adapter.name])),
+        extraKeys: Array.from({ length: block - first }, (_, at) => extraKeysOf(first + at, adapter, cacheSalt)),
         groupIdx: 0,
         kvCacheSpecKind: 'full_attention',
       });
@@ -218,4 +227,11 @@ export class TokenPrefixCache {
       this.blocks.set(hash, true);
     }
   }
+}
+
+/** Block `block`'s extra keys as vLLM lists them: the adapter's name, then (first block only) the salt; null for none. */
+function extraKeysOf(block: number, adapter: MockAdapter | undefined, cacheSalt: string | undefined): string[] | null {
+  const keys = adapter === undefined ? [] : [adapter.name];
+  if (block === 0 && cacheSalt !== undefined) keys.push(cacheSalt);
+  return keys.length === 0 ? null : keys;
 }

@@ -13,6 +13,8 @@ export interface TimedGeneration {
   readonly rank: RankState;
   readonly request: GenerationRequest;
   readonly adapter: MockAdapter | undefined;
+  /** The request's `cache_salt`, which vLLM folds into its first block's hash. */
+  readonly cacheSalt: string | undefined;
   readonly model: string;
   readonly reportsCached: boolean;
   readonly leg: PdAdmission | undefined;
@@ -44,7 +46,7 @@ export function serveTimed(timed: TimedGeneration): void {
     outputTokens: request.maxTokens,
     admit: () => {
       admitted = true;
-      const admission = engine.admit(rank, request.prompts, request.tokenIds, timed.adapter);
+      const admission = engine.admit(rank, request.prompts, request.tokenIds, timed.adapter, timed.cacheSalt);
       // The decode of a transfer read the prompt's KV cache from the prefill: nothing left to compute.
       const transferred = leg?.kind === 'decode';
       const cachedTokens = transferred ? admission.promptTokens : admission.cachedTokens + admission.cpuCachedTokens;

@@ -17,6 +17,7 @@ import { OutlierDetector } from '../upstreams/outlier-detector';
 import type { UpstreamConfig } from '../upstreams/upstream-options';
 import type { ReceiptsConfig } from '../receipts/options';
 import { Receipts } from '../receipts/receipts';
+import { Verdicts } from '../verdicts/verdicts';
 
 /** What one pool of upstreams is built from. */
 export interface PoolParts {
@@ -39,6 +40,8 @@ export interface PoolParts {
   readonly isAdapter?: (model: string) => boolean;
   /** Route receipts of this pool's requests (`receipts`, whole requests only). Default: none. */
   readonly receipts?: ReceiptsConfig;
+  /** The router's verdict book, when another pool made it already. Default: one of its own. */
+  readonly verdicts?: Verdicts;
 }
 
 const NOT_SCRAPED = (): string[] => [];
@@ -93,6 +96,8 @@ export class UpstreamPool {
   /** Route receipts; `undefined` when off. */
   readonly receipts: Receipts | undefined;
   readonly detector: OutlierDetector | undefined;
+  /** Where evidence from this pool's traffic becomes a verdict for everyone (lib/verdicts). */
+  readonly verdicts: Verdicts;
   readonly inputs: RequestInputs;
   private health: HealthChecker | undefined;
   private readonly healthChanged: HealthChange;
@@ -108,11 +113,13 @@ export class UpstreamPool {
     const metrics = (this.metrics = config.metrics ? createMetrics(parts.registry, config.metrics.prefix, table, scraped(table.upstreams)) : NO_METRICS);
     this.started.push(() => metrics.close());
     const events = (this.events = createEvents(metrics, parts.tracing, config.logger, policy.name, config.healthCheck));
+    const verdicts = (this.verdicts = parts.verdicts ?? new Verdicts(config.verdicts, config.metrics, config.logger));
+    verdicts.track(table.upstreams.map((upstream) => upstream.name));
     // Before exact routing, which routes each upstream through the receipts' gate.
     const receipts = (this.receipts =
       parts.receipts === undefined
         ? undefined
-        : new Receipts({ config: parts.receipts, upstreams: table.upstreams, header: config.header, metrics: config.metrics, logger: config.logger, tracing: parts.tracing }));
+        : new Receipts({ config: parts.receipts, upstreams: table.upstreams, header: config.header, metrics: config.metrics, logger: config.logger, tracing: parts.tracing, verdicts }));
     if (receipts !== undefined) this.started.push(() => receipts.close());
     // Exact prefix routing: with a tokenizer, every upstream with `kvEvents` is subscribed to.
     const { tokenizer } = parts;
@@ -127,9 +134,10 @@ export class UpstreamPool {
             warn: (message) => config.logger.warn(message),
             receipts,
             tierWeights: config.prefixAware.tierWeights,
+            verdicts,
           }));
     if (exact !== undefined) this.started.push(() => exact.close());
-    const detector = (this.detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection, { ejected: (endpoint) => events.ejected(endpoint as RouteEndpoint) }) : undefined);
+    const detector = (this.detector = config.outlierDetection ? new OutlierDetector(table, config.outlierDetection, { ejected: (endpoint) => events.ejected(endpoint as RouteEndpoint) }, verdicts) : undefined);
     if (detector !== undefined) this.started.push(() => detector.close());
     const told = parts.tellsHealthOf;
     this.healthChanged = told === undefined ? (endpoints, up) => events.healthChanged(endpoints, up) : (endpoints, up) => events.healthChanged(endpoints.filter(told), up);
@@ -147,6 +155,7 @@ export class UpstreamPool {
     const { healthCheck } = this.parts.config;
     const change = table.reconfigure(upstreams);
     this.metrics.track(change, this.scraped(table.upstreams));
+    this.verdicts.track(table.upstreams.map((upstream) => upstream.name));
     this.receipts?.reconfigure(table.upstreams);
     this.exact?.reconfigure(table.upstreams);
     if (healthCheck) {

@@ -2,6 +2,7 @@ import { Registry } from 'prom-client';
 import type { RouterEvents } from '../observe/events';
 import type { RouterMetrics } from '../observe/metrics';
 import { createTracing, type Tracing } from '../observe/tracing';
+import { foreignRegistryNotice } from '../observe/registry-origin';
 import { BodyBudget } from '../http/body-budget';
 import type { Configuration } from '../options';
 import { decodePool, type UpstreamConfig } from '../upstreams/upstream-options';
@@ -78,6 +79,9 @@ export class RouterServices {
   constructor(readonly config: Configuration) {
     const { policy, tokenizer } = poolPolicy(config.policy, config);
     this.registry = config.metrics?.registry ?? new Registry();
+    // A package installed from a folder counts on a prom-client the app does not read (registry-origin.ts).
+    const foreign = config.metrics === undefined ? undefined : foreignRegistryNotice(config.metrics.registry);
+    if (foreign !== undefined) config.logger.warn(foreign);
     this.tracing = createTracing(policy.name);
     // The entries given by `url`; with disaggregation, the decode pool (the prefill pool is the terminal's).
     const fixed = fixedUpstreams(config.upstreams);
@@ -104,11 +108,12 @@ export class RouterServices {
     this.detector = pool.detector;
     this.inputs = pool.inputs;
     warnUnusedKvEvents(pool, config);
-    const rankHeaders = (this.rankHeaders = new RankHeaderGuard(table, pool.metrics, config.logger));
+    const rankHeaders = (this.rankHeaders = new RankHeaderGuard({ table, metrics: pool.metrics, logger: config.logger, verdicts: pool.verdicts, header: config.header }));
+    this.started.push(() => rankHeaders.close());
     // Discovery replaces one upstream's ranks and keeps everything else as it is; then the
     // engines its /metrics name are held against how the router reaches them.
     const watch = (this.watch = watchEngines(table, config.loadFeedback, pool.metrics, {
-      discovered: (upstream, ranks) => this.discovered(upstream, ranks),
+      discovered: (upstream, engines, ranks) => this.discovered(upstream, engines, ranks),
       engines: (upstream, engines) => rankHeaders.engines(upstream, engines),
     }));
     this.started.push(() => watch.stop());
@@ -117,7 +122,9 @@ export class RouterServices {
     this.balancing = new VllmBalancing(table, models.pools);
     this.started.push(() => models.stop());
     models.declareSources(decodePool(config.upstreams));
-    if (hasDnsEntries(config.upstreams)) this.dns = this.startDns(config.upstreams);
+    // The decode pool's entries: the prefill pool follows its own (prefill-pool.ts).
+    const sources = config.disaggregation === undefined ? config.upstreams : decodePool(config.upstreams);
+    if (hasDnsEntries(sources)) this.dns = this.startDns(sources);
     this.started.push(() => this.dns?.stop());
     this.admission = this.startAdmission();
     this.slo = this.startSlo();
@@ -201,12 +208,13 @@ export class RouterServices {
     return this.closed;
   }
 
-  private discovered(upstream: UpstreamConfig, ranks: readonly number[]): void {
-    const startRank = ranks[0];
-    const discovered: UpstreamConfig = { ...upstream, startRank, dataParallelSize: ranks[ranks.length - 1] - startRank + 1, ranks };
+  private discovered(upstream: UpstreamConfig, engines: readonly number[], ranks: readonly number[]): void {
+    const startRank = engines[0];
+    const discovered: UpstreamConfig = { ...upstream, startRank, dataParallelSize: engines[engines.length - 1] - startRank + 1, ranks };
+    const routed = ranks.length === engines.length ? 'routing to those now' : `routing to ${ranks.join(', ')} of them now (its \`ranks\`)`;
     this.config.logger.info(
       { dpRouter: { upstream: upstream.name } },
-      `express-dp-router: upstream '${upstream.name}' serves ranks ${ranks.join(', ')} by its /metrics (was: ${upstream.ranks.join(', ')}); routing to those now.`,
+      `express-dp-router: upstream '${upstream.name}' serves ranks ${engines.join(', ')} by its /metrics (was: ${upstream.ranks.join(', ')}); ${routed}.`,
     );
     this.reconfigure(this.table.upstreams.map((current) => (current.name === upstream.name ? discovered : current)));
   }

@@ -27,11 +27,17 @@ export function mooncakePrefillParams(transferId: string): string {
   return `{"do_remote_decode":true,"do_remote_prefill":false,"transfer_id":${JSON.stringify(transferId)}}`;
 }
 
-/** Mooncake's decode request: receive the blocks of `transferId` from the prefill rank's engine. */
-export function mooncakeDecodeParams(transferId: string, bootstrapAddr: string, engineId: string, rank: number): string {
+/**
+ * Mooncake's decode request: receive the blocks of `transferId` from the prefill rank's engine.
+ * The engine is named by its id alone: vLLM 52a31cc's connector reads `remote_engine_id`,
+ * `remote_bootstrap_addr` and `transfer_id` (mooncake_connector.py:323-334 and 605-608), never a
+ * rank, and its own proxy sends these five members only
+ * (examples/disaggregated/mooncake_connector/mooncake_connector_proxy.py:299-305).
+ */
+export function mooncakeDecodeParams(transferId: string, bootstrapAddr: string, engineId: string): string {
   return (
     `{"do_remote_decode":false,"do_remote_prefill":true,"remote_bootstrap_addr":${JSON.stringify(bootstrapAddr)},` +
-    `"remote_engine_id":${JSON.stringify(engineId)},"remote_dp_rank":${rank},"transfer_id":${JSON.stringify(transferId)}}`
+    `"remote_engine_id":${JSON.stringify(engineId)},"transfer_id":${JSON.stringify(transferId)}}`
   );
 }
 

@@ -8,6 +8,7 @@ import type { ExactLookup } from '../policies/exact-pick';
 import type { Policy } from '../types';
 import type { EndpointTable } from '../upstreams/endpoints';
 import type { OutlierDetector } from '../upstreams/outlier-detector';
+import type { RankHeaderGuard } from '../upstreams/rank-header-guard';
 import type { RequestInputs } from '../request/request-inputs';
 import type { RouteEndpoint } from '../upstreams/endpoints';
 import type { UpstreamConfig } from '../upstreams/upstream-options';
@@ -38,7 +39,10 @@ export interface PrefillLeg {
   readonly detector: OutlierDetector | undefined;
   readonly inputs: RequestInputs;
   readonly legMetrics: DisaggregationMetrics | undefined;
+  /** Told of a prefill server's refusal of the rank header it was sent (upstreams/rank-header-guard.ts). */
+  readonly rankHeaders: Pick<RankHeaderGuard, 'refused'>;
   clientOf(endpoint: RouteEndpoint): PrefillClient;
-  reconfigure(upstreams: readonly UpstreamConfig[]): unknown;
+  /** `setUpstreams()`: the prefill entries, those found by DNS resolved by the pool. */
+  setSources(sources: readonly UpstreamConfig[]): void;
   close(): Promise<void>;
 }

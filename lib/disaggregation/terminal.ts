@@ -22,6 +22,7 @@ import type { DisaggregationRouterConfig, PrefillLeg } from './leg-parts';
 import type { DecisionSource, PickContext } from '../types';
 import type { RouteEndpoint } from '../upstreams/endpoints';
 import type { FieldScan } from '../http/json-fields';
+import { parseOutOfRange } from '../upstreams/rank-header-check';
 import { decodeBody, mooncakeDecodeParams, mooncakePrefillParams, NIXL_PREFILL_PARAMS, prefillBody, scanLegs, transferParamsOf, type RankField } from './leg-bodies';
 import type { DisaggregatedOutcome } from './metrics';
 import { FallbackLog } from './fallback-log';
@@ -38,6 +39,8 @@ export interface DisaggregationParts {
 /** What the prefill leg ended with, when it did not hand the decode leg its parameters. */
 type PrefillFailure = TryFailure | 'too_large' | 'status' | 'no_params' | 'unavailable' | 'no_engine';
 
+/** vLLM's error body is far shorter: what is past this is not read for its refusal of the rank header. */
+const MAX_REFUSAL_BYTES = 4096;
 /** The generation endpoints a prefill leg applies to; everything else goes whole to the decode pool. */
 const GENERATION = /\/v1\/(?:chat\/)?completions(?:\?|$)/;
 /** What a caller's `X-Request-Id` may be to be kept (it goes into Mooncake's `transfer_id`). */
@@ -113,7 +116,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
   /** `setUpstreams()`: both pools must keep a member; the prefill pool follows here, the decode pool is returned for the services. */
   reconfigure(upstreams: readonly UpstreamConfig[]): readonly UpstreamConfig[] {
     checkPools('upstreams', upstreams);
-    this.pool.reconfigure(prefillPool(upstreams));
+    this.pool.setSources(prefillPool(upstreams));
     return decodePool(upstreams);
   }
 
@@ -209,7 +212,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
         this.cancelledDuringPrefill(prefill, result);
         return;
       }
-      const judged = this.judge(req, prefill, result);
+      const judged = this.judge(req, route, prefill, result);
       if (typeof judged === 'object') {
         // The prefill keeps the blocks for kv_lease_duration from now, unless the decode engine renews it.
         route.leaseEnds = performance.now() + this.config.disaggregation!.kvLeaseMs;
@@ -251,9 +254,9 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
       }
       this.sendPrefill(req, res, route, path, prefill, source, body).then((result) => {
         // The decode leg is on its way whatever this says: it is counted, not acted on.
-        if (!clientGone(res)) this.judge(req, prefill, result);
+        if (!clientGone(res)) this.judge(req, route, prefill, result);
       }, next);
-      this.decodeWith(req, res, next, route, bytes, mooncakeDecodeParams(transferId, bootstrapAddress(prefill.config), engineId, prefill.rank), 'disaggregated', scan);
+      this.decodeWith(req, res, next, route, bytes, mooncakeDecodeParams(transferId, bootstrapAddress(prefill.config), engineId), 'disaggregated', scan);
     }, next);
   }
 
@@ -281,7 +284,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
   }
 
   /** Counts the prefill's answer against its endpoint: the `kv_transfer_params` it handed over (Mooncake's need none), or the failure. */
-  private judge(req: RoutedRequest, prefill: RouteEndpoint, result: PrefillResult): PrefillFailure | { params: string | undefined } {
+  private judge(req: RoutedRequest, route: RouteState, prefill: RouteEndpoint, result: PrefillResult): PrefillFailure | { params: string | undefined } {
     const { pool } = this;
     if (!result.ok) {
       const kind = result.failure === 'refused' ? 'connect' : result.failure === 'reset' || result.failure === 'too_large' ? 'reset' : 'timeout';
@@ -295,6 +298,11 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
       return 'status';
     }
     pool.detector?.succeeded(prefill);
+    if (result.status === 400 && prefill.headerValue !== undefined) {
+      // vLLM's refusal of the header (rank-rejection.ts): the guard takes the server's ranks out of the prefill pool's rotation.
+      const refused = parseOutOfRange(result.body.subarray(0, MAX_REFUSAL_BYTES).toString('utf8'));
+      if (refused !== undefined) pool.rankHeaders.refused(prefill, refused.rank, refused.numRanks, req, route.headers, route.ticket?.tenant);
+    }
     if (result.status < 200 || result.status >= 300) return 'status';
     if (this.bootstrap !== undefined) return { params: undefined };
     const params = transferParamsOf(result.body);

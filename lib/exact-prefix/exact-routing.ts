@@ -11,9 +11,11 @@
  *   blocks to store has gone `confirmAfterMs` without a stored event from it since. An idle
  *   engine publishes nothing and stays fresh; a publisher that stopped publishing but keeps
  *   its connection goes stale at the first request routed there with new blocks;
- * - **the tokenizer agrees**: no sampled request's tokens differed from the upstream's
- *   `/tokenize` (one disagreement turns the upstream's ranks to the approximate index until
- *   the router restarts: the files or the template differ, and more samples will not fix that).
+ * - **the tokenizer agrees**: a sampled request whose tokens differ from the upstream's
+ *   `/tokenize` is a suspicion (lib/verdicts); once the router's own samples differ too, or
+ *   samples from `verdicts.minSources` distinct sources do, the upstream's ranks are routed on
+ *   the approximate index until the router restarts (the files or the template differ, and more
+ *   samples will not fix that).
  *
  * Other ranks are scored on the approximate index, in the same pick. A routed request's blocks
  * count on its rank at once, as speculative entries, until its events confirm them or
@@ -32,6 +34,9 @@ import { TokenizerAgreement } from './tokenizer/tokenizer-agreement';
 import { createKvMetrics, type KvGaugeReport } from './kv-metrics';
 import { partsOf } from './tokenizer/id-parts';
 import type { ExactGate, ExactReceipts } from '../policies/pick-ticket';
+import { unmodelled } from '../verdicts/modelled';
+import { quietVerdicts, Suspicion, type Verdicts } from '../verdicts/verdicts';
+import { CUT_SAMPLES, SAMPLE_MESSAGES } from './tokenizer/tokenizer-samples';
 
 export { ExactPick, type ExactLookup, type IndexSource } from '../policies/exact-pick';
 
@@ -72,6 +77,8 @@ export interface ExactRoutingOptions {
   receipts?: ExactReceipts;
   /** What a block in a lower tier is worth against a GPU hit, by medium (`prefixAware.tierWeights`). Default: none scored. */
   tierWeights?: Readonly<Record<string, number>>;
+  /** Where a tokenizer verdict is taken (lib/verdicts). Default: one of its own, `minSources` 3, unreported. */
+  verdicts?: Verdicts;
   /** The clock. Default: `Date.now`. */
   now?: () => number;
 }
@@ -83,7 +90,7 @@ export interface ExactRouting extends ExactLookup {
    * up for every candidate; `undefined` when no candidate is served by a fresh, agreeing
    * exact index or the prompt cannot be tokenized (then the pick is approximate throughout).
    */
-  lookup(kind: PromptKind, body: Record<string, unknown>, candidates: readonly Endpoint[]): ExactPick | undefined;
+  lookup(kind: PromptKind, body: Record<string, unknown>, candidates: readonly Endpoint[], from?: () => string): ExactPick | undefined;
   /** Whether `upstream`'s `rank` is scored on the exact index now. */
   serves(upstream: string, rank: number): boolean;
   /** Follows a change of upstreams: streams of removed or changed upstreams stop, new ones start. */
@@ -102,6 +109,8 @@ interface UpstreamStream {
   readonly memo: PromptKeysMemo;
   readonly subscriber: KvEventSubscriber;
   readonly agreement: TokenizerAgreement;
+  /** The tokenizer verdict (lib/verdicts): its ranks are routed on the approximate index until the router restarts. */
+  distrusted: boolean;
   /** Per rank: when the oldest request still waiting for a batch was routed (absent: none). */
   readonly awaiting: Map<number, number>;
   readonly labels: Map<number, { upstream: string; rank: string }>;
@@ -121,6 +130,21 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
     warned.add(kind);
     options.warn?.(message);
   };
+  const verdicts = options.verdicts ?? quietVerdicts();
+  /** The router's own samples, tokenized here: `/tokenize` disagreeing on one of them confirms a disagreement. */
+  async function confirmDisagreement(agreement: TokenizerAgreement): Promise<boolean | undefined> {
+    const samples: Array<[PromptKind, Record<string, unknown>]> = [['completions', { prompt: CUT_SAMPLES.join(' ') }]];
+    if (tokenizer.hasChatTemplate) samples.push(['chat', { messages: SAMPLE_MESSAGES }]);
+    let answered = false;
+    for (const [kind, body] of samples) {
+      const outcome = tokenizer.tokenize(kind, body);
+      if (!('prompts' in outcome)) continue;
+      const agreed = await agreement.confirm(kind, body, outcome.prompts[0]);
+      if (agreed === false) return true;
+      if (agreed === true) answered = true;
+    }
+    return answered ? false : undefined;
+  }
   const metrics = options.metrics ? createKvMetrics(options.metrics.registry, options.metrics.prefix) : undefined;
   const streams = new Map<string, UpstreamStream>();
   let closed = false;
@@ -132,17 +156,36 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
     index.observer = gate;
     const awaiting = new Map<number, number>();
     const labels = new Map(upstream.ranks.map((rank) => [rank, { upstream: upstream.name, rank: String(rank) }]));
+    // A sample that disagrees is a suspicion: the router's own samples confirm it, or samples
+    // of `verdicts.minSources` distinct sources (lib/verdicts); until then exact routing stays.
+    const suspicion = new Suspicion();
+    let confirming = false;
     const agreement = new TokenizerAgreement({
       url: upstream.url,
       sampleRate: options.agreementSampleRate,
       minIntervalMs: options.agreementIntervalMs,
       onResult: (result) => {
-        if (result.agreed) return;
+        if (result.agreed || stream.distrusted) return;
+        suspicion.add(result.source ?? '');
+        if (confirming) return;
+        confirming = true;
         const { at, routerCount, upstreamCount } = result.difference!;
-        warnOnce(
-          `agreement:${upstream.name}`,
-          `express-dp-router: the tokenizer disagrees with upstream '${upstream.name}'s /tokenize (first difference at token ${at}; ${routerCount} tokens here, ${upstreamCount} there): its ranks are routed on the approximate prefix index. Point prefixAware.tokenizer at the files the engine serves (tokenizer.json and tokenizer_config.json with its chat template).`,
-        );
+        void confirmDisagreement(agreement).then((confirmed) => {
+          confirming = false;
+          if (stream.distrusted || streams.get(upstream.name) !== stream) return;
+          const evidence = { at, routerCount, upstreamCount, sources: suspicion.sources, probe: confirmed === undefined ? 'unknown' : confirmed ? 'disagrees' : 'agrees' };
+          // Its own samples may agree where a client's text finds a real difference: then the sources decide.
+          if (confirmed !== true && !verdicts.enough(suspicion.sources)) {
+            verdicts.refused(upstream.name, 'tokenizer', evidence);
+            return;
+          }
+          stream.distrusted = true;
+          verdicts.taken(upstream.name, 'tokenizer', confirmed === true ? 'probe' : 'sources', evidence);
+          warnOnce(
+            `agreement:${upstream.name}`,
+            `express-dp-router: the tokenizer disagrees with upstream '${upstream.name}'s /tokenize (first difference at token ${at}; ${routerCount} tokens here, ${upstreamCount} there): its ranks are routed on the approximate prefix index. Point prefixAware.tokenizer at the files the engine serves (tokenizer.json and tokenizer_config.json with its chat template).`,
+          );
+        });
       },
     });
     const subscriber = createKvEventSubscriber({
@@ -167,7 +210,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
         },
       },
     });
-    const stream: UpstreamStream = { upstream, signature: signatureOf(upstream), index, memo: new PromptKeysMemo(), subscriber, agreement, awaiting, labels, gate };
+    const stream: UpstreamStream = { upstream, signature: signatureOf(upstream), index, memo: new PromptKeysMemo(), subscriber, agreement, distrusted: false, awaiting, labels, gate };
     metrics?.track(stream);
     return stream;
   }
@@ -179,7 +222,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
   }
 
   function serving(stream: UpstreamStream, rank: number): boolean {
-    if (!stream.subscriber.isFresh(rank) || !stream.agreement.agreeing || (stream.gate !== undefined && !stream.gate.exact)) return false;
+    if (!stream.subscriber.isFresh(rank) || stream.distrusted || (stream.gate !== undefined && !stream.gate.exact)) return false;
     const since = stream.awaiting.get(rank);
     return since === undefined || now() - since <= confirmAfterMs;
   }
@@ -220,7 +263,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
     }
   }
 
-  function lookup(kind: PromptKind, body: Record<string, unknown>, candidates: readonly Endpoint[]): ExactPick | undefined {
+  function lookup(kind: PromptKind, body: Record<string, unknown>, candidates: readonly Endpoint[], from?: () => string): ExactPick | undefined {
     let any = false;
     for (const candidate of candidates) {
       const stream = streams.get(candidate.upstream);
@@ -237,6 +280,10 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
     // `model` names the adapter); a name neither an event nor the model pools know is scored as
     // the base model.
     const model = typeof body.model === 'string' ? body.model : undefined;
+    // vLLM keys a salted prompt's first block with the salt (a non-empty string, else it answers 400).
+    const salt = typeof body.cache_salt === 'string' && body.cache_salt !== '' ? body.cache_salt : undefined;
+    // What the router does not model exactly is routed, but judges nothing (lib/verdicts).
+    const evidence = unmodelled(kind, body, true) === undefined;
     const adapterIn = (stream: UpstreamStream) => (model !== undefined && (stream.index.isAdapter(model) || options.isAdapter?.(model) === true) ? model : undefined);
     const matched = new Int32Array(candidates.length).fill(-1);
     let tiered: Float64Array | undefined;
@@ -254,7 +301,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
         const loraName = adapterIn(stream);
         const keys = stream.memo.keysFor(tokens, partsOf(tokens));
         keysOf.set(stream, keys);
-        const match = stream.index.match(tokens, { now: now(), loraName, keys });
+        const match = stream.index.match(tokens, { now: now(), loraName, salt, keys });
         if (match.promptBlocks === 0) continue;
         blocks = match.matchedBlocks;
         // Upstreams with another block size are counted in the first one's blocks.
@@ -276,9 +323,10 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
       const time = now();
       const loraName = adapterIn(stream);
       const keys = keysOf.get(stream);
-      stream.index.speculate(chosen.rank, tokens, time + speculativeMs, { loraName, keys });
+      stream.index.speculate(chosen.rank, tokens, time + speculativeMs, { loraName, salt, keys });
       if (matched[at] < promptBlocks && !stream.awaiting.has(chosen.rank)) stream.awaiting.set(chosen.rank, time);
-      stream.agreement.offer(kind, body, tokens);
+      if (!evidence) return;
+      stream.agreement.offer(kind, body, tokens, from);
       // Blocks are counted in the first upstream's size: a receipt needs the chosen one's own.
       if (stream.gate !== undefined && keys !== undefined && keys.size === stream.index.blockSize && Math.floor(tokens.length / keys.size) === promptBlocks) {
         pick.ticket = stream.gate.chose({
@@ -292,6 +340,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
           lastKey: keys.values.length >= promptBlocks ? keys.values[promptBlocks - 1] : NaN,
           heldElsewhere: heldElsewhere(candidates, matched, at, promptBlocks),
         });
+        pick.ticket.source = from?.();
       }
     }, tiered);
     return pick;
@@ -299,11 +348,11 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
 
   return {
     lookup,
-    lookupRequest(path, bytes, candidates, decoded) {
+    lookupRequest(path, bytes, candidates, decoded, from) {
       const kind = promptKindOf(path);
       if (kind === undefined) return undefined;
       // The router decoded small bodies whole already; only a scanned one is decoded here.
-      if (decoded !== undefined) return lookup(kind, decoded as Record<string, unknown>, candidates);
+      if (decoded !== undefined) return lookup(kind, decoded as Record<string, unknown>, candidates, from);
       let body: unknown;
       try {
         body = JSON.parse(bytes.toString('utf8'));
@@ -311,7 +360,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
         return undefined;
       }
       if (typeof body !== 'object' || body === null || Array.isArray(body)) return undefined;
-      return lookup(kind, body as Record<string, unknown>, candidates);
+      return lookup(kind, body as Record<string, unknown>, candidates, from);
     },
     serves(upstream, rank) {
       const stream = streams.get(upstream);

@@ -15,7 +15,7 @@ import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import type { PickContext, Policy, UpstreamErrorKind } from '../types';
 import { answeredFirst, type FirstTokenListener } from '../observe/first-event';
 import { clientGone, createUpstreamProxy, type ProxyConfig, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
-import type { ModelStage } from '../request/model-stage';
+import { leastLoadedOfRank, type ModelStage } from '../request/model-stage';
 import type { VllmBalancing } from '../request/vllm-balancing';
 
 /** What the forwarder works with, built before it. */
@@ -234,7 +234,7 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
     const next = failed.balanced
       ? this.balancing.pick(route, skip)
       : route.source === 'hint'
-        ? this.table.leastLoadedOfRank(failed.rank, skip)
+        ? this.hintAgain(route, failed.rank, skip)
         : this.pickAgain(req, route, skip);
     if (next === undefined) return false;
     route.moveTo(req, res, next);
@@ -242,6 +242,11 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
     // to Express and has been handed on, so a retry answers them itself.
     this.send(req, res, (error) => answerProxyFailure(res, error), route);
     return true;
+  }
+
+  /** A hinted request's retry: the same rank on another server, in its model's pool where requests are routed by model. */
+  private hintAgain(route: RouteState, rank: number, skip: (endpoint: RouteEndpoint) => boolean): RouteEndpoint | undefined {
+    return route.model === undefined ? this.table.leastLoadedOfRank(rank, skip) : leastLoadedOfRank(this.models.retryCandidates(route.model), rank, skip);
   }
 
   private pickAgain(req: RoutedRequest, route: RouteState, skip: (endpoint: RouteEndpoint) => boolean): RouteEndpoint | undefined {

@@ -41,7 +41,8 @@ export interface ExactLookup {
   /**
    * The exact view of `candidates` for a request as the router holds it: the path the client
    * sent (which says whether it is a chat or a completion) and the JSON body's bytes;
-   * `undefined` when the pick is approximate throughout.
+   * `undefined` when the pick is approximate throughout. `from`: who sent it (lib/verdicts), asked
+   * only when its evidence is kept.
    */
-  lookupRequest(path: string, body: Buffer, candidates: readonly Endpoint[], decoded?: Readonly<Record<string, unknown>>): ExactPick | undefined;
+  lookupRequest(path: string, body: Buffer, candidates: readonly Endpoint[], decoded?: Readonly<Record<string, unknown>>, from?: () => string): ExactPick | undefined;
 }

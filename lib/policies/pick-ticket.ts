@@ -17,10 +17,14 @@ export class RouteTicket {
   atClose = false;
   /** The router asked the stream for its usage: that chunk is taken out of the client's stream. */
   askedUsage = false;
+  /** A stream read that nobody asked for its usage: whether it carries one says whether the upstream forces usage. */
+  looksForUsage = false;
   /** The upstream's verdict epoch when routed: receipts of an earlier epoch judge nothing. */
   epoch = 0;
   /** How many times the rank's events had stored blocks the index could not key, when routed. */
   orphans = 0;
+  /** Who sent the request (lib/verdicts/source.ts): a verdict needs receipts of several. */
+  source: string | undefined = undefined;
 
   constructor(
     readonly upstream: string,

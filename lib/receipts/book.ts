@@ -23,10 +23,16 @@ export class UpstreamBook {
   index: HeldBlocks | undefined = undefined;
   /**
    * Whether its answers carry `prompt_tokens_details` (vLLM's `--enable-prompt-tokens-details`):
-   * vLLM leaves the member out when nothing was cached, so until one answer has carried it, an
-   * answer without it says nothing; after, it says 0 (until {@link DETAILS_LAPSE} in a row lack it).
+   * vLLM 52a31cc leaves the member out when nothing was cached (newer vLLM sends `{"cached_tokens":0}`,
+   * usage-json.ts), so until one answer has carried it, an answer without it says nothing; after,
+   * it says 0 (until {@link DETAILS_LAPSE} in a row lack it).
    */
   reportsCached = false;
+  /**
+   * Whether it sends usage on streams nobody asked (vLLM's `--enable-force-include-usage`),
+   * learnt from the streams read: such an upstream's streams are read, never asked.
+   */
+  forcesUsage = false;
   private withoutDetails = 0;
   /** Approximate picks seen while {@link reportsCached} is unknown (one in many has its answer read). */
   looks = 0;
@@ -133,7 +139,7 @@ export class UpstreamBook {
   private kv(ticket: RouteTicket, outcome: KvOutcome): KvOutcome {
     const counts = this.counts.get(ticket.rank);
     if (counts !== undefined) counts.outcomes[KV_OUTCOMES.indexOf(outcome)]++;
-    const transition = this.verdicts.kv(outcome, ticket.epoch, ticket.rank, ticket.path);
+    const transition = this.verdicts.kv(outcome, ticket.epoch, ticket.rank, ticket.path, ticket.source);
     if (transition !== undefined) this.told(this, transition);
     return outcome;
   }
@@ -163,7 +169,7 @@ export class UpstreamBook {
     }
     if (exact) {
       const missed = reported === undefined || predicted < ticket.blockSize ? undefined : reported + ticket.blockSize < predicted;
-      const transition = this.verdicts.usage(ticket.epoch, missed, usage.promptTokens !== ticket.promptTokens);
+      const transition = this.verdicts.usage(ticket.epoch, missed, usage.promptTokens !== ticket.promptTokens, ticket.source);
       if (transition !== undefined) this.told(this, transition);
     }
     return reported === undefined ? undefined : { predicted, reported };

@@ -32,6 +32,7 @@ import { RouteTicket, type ExactGate, type ExactReceipts, type HeldBlocks } from
 import { stripAskedUsage } from './usage-strip';
 import { AnswerTail, lastUsage, type ReportedUsage } from './usage-json';
 import type { Transition } from './verdict';
+import type { Verdicts } from '../verdicts/verdicts';
 
 /** An upstream as receipts need it. */
 export interface ReceiptUpstream {
@@ -57,6 +58,8 @@ export interface ReceiptsParts {
   readonly metrics: MetricsConfig | undefined;
   readonly logger: RouterLogger;
   readonly tracing: Tracing;
+  /** Where a verdict is counted and logged with its evidence; its `minSources` is what a verdict needs. */
+  readonly verdicts: Verdicts;
   /** The clock. Default: `Date.now`. */
   readonly now?: () => number;
 }
@@ -125,19 +128,24 @@ export class Receipts implements ExactReceipts {
       if (ticket !== undefined) route.receipt = ticket;
       return;
     }
-    // Not a stream whose client did not ask for its usage (unless it is asked here): nothing to read.
+    // A stream whose client did not ask for its usage has none to read, unless it is asked here or
+    // its upstream is known to force usage (read then, never asked: whether it still does is
+    // learnt from each such stream; that it does, from usage on events of an asked one, usage-strip.ts).
     const streamed = members !== undefined && members.stream === true && (members.stream_options as { include_usage?: unknown } | undefined)?.include_usage !== true;
+    const forces = streamed ? this.books.get(endpoint.upstream)?.forcesUsage : undefined;
     if (ticket === undefined) {
-      if (share === undefined || streamed || !this.readsApproximate(endpoint.upstream)) return;
+      if (share === undefined || (streamed && forces !== true) || !this.readsApproximate(endpoint.upstream)) return;
       this.sinceUsage = 0;
       const approximate = (route.receipt = new RouteTicket(endpoint.upstream, endpoint.rank, 'approximate', share, -1, false, NaN, false, undefined, 0));
       approximate.readsUsage = true;
+      approximate.looksForUsage = streamed;
       return;
     }
     route.receipt = ticket;
-    if (!streamed) {
+    if (!streamed || forces === true) {
       this.sinceUsage = 0;
       ticket.readsUsage = true;
+      ticket.looksForUsage = streamed;
       return;
     }
     const body = route.body;
@@ -178,13 +186,17 @@ export class Receipts implements ExactReceipts {
     if (receipt.askedUsage && isEventStreamMediaType(headers['content-type'])) {
       // Its length (were one given) would count the chunk taken out. (`delete` takes V8's slow path: only when there.)
       if (headers['content-length'] !== undefined) delete headers['content-length'];
-      stripAskedUsage(res, (found) => (usage ??= found));
+      stripAskedUsage(res, (found, forced) => {
+        usage ??= found;
+        if (forced) book.forcesUsage = true;
+      });
     } else {
       const kept = (tail = new AnswerTail());
       answer.on('data', (chunk: Buffer) => kept.add(chunk));
     }
     answer.once('end', () => {
       if (tail !== undefined) usage = lastUsage(tail.text());
+      if (receipt.looksForUsage && answer.complete) book.forcesUsage = usage !== undefined;
       this.settle(book, receipt, req, usage);
     });
   }
@@ -229,7 +241,7 @@ export class Receipts implements ExactReceipts {
   }
 
   private open(upstream: ReceiptUpstream): UpstreamBook {
-    const book = new UpstreamBook(upstream.name, upstream.rankHeader, upstream.ranks, this.config, this.told);
+    const book = new UpstreamBook(upstream.name, upstream.rankHeader, upstream.ranks, { ...this.config, minSources: this.parts.verdicts.minSources }, this.told);
     this.books.set(upstream.name, book);
     return book;
   }
@@ -241,14 +253,19 @@ export class Receipts implements ExactReceipts {
 
   /** A verdict changed: the line that says so, and why. */
   private readonly told = (book: UpstreamBook, transition: Transition): void => {
-    const { logger, header } = this.parts;
+    const { logger, header, verdicts } = this.parts;
     const { probeEvery } = this.config;
     this.degraded = [...this.books.values()].filter((one) => !one.verdicts.honoured || !one.verdicts.trusted).length;
     switch (transition.kind) {
+      case 'refused':
+        verdicts.refused(book.name, transition.cause, { bad: transition.bad, total: transition.total, sources: transition.sources });
+        return;
       case 'unhonoured':
+        verdicts.taken(book.name, 'elsewhere', 'sources', { elsewhere: transition.breakdown.elsewhere, total: transition.breakdown.total, sources: transition.sources });
         logger.error({ dpRouter: { upstream: book.name, receipts: { elsewhere: transition.breakdown.elsewhere, total: transition.breakdown.total } } }, unhonouredLine(book, header, transition.breakdown, this.config.elsewhereShare, probeEvery));
         return;
       case 'untrusted':
+        verdicts.taken(book.name, transition.cause, 'sources', { bad: transition.bad, total: transition.total, sources: transition.sources });
         logger.warn(untrustedLine(book, transition.cause, transition.bad, transition.total, probeEvery));
         return;
       case 'honoured':

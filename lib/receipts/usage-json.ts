@@ -3,12 +3,16 @@
  * answer (`ChatCompletionResponse.usage`, followed only by small members) and in a stream's
  * final usage chunk (`stream_options.include_usage`), so the tail of the bytes holds it.
  *
- * vLLM 52a31cc (vllm/entrypoints/openai/engine/protocol.py:101-109, chat_completion/serving.py
- * 945-956 and 1384-1387, completion/serving.py 446-449 and 584-590): `prompt_tokens_details`
- * with `cached_tokens` is set only when the server runs with `--enable-prompt-tokens-details`
- * **and** some prompt tokens were cached; otherwise the member is left out (it is `None`, and the
- * stream's usage chunk is dumped with `exclude_none`). Its absence alone cannot tell "nothing
- * cached" from "not reported": receipts learn per upstream whether it reports them.
+ * `prompt_tokens_details.cached_tokens` is there only when the server runs with
+ * `--enable-prompt-tokens-details`. vLLM 52a31cc (vllm/entrypoints/openai/engine/protocol.py:101-109,
+ * chat_completion/serving.py 945-956 and 1384-1387, completion/serving.py 446-449 and 584-590)
+ * sets it only when some prompt tokens were cached too, leaving the member out otherwise (it is
+ * `None`, and the stream's usage chunk is dumped with `exclude_none`); newer vLLM (upstream main of
+ * 2026-08-19: chat_completion/serving.py:87-105, completion/serving.py:453-456 and 604-611) sets it
+ * whenever the count is known, `{"cached_tokens":0}` when nothing was (the count starts at 0,
+ * v1/engine/output_processor.py:176). A `0` is read as a report of 0; an absent member alone
+ * cannot tell "nothing cached" (52a31cc) from "not reported": receipts learn per upstream whether
+ * it reports them (book.ts).
  */
 
 /** What an answer's usage says, as far as receipts read it. */

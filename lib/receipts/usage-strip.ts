@@ -14,6 +14,17 @@
  * `[DONE]` or at the end. The router asks only streams of one choice (ask-usage.ts); should
  * several come anyway, the events after the first that ends one are held (their order kept), up
  * to 64 KiB, past which everything goes on unchanged.
+ *
+ * A server started with `--enable-force-include-usage` sends the usage event on every stream and
+ * `usage` on every other event too (`should_include_usage` returns `(True, True)`: 52a31cc
+ * vllm/entrypoints/utils.py:281-285; continuous usage at chat_completion/serving.py:546-551 and
+ * 932-938, completion/serving.py:426-432), never stamping the fingerprint: the client would have
+ * had that stream whether asked or not. The router never asks for continuous usage, so an event
+ * with choices that carries `usage` says the server forces it: from there the stream passes
+ * untouched (its usage still read), and the caller is told.
+ *
+ * Events end at a blank line, whose line ends may be CRLF, LF or CR (the SSE grammar): vLLM
+ * writes `\n\n`, a proxy between may write `\r\n\r\n`.
  */
 import type { ServerResponse } from 'node:http';
 import { lastUsage, type ReportedUsage } from './usage-json';
@@ -24,11 +35,12 @@ const EMPTY = Buffer.alloc(0);
  * offsets are the bytes'): V8's string search costs a fraction of Buffer#indexOf with a needle
  * this long, which builds a skip table per call.
  */
-const SEPARATOR = '\n\n';
 /** Only the usage event has no choices: vLLM's other events carry one (pydantic orders `choices` before `usage`). */
 const USAGE_EVENT = '"choices":[],"usage":{';
 /** In compact JSON a string member's key appears with unescaped quotes only as a key. */
 const ENDS_CHOICE = '"finish_reason":"';
+/** Any event's usage: on one with choices, continuous usage, which only a server that forces usage sends unasked. */
+const USAGE = '"usage":{';
 const DONE = 'data: [DONE]';
 const FINGERPRINT = /"system_fingerprint":("(?:[^"\\]|\\.)*")/;
 /** An event this long without its end is no vLLM event: the stream is passed on untouched from there. */
@@ -48,8 +60,11 @@ export class UsageStripper {
   private heldBytes = 0;
   /** The usage event was taken out (or the stream is not vLLM's): the rest passes as it comes. */
   private through = false;
+  /** The server forces usage: events pass as they come, the usage event is only read. */
+  private forced = false;
 
-  constructor(private readonly found: (usage: ReportedUsage | undefined) => void) {}
+  /** `found` gets the usage event's usage (`undefined`: none), and whether the server forces usage on every stream. */
+  constructor(private readonly found: (usage: ReportedUsage | undefined, forced: boolean) => void) {}
 
   /** What of `chunk` goes to the client now. */
   push(chunk: Buffer): Buffer {
@@ -57,12 +72,12 @@ export class UsageStripper {
     const data = this.carry === undefined ? chunk : Buffer.concat([this.carry, chunk]);
     const text = data.toString('latin1');
     // Most chunks are whole events that end nothing: passed on as they are.
-    if (this.carry === undefined && this.held.length === 0 && text.endsWith(SEPARATOR) && text.indexOf(ENDS_CHOICE) === -1 && text.indexOf(USAGE_EVENT) === -1) return chunk;
+    if (this.carry === undefined && this.held.length === 0 && text.endsWith('\n\n') && text.indexOf(ENDS_CHOICE) === -1 && text.indexOf(USAGE) === -1) return chunk;
     this.carry = undefined;
     const out: Buffer[] = [];
     let at = 0;
-    for (let end = text.indexOf(SEPARATOR, at); end !== -1 && !this.through; end = text.indexOf(SEPARATOR, at)) {
-      const next = end + SEPARATOR.length;
+    const cr = text.indexOf('\r') !== -1;
+    for (let next = eventEnd(text, at, cr); next !== -1 && !this.through; next = eventEnd(text, at, cr)) {
       this.event(data.subarray(at, next), text.slice(at, next), out);
       at = next;
     }
@@ -81,20 +96,32 @@ export class UsageStripper {
     if (this.carry !== undefined) out.push(this.carry);
     this.held = [];
     this.carry = undefined;
-    if (!this.through) this.found(undefined);
+    if (!this.through) this.found(undefined, this.forced);
     this.through = true;
     return Buffer.concat(out);
   }
 
   /** One whole event: its bytes, and the same as latin1 text. */
   private event(event: Buffer, text: string, out: Buffer[]): void {
+    if (this.forced) {
+      out.push(event);
+      if (text.indexOf(USAGE_EVENT) !== -1) this.finish(lastUsage(text));
+      return;
+    }
     if (text.indexOf(USAGE_EVENT) !== -1) {
       const fingerprint = FINGERPRINT.exec(text)?.[1];
       for (const held of this.held) out.push(fingerprint === undefined ? held : stamped(held, fingerprint));
       this.held = [];
       this.heldBytes = 0;
-      this.through = true;
-      this.found(lastUsage(text));
+      this.finish(lastUsage(text));
+      return;
+    }
+    if (text.indexOf(USAGE) !== -1) {
+      // Usage on an event with choices: the server forces it, and sends this stream as the client would have had it.
+      this.forced = true;
+      out.push(...this.held, event);
+      this.held = [];
+      this.heldBytes = 0;
       return;
     }
     if (text.startsWith(DONE)) {
@@ -113,23 +140,55 @@ export class UsageStripper {
     out.push(...this.held, rest);
     this.held = [];
     this.heldBytes = 0;
-    this.through = true;
-    this.found(undefined);
+    this.finish(undefined);
   }
+
+  private finish(usage: ReportedUsage | undefined): void {
+    this.through = true;
+    this.found(usage, this.forced);
+  }
+}
+
+/**
+ * Where the event starting at `from` ends (past the blank line that ends it), −1 when its end is
+ * not in `text` yet. `cr`: whether `text` holds a CR at all (vLLM's own streams never do: a plain
+ * search for LF LF then). A CR last in `text` may be the first half of a CRLF: no end yet.
+ */
+export function eventEnd(text: string, from: number, cr: boolean): number {
+  if (!cr) {
+    const end = text.indexOf('\n\n', from);
+    return end === -1 ? -1 : end + 2;
+  }
+  let ended = false;
+  for (let at = from; at < text.length; at++) {
+    const char = text.charCodeAt(at);
+    if (char === 0x0a) {
+      if (ended) return at + 1;
+      ended = true;
+    } else if (char === 0x0d) {
+      if (at + 1 === text.length) return -1;
+      const length = text.charCodeAt(at + 1) === 0x0a ? 2 : 1;
+      if (ended) return at + length;
+      ended = true;
+      at += length - 1;
+    } else ended = false;
+  }
+  return -1;
 }
 
 /** An event that ends a choice, with `,"system_fingerprint":…` stamped last, as vLLM writes it without `include_usage`. */
 function stamped(event: Buffer, fingerprint: string): Buffer {
-  const close = event.length - 1 - SEPARATOR.length;
+  let close = event.length - 1;
+  while (close > 0 && (event[close] === 0x0a || event[close] === 0x0d)) close--;
   if (event[close] !== 0x7d || event.toString('latin1').indexOf(ENDS_CHOICE) === -1) return event;
   return Buffer.concat([event.subarray(0, close), Buffer.from(`,"system_fingerprint":${fingerprint}`, 'latin1'), event.subarray(close)]);
 }
 
 /**
  * Routes what the proxy writes to `res` through a {@link UsageStripper}; `found` gets the usage
- * event's usage, or `undefined` when the stream ended without one.
+ * event's usage, or `undefined` when the stream ended without one, and whether the server forces usage.
  */
-export function stripAskedUsage(res: ServerResponse, found: (usage: ReportedUsage | undefined) => void): void {
+export function stripAskedUsage(res: ServerResponse, found: (usage: ReportedUsage | undefined, forced: boolean) => void): void {
   const stripper = new UsageStripper(found);
   const write = res.write as Send;
   const end = res.end as Send;

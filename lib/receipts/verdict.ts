@@ -17,6 +17,11 @@
  * index (and, when not honoured, without a rank header) except for one probe every
  * `probeEvery` requests to it; its windows hold only receipts taken since the verdict (an
  * epoch), and it recovers once the probes' receipts stay under half the share that tripped it.
+ *
+ * Receipts are client traffic: a verdict is taken only when the bad receipts in the window come
+ * from `minSources` distinct sources, each source's bad receipts counted at most its fair part of
+ * the share (lib/verdicts); past the share with fewer, the window reports a refusal instead, once
+ * until it drops under the share again.
  */
 import type { PromptPath } from '../policies/pick-ticket';
 
@@ -29,6 +34,8 @@ export interface VerdictSettings {
   readonly elsewhereShare: number;
   readonly missShare: number;
   readonly probeEvery: number;
+  /** Distinct sources whose bad receipts must agree before a verdict is taken. Default: 1. */
+  readonly minSources?: number;
 }
 
 /** Why the index is not trusted: the window that tripped. */
@@ -45,29 +52,37 @@ export interface HonourBreakdown {
 }
 
 export type Transition =
-  | { kind: 'unhonoured'; breakdown: HonourBreakdown }
+  | { kind: 'unhonoured'; breakdown: HonourBreakdown; sources: number }
   | { kind: 'honoured' }
-  | { kind: 'untrusted'; cause: Distrust; bad: number; total: number }
-  | { kind: 'trusted' };
+  | { kind: 'untrusted'; cause: Distrust; bad: number; total: number; sources: number }
+  | { kind: 'trusted' }
+  /** Past the share, from too few sources: nothing changes. */
+  | { kind: 'refused'; cause: Distrust | 'elsewhere'; bad: number; total: number; sources: number };
 
 /** The last receipts of one kind: each good or bad, with a tag (a rank, a path). */
 class Recent {
   private readonly bads: Uint8Array;
   private readonly ranks: Float64Array;
   private readonly paths: Uint8Array;
+  /** Who each receipt's request came from (lib/verdicts/source.ts). */
+  private readonly sources: Array<string | undefined>;
   private at = 0;
   size = 0;
   bad = 0;
+  /** A refusal was reported since the share was last crossed. */
+  refusedTold = false;
 
   constructor(private readonly capacity: number) {
     this.bads = new Uint8Array(capacity);
     this.ranks = new Float64Array(capacity);
     this.paths = new Uint8Array(capacity);
+    this.sources = new Array<string | undefined>(capacity);
   }
 
-  push(bad: boolean, rank = 0, path: PromptPath | undefined = undefined): void {
+  push(bad: boolean, rank = 0, path: PromptPath | undefined = undefined, source: string | undefined = undefined): void {
     if (this.size === this.capacity) this.bad -= this.bads[this.at];
     else this.size++;
+    this.sources[this.at] = source;
     this.bads[this.at] = bad ? 1 : 0;
     this.ranks[this.at] = rank;
     this.paths[this.at] = path === 'completions' ? 2 : path === 'chat' ? 1 : 0;
@@ -77,6 +92,26 @@ class Recent {
 
   clear(): void {
     this.size = this.bad = this.at = 0;
+    this.refusedTold = false;
+  }
+
+  /**
+   * Whether the bad receipts reach `share` of the window when each source counts at most its
+   * part of what the share needs (`needed / minSources`), from at least `minSources` sources;
+   * with how many sources they came from.
+   */
+  agreed(share: number, minSources: number): { agreed: boolean; sources: number } {
+    const counts = new Map<string, number>();
+    for (let i = 0; i < this.size; i++) {
+      if (this.bads[i] === 0) continue;
+      const source = this.sources[i] ?? '';
+      counts.set(source, (counts.get(source) ?? 0) + 1);
+    }
+    const needed = Math.ceil(share * this.size);
+    const cap = Math.max(1, Math.ceil(needed / minSources));
+    let weight = 0;
+    for (const count of counts.values()) weight += Math.min(count, cap);
+    return { agreed: counts.size >= minSources && weight >= needed, sources: counts.size };
   }
 
   share(): number {
@@ -142,9 +177,9 @@ export class UpstreamVerdicts {
   }
 
   /** A KV receipt of an exact ticket of `epoch`, for `rank` on `path`. */
-  kv(outcome: KvOutcome, epoch: number, rank: number, path: PromptPath | undefined): Transition | undefined {
+  kv(outcome: KvOutcome, epoch: number, rank: number, path: PromptPath | undefined, source?: string): Transition | undefined {
     if (epoch !== this.epoch || outcome === 'cached' || outcome === 'unseen') return undefined;
-    this.honour.push(outcome === 'elsewhere', rank, path);
+    this.honour.push(outcome === 'elsewhere', rank, path, source);
     return this.judge();
   }
 
@@ -154,28 +189,45 @@ export class UpstreamVerdicts {
    * engine does not report them), `differs` when its prompt token count is not the router's
    * (`undefined`: not comparable).
    */
-  usage(epoch: number, missed: boolean | undefined, differs: boolean | undefined): Transition | undefined {
+  usage(epoch: number, missed: boolean | undefined, differs: boolean | undefined, source?: string): Transition | undefined {
     if (epoch !== this.epoch) return undefined;
-    if (missed !== undefined) this.predictions.push(missed);
-    if (differs !== undefined) this.tokens.push(differs);
+    if (missed !== undefined) this.predictions.push(missed, 0, undefined, source);
+    if (differs !== undefined) this.tokens.push(differs, 0, undefined, source);
     return this.judge();
   }
 
   private judge(): Transition | undefined {
     const { minReceipts, elsewhereShare, missShare } = this.settings;
+    const minSources = this.settings.minSources ?? 1;
     if (this.honoured && this.honour.size >= minReceipts && this.honour.share() >= elsewhereShare) {
-      const breakdown = this.honour.breakdown();
-      this.honoured = false;
-      this.restart();
-      return { kind: 'unhonoured', breakdown };
-    }
+      const { agreed, sources } = this.honour.agreed(elsewhereShare, minSources);
+      if (agreed) {
+        const breakdown = this.honour.breakdown();
+        this.honoured = false;
+        this.restart();
+        return { kind: 'unhonoured', breakdown, sources };
+      }
+      if (!this.honour.refusedTold) {
+        this.honour.refusedTold = true;
+        return { kind: 'refused', cause: 'elsewhere', bad: this.honour.bad, total: this.honour.size, sources };
+      }
+    } else if (this.honoured) this.honour.refusedTold = false;
     if (this.trusted) {
       for (const [cause, recent] of [['misses', this.predictions], ['tokens', this.tokens]] as const) {
-        if (recent.size < minReceipts || recent.share() < missShare) continue;
+        if (recent.size < minReceipts || recent.share() < missShare) {
+          recent.refusedTold = false;
+          continue;
+        }
         const { bad, size } = recent;
+        const { agreed, sources } = recent.agreed(missShare, minSources);
+        if (!agreed) {
+          if (recent.refusedTold) continue;
+          recent.refusedTold = true;
+          return { kind: 'refused', cause, bad, total: size, sources };
+        }
         this.trusted = false;
         this.restart();
-        return { kind: 'untrusted', cause, bad, total: size };
+        return { kind: 'untrusted', cause, bad, total: size, sources };
       }
     }
     // Recovery: on the probes' receipts, each window that has enough of them well under its share.

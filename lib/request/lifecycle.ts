@@ -236,7 +236,7 @@ export class RequestLifecycle {
     if (body !== undefined && this.pools.active && !this.choosePool(req, res, route, body)) return;
     route.hintFields = inputs.hintFields(body);
     // vLLM ignores the rank header on this path: no rank is claimed, and hints play no part.
-    if (balancedByVllm(req.originalUrl ?? req.url ?? '/')) return this.assignBalanced(req, res, next, route, this.balancing.pick(route));
+    if (balancedByVllm(req.originalUrl ?? req.url ?? '/', body?.members)) return this.assignBalanced(req, res, next, route, this.balancing.pick(route));
     const verdict = route.headerHint === NO_HINT ? inputs.bodyHint(body, route.trusted) : route.headerHint;
     if (verdict.outcome !== 'none') this.metrics.hint(verdict.outcome);
     // Judged available: the rank has a healthy replica (in a model's pool, it may have none there: the policy picks).
@@ -264,7 +264,7 @@ export class RequestLifecycle {
     const context: PickContext = policy.readsContext === false && affinityKey === undefined && prompt === undefined ? UNREAD_CONTEXT : { path: req.originalUrl ?? req.url ?? '/', affinityKey, prompt };
     // A retry picks again among other candidates: without this pick's exact view of these.
     route.context = context;
-    let picking: PrefixPickContext = this.exact !== undefined && prompt !== undefined ? exactContext(this.exact!, context, body!, route, candidates) : context;
+    let picking: PrefixPickContext = this.exact !== undefined && prompt !== undefined ? exactContext(this.exact!, context, body!, route, candidates, req) : context;
     const { hooks } = this;
     for (let i = 0; i < hooks.picking.length; i++) picking = hooks.picking[i].picking!(route, req, picking, body?.bytes ?? route.body, body?.members);
     let chosen: RouteEndpoint;

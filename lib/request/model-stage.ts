@@ -26,9 +26,11 @@ export interface ModelStage {
   sent(model: string, endpoint: RouteEndpoint): void;
 }
 
-/** The least loaded endpoint of `rank` among `candidates` (a hinted rank within a model's pool). */
-export function leastLoadedOfRank(candidates: readonly RouteEndpoint[], rank: number): RouteEndpoint | undefined {
+/** The least loaded endpoint of `rank` among `candidates` (a hinted rank within a model's pool, or its retry), leaving out those `skip` names. */
+export function leastLoadedOfRank(candidates: readonly RouteEndpoint[], rank: number, skip?: (endpoint: RouteEndpoint) => boolean): RouteEndpoint | undefined {
   let best: RouteEndpoint | undefined;
-  for (const endpoint of candidates) if (endpoint.rank === rank && (best === undefined || endpoint.load < best.load)) best = endpoint;
+  for (const endpoint of candidates) {
+    if (endpoint.rank === rank && (best === undefined || endpoint.load < best.load) && (skip === undefined || !skip(endpoint))) best = endpoint;
+  }
   return best;
 }

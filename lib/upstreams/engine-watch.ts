@@ -14,8 +14,11 @@ export interface EngineWatch {
 
 /** What a read of an upstream's `/metrics` tells. */
 export interface EngineReports {
-  /** Its `engine` labels name other ranks than it is configured with (with `discover`). */
-  discovered(upstream: UpstreamConfig, ranks: readonly number[]): void;
+  /**
+   * With `discover`: its `engine` labels name other engines than it is configured with (`engines`,
+   * global ranks, ascending); `ranks`: those of them to route to (all, or those its `ranks` option lists).
+   */
+  discovered(upstream: UpstreamConfig, engines: readonly number[], ranks: readonly number[]): void;
   /** The engines its labels name (global ranks, ascending, at least one), after any discovery, against the configuration now. */
   engines(upstream: UpstreamConfig, engines: readonly number[]): void;
 }
@@ -83,7 +86,12 @@ export function watchEngines(
       }
     }
     if (report.engines.length === 0) return;
-    if (upstream.discoverIntervalMs !== undefined && !sameRanks(upstream.ranks, report.engines)) reports.discovered(upstream, report.engines);
+    if (upstream.discoverIntervalMs !== undefined) {
+      // Discovery narrows the ranks a `ranks` option lists to those served, never past them; none
+      // of them served is a contradiction the rank-header guard reports (`engines`), not a change.
+      const ranks = upstream.rankList === undefined ? report.engines : report.engines.filter((rank) => upstream.rankList!.includes(rank));
+      if (ranks.length > 0 && (!sameRanks(upstream.ranks, ranks) || upstream.startRank !== report.engines[0])) reports.discovered(upstream, report.engines, ranks);
+    }
     const now = current(target.name);
     if (now !== undefined) reports.engines(now, report.engines);
   };

@@ -1,9 +1,10 @@
 import type { IncomingMessage } from 'node:http';
-import { isIPv4 } from 'node:net';
 import type { Circuit, EndpointTable, RouteEndpoint, UpstreamServer } from './endpoints';
 import { hashString } from '../hash';
 import { NO_METRICS, type RouterMetrics } from '../observe/metrics';
 import type { OutlierDetectionConfig } from './outlier-detector-options';
+import { evidenceSource } from '../verdicts/source';
+import type { Verdicts } from '../verdicts/verdicts';
 
 /**
  * What a failure is evidence of, in Envoy's split of local-origin and external-origin errors:
@@ -27,9 +28,11 @@ export type FailureOrigin = 'connection' | 'request';
  *   count. A server that refuses connections serves no one, so no cap applies: with every
  *   server out, requests get a 503 at once instead of a 502 each after a failed connect.
  * - **Endpoints** (request failures): `consecutiveFailures` failures in a row on one endpoint
- *   eject it only if they came from at least `minimumClients` distinct clients (by `req.ip`,
- *   which follows Express's `trust proxy`, else the socket's address; IPv6 by its /64), so that
- *   no single client can evict capacity with requests that make the engine fail. At most
+ *   eject it only if they came from at least `minimumClients` distinct clients (a verdict for
+ *   everyone, lib/verdicts: a client is the request's tenant as admission resolves it, else its
+ *   credentials, else `req.ip`, which follows Express's `trust proxy`, else the socket's
+ *   address; IPv6 by its /64), so that no single client can evict capacity with requests that
+ *   make the engine fail. A run that reaches the count from fewer is counted as refused. At most
  *   `maxEjectionPercent` of the endpoints are ejected this way at once (rounded down, at least
  *   one), and never the last endpoint in rotation: a server that answers, even with errors,
  *   gives a truer answer than a blanket 503.
@@ -47,6 +50,8 @@ export class OutlierDetector {
     private readonly table: EndpointTable,
     private readonly config: OutlierDetectionConfig,
     private readonly metrics: Pick<RouterMetrics, 'ejected'> = NO_METRICS,
+    /** Where an ejection by request failures is counted and logged as a verdict. Default: none. */
+    private readonly verdicts?: Verdicts,
   ) {}
 
   /** Read from the table as it is now: `setUpstreams()` and discovery change its size. */
@@ -95,9 +100,9 @@ export class OutlierDetector {
 
   /**
    * The exchange failed in a way that is the upstream's fault (never a 4xx, never a client
-   * leaving). `req` names the client, for request failures.
+   * leaving). `req` (and its `tenant`, as admission resolved it) names the client, for request failures.
    */
-  failed(endpoint: RouteEndpoint, origin: FailureOrigin, req?: IncomingMessage): void {
+  failed(endpoint: RouteEndpoint, origin: FailureOrigin, req?: IncomingMessage, tenant?: string): void {
     if (origin === 'connection') {
       this.connectionFailed(endpoint.server);
       return;
@@ -108,9 +113,13 @@ export class OutlierDetector {
     switch (circuit.state) {
       case 'closed':
         circuit.consecutiveFailures++;
-        this.noteClient(circuit, req);
-        if (circuit.consecutiveFailures >= this.config.consecutiveFailures && circuit.failingClients.length >= this.config.minimumClients) {
-          this.tryEject(endpoint);
+        this.noteClient(circuit, req, tenant);
+        if (circuit.consecutiveFailures < this.config.consecutiveFailures) return;
+        const evidence = { rank: endpoint.rank, failures: circuit.consecutiveFailures, sources: circuit.failingClients.length };
+        if (circuit.failingClients.length >= this.config.minimumClients) {
+          if (this.tryEject(endpoint)) this.verdicts?.taken(endpoint.upstream, 'ejection', 'sources', evidence);
+        } else if (circuit.consecutiveFailures === this.config.consecutiveFailures) {
+          this.verdicts?.refused(endpoint.upstream, 'ejection', evidence);
         }
         return;
       case 'half-open':
@@ -173,18 +182,19 @@ export class OutlierDetector {
   }
 
   /** Keeps up to `minimumClients` distinct client hashes of the current failure run. */
-  private noteClient(circuit: Circuit, req: IncomingMessage | undefined): void {
+  private noteClient(circuit: Circuit, req: IncomingMessage | undefined, tenant: string | undefined): void {
     const clients = circuit.failingClients;
     if (clients.length >= this.config.minimumClients) return;
-    const client = hashString(clientOf(req));
+    const client = hashString(req === undefined ? '' : evidenceSource(req, req.headers, tenant));
     if (!clients.includes(client)) clients.push(client);
   }
 
-  private tryEject(endpoint: RouteEndpoint): void {
-    if (this.closed || this.underEjection >= this.maxUnderEjection) return;
-    if (endpoint.healthy && this.table.healthyCount <= 1) return;
+  private tryEject(endpoint: RouteEndpoint): boolean {
+    if (this.closed || this.underEjection >= this.maxUnderEjection) return false;
+    if (endpoint.healthy && this.table.healthyCount <= 1) return false;
     this.underEjection++;
     this.eject(endpoint.circuit, () => this.table.updateHealth(endpoint));
+    return true;
   }
 
   /** Opens the circuit for its cool-down, then makes it half-open; `changed` updates rotation. */
@@ -217,20 +227,5 @@ export class OutlierDetector {
   }
 }
 
-/**
- * Who sent the request: Express's `req.ip` where present (it follows the app's `trust proxy`
- * setting), else the socket's address. An IPv6 client counts by its /64, the block one host
- * or subscriber is usually given, so that one client cannot pose as many.
- */
-export function clientOf(req: IncomingMessage | undefined): string {
-  const ip = (req as { ip?: unknown } | undefined)?.ip;
-  const address = typeof ip === 'string' ? ip : req?.socket?.remoteAddress ?? '';
-  if (!address.includes(':')) return address;
-  const mapped = address.lastIndexOf(':');
-  if (isIPv4(address.slice(mapped + 1))) return address.slice(mapped + 1);
-  const [head, tail = ''] = address.split('::');
-  const left = head === '' ? [] : head.split(':');
-  const right = tail === '' ? [] : tail.split(':');
-  const groups = [...left, ...Array<string>(Math.max(0, 8 - left.length - right.length)).fill('0'), ...right];
-  return groups.slice(0, 4).map((group) => group.toLowerCase().replace(/^0+(?=.)/, '')).join(':');
-}
+/** Who sent the request, as a client counts for ejection (verdicts/source.ts). */
+export { clientOf } from '../verdicts/source';

@@ -6,14 +6,38 @@
  * (vllm/v1/engine/input_processor.py:255-259); its `/metrics` label each engine with its global
  * rank (`engine="<rank>"`, vllm/v1/metrics/loggers.py:429-434, from the same list).
  */
+import { isRecord } from '../guards';
 import type { UpstreamConfig } from './upstream-options';
 
-/** vLLM's words for an out-of-range rank header, in a 400 body or a stream's error event. */
-const OUT_OF_RANGE = /data_parallel_rank (-?\d{1,20}) is out of range \[0, (\d{1,10})\)\./;
+/**
+ * vLLM's sentence for an out-of-range rank header, the whole of its error's `message`
+ * (vllm/v1/engine/input_processor.py:255-259 at 52a31cc: `f"data_parallel_rank
+ * {data_parallel_rank} is out of range [0, {num_ranks})."`). Anchored: a message that merely
+ * contains the words (a validation error echoing a client's value) is not it.
+ */
+const OUT_OF_RANGE = /^data_parallel_rank (\d{1,10}) is out of range \[0, (\d{1,10})\)\.$/;
 
-/** The rank and engine count of an out-of-range answer's text; `undefined` when it is not one. */
+/**
+ * The rank and engine count of vLLM's out-of-range error, read from its 400 JSON body or a
+ * stream's first event (`data: {"error": …}`); `undefined` for anything else. The body is
+ * parsed: vLLM's error shape (`{"error": {"message", "type": "BadRequestError", "code": 400}}`,
+ * vllm/entrypoints/openai/engine/protocol.py:59-67) with the sentence as its message.
+ */
 export function parseOutOfRange(text: string): { rank: number; numRanks: number } | undefined {
-  const found = OUT_OF_RANGE.exec(text);
+  let json = text;
+  if (text.startsWith('data: ')) {
+    const end = text.indexOf('\n\n');
+    json = text.slice(6, end === -1 ? text.length : end);
+  }
+  let body: unknown;
+  try {
+    body = JSON.parse(json);
+  } catch {
+    return undefined;
+  }
+  const error = isRecord(body) ? body.error : undefined;
+  if (!isRecord(error) || error.type !== 'BadRequestError' || error.code !== 400 || typeof error.message !== 'string') return undefined;
+  const found = OUT_OF_RANGE.exec(error.message);
   return found === null ? undefined : { rank: Number(found[1]), numRanks: Number(found[2]) };
 }
 

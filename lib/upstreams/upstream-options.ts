@@ -26,7 +26,10 @@ export interface UpstreamOptions {
   dataParallelSize?: number;
   /** The first global rank it serves (`--data-parallel-start-rank`). Default: `0`. */
   startRank?: number;
-  /** Route only to these global ranks. Default: every rank it serves. */
+  /**
+   * Route only to these global ranks. Default: every rank it serves. With `discover`, the ranks
+   * routed to are those of these that the server serves: discovery narrows them, never widens.
+   */
   ranks?: readonly number[];
   /**
    * The rank header value sent to this upstream: `'local'`, rank − startRank, the index from 0
@@ -39,8 +42,9 @@ export interface UpstreamOptions {
   rankHeader?: RankHeaderMode;
   /**
    * Learn the global ranks this server serves from the distinct `engine` labels of its
-   * `/metrics` (start rank = the smallest), at start and every `intervalMs`; the configured
-   * ranks stand until the first answer and whenever the server cannot be read. `true` takes
+   * `/metrics` (start rank = the smallest), at start and every `intervalMs`, and route to them
+   * (to those `ranks` lists, when given); the configured ranks stand until the first answer and
+   * whenever the server cannot be read. `true` takes
    * the defaults of {@link DiscoverOptions}. Default: `false`.
    */
   discover?: boolean | DiscoverOptions;
@@ -92,6 +96,8 @@ export interface UpstreamConfig {
   readonly dataParallelSize: number;
   /** The global ranks routed to, ascending. */
   readonly ranks: readonly number[];
+  /** The `ranks` option as given (ascending); `undefined` when left out. Discovery never routes past it. */
+  readonly rankList?: readonly number[];
   readonly rankHeader: RankHeaderMode;
   /** How often the ranks are learned from the upstream's `/metrics`; `undefined` when not. */
   readonly discoverIntervalMs: number | undefined;
@@ -187,6 +193,7 @@ function parseUpstream(path: string, value: unknown): UpstreamConfig {
     startRank,
     dataParallelSize,
     ranks,
+    ...(value.ranks !== undefined && { rankList: ranks }),
     rankHeader: oneOf(`${path}.rankHeader`, value.rankHeader, RANK_HEADER_MODES, RANK_HEADER),
     discoverIntervalMs: parseDiscover(`${path}.discover`, value.discover),
     ...(kvEvents !== undefined && { kvEvents }),

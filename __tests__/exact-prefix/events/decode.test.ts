@@ -94,7 +94,7 @@ const cases: Array<{ file: string; layout: KvLayout; batch: MockKvBatch; decoded
       dataParallelRank: 0,
       invalidEvents: 0,
       events: [
-        { type: 'stored', blockHashes: [10, 11], parentBlockHash: null, tokenIds: [1, 2], blockSize: 1, loraId: 7, loraName: 'sql-lora', medium: null, extraKeyed: [true, false], groupIdx: 0, kvCacheSpecKind: null },
+        { type: 'stored', blockHashes: [10, 11], parentBlockHash: null, tokenIds: [1, 2], blockSize: 1, loraId: 7, loraName: 'sql-lora', medium: null, extraKeyed: [false, false], cacheSalt: 'salt', groupIdx: 0, kvCacheSpecKind: null },
       ],
     },
   },
@@ -118,12 +118,12 @@ describe('vLLM 52a31cc recordings', () => {
     expect(encodeKvBatch(mockBatch(decodedBatch(recording, at)), 'current').toString('hex')).toBe(recording.frames[at][2]);
   });
 
-  it('reads a LoRA block whose only extra key is its adapter as keyed by token ids, and a salted or multimodal one as not', () => {
-    const [lora, salted, saltedBase] = (decodeKvEventBatch(payloadOf(vllmRecording('lora'), 0)) as { ok: true; batch: { events: Array<{ extraKeyed: boolean[] }> } }).batch.events;
+  it("reads a LoRA block whose only extra key is its adapter as keyed by token ids, and a salted one's salt as its first block's key", () => {
+    const [lora, salted, saltedBase] = (decodeKvEventBatch(payloadOf(vllmRecording('lora'), 0)) as { ok: true; batch: { events: Array<{ extraKeyed: boolean[]; cacheSalt?: string }> } }).batch.events;
     // vLLM: [["sql-lora"], ["sql-lora"]], [["sql-lora", "tenant-a"], ["sql-lora"]], [["tenant-a"], null].
-    expect(lora.extraKeyed).toEqual([false, false]);
-    expect(salted.extraKeyed).toEqual([true, false]);
-    expect(saltedBase.extraKeyed).toEqual([true, false]);
+    expect([lora.extraKeyed, lora.cacheSalt]).toEqual([[false, false], undefined]);
+    expect([salted.extraKeyed, salted.cacheSalt]).toEqual([[false, false], 'tenant-a']);
+    expect([saltedBase.extraKeyed, saltedBase.cacheSalt]).toEqual([[false, false], 'tenant-a']);
   });
 });
 
@@ -173,6 +173,33 @@ describe('decodeKvEventBatch', () => {
 
   it('refuses a payload past maxBytes before reading it', () => {
     expect(decodeKvEventBatch(Buffer.alloc(101), { ...DEFAULT_KV_LIMITS, maxBytes: 100 })).toEqual({ ok: false, reason: 'too_large' });
+  });
+
+  // One engine step of a long-context server (`--max-num-batched-tokens` 300,000) storing 300k
+  // tokens in blocks of 16, and evicting as many blocks, as vLLM 52a31cc writes it
+  // (kv_events.py:49-96): about 430k values, past the earlier bound of 262,144.
+  it('48.25: takes one engine step storing 300k tokens, and refuses past the bounds derived from the largest step', () => {
+    const blocks = 300_000 / 16;
+    const tokenIds = Array.from({ length: 300_000 }, (_, i) => (i * 7919) % 151_936);
+    const hashes = Array.from({ length: blocks }, (_, i) => 2 ** 40 + i);
+    const step: MockKvBatch = {
+      ts: 1.5,
+      dataParallelRank: 0,
+      events: [
+        { type: 'BlockStored', blockHashes: hashes, parentBlockHash: null, tokenIds, blockSize: 16, medium: 'GPU' },
+        ...hashes.map((hash) => ({ type: 'BlockRemoved' as const, blockHashes: [hash + blocks], medium: 'GPU' })),
+      ],
+    };
+    const payload = encodeKvBatch(step, 'current');
+    const decoded = decodeKvEventBatch(payload);
+    expect(decoded.ok).toBe(true);
+    if (!decoded.ok) return;
+    expect(decoded.batch.events).toHaveLength(1 + blocks);
+    expect(decoded.batch.events[0]).toMatchObject({ type: 'stored', blockSize: 16 });
+    expect((decoded.batch.events[0] as { tokenIds: number[] }).tokenIds).toEqual(tokenIds);
+    // Five such steps in one payload: past the values bound, refused.
+    const past = encodeKvBatch({ ...step, events: [...step.events, ...step.events, ...step.events, ...step.events, ...step.events] }, 'current');
+    expect(decodeKvEventBatch(past)).toEqual({ ok: false, reason: 'too_many_values' });
   });
 
   it('refuses more values than maxValues', () => {

@@ -4,6 +4,7 @@ import { afterEach, describe, expect, it } from '@jest/globals';
 import { KvExactIndex } from '../../../lib/exact-prefix/index/exact-index';
 import { createKvEventSubscriber, type KvEventSubscriber, type KvSubscriberOptions } from '../../../lib/exact-prefix/events/subscriber';
 import { WORK_SLICE, DECODED_VALUES_PER_UNIT, yieldCount } from '../../../lib/exact-prefix/events/cooperative';
+import { DEFAULT_KV_LIMITS } from '../../../lib/exact-prefix/events/decode';
 import { Recorder } from '../helpers';
 import { RawEngine, batch, honestReplay, seqFrame, storedEvent } from './raw-engine';
 
@@ -190,9 +191,10 @@ describe('the KV-event subscriber under a hostile or broken engine', () => {
       const hashes = Array.from({ length: count }, (_, i) => from + i + 1);
       return batch([storedEvent(hashes, null, hashes.map((h) => h % 100), 1)], 0);
     };
-    // 1.9 MiB and 600k values (within the earlier bounds), then 120k blocks (240k values, within today's).
-    const payloads = [payload(300_000, 0), payload(120_000, 1_000_000)];
-    expect(payloads[0].length).toBeLessThan(2 * 1024 * 1024);
+    // Past the values bound (2.1M values) within the bytes one (so the decoder, not the socket,
+    // refuses it), then 120k blocks (240k values, within the bounds).
+    const payloads = [payload(1_050_000, 0), payload(120_000, 2_000_000)];
+    expect(payloads[0].length).toBeLessThan(DEFAULT_KV_LIMITS.maxBytes);
     const probe = await healthz();
     await sleep(50);
     for (const one_ of payloads) await one.publish(one_);
@@ -203,6 +205,24 @@ describe('the KV-event subscriber under a hostile or broken engine', () => {
     // is one payload's decode (a few ms idle, ~100 ms with 9 processes a core).
     expect(probe.worst()).toBeLessThan(1_000);
   }, 90_000);
+
+  it('48.25: a batch refused whole leaves the rank\'s index as it was, and the stream goes on', async () => {
+    const one = await engine();
+    const { index, recorder, sub } = subscribe(one);
+    await nudge(one, () => sub.isFresh(0), 'fresh');
+    for (let i = 0; i < 10; i++) await one.publish(chainBlock(i));
+    await recorder.until(() => index.blockCount(0) === 10, 'ten blocks indexed');
+    // Past the decoder's bounds (here: nesting deeper than 16), in sequence: refused whole.
+    await one.publish(Buffer.from('91'.repeat(40) + 'c0', 'hex'));
+    await recorder.until(() => recorder.count(0, 'invalid') === 1, 'the batch refused');
+    expect(index.blockCount(0)).toBe(10);
+    expect(index.match(chainPrompt(10)).matchedBlocks[0]).toBe(10);
+    expect(sub.isFresh(0)).toBe(true);
+    // The next batch chains onto what the index kept.
+    await one.publish(chainBlock(10));
+    await recorder.until(() => index.blockCount(0) === 11, 'the next block indexed');
+    expect(index.match(chainPrompt(11)).matchedBlocks[0]).toBe(11);
+  });
 
   it('bound payloads back to back: each one is decoded in slices, with I/O between them (item 22.3)', async () => {
     const one = await engine();

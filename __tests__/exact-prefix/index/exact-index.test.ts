@@ -217,6 +217,32 @@ describe('KvExactIndex on vLLM 52a31cc events', () => {
     expect(index.match(upTo(9)).matchedBlocks[0]).toBe(0);
     expect(index.match(upTo(9), { loraName: 'other-lora' }).matchedBlocks[0]).toBe(0);
     expect(index.isAdapter('sql-lora')).toBe(true);
+    // The salted prompts are keyed under their salt, as vLLM keys their first block.
+    expect(index.match(upTo(9), { loraName: 'sql-lora', salt: 'tenant-a' }).matchedBlocks[0]).toBe(2);
+    expect(index.match(upTo(9), { salt: 'tenant-a' }).matchedBlocks[0]).toBe(2);
+    expect(index.match(upTo(9), { salt: 'tenant-b' }).matchedBlocks[0]).toBe(0);
+  });
+
+  it("keys a salted prompt's blocks under its cache_salt: a request with that salt finds them as vLLM does, another salt or none does not", () => {
+    const recording = vllmRecording('salt');
+    const cached = (recording as unknown as { cachedTokens: Record<string, number> }).cachedTokens;
+    const decoded = decodeKvEventBatch(payloadOf(recording, 0));
+    if (!decoded.ok) throw new Error(decoded.reason);
+    const [a, b, c, d] = decoded.batch.events;
+    const index = new KvExactIndex({ ranks: [2] });
+    const rank = recording.dataParallelRank;
+    const second = [...upTo(8), ...upTo(24, 20)];
+    // Before each store, the index predicts what vLLM's get_computed_blocks found (README: cachedTokens).
+    expect(index.applyEvent(rank, a)).toBe(true);
+    expect(index.match(second, { salt: 'tenant-a' }).matchedBlocks[0] * 4).toBe(cached.b);
+    expect(index.match(upTo(9), { salt: 'tenant-b' }).matchedBlocks[0] * 4).toBe(cached.c);
+    expect(index.match(upTo(9)).matchedBlocks[0] * 4).toBe(cached.d);
+    for (const event of [b, c, d]) expect(index.applyEvent(rank, event)).toBe(true);
+    expect(index.match(second, { salt: 'tenant-a' }).matchedBlocks[0]).toBe(3);
+    expect(index.match(second, { salt: 'tenant-b' }).matchedBlocks[0]).toBe(2);
+    expect(index.match(second).matchedBlocks[0]).toBe(2);
+    expect(index.match(upTo(9), { salt: 'tenant-c' }).matchedBlocks[0]).toBe(0);
+    expect(index.blockCount(rank)).toBe(7);
   });
 
   it("follows the full-attention group of a hybrid model: a sliding-window group's evictions do not hide a prefix the engine still holds", () => {

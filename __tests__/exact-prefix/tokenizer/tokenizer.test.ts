@@ -276,3 +276,31 @@ describe('loading @huggingface/tokenizers', () => {
     });
   });
 });
+
+describe('template arguments count against the budget before rendering (issue 46, reproduction 4)', () => {
+  // A template that raises when rendered at all: a request refused before rendering is `too_long`, never `template_error`.
+  const raising = new PromptTokenizer({ ...files, config: { ...files.config, chat_template: "{{ raise_exception('rendered') }}" } });
+  const messages = [{ role: 'user', content: 'Which tool fits?' }];
+  const tool = (i: number) => ({ type: 'function', function: { name: `tool_${i}`, description: `Looks up record ${i}`, parameters: { type: 'object', properties: { id: { type: 'string' } } } } });
+  let nested: Record<string, unknown> = { type: 'string' };
+  for (let depth = 0; depth < 2000; depth++) nested = { type: 'object', properties: { x: nested } };
+
+  it.each([
+    ['18,000 tools', { messages, tools: Array.from({ length: 18_000 }, (_, i) => tool(i)) }],
+    ['30,000 documents', { messages, documents: Array.from({ length: 30_000 }, (_, i) => ({ title: `Doc ${i}`, text: 'A short document.' })) }],
+    ['one tool nested 2,000 deep (12 KiB as the issue sent it)', { messages, tools: [{ type: 'function', function: { name: 'deep', parameters: nested } }] }],
+    ['chat_template_kwargs of 20,000 objects', { messages, chat_template_kwargs: { catalog: Array.from({ length: 20_000 }, (_, i) => ({ sku: `sku-${i}` })) } }],
+  ])('%s: refused (too_long, counted) without rendering, on any template', (_name, body) => {
+    const counted = raising.stats().refusals.too_long;
+    expect(raising.tokenize('chat', body)).toEqual({ refused: 'too_long' });
+    expect(raising.stats().refusals.too_long).toBe(counted + 1);
+    // The fixture's template reads none of them: rendering it would have been cheap to look at, and is still refused.
+    expect(tokenizer.tokenize('chat', body)).toEqual({ refused: 'too_long' });
+  });
+
+  it('renders what fits: tools, documents and kwargs of ordinary size', () => {
+    const body = { messages, tools: Array.from({ length: 20 }, (_, i) => tool(i)), documents: [{ title: 'a', text: 'b' }], chat_template_kwargs: { enable_thinking: false } };
+    expect(raising.tokenize('chat', body)).toEqual({ refused: 'template_error' });
+    expect(prompt(tokenizer.tokenize('chat', body)).length).toBeGreaterThan(0);
+  });
+});

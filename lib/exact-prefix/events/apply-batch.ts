@@ -14,9 +14,11 @@ export async function applyPayload(context: StreamContext, stream: RankStream, s
   if (context.closed()) return;
   const rank = stream.rank;
   if (!decoded.ok) {
-    // Whatever it held (a removal, say) is missed: the rank starts over.
+    // Refused whole (past the bounds, or not a batch): the index keeps what it knew. What the
+    // batch stored is not indexed (nor what is chained onto it later); a removal it held is
+    // missed, a claim the receipts' verdicts catch should it matter. Clearing instead would
+    // leave the rank routed on nothing for every batch refused.
     context.tell(stream, (listener) => listener.event?.(rank, 'invalid', 1));
-    sink.clearRank(rank);
     return;
   }
   const { batch } = decoded;

@@ -46,6 +46,12 @@ export interface KvBlockStored {
    * index keys LoRA blocks under the adapter's name.
    */
   extraKeyed: boolean[] | null;
+  /**
+   * The `cache_salt` in the first block's extra keys, when the event starts a prompt (no parent):
+   * vLLM adds it there, after the adapter's name, on a prompt's first block only
+   * (kv_cache_utils.py:524-532 at 52a31cc); that block is then not counted as extra-keyed.
+   */
+  cacheSalt?: string | null;
   groupIdx: number | null;
   /** The KV-cache group's kind: `full_attention`, `sliding_window`, `mla_attention`, … (vLLM #40984); `null` or absent before. */
   kvCacheSpecKind?: string | null;
@@ -86,15 +92,25 @@ export type KvDecodeFailure = MsgpackFailure | 'not_a_batch';
 export type KvDecodeResult = { ok: true; batch: KvEventBatch } | { ok: false; reason: KvDecodeFailure };
 
 /**
- * Default bounds: a batch is one engine step's events; a 128k-token prefill stored in one
- * step is about 0.7 MB and 140k values, so these leave room for it. A payload at these bounds
- * takes ~10 ms (idle core) to ~45 ms (cold, or loaded) to decode: the subscriber decodes it in
- * slices (decodeKvEventBatchCooperatively), so the bound limits memory, not the longest pause.
+ * The most tokens one engine step stores, which one batch carries (vLLM publishes a batch per
+ * step): at most `--max-num-batched-tokens`, which a long-context server sets up to its
+ * context length, 1M tokens for the longest common models.
+ */
+const MAX_STEP_TOKENS = 1_048_576;
+/**
+ * Default bounds, from what vLLM 52a31cc writes for one step storing {@link MAX_STEP_TOKENS}
+ * (vllm/distributed/kv_events.py:49-96, every field of an `array_like` struct written): a token
+ * id is one value of at most 5 bytes; a block of 16 tokens (`--block-size` default) adds its
+ * hash (one value, 34 bytes as a 32-byte digest) and at most one `BlockRemoved` for the block it
+ * evicts (6 values, about 55 bytes); each event adds a dozen values. That is under 1.5 values and
+ * 11 bytes a token: these bounds leave room for it. A payload at them is decoded in slices
+ * (decodeKvEventBatchCooperatively), so they bound memory, not the longest pause; a payload past
+ * them is refused (the rank's index keeps what it knew, apply-batch.ts).
  */
 export const DEFAULT_KV_LIMITS: Readonly<MsgpackLimits> = Object.freeze({
-  maxBytes: 2 * 1024 * 1024,
-  maxValues: 262_144,
-  maxContainerLength: 262_144,
+  maxBytes: 16 * MAX_STEP_TOKENS,
+  maxValues: 2 * MAX_STEP_TOKENS,
+  maxContainerLength: 2 * MAX_STEP_TOKENS,
   maxDepth: 16,
 });
 
@@ -285,8 +301,20 @@ function decodeStored(fields: EventFields, blockHashes: EngineBlockHash[] | null
   if (extraRaw !== undefined && extraRaw !== null) {
     if (!Array.isArray(extraRaw) || extraRaw.length !== blockHashes.length) return null;
     extraKeyed = extraRaw.map((entry) => entry !== null && !(Array.isArray(entry) && entry.length === 1 && entry[0] === loraName && loraName !== null));
+    const salt = parentBlockHash === null ? saltOf(extraRaw[0], loraName) : undefined;
+    if (salt !== undefined) {
+      extraKeyed[0] = false;
+      return { type: 'stored', blockHashes, parentBlockHash, tokenIds, blockSize, loraId, loraName, medium, extraKeyed, cacheSalt: salt, groupIdx, kvCacheSpecKind };
+    }
   }
   return { type: 'stored', blockHashes, parentBlockHash, tokenIds, blockSize, loraId, loraName, medium, extraKeyed, groupIdx, kvCacheSpecKind };
+}
+
+/** A first block's salt: its extra keys `[cache_salt]`, or `[lora_name, cache_salt]` for an adapter's (mm keys are tuples, prompt embeddings bytes). */
+function saltOf(keys: unknown, loraName: string | null): string | undefined {
+  if (!Array.isArray(keys)) return undefined;
+  const rest = loraName !== null && keys[0] === loraName ? 1 : 0;
+  return keys.length === rest + 1 && typeof keys[rest] === 'string' && keys[rest] !== '' ? keys[rest] : undefined;
 }
 
 function convertHashes(raw: unknown[], into: EngineBlockHash[], from: number, to: number): boolean {

@@ -1,6 +1,6 @@
 /**
  * A MessagePack decoder that can stop after any number of values and resume later, so that one
- * payload at the bounds (2 MiB, 262,144 values: ~10–45 ms of decoding) is decoded in slices with
+ * payload at the bounds (decode.ts, DEFAULT_KV_LIMITS: hundreds of ms of decoding) is decoded in slices with
  * request handling between them, on the event loop, without a worker thread's copies.
  *
  * It checks the bounds as it reads, in the order a whole-payload scan would (a value past

@@ -14,14 +14,17 @@ export const DOMAIN_BLOCK = 3;
 export interface BlockKeys {
   size: number;
   loraName: string | undefined;
+  /** The request's `cache_salt`, which keys its first block (and so every block after it). */
+  salt?: string | undefined;
   values: number[];
 }
 
-/** `keys`, emptied first when they were computed for another block size or adapter. */
-export function keysFor(keys: BlockKeys, size: number, loraName: string | undefined): BlockKeys {
-  if (keys.size !== size || keys.loraName !== loraName) {
+/** `keys`, emptied first when they were computed for another block size, adapter or salt. */
+export function keysFor(keys: BlockKeys, size: number, loraName: string | undefined, salt?: string): BlockKeys {
+  if (keys.size !== size || keys.loraName !== loraName || keys.salt !== salt) {
     keys.size = size;
     keys.loraName = loraName;
+    keys.salt = salt;
     keys.values.length = 0;
   }
   return keys;

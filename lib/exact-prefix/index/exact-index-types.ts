@@ -58,6 +58,8 @@ export interface KvPrefixMatch {
 export interface KvMatchOptions {
   /** The request's LoRA adapter name, when it names one. */
   loraName?: string;
+  /** The request's `cache_salt`, when it has one: vLLM keys its first block with it. */
+  salt?: string;
   /** The clock speculative entries are judged by (ms). Default `Date.now()`. */
   now?: number;
   /** Where the router keys of the prompt's blocks are kept as far as they are computed, for `KvExactIndex.speculate` to take up. */

@@ -12,9 +12,11 @@
  * a hit there still costs a transfer back and their removals name that medium only, so mixing
  * them in would let a CPU eviction hide a GPU block or the reverse; `match` scores them past
  * the GPU run at their tier's weight. Blocks whose engine hash took extra
- * keys (multimodal inputs, `cache_salt`) cannot be matched from token ids alone, so neither
+ * keys (multimodal inputs, prompt embeddings) cannot be matched from token ids alone, so neither
  * they nor their descendants are indexed. LoRA blocks are indexed under their adapter's name
- * (the name vLLM puts first in their extra keys, #33304).
+ * (the name vLLM puts first in their extra keys, #33304), a salted prompt's under its
+ * `cache_salt` (which vLLM adds to its first block's keys, kv_cache_utils.py:524-532 at 52a31cc):
+ * a salted request matches the blocks of its own salt only, as it does in the engine.
  *
  * Of a hybrid model's KV-cache groups, each rank follows one (kv-group.ts): its store and
  * removal events count, the other groups' are left out.
@@ -65,6 +67,7 @@ export const KV_INDEX_BYTES_PER_BLOCK = 170;
 
 const DOMAIN_ROOT = 1;
 const DOMAIN_LORA = 2;
+const DOMAIN_SALT = 4;
 
 /** The exact index; pure and synchronous. */
 export class KvExactIndex implements KvEventSink {
@@ -158,7 +161,7 @@ export class KvExactIndex implements KvEventSink {
         // A LoRA id without a name (older vLLM) cannot be matched to a request's adapter.
         if (event.loraId !== null && event.loraName === null) return true;
         let chain: number | undefined;
-        if (event.parentBlockHash === null) chain = event.loraName === null ? this.baseRoot : this.loraRoot(event.loraName);
+        if (event.parentBlockHash === null) chain = this.rootOf(event.loraName ?? undefined, event.cacheSalt ?? undefined);
         else chain = this.parentKey(state, event.parentBlockHash);
         // An unknown parent (stored before this index listened, or evicted here): the chain
         // cannot be keyed, and a request could not reach these blocks through it anyway.
@@ -208,8 +211,8 @@ export class KvExactIndex implements KvEventSink {
     const promptBlocks = size === 0 ? 0 : Math.floor(tokens.length / size);
     if (promptBlocks === 0 || (this.size === 0 && this.speculativeCount === 0)) return { blockSize: size, promptBlocks, matchedBlocks };
     const now = options?.now ?? Date.now();
-    const root = options?.loraName === undefined ? this.baseRoot : this.loraRoot(options.loraName);
-    const keys = options?.keys === undefined ? { size, loraName: options?.loraName, values: [] } : keysFor(options.keys, size, options.loraName);
+    const root = this.rootOf(options?.loraName, options?.salt);
+    const keys = options?.keys === undefined ? { size, loraName: options?.loraName, salt: options?.salt, values: [] } : keysFor(options.keys, size, options.loraName, options.salt);
     const values = keys.values;
     const states = this.states;
     // Rank by rank, each as far as it holds the prompt: the same lookups as block by block, in
@@ -244,15 +247,15 @@ export class KvExactIndex implements KvEventSink {
    * should follow it rather than scatter. Needs the block size, so does nothing before the
    * first stored event.
    */
-  speculate(rank: number, tokens: ArrayLike<number>, expiresAt: number, options?: { loraName?: string; keys?: BlockKeys }): void {
+  speculate(rank: number, tokens: ArrayLike<number>, expiresAt: number, options?: { loraName?: string; salt?: string; keys?: BlockKeys }): void {
     const at = this.position.get(rank);
     if (at === undefined) return;
     const state = this.states[at];
     const size = state.blockSize === 0 ? this.blockSize : state.blockSize;
     if (size === 0) return;
     const promptBlocks = Math.floor(tokens.length / size);
-    let chain = options?.loraName === undefined ? this.baseRoot : this.loraRoot(options.loraName);
-    const keys = options?.keys === undefined ? undefined : keysFor(options.keys, size, options.loraName);
+    let chain = this.rootOf(options?.loraName, options?.salt);
+    const keys = options?.keys === undefined ? undefined : keysFor(options.keys, size, options.loraName, options.salt);
     for (let b = 0; b < promptBlocks; b++) {
       chain = nextKey(this.key, keys, chain, tokens, b, size);
       if (state.blocks.has(chain)) continue;
@@ -286,6 +289,15 @@ export class KvExactIndex implements KvEventSink {
     state.group = group;
     state.groupClass = kind;
     return true;
+  }
+
+  /** The chain a prompt's first block hangs from: the model's, its adapter's, salted with its `cache_salt`. */
+  private rootOf(loraName: string | undefined, salt: string | undefined): number {
+    const root = loraName === undefined ? this.baseRoot : this.loraRoot(loraName);
+    if (salt === undefined) return root;
+    // Not kept: salts are the clients' to choose, and hashing one costs a round per character.
+    const units = Array.from(salt, (char) => char.codePointAt(0) as number);
+    return chainHash(this.key, DOMAIN_SALT, root, units, 0, units.length);
   }
 
   private loraRoot(name: string): number {

@@ -41,7 +41,7 @@ export class PromptKeysMemo {
       while (same < end && tokens[same] === previous[same]) same++;
       values = last.values.slice(0, floor(same / size));
     }
-    const keys: BlockKeys = { size, loraName: last.loraName, values };
+    const keys: BlockKeys = { size, loraName: last.loraName, salt: last.salt, values };
     this.tokens = tokens;
     this.parts = parts;
     this.keys = keys;

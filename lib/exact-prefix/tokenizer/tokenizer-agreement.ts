@@ -13,6 +13,7 @@ import { smallRequest, SmallHttpError } from '../../http/small-http';
 import { isRefused } from './refusals';
 import { laxBool, requestTemplateKwargs } from './template-arguments';
 import type { PromptKind } from './tokenizer-options';
+import { unmodelled } from '../../verdicts/modelled';
 
 /** Options of {@link TokenizerAgreement}. */
 export interface TokenizerAgreementOptions {
@@ -39,6 +40,8 @@ export interface TokenizerAgreementOptions {
 /** One compared sample. */
 export interface AgreementResult {
   agreed: boolean;
+  /** Who sent the request sampled (lib/verdicts/source.ts), when known. */
+  source?: string;
   /** Agreed samples over compared samples so far. */
   ratio: number;
   compared: number;
@@ -92,16 +95,16 @@ export class TokenizerAgreement {
    * Offers one routed request (its parsed body and the router's tokens for its first prompt);
    * checks it if the sample picks it. Returns at once; never throws.
    */
-  offer(kind: PromptKind, body: Record<string, unknown>, tokens: readonly number[]): void {
-    if (!reproducible(kind, body)) return;
+  offer(kind: PromptKind, body: Record<string, unknown>, tokens: readonly number[], from?: () => string): void {
+    if (unmodelled(kind, body, true) !== undefined) return;
     const first = this.offered++ === 0;
     if (this.closed || this.inFlight > 0 || this.now() - this.lastCheck < this.minIntervalMs) return;
     if (!first && !(this.random() < this.sampleRate)) return;
-    void this.check(kind, body, tokens);
+    void this.check(kind, body, tokens, from?.());
   }
 
-  /** Checks one request now, unsampled; resolves to its result, or undefined when no check could be made. */
-  check(kind: PromptKind, body: Record<string, unknown>, tokens: readonly number[]): Promise<AgreementResult | undefined> {
+  /** Checks one request now, unsampled (`source`: who sent it); resolves to its result, or undefined when no check could be made. */
+  check(kind: PromptKind, body: Record<string, unknown>, tokens: readonly number[], source?: string): Promise<AgreementResult | undefined> {
     const payload = tokenizeBody(kind, body, this.options.model);
     if (payload === undefined) return Promise.resolve(undefined);
     this.lastCheck = this.now();
@@ -110,7 +113,7 @@ export class TokenizerAgreement {
     return this.post(payload).then(
       (upstream) => {
         this.inFlight--;
-        return this.compare(tokens, upstream);
+        return this.compare(tokens, upstream, source);
       },
       (error: Error) => {
         this.inFlight--;
@@ -120,18 +123,35 @@ export class TokenizerAgreement {
     );
   }
 
+  /**
+   * The router's own probe: whether `/tokenize` gives `tokens` for a request the router built
+   * itself (its fixed samples); `undefined` when it could not be asked. Not a sample: not
+   * counted in the ratio, not told to `onResult`.
+   */
+  async confirm(kind: PromptKind, body: Record<string, unknown>, tokens: readonly number[]): Promise<boolean | undefined> {
+    const payload = tokenizeBody(kind, body, this.options.model);
+    if (payload === undefined || this.closed) return undefined;
+    try {
+      const upstream = await this.post(payload);
+      return upstream.length === tokens.length && upstream.every((id, at) => id === tokens[at]);
+    } catch {
+      return undefined;
+    }
+  }
+
   /** Stops sampling. */
   close(): void {
     this.closed = true;
   }
 
-  private compare(tokens: readonly number[], upstream: number[]): AgreementResult {
+  private compare(tokens: readonly number[], upstream: number[], source: string | undefined): AgreementResult {
     let at = 0;
     while (at < tokens.length && at < upstream.length && tokens[at] === upstream[at]) at++;
     const agreed = at === tokens.length && at === upstream.length;
     this.comparedCount++;
     if (agreed) this.agreedCount++;
     const result: AgreementResult = { agreed, ratio: this.agreedCount / this.comparedCount, compared: this.comparedCount };
+    if (source !== undefined) result.source = source;
     if (!agreed) result.difference = { at, routerCount: tokens.length, upstreamCount: upstream.length };
     this.options.onResult?.(result);
     return result;
@@ -165,13 +185,11 @@ function reasonOf(error: SmallHttpError, timeoutMs: number): string {
 
 /**
  * vLLM's `/tokenize` body for the same prompt: the fields that change its tokens, nothing else;
- * undefined for a request whose tokens `/tokenize` cannot reproduce, which is then never
- * counted either way (one such request would otherwise turn exact routing off for the whole
- * upstream):
- *
- * - `truncate_prompt_tokens`: the engine gets the prompt cut, `/tokenize` has no such field;
- * - `tool_choice: "none"` with tools: a server started with `--exclude-tools-when-tool-choice-none`
- *   renders the prompt without them (serve/render/serving.py), its `/tokenize` with them.
+ * undefined for a request the router does not model exactly (lib/verdicts/modelled.ts: the one
+ * predicate every check that can change routing for everyone shares, e.g.
+ * `truncate_prompt_tokens`, which `/tokenize` has no field for, or `tool_choice: "none"` with
+ * tools, which a server with `--exclude-tools-when-tool-choice-none` renders without them and
+ * its `/tokenize` with them), which is then never counted either way.
  *
  * `/tokenize` has no `documents` or `reasoning_effort` field (serve/tokenize/protocol.py) but
  * merges `chat_template_kwargs` as chat does: they go there, with the `enable_thinking` the
@@ -181,7 +199,7 @@ function tokenizeBody(kind: PromptKind, body: Record<string, unknown>, model: st
   const out: Record<string, unknown> = {};
   const named = typeof body.model === 'string' ? body.model : model;
   if (named !== undefined) out.model = named;
-  if (!reproducible(kind, body)) return undefined;
+  if (unmodelled(kind, body, true) !== undefined) return undefined;
   if (kind === 'chat') {
     for (const key of CHAT_FIELDS) if (body[key] !== undefined) out[key] = body[key];
     if (out.messages === undefined) return undefined;
@@ -193,18 +211,11 @@ function tokenizeBody(kind: PromptKind, body: Record<string, unknown>, model: st
     // A token-array prompt is used as it is: nothing to verify.
     if (typeof prompt !== 'string') return undefined;
     out.prompt = prompt;
-    if (body.add_special_tokens !== undefined) out.add_special_tokens = body.add_special_tokens;
   }
   return JSON.stringify(out);
 }
 
-/** Whether `/tokenize` can give the tokens the engine gets for `body` (see {@link tokenizeBody}). */
-function reproducible(kind: PromptKind, body: Record<string, unknown>): boolean {
-  if (body.truncate_prompt_tokens !== undefined && body.truncate_prompt_tokens !== null) return false;
-  return !(kind === 'chat' && body.tool_choice === 'none' && body.tools !== undefined && body.tools !== null);
-}
-
-const CHAT_FIELDS = ['messages', 'add_generation_prompt', 'continue_final_message', 'add_special_tokens', 'tools'];
+const CHAT_FIELDS = ['messages', 'add_generation_prompt', 'continue_final_message', 'tools'];
 
 function tokensOf(answer: Buffer): number[] {
   let body: unknown;

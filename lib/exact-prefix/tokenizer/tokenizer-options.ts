@@ -1,5 +1,5 @@
 /** The options and answers of the prompt tokenizer (tokenizer.ts). */
-import type { Refused } from './refusals';
+import type { Refused, RenderRefusal } from './refusals';
 
 /** Options of `PromptTokenizer`. */
 export interface PromptTokenizerOptions {
@@ -46,6 +46,8 @@ export type TokenizeOutcome = { prompts: number[][] } | Refused;
 
 /** Cache counters. */
 export interface PromptTokenizerStats {
+  /** Requests refused for exact routing, by reason (they are routed on the approximate index). */
+  refusals: Readonly<Record<RenderRefusal, number>>;
   hits: number;
   misses: number;
   cachedBytes: number;

@@ -23,7 +23,8 @@
  */
 import type { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 import { chatSupport } from './chat-support';
-import { TOO_LONG, isRefused, type Refused } from './refusals';
+import { TOO_LONG, isRefused, type Refused, type RenderRefusal } from './refusals';
+import { argumentWeight } from './argument-weight';
 import { laxBool } from './template-arguments';
 import type { ChatRenderer } from './tokenizer-chat';
 import { addedTokens, alternation, loadTokenizersPackage, readTokenizerFiles, type TokenizerFiles } from './tokenizer-files';
@@ -44,6 +45,12 @@ const DEFAULT_MAX_MESSAGES = 1_024;
 const RENDER_CHARS_PER_BUDGET = 16;
 /** A message's rendering (~25–40 µs) as new text: about what tokenizing 16 bytes of CJK costs. */
 const RENDER_BYTES_PER_MESSAGE = 16;
+/**
+ * Weight of template arguments (argument-weight.ts) per byte of the budget: converting and
+ * writing a tool out (`tojson`) costs about 0.25 µs a character, an eighth of what tokenizing a
+ * byte of new text does (bench/template-budget.ts).
+ */
+const ARGUMENT_CHARS_PER_BUDGET = 8;
 /** Thrown inside one tokenize() call when its budget runs out; never escapes it. */
 const OVER_BUDGET = new Error('over budget');
 
@@ -73,6 +80,7 @@ export class PromptTokenizer {
   private wordsChecked = false;
   private hits = 0;
   private misses = 0;
+  private readonly refusals: Record<RenderRefusal, number> = { invalid: 0, unsupported: 0, template_error: 0, too_long: 0 };
 
   /** Loads a tokenizer from a directory holding `tokenizer.json` (+ `tokenizer_config.json`), the first file, or both paths. */
   static load(path: string | readonly [string, string], options: PromptTokenizerOptions = {}): PromptTokenizer {
@@ -112,10 +120,13 @@ export class PromptTokenizer {
   tokenize(kind: PromptKind, body: unknown): TokenizeOutcome {
     this.budget = this.maxUncachedChars;
     try {
-      return this.tokenizeRequest(kind, body);
+      const outcome = this.tokenizeRequest(kind, body);
+      if ('refused' in outcome) this.refusals[outcome.refused]++;
+      return outcome;
     } catch (error) {
-      if (error === OVER_BUDGET) return TOO_LONG;
-      throw error;
+      if (error !== OVER_BUDGET) throw error;
+      this.refusals.too_long++;
+      return TOO_LONG;
     } finally {
       this.budget = Infinity;
     }
@@ -131,6 +142,8 @@ export class PromptTokenizer {
       // Rendering costs per message what tokenizing some new text does, cached or not: it is
       // charged to the same budget, so that one request costs at most one budget's worth.
       if (Array.isArray(request.messages)) this.spend(request.messages.length * RENDER_BYTES_PER_MESSAGE);
+      // So are the template's arguments (tools, documents, kwargs), weighed before rendering.
+      this.spend(Math.ceil(argumentWeight(request, this.budget * ARGUMENT_CHARS_PER_BUDGET) / ARGUMENT_CHARS_PER_BUDGET));
       const text = this.chat.render(request);
       if (isRefused(text)) return text;
       return { prompts: [this.encode(text, special ?? false)] };
@@ -179,7 +192,7 @@ export class PromptTokenizer {
   /** Cache counters. */
   stats(): PromptTokenizerStats {
     const cachedBytes = this.cache.heldBytes + (this.words?.heldBytes ?? 0);
-    return { hits: this.hits, misses: this.misses, cachedBytes, segmenting: this.segmenting, cuttingText: this.segmenting && this.cuttingText !== false, wordCache: this.segmenting && this.words !== undefined, selfChecksLeft: this.selfChecks };
+    return { refusals: { ...this.refusals }, hits: this.hits, misses: this.misses, cachedBytes, segmenting: this.segmenting, cuttingText: this.segmenting && this.cuttingText !== false, wordCache: this.segmenting && this.words !== undefined, selfChecksLeft: this.selfChecks };
   }
 
   private completionPrompts(prompt: unknown, special: boolean): TokenizeOutcome {

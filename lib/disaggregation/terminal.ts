@@ -141,10 +141,8 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
     } else {
       const picked = this.pick(req, res, next, route, path, bytes);
       if (picked === null) return;
-      if (route.slo?.shed === true) {
-        route.slo.answerShed(res);
-        return;
-      }
+      // SLO routing shed it at the prefill pick: no prefill rank, with the decode rank held, meets its objectives.
+      if (route.slo?.shed === true) return route.slo.answerShed(res);
       prefill = picked;
     }
     const id = req.headers['x-request-id'];
@@ -154,10 +152,8 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
       this.prefillFailed(req, res, next, route, bytes, 'unavailable');
       return;
     }
-    if (config.exposeDecision) {
-      const decision = String(res.getHeader(DECISION_HEADER) ?? '');
-      res.setHeader(DECISION_HEADER, `${route.slo?.withPairNote(decision) ?? decision}; prefill=${prefill.upstream}@${prefill.rank}`);
-    }
+    const decision = config.exposeDecision ? String(res.getHeader(DECISION_HEADER) ?? '') : undefined;
+    if (decision !== undefined) res.setHeader(DECISION_HEADER, `${route.slo?.withPairNote(decision) ?? decision}; prefill=${prefill.upstream}@${prefill.rank}`);
     if (this.bootstrap === undefined) this.nixl(req, res, next, route, path, bytes, prefill, source, []);
     else this.mooncake(req, res, next, route, path, bytes, prefill, source, requestId);
   }

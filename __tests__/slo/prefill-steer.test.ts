@@ -1,6 +1,9 @@
 import { describe, expect, it } from '@jest/globals';
 import { startMockVllm, type MockVllmOptions } from '../../example-server/mock-vllm';
 import { closedAfterEach, metricValue, startGateway } from '../helpers';
+import { SloEstimates, type SloChoice } from '../../lib/slo/choose';
+import { LatencyModel } from '../../lib/slo/latency-model';
+import { choosePrefill } from '../../lib/slo/prefill-steer';
 
 const started = closedAfterEach();
 
@@ -90,5 +93,57 @@ describe('SLO routing of disaggregated requests', () => {
       for (const answer of await Promise.all([0, 1].map((j) => stream(gateway.url, prompt(i + j, 'batch'))))) prefills[answer.prefill]++;
     }
     expect(prefills[1]).toBeGreaterThan(0);
+  });
+});
+
+/**
+ * The pure choice, on a prefill model fed the truth set here: prefill rank 0 takes 2 ms per block
+ * of prefill + 20 ms, rank 1 four times that.
+ */
+describe('choosePrefill', () => {
+  const SLOWNESS = [1, 4];
+  const truth = (rank: number, work: number) => SLOWNESS[rank] * (0.002 * work + 0.02);
+
+  function taught(): { model: LatencyModel; est: SloEstimates } {
+    const model = new LatencyModel();
+    for (let i = 0; i < 400; i++) {
+      const rank = i % 2;
+      const work = 5 + ((i * 37) % 50);
+      const source = `s${i % 3}`;
+      model.learnTtft(model.rank(`p#${rank}`), source, model.weigh(source), work, (i * 7) % 3, truth(rank, work));
+    }
+    const est = new SloEstimates();
+    est.ensure(2);
+    est.ranks[0] = model.rank('p#0');
+    est.ranks[1] = model.rank('p#1');
+    // Rank 1 holds the whole prompt (0 uncached blocks) with 10 blocks queued ahead; rank 0 none of its 10 blocks, nothing ahead.
+    est.uncached.set([10, 0]);
+    est.ahead.set([0, 10]);
+    est.cost.set([1, 0]);
+    return { model, est };
+  }
+  const out = (): SloChoice => ({ at: -1, meets: false, predicted: false });
+
+  it('takes the fast rank when only its pair meets the TTFT objective, though the slow one holds the prompt', () => {
+    const { model, est } = taught();
+    // Rank 0: 40 ms + 10 ms decode part = 50 ms; rank 1: 160 ms + 10 ms. Objective 150 ms (120 ms with headroom).
+    const choice = choosePrefill(model, est, 2, { ttft: 0.15, tpot: 0, decodeWait: 0.01, predictedTpot: NaN }, 1, out());
+    expect(choice).toEqual({ at: 0, meets: true, predicted: true });
+    expect(est.ttft[0]).toBeCloseTo(0.05, 2);
+    expect(est.ttft[1]).toBeCloseTo(0.17, 2);
+  });
+
+  it('prefers the cache hit among pairs that meet the objectives, and the least bad when none does', () => {
+    const { model, est } = taught();
+    expect(choosePrefill(model, est, 2, { ttft: 1, tpot: 0, decodeWait: 0.01, predictedTpot: NaN }, 0, out())).toEqual({ at: 1, meets: true, predicted: true });
+    // The decode rank's part alone breaks a 40 ms objective: rank 0 is the least bad.
+    expect(choosePrefill(model, est, 2, { ttft: 0.04, tpot: 0, decodeWait: 0.03, predictedTpot: NaN }, 1, out())).toEqual({ at: 0, meets: false, predicted: true });
+    // The decode rank's TPOT breaks its objective whichever prefill rank: the TTFT still decides.
+    expect(choosePrefill(model, est, 2, { ttft: 0.15, tpot: 0.01, decodeWait: 0.01, predictedTpot: 0.02 }, 1, out())).toEqual({ at: 0, meets: false, predicted: true });
+  });
+
+  it('leaves the policy its choice without objectives', () => {
+    const { model, est } = taught();
+    expect(choosePrefill(model, est, 2, { ttft: 0, tpot: 0, decodeWait: 0.01, predictedTpot: NaN }, 1, out()).at).toBe(1);
   });
 });

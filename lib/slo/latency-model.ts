@@ -262,15 +262,6 @@ export class LatencyModel {
     return rank.ttft.factor * (this.a * work + this.b * load + this.c);
   }
 
-  /**
-   * The part of `rank`'s predicted TTFT that is the wait for the work ahead and the load there,
-   * without the request's own prefill and the constant: a disaggregated request's wait on its
-   * decode rank, whose prefill is the prefill rank's (lib/slo/prefill-steer.ts).
-   */
-  queueWait(rank: RankLatency, ahead: number, load: number): number {
-    return rank.ttft.factor * (this.a * ahead + this.b * load);
-  }
-
   /** Predicted TPOT in seconds on `rank` with `load` requests in flight during the decode (the request's own included). */
   tpot(rank: RankLatency, load: number): number {
     return rank.tpot.factor * (this.t0 + this.t1 * load);

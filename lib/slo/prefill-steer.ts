@@ -2,12 +2,15 @@
  * SLO routing of a disaggregated request's prefill leg (docs/disaggregation.md): the prefill rank
  * is chosen for the decode rank the request already holds, so that the pair's predicted TTFT,
  *
- *   TTFT = prefill(p) + TRANSFER + decode queue wait(d)
+ *   TTFT = prefill(p) + decode(d)
  *
  * meets the request's objective, TPOT being the decode rank's. `prefill(p)` is the prefill pool's
  * own latency model (its ranks' shape and speeds, learned from each prefill leg's measured
  * duration), read as the decode side's is: the rank's queued prefill and the prompt's uncached
- * blocks there, from the prefill policy's (prefix-aware) estimates, and its load.
+ * blocks there, from the prefill policy's (prefix-aware) estimates, and its load. `decode(d)` is
+ * the decode rank's TTFT prediction, which for a disaggregated request the router learns from
+ * what follows the prefill leg's answer (the KV transfer, the queue there, a first step): the
+ * transfer is learned with the decode rank's part, not apart.
  */
 import type { Endpoint } from '../types';
 import { HEADROOM, SloEstimates, type Objectives, type SloChoice } from './choose';
@@ -15,16 +18,15 @@ import type { LatencyModel, RankLatency } from './latency-model';
 import type { PickSteer } from '../policies/pick-steer';
 
 /**
- * What the KV transfer between the legs adds to the TTFT, in seconds: a constant, not learned. The
- * router does not time the transfer apart from the decode leg's first token (NIXL pulls the blocks
- * inside the decode engine's first step), and it is the same for every prefill candidate: it moves
- * the prediction, not the choice between prefill ranks.
+ * The decode rank's part, in seconds, while its model is cold (fewer than 16 streams learned): a
+ * small constant for the transfer and a first step. It is the same for every prefill candidate:
+ * it moves the prediction, not the choice between prefill ranks.
  */
-export const TRANSFER_SECONDS = 0.005;
+export const COLD_DECODE_SECONDS = 0.005;
 
 /** What the pair's choice reads of the request: its objectives and what its decode rank was predicted. */
 export interface PairContext extends Objectives {
-  /** The decode rank's predicted queue wait before the request's first decode step, seconds (0 when cold). */
+  /** The decode rank's predicted part of the TTFT, seconds (NaN when its model is cold). */
   readonly decodeWait: number;
   /** The decode rank's predicted TPOT, seconds (NaN when cold). */
   readonly predictedTpot: number;
@@ -42,7 +44,7 @@ export function choosePrefill(model: LatencyModel, est: SloEstimates, count: num
   if (!model.ttftWarm) return out;
   model.prepare();
   const { uncached, ahead, load, ttft, ranks, cost } = est;
-  const extra = TRANSFER_SECONDS + pair.decodeWait;
+  const extra = Number.isNaN(pair.decodeWait) ? COLD_DECODE_SECONDS : pair.decodeWait;
   // TPOT is the decode rank's: the same for every prefill candidate.
   const tpotBadness = pair.tpot > 0 && pair.predictedTpot >= 0 ? pair.predictedTpot / pair.tpot : 0;
   let best = -1;

@@ -47,9 +47,11 @@ export class SloTicket implements SloSteer, Objectives {
   predictedTpot = NaN;
   /** No rank was predicted to meet its objectives, and `slo.shed` is on. */
   shed = false;
-  /** Disaggregated: the decode rank's predicted wait before its first step (seconds), and the prefill leg's prediction. */
-  decodeWait = 0;
+  /** Disaggregated: the decode rank's part of the TTFT as predicted (seconds; NaN when cold), the prefill leg's prediction and measured duration. */
+  decodeWait = NaN;
   private prefill: PrefillPrediction | undefined = undefined;
+  private prefillSeconds = NaN;
+  private disaggregated = false;
   /** The decision header's note as the decode pick wrote it (replaced by the pair's). */
   private decodeNote = '';
   private loadAtFirst = 0;
@@ -82,7 +84,7 @@ export class SloTicket implements SloSteer, Objectives {
     this.load = est.load[at];
     this.predictedTtft = choice.predicted ? est.ttft[at] : NaN;
     this.predictedTpot = choice.predicted && routing.model.tpotWarm ? est.tpot[at] : NaN;
-    this.decodeWait = choice.predicted ? routing.model.queueWait(this.rank, est.ahead[at], est.load[at]) : 0;
+    this.decodeWait = this.predictedTtft;
     if (!choice.meets && routing.config.shed && this.hasObjectives) {
       this.shed = true;
       return -1;
@@ -92,19 +94,25 @@ export class SloTicket implements SloSteer, Objectives {
 
   /** What the decision header adds (`exposeDecision`): the predicted TTFT at the chosen rank, when one was made. */
   get note(): string {
-    return (this.decodeNote = Number.isNaN(this.predictedTtft) ? '' : `; predicted_ttft_ms=${Math.round(this.predictedTtft * 1000)}`);
+    return (this.decodeNote = this.ttftNote());
+  }
+
+  private ttftNote(): string {
+    return Number.isNaN(this.predictedTtft) ? '' : `; predicted_ttft_ms=${Math.round(this.predictedTtft * 1000)}`;
   }
 
   /**
    * The steer of a disaggregated request's prefill pick (lib/slo/prefill-steer.ts), for the decode
-   * rank it holds (a retry's pick goes where the policy says, unsteered). Without objectives the policy's choice stands: the prediction is only recorded, to learn from.
+   * rank it holds (a retry's pick goes where the policy says, unsteered). Without objectives the
+   * policy's choice stands: the pair's TTFT is only predicted, and the prefill rank learns.
    */
   prefillSteer(): PrefillSteer {
     const { routing } = this;
+    this.disaggregated = true;
     return new PrefillSteer(routing.prefillModel, routing.prefillEstimates, routing.choice, this, (choice, prediction, ttft) => {
       this.prefill = prediction;
       if (!choice.predicted) return choice.at;
-      if (this.hasObjectives) this.predictedTtft = ttft;
+      this.predictedTtft = ttft;
       if (!choice.meets && routing.config.shed && this.hasObjectives) {
         this.shed = true;
         return -1;
@@ -115,13 +123,16 @@ export class SloTicket implements SloSteer, Objectives {
 
   /** The decision header with the pair's predicted TTFT in place of the decode rank's own. */
   withPairNote(header: string): string {
-    if (this.decodeNote === '' || this.prefill === undefined) return header;
-    return header.replace(this.decodeNote, this.note);
+    if (this.prefill === undefined) return header;
+    const pair = this.ttftNote();
+    return this.decodeNote === '' ? header + pair : header.replace(this.decodeNote, pair);
   }
 
   /** The prefill leg at `endpoint` answered (`ok`: with a success) `seconds` after it was sent: its prefill rank learns from it. */
   prefilled(endpoint: Endpoint, seconds: number, ok: boolean): void {
     const prefill = this.prefill;
+    this.disaggregated = true;
+    if (ok) this.prefillSeconds = seconds;
     if (!ok || !this.evidence || prefill === undefined || prefill.rank === undefined || prefill.endpoint !== endpoint) return;
     const model = this.routing.prefillModel;
     model.learnTtft(prefill.rank, this.source, model.weigh(this.source), prefill.work, prefill.load, seconds);
@@ -155,7 +166,9 @@ export class SloTicket implements SloSteer, Objectives {
     this.loadAtFirst = endpoint.load;
     if (this.tpot > 0) routing.model.rank(endpoint.key).decoding(this.tpot, +1);
     if (!Number.isNaN(this.predictedTtft)) routing.metrics.predictionError(endpoint.upstream, 'ttft', Math.abs(seconds - this.predictedTtft));
-    if (this.evidence && rank !== undefined) routing.model.learnTtft(rank, this.source, routing.model.weigh(this.source), this.work, this.load, seconds);
+    // Disaggregated, the decode rank's part is what follows the prefill leg's answer (the KV transfer, the queue, a first step).
+    const own = this.disaggregated ? seconds - this.prefillSeconds : seconds;
+    if (this.evidence && rank !== undefined && own >= 0) routing.model.learnTtft(rank, this.source, routing.model.weigh(this.source), this.work, this.load, own);
   }
 
   private ended(timing: StreamTiming, complete: boolean, started: number): void {

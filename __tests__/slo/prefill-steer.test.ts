@@ -1,6 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import { startMockVllm, type MockVllmOptions } from '../../example-server/mock-vllm';
-import { closedAfterEach, metricValue, startGateway } from '../helpers';
+import { allIdle, closedAfterEach, metricValue, startGateway, waitFor } from '../helpers';
 import { SloEstimates, type SloChoice } from '../../lib/slo/choose';
 import { LatencyModel } from '../../lib/slo/latency-model';
 import { choosePrefill } from '../../lib/slo/prefill-steer';
@@ -18,7 +18,7 @@ const started = closedAfterEach();
 const PREFILL: MockVllmOptions = { role: 'prefill', connector: 'nixl', dataParallelSize: 2, scheduler: { speeds: [1, 0.1], stepMs: 20 } };
 const DECODE: MockVllmOptions = { role: 'decode', connector: 'nixl', dataParallelSize: 2, startRank: 4, scheduler: { speeds: [1, 0.25], stepMs: 10 } };
 
-async function pd() {
+async function pd(shed = false) {
   const prefill = await startMockVllm(PREFILL);
   started.push(prefill);
   const decode = await startMockVllm(DECODE);
@@ -31,10 +31,10 @@ async function pd() {
     policy: 'prefix-aware',
     exposeDecision: true,
     disaggregation: { connector: 'nixl', prefillPolicy: 'prefix-aware' },
-    slo: { trust: true },
+    slo: { trust: true, shed },
   });
   started.push(gateway);
-  return gateway;
+  return { gateway, prefill };
 }
 
 /** Distinct prompts (no shared prefix: the cache plays no part). */
@@ -67,7 +67,7 @@ async function warmUp(url: string): Promise<number[]> {
 
 describe('SLO routing of disaggregated requests', () => {
   it('sends a request with objectives to the fast prefill rank and the decode rank that meets its TPOT, once learned', async () => {
-    const gateway = await pd();
+    const { gateway } = await pd();
     const prefills = await warmUp(gateway.url);
     // Without objectives the prefill policy spread the warm-up over both prefill ranks (the slow one was measured too).
     expect(prefills[1]).toBeGreaterThan(0);
@@ -85,8 +85,26 @@ describe('SLO routing of disaggregated requests', () => {
     expect(await metricValue(gateway.registry, 'dp_router_slo_requests_total', { outcome: 'met' })).toBeGreaterThanOrEqual(10);
   });
 
+  it('with shed, answers 503 with Retry-After and sends no prefill leg when no pair is predicted to meet the TTFT objective', async () => {
+    const { gateway, prefill } = await pd(true);
+    await warmUp(gateway.url);
+    const before = prefill.stats().requests.length;
+    // 30 ms: the fast prefill rank's 20 ms step and the decode rank's first step leave no pair within 0.8 × 30 ms.
+    const answer = await fetch(`${gateway.url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-slo-ttft-ms': '30' },
+      body: JSON.stringify({ model: 'mock-model', prompt: prompt(1, 'hopeless'), max_tokens: 10, stream: true }),
+    });
+    expect(answer.status).toBe(503);
+    expect((await answer.json()).error.type).toBe('ServiceUnavailableError');
+    expect(Number(answer.headers.get('retry-after'))).toBeGreaterThanOrEqual(1);
+    expect(prefill.stats().requests.length).toBe(before);
+    expect(await metricValue(gateway.registry, 'dp_router_slo_requests_total', { outcome: 'shed' })).toBe(1);
+    await waitFor(() => allIdle(gateway), 2000, 'in-flight counts back to 0');
+  });
+
   it('without objectives leaves the prefill policy its choice: both prefill ranks keep serving', async () => {
-    const gateway = await pd();
+    const { gateway } = await pd();
     await warmUp(gateway.url);
     const prefills = [0, 0];
     for (let i = 0; i < 8; i += 2) {

@@ -56,7 +56,7 @@ export interface Policy {
   readonly namesIndex?: boolean;
   /** The policy reports {@link matchedShare} after each pick, for tracing. */
   readonly reportsMatchedShare?: boolean;
-  /** With `reportsMatchedShare`: the share of the last picked prompt the chosen endpoint was estimated to hold. */
+  /** With `reportsMatchedShare`: the share of the last picked prompt the chosen endpoint was estimated to hold (read by the router right after each pick). */
   readonly matchedShare?: number;
   /**
    * The policy reads each candidate's first-token totals (`firstTokens`, `firstTokenSeconds`,
@@ -68,7 +68,7 @@ export interface Policy {
    * The prefill the last pick sends, in the policy's own units (`prefix-aware`: the prompt's
    * blocks the chosen endpoint was estimated to lack). With `peers` the router announces the sum
    * per endpoint, until each request's first token, to the other replicas' policies, which read
-   * it as the endpoint's `peerBlocks` (see `PeerLoad`).
+   * it as the endpoint's `peerBlocks` (see `PeerLoad`). Read by the router right after each pick.
    */
   readonly uncachedBlocks?: number;
 }

@@ -190,9 +190,16 @@ describe('a prefill server that refuses the rank header', () => {
       logger: { warn: () => undefined, error: (_fields, message) => errors.push(message) },
     });
     started.push(gateway);
-    for (let i = 0; i < 8; i++) expect((await exchange(gateway.url, { body: COMPLETION })).status).toBe(200);
-    // One refusal (served decode-only), then every prefill leg on the server that takes the header.
-    expect(generations(wrong)).toHaveLength(1);
+    // One refusal (served decode-only); the router's own probe confirms it (a verdict for every
+    // client is never taken on one client's answer: docs/security.md), then every prefill leg
+    // goes to the server that takes the header.
+    expect((await exchange(gateway.url, { body: COMPLETION })).status).toBe(200);
+    await waitFor(() => errors.length === 1, 5000, 'the probe confirms the refusal');
+    for (let i = 0; i < 7; i++) expect((await exchange(gateway.url, { body: COMPLETION })).status).toBe(200);
+    const legs = (server: MockVllm) => generations(server).filter((record) => (record.body ?? '').includes('kv_transfer_params'));
+    expect(legs(wrong)).toHaveLength(1);
+    // The probe: a 1-token completion the router built, carrying the refused header value.
+    expect(generations(wrong).filter((record) => !(record.body ?? '').includes('kv_transfer_params')).map((record) => record.rankHeaders)).toEqual([['2']]);
     expect(generations(right)).toHaveLength(7);
     expect(await outcome(gateway, 'disaggregated')).toBe(7);
     expect(errors).toHaveLength(1);

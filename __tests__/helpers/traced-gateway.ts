@@ -48,10 +48,14 @@ async function main(): Promise<void> {
   const express = require('express') as typeof import('express');
   const { createServer } = await import('node:http');
   const { dpRouter } = await import('../../lib');
+  const { Registry } = await import('prom-client');
 
   // The upstream (jest's helpers are not for a process of its own): records every raw
   // `traceparent` line of each request.
   const seen: SeenByUpstream[] = [];
+  // Requests tagged `hold` are answered once `release` is called.
+  let release: () => void = () => undefined;
+  const released = new Promise<void>((resolve) => (release = resolve));
   const upstream = createServer((req, res) => {
     const traceparents: string[] = [];
     const tracestates: string[] = [];
@@ -62,7 +66,8 @@ async function main(): Promise<void> {
     }
     seen.push({ url: req.url ?? '', traceparents, tracestates });
     req.resume();
-    req.on('end', () => {
+    req.on('end', async () => {
+      if (req.url?.includes('hold') === true) await released;
       res.writeHead(200, { 'content-type': 'application/json' });
       // What vLLM with --enable-prompt-tokens-details reports: the receipts of prefix-aware picks.
       res.end('{"usage":{"prompt_tokens":100,"total_tokens":101,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":96}}}');
@@ -89,7 +94,31 @@ async function main(): Promise<void> {
   });
   const failing = dpRouter({ upstreams: [{ url: refusedUrl, name: 'refused' }], metrics: false, logger: false });
   const prefixed = dpRouter({ upstreams: [{ url: upstreamUrl, name: 'echo', dataParallelSize: 4 }], policy: 'prefix-aware', metrics: false, logger: false, receipts: { usageEvery: 1 } });
+  // One seat: a request waits in the admission queue while another holds it.
+  const queuedRegistry = new Registry();
+  const queued = dpRouter({
+    upstreams: [{ url: upstreamUrl, name: 'echo' }],
+    policy: 'prefix-aware',
+    admission: { maxInflightPerRank: 1 },
+    metrics: { registry: queuedRegistry },
+    logger: false,
+    receipts: { usageEvery: 1 },
+  });
+  // A token store that answers late while `gated` (as a shared one across a network may): each
+  // request's pick is made before its reservation is answered, and another's may come between.
+  const counts = new Map<string, number>();
+  let gated = false;
+  const late: Array<() => void> = [];
+  const answered = <T>(value: () => T): T | Promise<T> => (gated ? new Promise<T>((resolve) => late.push(() => resolve(value()))) : value());
+  const store = {
+    kind: 'late',
+    read: (tenant: string, window: number) => answered(() => ({ current: counts.get(`${tenant}:${window}`) ?? 0, previous: counts.get(`${tenant}:${window - 1}`) ?? 0 })),
+    add: (tenant: string, window: number, tokens: number) => void counts.set(`${tenant}:${window}`, (counts.get(`${tenant}:${window}`) ?? 0) + tokens),
+  };
+  const reserved = dpRouter({ upstreams: [{ url: upstreamUrl, name: 'echo' }], policy: 'prefix-aware', admission: { tokens: { perMinute: 1_000_000, store } }, metrics: false, logger: false, receipts: { usageEvery: 1 } });
   const app = express();
+  app.use('/queued', queued);
+  app.use('/reserved', reserved);
   app.use('/retried', retried);
   app.use('/failing', failing);
   app.use('/prefixed', prefixed);
@@ -115,6 +144,30 @@ async function main(): Promise<void> {
   await send('prefix-new', '/prefixed/v1/completions?case=prefix-new', {}, prompt);
   await send('prefix-seen', '/prefixed/v1/completions?case=prefix-seen', {}, prompt);
 
+  // The first waiting request's prompt is held whole on the only endpoint; the second's, picked
+  // while the first waits, is new there. Each span carries its own pick's share.
+  const queueDepth = async () => (await queuedRegistry.getSingleMetric('dp_router_queue_depth')!.get()).values.reduce((sum, { value }) => sum + value, 0);
+  const holding = send('queued-hold', '/queued/v1/completions?case=queued-hold', {}, prompt);
+  while (!seen.some((request) => request.url.endsWith('case=queued-hold'))) await new Promise((resolve) => setTimeout(resolve, 5));
+  const first = send('queued-first', '/queued/v1/completions?case=queued-first', {}, prompt);
+  while ((await queueDepth()) < 1) await new Promise((resolve) => setTimeout(resolve, 5));
+  const other = JSON.stringify({ prompt: 'Translate every sentence into French, keeping the original punctuation. '.repeat(8) });
+  const second = send('queued-second', '/queued/v1/completions?case=queued-second', {}, other);
+  while ((await queueDepth()) < 2) await new Promise((resolve) => setTimeout(resolve, 5));
+  release();
+  await Promise.all([holding, first, second]);
+
+  // The same with the reservations answered late: the first's share was read after the second's pick.
+  await send('reserved-warm', '/reserved/v1/completions?case=reserved-warm', {}, prompt);
+  gated = true;
+  const reservedFirst = send('reserved-first', '/reserved/v1/completions?case=reserved-first', {}, prompt);
+  while (late.length < 1) await new Promise((resolve) => setTimeout(resolve, 5));
+  const reservedSecond = send('reserved-second', '/reserved/v1/completions?case=reserved-second', {}, other);
+  while (late.length < 2) await new Promise((resolve) => setTimeout(resolve, 5));
+  gated = false;
+  for (const answer of late.splice(0)) answer();
+  await Promise.all([reservedFirst, reservedSecond]);
+
   await provider.forceFlush();
   const spans: ExportedSpan[] = exporter.getFinishedSpans().map((span) => ({
     name: span.name,
@@ -132,7 +185,7 @@ async function main(): Promise<void> {
   server.close();
   upstream.closeAllConnections();
   upstream.close();
-  await Promise.all([routed.close(), retried.close(), failing.close(), prefixed.close()]);
+  await Promise.all([routed.close(), retried.close(), failing.close(), prefixed.close(), queued.close(), reserved.close()]);
   await provider.shutdown();
 }
 

@@ -69,6 +69,25 @@ describe('OpenTelemetry with the real SDK and the HTTP and Express instrumentati
     expect(gatewaySpan('assigned').attributes['dp_router.index']).toBeUndefined();
   });
 
+  it('records on the span the share its own pick found, though another request was picked before its token reservation was answered', () => {
+    expect(run.answers).toMatchObject({ 'reserved-warm': 200, 'reserved-first': 200, 'reserved-second': 200 });
+    // The first repeats the warm request's prompt, all of it on the only endpoint; the second's, picked before the first was seated, is new.
+    expect(gatewaySpan('reserved-first').attributes).toMatchObject({ 'dp_router.index': 'approximate', 'dp_router.prefix_matched_share': 1, 'dp_router.cached_tokens.predicted': 100 });
+    expect(gatewaySpan('reserved-second').attributes).toMatchObject({ 'dp_router.index': 'approximate', 'dp_router.prefix_matched_share': 0, 'dp_router.cached_tokens.predicted': 0 });
+  });
+
+  it("records the decision of a request that waited in the admission queue on its own span, not the releasing request's", () => {
+    expect(run.answers).toMatchObject({ 'queued-hold': 200, 'queued-first': 200, 'queued-second': 200 });
+    for (const name of ['queued-first', 'queued-second']) {
+      const span = gatewaySpan(name);
+      expect(span).toBeDefined();
+      expect(span.attributes).toMatchObject({ 'dp_router.upstream': 'echo', 'dp_router.policy': 'prefix-aware', 'dp_router.priority': 'normal' });
+      expect(span.attributes['dp_router.queue_wait_ms']).toBeGreaterThan(0);
+    }
+    // The releasing request's span keeps its own decision (it did not wait).
+    expect(gatewaySpan('queued-hold').attributes['dp_router.queue_wait_ms']).toBe(0);
+  });
+
   it("records the route receipt of a prefix-aware pick on the span when the answer ends: cached tokens predicted and reported", () => {
     // Approximate picks predict a share of the prompt: none for the new one, all of it (100 tokens) for the one seen.
     expect(gatewaySpan('prefix-new').attributes).toMatchObject({ 'dp_router.cached_tokens.predicted': 0, 'dp_router.cached_tokens.reported': 96 });

@@ -10,6 +10,8 @@ export interface Outcome {
   readonly kind: RequestClass;
   /** When it was sent, ms after the start. */
   readonly sentAt: number;
+  /** When its answer ended, ms after the start. */
+  readonly endedAt: number;
   readonly status: number;
   /** Ms from sending to the first token's chunk; NaN if none came. */
   readonly ttftMs: number;
@@ -62,6 +64,7 @@ function send(base: URL, planned: PlannedRequest, headers: Record<string, string
           resolve({
             kind: planned.kind,
             sentAt,
+            endedAt: performance.now() - start,
             status: res.statusCode ?? 0,
             ttftMs: first - sentAt,
             tpotMs: tokens > 1 ? (last - first) / (tokens - 1) : NaN,
@@ -70,10 +73,10 @@ function send(base: URL, planned: PlannedRequest, headers: Record<string, string
             predictedTtftMs: predicted === null ? undefined : Number(predicted[1]),
           });
         });
-        res.on('error', () => resolve({ kind: planned.kind, sentAt, status: 0, ttftMs: NaN, tpotMs: NaN, tokens, rank, predictedTtftMs: undefined }));
+        res.on('error', () => resolve({ kind: planned.kind, sentAt, endedAt: performance.now() - start, status: 0, ttftMs: NaN, tpotMs: NaN, tokens, rank, predictedTtftMs: undefined }));
       },
     );
-    req.on('error', () => resolve({ kind: planned.kind, sentAt, status: 0, ttftMs: NaN, tpotMs: NaN, tokens, rank: -1, predictedTtftMs: undefined }));
+    req.on('error', () => resolve({ kind: planned.kind, sentAt, endedAt: performance.now() - start, status: 0, ttftMs: NaN, tpotMs: NaN, tokens, rank: -1, predictedTtftMs: undefined }));
     req.end(body);
   });
 }

@@ -1,5 +1,5 @@
 /**
- * npm run bench:slo [-- --quick] [--seed N] [--seconds N] [--load 0.65] [--only slo|tiers] [--out FILE]
+ * npm run bench:slo [-- --quick] [--seed N] [--seconds N] [--load 0.65] [--rate R] [--only slo|tiers] [--out FILE]
  *
  * SLO routing against the timed mock vLLM (example-server/mock-vllm/scheduler.ts), real HTTP and
  * ZeroMQ on loopback, one process:
@@ -23,12 +23,14 @@ import type { MockVllmOptions } from '../../example-server/mock-vllm';
 import { parseArgs } from '../lib/stats';
 import { runClosedLoop, runOpenLoop, type Outcome } from './client';
 import { startFleet, type RouterShape } from './fleet';
-import { formatSlo, formatTiers, summarize, tierSummary, type ContenderResult, type TierResult } from './report';
+import { formatPerRank, formatSlo, formatTiers, summarize, tierSummary, type ContenderResult, type TierResult } from './report';
 import { planRequests, SHAPE } from './workload';
 
 const RANKS = 8;
 const SPEEDS = [1, 1, 1, 1, 1, 1, 0.5, 0.5];
 const TTFT_OBJECTIVE_MS = 300;
+/** The tier scenario's families: ~60 blocks each. */
+const TIER_FAMILIES = 24;
 /** The timed engine: a slow model, so that a loaded 2-core machine keeps up with its chunks. */
 const SCHEDULER = { speeds: SPEEDS, stepMs: 40, stepMsPerSeq: 2, prefillMsPerToken: 0.1, maxNumBatchedTokens: 2048 };
 const SLO_MOCK: MockVllmOptions = { dataParallelSize: RANKS, scheduler: SCHEDULER, maxNumSeqs: 16, cacheBlocksPerRank: 1500 };
@@ -65,12 +67,12 @@ async function fastTokenTime(): Promise<number> {
 async function saturation(): Promise<number> {
   const fleet = await startFleet(SLO_MOCK, undefined);
   try {
-    const durationMs = (quick ? 12 : 20) * 1000;
+    const durationMs = (quick ? 18 : 25) * 1000;
     const planned = planRequests(seed + 7, 50, durationMs);
     const outcomes = await runClosedLoop(fleet.url, planned, RANKS * 16 + 16, durationMs);
-    // The first quarter fills the ranks; throughput is what ends after it.
-    const from = durationMs / 4;
-    const ended = outcomes.filter((one) => one.status === 200 && one.sentAt >= from);
+    // The first 8 s fill the ranks (a batch request on a slow rank runs for seconds); throughput is what ends after.
+    const from = 8000;
+    const ended = outcomes.filter((one) => one.status === 200 && one.endedAt >= from && one.endedAt <= durationMs);
     return ended.length / ((durationMs - from) / 1000);
   } finally {
     await fleet.close();
@@ -98,7 +100,8 @@ async function sloScenario() {
   process.stdout.write(`SLO: ${RANKS} ranks at speeds ${SPEEDS.join(',')}; measuring a fast rank's token time and the fleet's saturation...\n`);
   const tokenMs = await fastTokenTime();
   const tpotObjectiveMs = 1.5 * tokenMs;
-  const saturated = await saturation();
+  // --rate N skips the measurement (to compare runs at one rate on a machine whose speed varies).
+  const saturated = value('rate') === undefined ? await saturation() : Number(value('rate')) / load;
   const rate = load * saturated;
   process.stdout.write(`fast rank's token time ${tokenMs.toFixed(1)} ms (TPOT objective ${tpotObjectiveMs.toFixed(1)} ms); saturation ${saturated.toFixed(2)} req/s; arrivals ${rate.toFixed(2)} req/s for ${seconds} s\n`);
   const tokenizer = (await startFleet({ dataParallelSize: 1 }, undefined).then(async (fleet) => {
@@ -116,7 +119,7 @@ async function sloScenario() {
     process.stdout.write(`  ${name}...\n`);
     results.push(await runContender(name, shape, rate, tpotObjectiveMs));
   }
-  process.stdout.write(`\n${formatSlo(results)}\n`);
+  process.stdout.write(`\n${formatSlo(results)}\n\n${formatPerRank(results)}\n`);
   return { tokenMs, tpotObjectiveMs, saturated, rate, results };
 }
 
@@ -130,16 +133,19 @@ async function tierScenario() {
   for (const layout of ['current', 'map'] as const) {
     const mock: MockVllmOptions = {
       dataParallelSize: 4,
-      scheduler: { stepMs: 40, stepMsPerSeq: 2, prefillMsPerToken: 0.1 },
+      // Prefill dominates the time to first token here (a long prompt's recompute ~0.3 s, its load from CPU ~0.05 s).
+      scheduler: { stepMs: 10, stepMsPerSeq: 1, prefillMsPerToken: 0.3 },
       maxNumSeqs: 16,
-      // The families' prefixes fill the GPU caches several times over, and fit the CPU tiers.
-      cacheBlocksPerRank: 400,
-      cpuBlocksPerRank: 3200,
+      // 24 families of ~60 blocks: a GPU cache holds one, a CPU tier under seven; the four
+      // tiers together hold them all only if each family keeps to a rank whose tier has it.
+      cacheBlocksPerRank: 80,
+      cpuBlocksPerRank: 400,
       kvEvents: { layout },
     };
     const version = layout === 'current' ? 'vLLM 52a31cc' : 'newer vLLM';
     for (const [name, weights] of [
-      ['exact (today)', { GPU: 1 }],
+      // Weights are merged over the defaults (GPU 1, CPU 0.8): today's routing gives the CPU tier 0.
+      ['exact (today)', { GPU: 1, CPU: 0 }],
       ['tier-aware', { GPU: 1, CPU: 0.8 }],
     ] as const) {
       process.stdout.write(`  tiers, ${version}: ${name}...\n`);
@@ -155,7 +161,7 @@ async function tierScenario() {
         fleet = await startFleet(mock, { policy: 'prefix-aware', prefixAware: { tokenizer }, exposeDecision: true });
       }
       try {
-        const planned = planRequests(seed + 3, 8, tierSeconds * 1000, { ...SHAPE, families: 48, interactiveShare: 1 });
+        const planned = planRequests(seed + 3, 8, tierSeconds * 1000, { ...SHAPE, families: TIER_FAMILIES, interactiveShare: 1 });
         const outcomes: Outcome[] = await runOpenLoop(fleet.url, planned, () => ({}));
         results.push(await tierSummary(name, version, fleet, outcomes, tierSeconds * 100));
       } finally {

@@ -27,6 +27,8 @@ export type ContenderResult =
       /** Medians of the router's prediction-error histograms, ms. */
       ttftErrorRouterMs: number;
       tpotErrorRouterMs: number;
+      /** Per rank: interactive and batch requests served, and the interactive ones' attainment. */
+      perRank: Array<{ rank: number; speed: number; interactive: number; batch: number; attainment: number }>;
     };
 
 export interface Objectives {
@@ -72,7 +74,23 @@ export async function summarize(name: string, fleet: Fleet, outcomes: readonly O
     ttftErrorClientMs: median(predicted.map((one) => Math.abs(one.ttftMs - one.predictedTtftMs!))),
     ttftErrorRouterMs: router ? (await histogramMedian(router, 'dp_router_latency_prediction_error_seconds', { kind: 'ttft' })) * 1000 : NaN,
     tpotErrorRouterMs: router ? (await histogramMedian(router, 'dp_router_latency_prediction_error_seconds', { kind: 'tpot' })) * 1000 : NaN,
+    perRank: speeds.map((speed, rank) => {
+      const mine = served.filter((one) => one.rank === rank);
+      return { rank, speed, interactive: mine.length, batch: batch.filter((one) => one.rank === rank).length, attainment: mine.filter((one) => ttftMet(one) && tpotMet(one)).length / Math.max(1, mine.length) };
+    }),
   };
+}
+
+/** Per contender, each rank's share of the interactive and of the batch requests, and its interactive attainment. */
+export function formatPerRank(results: readonly ContenderResult[]): string {
+  const present = results.filter((one) => one.missing === undefined);
+  const rows = present.flatMap((one) =>
+    one.missing !== undefined
+      ? []
+      : [[one.name, ...one.perRank.map((rank) => `${rank.interactive}/${rank.batch} ${share(rank.attainment)}`)]],
+  );
+  const speeds = present[0]?.missing === undefined ? present[0].perRank.map((rank) => `rank ${rank.rank} (×${rank.speed})`) : [];
+  return markdownTable(['interactive/batch, attainment', ...speeds], rows);
 }
 
 const ms = (value: number) => (Number.isFinite(value) ? `${Math.round(value)} ms` : 'n/a');

@@ -12,9 +12,12 @@
  *   (`get_computed_blocks`, then the connector's `get_num_new_matched_tokens`: scheduler.py:591-621),
  *   and only the rest is computed, chunked by the budget (chunked prefill, on by default:
  *   config/scheduler.py:84; scheduler.py:669);
+ * - the last prompt token is always computed, cached or not (`max_cache_hit_length = num_tokens - 1`,
+ *   vllm/v1/core/kv_cache_manager.py:219); the blocks a step schedules are cached (and their
+ *   `BlockStored` events taken) in the step that allocates them (kv_cache_manager.py:421-425),
+ *   published as the step's batch (scheduler.py:1554-1567);
  * - the step that computes a request's last prompt token samples its first output token, and each
- *   later step one more (no speculative decoding); the KV events of the step's allocations are
- *   published as the step ends (scheduler.py:1554-1567);
+ *   later step one more (no speculative decoding);
  * - how long a step takes is the mock's model, not vLLM's code: a fixed cost, a cost per
  *   sequence in the batch (so decode slows as the running batch grows), a cost per prompt token
  *   computed, and a smaller one per token loaded from the CPU tier, all divided by the rank's

@@ -11,14 +11,14 @@ import { receiptHooks } from '../receipts/route-hooks';
 import type { Receipts } from '../receipts/receipts';
 import { RouteSeam } from '../request/route-hooks';
 import type { RouteState } from '../request/route-state';
-import type { Policy } from '../types';
+import type { RoutePolicy } from '../policies/route-policy';
 import type { OutlierDetector } from '../upstreams/outlier-detector';
 import type { RankHeaderGuard } from '../upstreams/rank-header-guard';
 import { outlierHooks, rankHeaderHooks } from '../upstreams/route-hooks';
 
 /** The services features are built from (the router's, see services.ts); what is off is `undefined`. */
 export interface FeatureServices {
-  readonly policy: Policy;
+  readonly policy: RoutePolicy;
   readonly metrics: RouterMetrics;
   readonly peers: PeerAnnouncer | undefined;
   readonly admission: Admission | undefined;
@@ -40,10 +40,10 @@ export function routeSeam(s: FeatureServices): RouteSeam<RouteState> {
   const { policy } = s;
   if (s.admission !== undefined) seam.add(admissionHooks(s.admission));
   seam.add(rankHeaderHooks(s.rankHeaders));
-  if (s.receipts !== undefined) seam.add(receiptHooks(s.receipts, policy));
-  if (s.peers !== undefined) seam.add(peerHooks(s.peers, policy.uncachedBlocks === undefined ? undefined : () => policy.uncachedBlocks!));
+  if (s.receipts !== undefined) seam.add(receiptHooks(s.receipts));
+  if (s.peers !== undefined) seam.add(peerHooks(s.peers, policy.reportsUncachedBlocks));
   seam.add(metricHooks(s.metrics));
-  if (policy.learnsFirstTokens === true) seam.add(firstTokenLearning());
+  if (policy.learnsFirstTokens) seam.add(firstTokenLearning());
   if (s.slo !== undefined) seam.add(sloHooks(s.slo));
   if (s.detector !== undefined) seam.add(outlierHooks(s.detector));
   return seam;

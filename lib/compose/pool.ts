@@ -8,6 +8,7 @@ import { createMetrics, NO_METRICS, type RouterMetrics } from '../observe/metric
 import type { Tracing } from '../observe/tracing';
 import type { Configuration } from '../options';
 import { buildPolicy } from '../policies/by-name';
+import { routePolicy, type RoutePolicy } from '../policies/route-policy';
 import type { HintConfig } from '../request/hint-options';
 import { createRequestInputs, type RequestInputs } from '../request/request-inputs';
 import type { Policy, PolicyName } from '../types';
@@ -19,11 +20,14 @@ import type { ReceiptsConfig } from '../receipts/options';
 import { Receipts } from '../receipts/receipts';
 import { Verdicts } from '../verdicts/verdicts';
 
+/** The options a pool of upstreams reads (the router's `Configuration` is one). */
+export type PoolConfig = Pick<Configuration, 'policy' | 'prefixAware' | 'affinity' | 'hints' | 'header' | 'metrics' | 'healthCheck' | 'outlierDetection' | 'logger' | 'verdicts'>;
+
 /** What one pool of upstreams is built from. */
 export interface PoolParts {
-  readonly config: Configuration;
+  readonly config: PoolConfig;
   /** The pool's policy, built from `policy` (or `disaggregation.prefillPolicy` for the prefill pool) by {@link poolPolicy}. */
-  readonly policy: Policy;
+  readonly policy: RoutePolicy;
   /** The tokenizer its exact prefix routing loads, by {@link poolPolicy}; `undefined`: none. */
   readonly tokenizer: TokenizerSource | undefined;
   readonly upstreams: readonly UpstreamConfig[];
@@ -47,9 +51,9 @@ export interface PoolParts {
 const NOT_SCRAPED = (): string[] => [];
 
 /** The router's tokenizer, loaded once whichever of its pools route on it (the decode pool and the prefill pool share it). */
-const tokenizers = new WeakMap<Configuration, PromptTokenizer>();
+const tokenizers = new WeakMap<PoolConfig, PromptTokenizer>();
 
-function tokenizerOf(config: Configuration, source: TokenizerSource): PromptTokenizer {
+function tokenizerOf(config: PoolConfig, source: TokenizerSource): PromptTokenizer {
   let tokenizer = tokenizers.get(config);
   if (tokenizer === undefined) {
     tokenizer = loadTokenizer('prefixAware.tokenizer', source, config.prefixAware.chatTemplateKwargs);
@@ -61,22 +65,23 @@ function tokenizerOf(config: Configuration, source: TokenizerSource): PromptToke
 }
 
 /** Says once, at creation, that upstreams' `kvEvents` go unused (no exact prefix routing on the router's pool). */
-export function warnUnusedKvEvents(pool: UpstreamPool, config: Configuration): void {
+export function warnUnusedKvEvents(pool: UpstreamPool, config: Pick<Configuration, 'logger'>): void {
   const notice = unusedKvEventsNotice(pool.table.upstreams, pool.exact !== undefined, pool.policy.name);
   if (notice !== undefined) config.logger.warn(notice);
 }
 
 /** Throws for entries this router cannot take (`kvEvents` under prefix-aware without a tokenizer), before anything changes. */
-export function checkKvEventSources(config: Configuration, sources: readonly UpstreamConfig[]): void {
+export function checkKvEventSources(config: Pick<Configuration, 'policy' | 'prefixAware'>, sources: readonly UpstreamConfig[]): void {
   requireTokenizerForKvEvents(sources, config.policy === 'prefix-aware', config.prefixAware.tokenizer);
 }
 
 /**
- * A pool's policy, built from its setting (a fresh built-in one, or the user's object), and the
- * tokenizer exact prefix routing loads for it (the built-in `'prefix-aware'` by name only).
+ * A pool's policy, built from its setting (a fresh built-in one, or the user's object) and put
+ * in the router's form once ({@link routePolicy}), and the tokenizer exact prefix routing loads
+ * for it (the built-in `'prefix-aware'` by name only).
  */
-export function poolPolicy(setting: PolicyName | Policy, config: Configuration): { policy: Policy; tokenizer: TokenizerSource | undefined } {
-  return { policy: buildPolicy(setting, config), tokenizer: exactTokenizer(setting, config.prefixAware) };
+export function poolPolicy(setting: PolicyName | Policy, config: Pick<Configuration, 'affinity' | 'prefixAware'>): { policy: RoutePolicy; tokenizer: TokenizerSource | undefined } {
+  return { policy: routePolicy(buildPolicy(setting, config)), tokenizer: exactTokenizer(setting, config.prefixAware) };
 }
 
 /**
@@ -87,7 +92,7 @@ export function poolPolicy(setting: PolicyName | Policy, config: Configuration):
  * disaggregation one more for the prefill leg. What is not configured is not built.
  */
 export class UpstreamPool {
-  readonly policy: Policy;
+  readonly policy: RoutePolicy;
   readonly table: EndpointTable;
   readonly metrics: RouterMetrics;
   /** Metrics, tracing and logs of this pool's events, told once. */

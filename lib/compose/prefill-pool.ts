@@ -4,12 +4,15 @@ import type { Configuration } from '../options';
 import type { RouteEndpoint } from '../upstreams/endpoints';
 import { startDnsDiscovery, type DnsDiscovery } from '../pools/dns-discovery';
 import { fixedUpstreams, hasDnsEntries } from '../pools/upstream-sources';
-import { poolPolicy, UpstreamPool } from './pool';
+import { poolPolicy, UpstreamPool, type PoolConfig } from './pool';
 import { RankHeaderGuard } from '../upstreams/rank-header-guard';
 import { prefillPool, type UpstreamConfig } from '../upstreams/upstream-options';
 import { createDisaggregationMetrics, type DisaggregationMetrics } from '../disaggregation/metrics';
 import { PREFILL_HINT_HEADER } from '../disaggregation/options';
 import { PrefillClient } from '../disaggregation/prefill-client';
+
+/** The options the prefill leg's pool reads (the router's `Configuration` is one). */
+export type PrefillPoolConfig = PoolConfig & Pick<Configuration, 'disaggregation' | 'upstreams' | 'timeouts'>;
 
 /**
  * The prefill leg's own services: a pool of the prefill upstreams built as the router's own
@@ -32,7 +35,7 @@ export class PrefillPool extends UpstreamPool {
 
   /** `isAdapter`: whether a model is a LoRA adapter, by the router's model pools (for exact routing). */
   constructor(
-    private readonly config: Configuration,
+    private readonly config: PrefillPoolConfig,
     registry: Registry,
     tracing: Tracing,
     isAdapter?: (model: string) => boolean,

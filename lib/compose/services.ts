@@ -12,7 +12,7 @@ import { watchEngines, watchedUpstreams, type EngineWatch } from '../upstreams/e
 import type { EndpointTable } from '../upstreams/endpoints';
 import type { OutlierDetector } from '../upstreams/outlier-detector';
 import { checkKvEventSources, poolPolicy, UpstreamPool, warnUnusedKvEvents } from './pool';
-import type { Policy } from '../types';
+import type { RoutePolicy } from '../policies/route-policy';
 import { startDnsDiscovery, type DnsDiscovery } from '../pools/dns-discovery';
 import { createModelRouting, type ModelRouting } from '../pools/model-routing';
 import { fixedUpstreams, hasDnsEntries } from '../pools/upstream-sources';
@@ -37,7 +37,7 @@ import { createSloMetrics, type SloMetrics } from '../slo/metrics';
  * discovery and admission. What is not configured is not built.
  */
 export class RouterServices {
-  readonly policy: Policy;
+  readonly policy: RoutePolicy;
   readonly table: EndpointTable;
   readonly registry: Registry;
   readonly metrics: RouterMetrics;

@@ -5,7 +5,7 @@ import type { HintConfig } from '../request/hint-options';
 import type { RouterEvents } from '../observe/events';
 import type { RouterMetrics } from '../observe/metrics';
 import type { ExactLookup } from '../policies/exact-pick';
-import type { Policy } from '../types';
+import type { RoutePolicy } from '../policies/route-policy';
 import type { EndpointTable } from '../upstreams/endpoints';
 import type { OutlierDetector } from '../upstreams/outlier-detector';
 import type { RankHeaderGuard } from '../upstreams/rank-header-guard';
@@ -31,7 +31,7 @@ export interface DisaggregationRouterConfig {
 
 /** The prefill leg's pool, built by the composition root (`compose/prefill-pool.ts`). */
 export interface PrefillLeg {
-  readonly policy: Policy;
+  readonly policy: RoutePolicy;
   readonly table: EndpointTable;
   readonly metrics: RouterMetrics;
   readonly events: RouterEvents;

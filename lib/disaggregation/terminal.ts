@@ -182,7 +182,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
     const slo = skip === undefined ? route.slo?.prefillSteer() : undefined;
     const picking: PrefixPickContext = { ...context, ...(exact !== undefined && { exact }), ...(slo !== undefined && { slo }) };
     try {
-      const chosen = policy.pick(candidates, picking) as RouteEndpoint;
+      const chosen = policy.pick(candidates, picking).endpoint;
       if (candidates.includes(chosen)) return chosen;
       next(new TypeError(`express-dp-router: policy '${policy.name}' returned an endpoint that was not among the candidates.`));
     } catch (error) {

@@ -12,7 +12,8 @@ import type { RetryConfig } from './retry-options';
 import { DECISION_HEADER, type RouteState, type RoutedRequest } from '../request/route-state';
 import { bareContext, safePick } from '../policies/safe-pick';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
-import type { PickContext, Policy, UpstreamErrorKind } from '../types';
+import type { PickContext, UpstreamErrorKind } from '../types';
+import type { RoutePolicy } from '../policies/route-policy';
 import { answeredFirst, type FirstTokenListener } from '../observe/first-event';
 import { clientGone, createUpstreamProxy, type ProxyConfig, type TryFailure, type TryOutcomes, type UpstreamProxy } from './proxy';
 import { leastLoadedOfRank, type ModelStage } from '../request/model-stage';
@@ -27,7 +28,7 @@ export interface ForwarderConfig extends ProxyConfig {
 
 export interface ForwarderParts {
   readonly config: ForwarderConfig;
-  readonly policy: Policy;
+  readonly policy: RoutePolicy;
   readonly table: EndpointTable;
   readonly bodies: BodyReader;
   /** A retry stays in the request's model pool. */
@@ -50,7 +51,7 @@ export class Forwarder implements Terminal, TryOutcomes, FirstTokenListener<Rout
   private readonly retries: RetryConfig;
   private readonly table: EndpointTable;
   private readonly bodies: BodyReader;
-  private readonly policy: Policy;
+  private readonly policy: RoutePolicy;
   private readonly models: ModelStage;
   private readonly admission: Gate | undefined;
   private readonly balancing: VllmBalancing;

@@ -1,5 +1,5 @@
 import { Gauge, register, type Registry } from 'prom-client';
-import { counterFamily, histogramFamily, type CounterSeries, type HistogramSeries } from './collected-metrics';
+import { counterFamily, histogramFamily, type CounterSeries, type FamilyMember, type HistogramSeries } from './collected-metrics';
 import { fail, isPlainObject, pathOf, section, shown, type KeysEnum } from '../option-checks';
 import type { DecisionSource, HintOutcome, UpstreamErrorKind } from '../types';
 
@@ -86,17 +86,62 @@ export interface RouterMetrics {
   close(): void;
 }
 
-/** An endpoint's series: plain fields, read at scrape time (collected-metrics.ts). */
-interface EndpointInstruments {
-  readonly labels: { upstream: string; rank: string };
-  /** A balanced endpoint has no `hint` series: a hint never goes there. */
-  readonly requests: Partial<Record<DecisionSource, CounterSeries>>;
-  readonly duration: HistogramSeries;
-  readonly firstToken: HistogramSeries;
-  readonly errors: Record<UpstreamErrorKind, CounterSeries>;
-  readonly retries: CounterSeries;
-  readonly ejections: CounterSeries;
+/**
+ * The router's counter and histogram families, one row each, in the order they are registered
+ * (and exported). A row with `endpoint` is per endpoint: its series are labelled `upstream` and
+ * `rank` (then `by`, one series per value, all made at 0 when the endpoint is), made and dropped
+ * with the endpoint. Adding a per-endpoint metric is a row here and the `RouterMetrics` method
+ * that records it; the others' series are made below.
+ */
+const FAMILIES = {
+  requests: { name: 'requests_total', type: 'counter', help: 'Requests dispatched, by endpoint and where the rank came from.', endpoint: { by: 'source', values: (endpoint: MeteredEndpoint) => (endpoint.balanced ? ASSIGNED : SOURCES) } },
+  duration: { name: 'request_duration_seconds', type: 'histogram', help: 'Time from dispatch until the response ended, by endpoint.', buckets: DURATION_BUCKETS, endpoint: {} },
+  firstToken: {
+    name: 'time_to_first_token_seconds',
+    type: 'histogram',
+    help: 'Time from dispatch until the first byte of a 2xx answer (of an event stream: its first event), by endpoint that answered.',
+    buckets: FIRST_TOKEN_BUCKETS,
+    endpoint: {},
+  },
+  hints: { name: 'rank_hints_total', type: 'counter', help: 'Client rank hints, by outcome.', labels: ['outcome'] },
+  errors: { name: 'upstream_errors_total', type: 'counter', help: 'Failed upstream exchanges, by endpoint and kind.', endpoint: { by: 'kind', values: () => UPSTREAM_ERROR_KINDS } },
+  retries: { name: 'retries_total', type: 'counter', help: 'Requests sent again to another endpoint, by the endpoint that failed them.', endpoint: {} },
+  ejections: { name: 'ejections_total', type: 'counter', help: 'Times the outlier detector took the endpoint out of rotation.', endpoint: {} },
+  scrapes: { name: 'upstream_scrape_failures_total', type: 'counter', help: "Failed reads of an upstream's /metrics for discovery or load feedback.", labels: ['upstream'] },
+  rejections: {
+    name: 'rank_header_rejections_total',
+    type: 'counter',
+    help: 'Times an upstream contradicted the rank header the router sends it: an out-of-range answer, or /metrics engines that disagree with its configuration.',
+    labels: ['upstream', 'evidence'],
+  },
+} as const satisfies Record<string, FamilyRow>;
+
+/** One family of {@link FAMILIES}. */
+interface FamilyRow {
+  /** After the prefix. */
+  readonly name: string;
+  readonly type: 'counter' | 'histogram';
+  readonly help: string;
+  readonly buckets?: readonly number[];
+  /** Labels of a family that is not per endpoint. */
+  readonly labels?: readonly string[];
+  /** Per endpoint: with `by`, one more label, and the values each endpoint has a series of from the start. */
+  readonly endpoint?: { readonly by?: string; readonly values?: (endpoint: MeteredEndpoint) => readonly string[] };
 }
+
+const SOURCES: readonly DecisionSource[] = ['hint', 'assigned'];
+/** A balanced endpoint has no `hint` series: a hint never goes there. */
+const ASSIGNED: readonly DecisionSource[] = ['assigned'];
+
+type Families = typeof FAMILIES;
+type SeriesOf<Row> = Row extends { readonly type: 'histogram' } ? HistogramSeries : CounterSeries;
+type EndpointKey = { [K in keyof Families]: Families[K] extends { readonly endpoint: object } ? K : never }[keyof Families];
+const ENDPOINT_KEYS = (Object.keys(FAMILIES) as Array<keyof Families>).filter((key) => 'endpoint' in FAMILIES[key]) as EndpointKey[];
+
+/** An endpoint's series, by family (by `by`'s value where the family has one): plain fields, read at scrape time (collected-metrics.ts). */
+type EndpointInstruments = { readonly labels: { upstream: string; rank: string } } & {
+  readonly [K in EndpointKey]: Families[K]['endpoint'] extends { readonly by: string } ? Partial<Record<string, SeriesOf<Families[K]>>> : SeriesOf<Families[K]>;
+};
 
 type GaugeSource = (gauge: Gauge) => void;
 /**
@@ -112,27 +157,15 @@ export function createMetrics(
   table: { readonly metered: readonly MeteredEndpoint[] },
   scrapedUpstreams: readonly string[],
 ): RouterMetrics {
-  const requests = counterFamily(registry, `${prefix}requests_total`, 'Requests dispatched, by endpoint and where the rank came from.', ['upstream', 'rank', 'source']).join();
-  const duration = histogramFamily(registry, `${prefix}request_duration_seconds`, 'Time from dispatch until the response ended, by endpoint.', ['upstream', 'rank'], DURATION_BUCKETS).join();
-  const firstToken = histogramFamily(
-    registry,
-    `${prefix}time_to_first_token_seconds`,
-    'Time from dispatch until the first byte of a 2xx answer (of an event stream: its first event), by endpoint that answered.',
-    ['upstream', 'rank'],
-    FIRST_TOKEN_BUCKETS,
-  ).join();
-  const hints = counterFamily(registry, `${prefix}rank_hints_total`, 'Client rank hints, by outcome.', ['outcome']).join();
-  const errors = counterFamily(registry, `${prefix}upstream_errors_total`, 'Failed upstream exchanges, by endpoint and kind.', ['upstream', 'rank', 'kind']).join();
-  const retries = counterFamily(registry, `${prefix}retries_total`, 'Requests sent again to another endpoint, by the endpoint that failed them.', ['upstream', 'rank']).join();
-  const ejections = counterFamily(registry, `${prefix}ejections_total`, 'Times the outlier detector took the endpoint out of rotation.', ['upstream', 'rank']).join();
-  const scrapes = counterFamily(registry, `${prefix}upstream_scrape_failures_total`, "Failed reads of an upstream's /metrics for discovery or load feedback.", ['upstream']).join();
-  const rejections = counterFamily(
-    registry,
-    `${prefix}rank_header_rejections_total`,
-    'Times an upstream contradicted the rank header the router sends it: an out-of-range answer, or /metrics engines that disagree with its configuration.',
-    ['upstream', 'evidence'],
-  ).join();
-  const families = [requests, duration, firstToken, hints, errors, retries, ejections, scrapes, rejections];
+  const made = {} as { [K in keyof Families]: FamilyMember<SeriesOf<Families[K]>> };
+  for (const key of Object.keys(FAMILIES) as Array<keyof Families>) {
+    const row: FamilyRow = FAMILIES[key];
+    const labels = row.endpoint === undefined ? [...row.labels!] : row.endpoint.by === undefined ? ['upstream', 'rank'] : ['upstream', 'rank', row.endpoint.by];
+    const name = `${prefix}${row.name}`;
+    (made as Record<string, FamilyMember<unknown>>)[key] = row.type === 'histogram' ? histogramFamily(registry, name, row.help, labels, [...row.buckets!]).join() : counterFamily(registry, name, row.help, labels).join();
+  }
+  const { hints, scrapes, rejections } = made;
+  const families = Object.values(made) as FamilyMember<unknown>[];
 
   const instruments = new Map<MeteredEndpoint, EndpointInstruments>();
   /** By upstream, made with its balanced endpoint. */
@@ -143,30 +176,24 @@ export function createMetrics(
       const upstream = endpoint.upstream;
       refusals.set(upstream, { answer: rejections.add({ upstream, evidence: 'answer' }), metrics: rejections.add({ upstream, evidence: 'metrics' }) });
     }
-    instruments.set(endpoint, {
-      labels,
-      requests: {
-        ...(!endpoint.balanced && { hint: requests.add({ ...labels, source: 'hint' }) }),
-        assigned: requests.add({ ...labels, source: 'assigned' }),
-      },
-      duration: duration.add(labels),
-      firstToken: firstToken.add(labels),
-      errors: Object.fromEntries(UPSTREAM_ERROR_KINDS.map((kind) => [kind, errors.add({ ...labels, kind })])) as EndpointInstruments['errors'],
-      retries: retries.add(labels),
-      ejections: ejections.add(labels),
-    });
+    const own: Record<string, unknown> = { labels };
+    for (const key of ENDPOINT_KEYS) {
+      const { by, values } = FAMILIES[key].endpoint as FamilyRow['endpoint'] & object;
+      const family = made[key] as FamilyMember<unknown>;
+      own[key] = by === undefined ? family.add(labels) : Object.fromEntries(values!(endpoint).map((value) => [value, family.add({ ...labels, [by]: value })]));
+    }
+    instruments.set(endpoint, own as EndpointInstruments);
   };
   const forget = (endpoint: MeteredEndpoint) => {
     const known = instruments.get(endpoint);
     if (!known) return;
     instruments.delete(endpoint);
-    if (known.requests.hint !== undefined) requests.remove(known.requests.hint);
-    requests.remove(known.requests.assigned!);
-    duration.remove(known.duration);
-    firstToken.remove(known.firstToken);
-    for (const kind of UPSTREAM_ERROR_KINDS) errors.remove(known.errors[kind]);
-    retries.remove(known.retries);
-    ejections.remove(known.ejections);
+    for (const key of ENDPOINT_KEYS) {
+      const family = made[key] as FamilyMember<unknown>;
+      const series = known[key];
+      if ((FAMILIES[key] as FamilyRow).endpoint!.by === undefined) family.remove(series);
+      else for (const one of Object.values(series as Record<string, unknown>)) family.remove(one);
+    }
     const refused = endpoint.balanced ? refusals.get(endpoint.upstream) : undefined;
     if (refused === undefined) return;
     refusals.delete(endpoint.upstream);
@@ -203,7 +230,7 @@ export function createMetrics(
     hint: (outcome) => outcomes[outcome].inc(),
     dispatched: (endpoint, source) => instruments.get(endpoint)?.requests[source]?.inc(),
     finished: (endpoint, seconds) => instruments.get(endpoint)?.duration.observe(seconds),
-    upstreamError: (endpoint, kind) => instruments.get(endpoint)?.errors[kind].inc(),
+    upstreamError: (endpoint, kind) => instruments.get(endpoint)?.errors[kind]?.inc(),
     firstToken: (endpoint, seconds) => instruments.get(endpoint)?.firstToken.observe(seconds),
     retried: (endpoint) => instruments.get(endpoint)?.retries.inc(),
     ejected: (endpoint) => instruments.get(endpoint)?.ejections.inc(),

@@ -16,7 +16,7 @@ interface Context {
 }
 interface OpenTelemetryApi {
   trace: { getActiveSpan(): Span | undefined };
-  context: { active(): Context };
+  context: { active(): Context; bind<T>(context: Context, target: T): T };
   propagation: { inject(context: unknown, carrier: Record<string, unknown>, setter?: unknown): void };
   SpanStatusCode: { ERROR: number };
 }
@@ -35,6 +35,12 @@ export interface Tracing {
    * of the prompt's blocks; recorded on the span the decision went on.
    */
   prefixScored(req: IncomingMessage, index: 'exact' | 'approximate', matchedShare: number): void;
+  /**
+   * `step` run later (after an admission wait, from another request's release) in the context
+   * active now: the request's own span, not the releasing one's, takes its decision and goes
+   * to the upstream in `traceparent`.
+   */
+  keep<F extends (...args: never[]) => void>(step: F): F;
   /** Admission let the request through in class `priority` after `waitedMs` in the queue (0: it did not wait). */
   admitted(req: IncomingMessage, priority: string, waitedMs: number): void;
   /** The request is sent again, to `next`, after `failed` failed it. */
@@ -56,6 +62,7 @@ export const NO_TRACING: Tracing = {
   enabled: false,
   decided: () => undefined,
   prefixScored: () => undefined,
+  keep: (step) => step,
   admitted: () => undefined,
   retried: () => undefined,
   ejected: () => undefined,
@@ -137,6 +144,7 @@ export function createTracing(policy: string, load: () => unknown = requireApi):
       span.setAttribute('dp_router.index', index);
       span.setAttribute('dp_router.prefix_matched_share', matchedShare);
     },
+    keep: (step) => context.bind(context.active(), step),
     admitted(req, priority, waitedMs) {
       const span = spans.get(req);
       if (span === undefined) return;

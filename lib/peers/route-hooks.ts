@@ -1,4 +1,5 @@
 import type { RouteEndpoint } from '../upstreams/endpoints';
+import type { PickResult } from '../policies/pick-result';
 import type { PeerAnnouncer } from './peer-link';
 
 /** What the peer link keeps on a request (`RouteState.prefillBlocks`): the prefill blocks announced for it. */
@@ -8,11 +9,11 @@ interface PrefillCarrier {
 
 /**
  * The peer link on the request's way (request/route-hooks.ts): each change to an endpoint's own
- * counts is announced, and a pick's prefill (`uncachedBlocks`, a policy that reports it) counts
+ * counts is announced, and a pick's prefill (its result's `uncachedBlocks`, from a policy that reports it) counts
  * in its endpoint's `sentBlocks` until its first token (or its end). A balanced endpoint is no
  * rank the peers know.
  */
-export function peerHooks(peers: PeerAnnouncer, uncachedBlocks: (() => number) | undefined) {
+export function peerHooks(peers: PeerAnnouncer, reportsUncachedBlocks: boolean) {
   const prefilled = (route: PrefillCarrier, endpoint: RouteEndpoint): void => {
     const blocks = route.prefillBlocks;
     if (blocks === 0) return;
@@ -22,12 +23,11 @@ export function peerHooks(peers: PeerAnnouncer, uncachedBlocks: (() => number) |
   };
   return {
     name: 'peers',
-    decided:
-      uncachedBlocks === undefined
-        ? undefined
-        : (route: PrefillCarrier): void => {
-            route.prefillBlocks = uncachedBlocks();
-          },
+    decided: reportsUncachedBlocks
+      ? (route: PrefillCarrier, found: PickResult): void => {
+          route.prefillBlocks = found.uncachedBlocks ?? 0;
+        }
+      : undefined,
     held(route: PrefillCarrier, endpoint: RouteEndpoint): void {
       if (endpoint.balanced) return;
       endpoint.sentBlocks += route.prefillBlocks;

@@ -1,7 +1,8 @@
 import { randomKey32, rendezvousWeight } from '../hash';
 import type { ExactPick } from './exact-pick';
 import type { PickSteer } from './pick-steer';
-import type { Endpoint, PickContext, Policy } from '../types';
+import type { Endpoint, PickContext } from '../types';
+import { PICK_RESULT, type PickResult } from './pick-result';
 import { BlockIndex, blockHomes } from './prefix-aware-index';
 import { PromptBlockHasher } from './prefix-aware-hasher';
 import { type PeerLoad, PrefillCostModel } from './prefix-aware-ttft';
@@ -11,33 +12,14 @@ import { parsePrefixAwarePolicy, type PrefixAwareOptions } from './prefix-aware-
 import { DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK, type SessionAffinitySettings } from './session-affinity-options';
 
 export type { PrefixAwareOptions } from './prefix-aware-options';
+export type { PrefixAwarePolicy, PrefixPickContext } from './prefix-aware-types';
+import type { PrefixAwarePolicy, PrefixPickContext } from './prefix-aware-types';
 
 // Module bindings, not global reads in the per-candidate loops: code run in a vm context
 // (jest) pays an interceptor lookup for each global it reads.
 const { ceil, max, min } = Math;
 const INFINITY = Infinity;
 export { BlockIndex, hashPromptBlocks, MAX_PROBES } from './prefix-aware-index';
-
-/**
- * What the router adds to the pick context when exact routing from KV events applies: per
- * candidate, the blocks its rank holds by the engines' own events, or −1 for a candidate
- * scored on the approximate index.
- */
-export interface PrefixPickContext extends PickContext {
-  readonly exact?: ExactPick;
-  /** With `slo`: the request's objectives, which take the pick from the policy's estimates (lib/slo). */
-  readonly slo?: PickSteer;
-}
-
-/** The `prefix-aware` policy, with what its last pick estimated (read right after `pick`, e.g. for tracing). */
-export interface PrefixAwarePolicy extends Policy {
-  /** The share of the last picked prompt's blocks the chosen endpoint was estimated to hold; 0 without a prompt. */
-  readonly matchedShare: number;
-  /** The last picked prompt's blocks the chosen endpoint was estimated to lack (its prefill, in blocks); 0 without a prompt. */
-  readonly uncachedBlocks: number;
-  /** What the policy learned from measured times to first token (0 until it has; see {@link PrefillCostModel}). */
-  readonly prefillCost: { readonly secondsPerBlock: number; readonly blocksPerLoad: number };
-}
 
 /** Picks after this many requests drop the index of an endpoint absent from all of them. */
 const FORGET_AFTER_PICKS = 4096;
@@ -104,8 +86,8 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
   let typicalWork = -1;
   /** Sum of every index's `recentBlocks`. */
   let recentTotal = 0;
-  let matchedShare = 0;
-  let uncachedBlocks = 0;
+  /** What the last pick found: filled by each pick (`PICK_RESULT`), read by the router at once. */
+  const result: PickResult & { matchedShare: number; uncachedBlocks: number } = { endpoint: undefined as unknown as Endpoint, index: 'approximate', matchedShare: 0, uncachedBlocks: 0 };
 
   function hashBlocks(prompt: string): number {
     const count = hasher.hash(prompt);
@@ -330,32 +312,42 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     return chosen;
   }
 
-  return {
+  const policy: PrefixAwarePolicy = {
     name: 'prefix-aware',
     usesPrompt: true,
     namesIndex: true,
     reportsMatchedShare: true,
     learnsFirstTokens: true,
     get matchedShare() {
-      return matchedShare;
+      return result.matchedShare;
     },
     get uncachedBlocks() {
-      return uncachedBlocks;
+      return result.uncachedBlocks;
     },
     get prefillCost() {
       return { secondsPerBlock: costModel.secondsPerBlock, blocksPerLoad: costModel.blocksPerLoad() };
     },
     pick(candidates: readonly Endpoint[], ctx: PickContext): Endpoint {
+      return policy[PICK_RESULT](candidates, ctx).endpoint;
+    },
+    [PICK_RESULT](candidates: readonly Endpoint[], ctx: PickContext): PickResult {
       const prompt = ctx.prompt;
       const blockCount = prompt === undefined ? 0 : hashBlocks(prompt);
-      matchedShare = 0;
-      uncachedBlocks = 0;
-      if (blockCount === 0) return fallback.pick(candidates, ctx);
+      result.index = 'approximate';
+      result.matchedShare = 0;
+      result.uncachedBlocks = 0;
+      if (blockCount === 0) {
+        result.endpoint = fallback.pick(candidates, ctx);
+        return result;
+      }
       if (++picks % FORGET_AFTER_PICKS === 0) recentTotal -= states.forget(picks, FORGET_AFTER_PICKS);
       const exact = (ctx as PrefixPickContext).exact;
       const chosenAt = choose(candidates, blockCount, exact, (ctx as PrefixPickContext).slo);
       // Shed (lib/slo): nothing is recorded for a request that goes nowhere.
-      if (chosenAt < 0) return candidates[0];
+      if (chosenAt < 0) {
+        result.endpoint = candidates[0];
+        return result;
+      }
       const chosen = candidates[chosenAt];
       const state = states.cachedAt(chosenAt);
       let index = state.index;
@@ -371,8 +363,10 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
         ? exactUncachedAt(blockCount, exact, chosenAt)
         : blockCount - (candidateRuns[chosenAt] >= 0 ? candidateRuns[chosenAt] : index.leadingRun(blockHashes, blockCount, 0, homes));
       typicalWork = typicalWork < 0 ? uncached : typicalWork + (uncached - typicalWork) * WORK_SMOOTHING;
-      matchedShare = 1 - uncached / blockCount;
-      uncachedBlocks = uncached;
+      result.endpoint = chosen;
+      result.index = exact === undefined ? 'approximate' : exact.source;
+      result.matchedShare = 1 - uncached / blockCount;
+      result.uncachedBlocks = uncached;
       const pending = state.pending;
       pending.push(uncached, pending.blocks + waitingElsewhere(chosen, chosen.load, typicalWork < 0 ? uncached : typicalWork) + uncached, chosen.load);
       const added = index.recordChain(blockHashes, blockCount, homes);
@@ -387,7 +381,8 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
           recentTotal += held.index.recentBlocks;
         }
       }
-      return chosen;
+      return result;
     },
   };
+  return policy;
 }

@@ -1,4 +1,5 @@
-import type { Endpoint, PickContext, Policy } from '../types';
+import type { Endpoint, PickContext } from '../types';
+import type { PickResult, RoutePolicy } from './route-policy';
 
 /** The context of a pick made without the request's own (a retry or a release with none kept). */
 export function bareContext(path: string): PickContext {
@@ -13,10 +14,15 @@ export const UNREAD_CONTEXT: PickContext = Object.freeze(bareContext('/'));
  * was not offered: for picks after the first (retries, queue releases), where the policy's
  * fault has surfaced already and the caller has its own fallback.
  */
-export function safePick<E extends Endpoint>(policy: Policy, candidates: readonly E[], context: PickContext): E | undefined {
+export function safePick<E extends Endpoint>(policy: RoutePolicy, candidates: readonly E[], context: PickContext): E | undefined {
+  return safeResult(policy, candidates, context)?.endpoint;
+}
+
+/** {@link safePick}'s result: what the pick found, valid until the policy's next pick. */
+export function safeResult<E extends Endpoint>(policy: RoutePolicy, candidates: readonly E[], context: PickContext): PickResult<E> | undefined {
   try {
-    const chosen = policy.pick(candidates, context) as E;
-    return candidates.includes(chosen) ? chosen : undefined;
+    const found = policy.pick(candidates, context);
+    return candidates.includes(found.endpoint) ? found : undefined;
   } catch {
     return undefined;
   }

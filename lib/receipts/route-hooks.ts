@@ -1,6 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { RouteTicket } from '../policies/pick-ticket';
-import type { Policy } from '../types';
+import type { PickResult } from '../policies/pick-result';
 import type { RouteEndpoint } from '../upstreams/endpoints';
 import type { ReceiptCarrier, Receipts } from './receipts';
 
@@ -16,12 +16,11 @@ declare module '../request/route-slots' {
  * does): the pick's ticket, whether the rank header is sent, the answer's usage, the closed
  * response's KV receipt. A retry drops the ticket: a second pick is judged on nothing.
  */
-export function receiptHooks(receipts: Receipts, policy: Policy) {
-  const reportsShare = policy.reportsMatchedShare === true;
+export function receiptHooks(receipts: Receipts) {
   return {
     name: 'receipts',
-    decided(route: ReceiptCarrier, endpoint: RouteEndpoint, context: { readonly exact?: { readonly ticket?: RouteTicket } }, members: Readonly<Record<string, unknown>> | undefined, prompted: boolean): void {
-      receipts.decided(route, endpoint, context.exact?.ticket, members, prompted && reportsShare ? policy.matchedShare : undefined);
+    decided(route: ReceiptCarrier, found: PickResult<RouteEndpoint>, context: { readonly exact?: { readonly ticket?: RouteTicket } }, members: Readonly<Record<string, unknown>> | undefined, prompted: boolean): void {
+      receipts.decided(route, found.endpoint, context.exact?.ticket, members, prompted ? found.matchedShare : undefined);
     },
     claims: (route: ReceiptCarrier, endpoint: RouteEndpoint): boolean => receipts.claims(endpoint, route.receipt),
     retrying(route: ReceiptCarrier): void {

@@ -9,7 +9,7 @@ import type { TimeoutConfig } from '../http/timeout-options';
 import type { HintConfig } from './hint-options';
 import type { BufferingConfig } from './buffering-options';
 import type { ModelStage } from './model-stage';
-import type { Policy } from '../types';
+import type { RoutePolicy } from '../policies/route-policy';
 import type { EndpointTable } from '../upstreams/endpoints';
 import type { BodyReader, Next } from './body-reader';
 import type { RequestInputs } from './request-inputs';
@@ -49,7 +49,7 @@ export interface LifecycleConfig {
 /** The parts a lifecycle works with, built once per router before it. */
 export interface LifecycleParts {
   readonly config: LifecycleConfig;
-  readonly policy: Policy;
+  readonly policy: RoutePolicy;
   readonly events: RouterEvents;
   /** Whether tracing records anything (`@opentelemetry/api` installed). */
   readonly tracing: Tracing;

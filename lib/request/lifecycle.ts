@@ -3,6 +3,7 @@ import { hasBody, isJson, wholeInBuffer } from '../http/body';
 import { PARSED_BODY_NOTICE, replayParsedBody, type AfterBody, type BodyReader, type Next } from './body-reader';
 import { PolicyError, sendError } from '../errors';
 import { bareContext, safePick, UNREAD_CONTEXT } from '../policies/safe-pick';
+import type { PickResult, RoutePolicy } from '../policies/route-policy';
 import type { EndpointTable, RouteEndpoint } from '../upstreams/endpoints';
 import type { ExactLookup } from '../policies/exact-pick';
 import type { RouterEvents } from '../observe/events';
@@ -12,7 +13,7 @@ import type { HintConfig } from './hint-options';
 import type { PrefixPickContext } from '../policies/prefix-aware';
 import { NO_HINT, type BodyView, type JudgedHint, type RequestInputs } from './request-inputs';
 import { RouteState, type RouteReports, type RoutedRequest } from './route-state';
-import type { DecisionSource, HintOutcome, IndexSource, PickContext, Policy } from '../types';
+import type { DecisionSource, HintOutcome, IndexSource, PickContext } from '../types';
 import { leastLoadedOfRank, type ModelStage, type ServedModels } from './model-stage';
 import type { Gate } from './gate';
 import { exactContext } from './exact-context';
@@ -53,7 +54,7 @@ export class RequestLifecycle {
   private readonly metrics: RouterMetrics;
   private readonly events: RouterEvents;
   private readonly tracing: Tracing;
-  private readonly policy: Policy;
+  private readonly policy: RoutePolicy;
   private readonly inputs: RequestInputs;
   private readonly bodies: BodyReader;
   private readonly models: ModelStage;
@@ -99,9 +100,9 @@ export class RequestLifecycle {
     this.models = parts.models;
     this.pools = parts.models.pools;
     this.balancing = parts.balancing;
-    this.exact = policy.namesIndex === true ? parts.exact : undefined;
-    this.namesIndex = config.exposeDecision && policy.namesIndex === true;
-    this.reportsShare = parts.tracing.enabled && policy.reportsMatchedShare === true;
+    this.exact = policy.namesIndex ? parts.exact : undefined;
+    this.namesIndex = config.exposeDecision && policy.namesIndex;
+    this.reportsShare = parts.tracing.enabled && policy.reportsMatchedShare;
     this.admission = parts.admission;
     this.hooks = parts.hooks;
     this.reports = { config, events: parts.events, hooks: parts.hooks, hintMember: parts.inputs.hintMember };
@@ -261,26 +262,29 @@ export class RequestLifecycle {
     const prompt = policy.usesPrompt && body !== undefined ? inputs.prompt(body, route.lease) : undefined;
     // A policy that reads nothing of it gets one shared context: no object, and no read of
     // `req` (each costs a lookup V8 cannot cache).
-    const context: PickContext = policy.readsContext === false && affinityKey === undefined && prompt === undefined ? UNREAD_CONTEXT : { path: req.originalUrl ?? req.url ?? '/', affinityKey, prompt };
+    const context: PickContext = !policy.readsContext && affinityKey === undefined && prompt === undefined ? UNREAD_CONTEXT : { path: req.originalUrl ?? req.url ?? '/', affinityKey, prompt };
     // A retry picks again among other candidates: without this pick's exact view of these.
     route.context = context;
     let picking: PrefixPickContext = this.exact !== undefined && prompt !== undefined ? exactContext(this.exact!, context, body!, route, candidates, req) : context;
     const { hooks } = this;
     for (let i = 0; i < hooks.picking.length; i++) picking = hooks.picking[i].picking!(route, req, picking, body?.bytes ?? route.body, body?.members);
-    let chosen: RouteEndpoint;
+    let found: PickResult<RouteEndpoint>;
     try {
-      chosen = policy.pick(candidates, picking) as RouteEndpoint;
+      found = policy.pick(candidates, picking);
     } catch (error) {
       next(error);
       return;
     }
+    const chosen = found.endpoint;
     if (!candidates.includes(chosen)) {
       next(new PolicyError(policy.name, 'returned an endpoint that was not among the candidates'));
       return;
     }
     for (let i = 0; i < hooks.refuses.length; i++) if (hooks.refuses[i].refuses!(route, res)) return;
-    for (let i = 0; i < hooks.decided.length; i++) hooks.decided[i].decided!(route, chosen, picking, body?.members, prompt !== undefined);
-    const index = picking.exact?.source ?? 'approximate';
+    // The result is the policy's until its next pick, which may come while this request waits for admission.
+    route.matchedShare = found.matchedShare ?? 0;
+    for (let i = 0; i < hooks.decided.length; i++) hooks.decided[i].decided!(route, found, picking, body?.members, prompt !== undefined);
+    const index = found.index;
     let note = this.namesIndex ? `; index=${index}` : undefined;
     if (this.config.exposeDecision) for (let i = 0; i < hooks.note.length; i++) note = (note ?? '') + hooks.note[i].note!(route);
     this.assign(req, res, next, route, chosen, 'assigned', verdict.outcome === 'none' ? undefined : verdict.outcome, note, this.reportsShare && prompt !== undefined ? index : undefined);
@@ -343,7 +347,7 @@ export class RequestLifecycle {
     }
     route.assign(req, res, endpoint, source, outcome, note);
     // After the decision, on whose span it is recorded.
-    if (scored !== undefined) this.events.prefixScored(req, scored, this.policy.matchedShare ?? 0);
+    if (scored !== undefined) this.events.prefixScored(req, scored, route.matchedShare);
     if (route.model !== undefined) this.models.sent(route.model, endpoint);
     this.terminal.proceed(req, res, next, route);
   }
@@ -361,15 +365,15 @@ export class RequestLifecycle {
     scored: IndexSource | undefined,
   ): void {
     const admission = this.admission!;
-    const go = (endpoint: RouteEndpoint) => {
+    const go = this.tracing.keep((endpoint: RouteEndpoint) => {
       const ticket = route.ticket!;
       const waitedMs = Math.round(ticket.waitedMs);
       route.assign(req, res, endpoint, source, outcome, `${note ?? ''}; waited_ms=${waitedMs}`);
-      if (scored !== undefined) this.events.prefixScored(req, scored, this.policy.matchedShare ?? 0);
+      if (scored !== undefined) this.events.prefixScored(req, scored, route.matchedShare);
       if (route.model !== undefined) this.models.sent(route.model, endpoint);
       this.tracing.admitted(req, admission.settings.classes[ticket.priority], waitedMs);
       this.terminal.proceed(req, res, next, route);
-    };
+    });
     const leave = admission.seat(res, route, chosen, source === 'hint', (free) => this.pickFree(route, free), go, next);
     if (leave !== undefined) route.queued(res, leave);
   }
@@ -380,6 +384,7 @@ export class RequestLifecycle {
     const { pool } = route;
     const free = pool === undefined ? anywhere : anywhere.filter((endpoint) => pool.includes(endpoint));
     if (free.length === 0) return undefined;
+    // The span keeps the decision's share, which its receipt was predicted with.
     return safePick(this.policy, free, route.context ?? bareContext('/')) ?? free[0];
   }
 

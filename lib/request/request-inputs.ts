@@ -57,7 +57,7 @@ export type RequestInputs = ReturnType<typeof createRequestInputs>;
  * session key, its prompt. The body members it needs are found in one scan of the raw bytes and
  * decoded alone, within the request's share of the body budget.
  */
-export function createRequestInputs(config: { readonly hints: HintConfig; readonly affinity: AffinityConfig }, policy: Policy, table: EndpointTable) {
+export function createRequestInputs(config: { readonly hints: HintConfig; readonly affinity: AffinityConfig }, policy: Pick<Policy, 'usesPrompt' | 'usesAffinityKey'>, table: EndpointTable) {
   const { header: hintHeader, bodyField: hintBodyField } = config.hints;
   const { header: affinityHeader, bodyField: affinityBodyField } = config.affinity;
   const readsAffinityBody = policy.usesAffinityKey === true && affinityBodyField !== undefined;

@@ -2,6 +2,7 @@ import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:
 import type { UpstreamErrorKind } from '../types';
 import type { PrefixPickContext } from '../policies/prefix-aware';
 import type { RouteEndpoint } from '../upstreams/endpoints';
+import type { PickResult } from '../policies/pick-result';
 
 /** A request's state as the points pass it (request/route-state.ts's `RouteState`). */
 export type RouteView = object;
@@ -34,12 +35,14 @@ export interface RouteHooks<R = RouteView> {
   /** What the decision header (`exposeDecision`) adds for this request's pick, e.g. `; predicted_ttft_ms=42`; '' for nothing. */
   note?(route: R): string;
   /**
-   * The policy picked `endpoint` among the candidates (not a hint, not a path vLLM balances).
-   * `context` is what it picked with (its `exact` view, when exact prefix routing scored the
-   * pick); `members` the body's decoded members routing read; `prompted` whether the pick read
-   * a prompt. Before the request holds the endpoint.
+   * The policy picked among the candidates (not a hint, not a path vLLM balances): `found` is
+   * what the pick found (the endpoint, the index, the matched share, the uncached blocks, what
+   * features add), valid during this call only (the policy fills it again on its next pick:
+   * copy what must outlive it onto `route`). `context` is what it picked with (its `exact`
+   * view, when exact prefix routing scored the pick); `members` the body's decoded members
+   * routing read; `prompted` whether the pick read a prompt. Before the request holds the endpoint.
    */
-  decided?(route: R, endpoint: RouteEndpoint, context: PrefixPickContext, members: Readonly<Record<string, unknown>> | undefined, prompted: boolean): void;
+  decided?(route: R, found: PickResult<RouteEndpoint>, context: PrefixPickContext, members: Readonly<Record<string, unknown>> | undefined, prompted: boolean): void;
   /** Whether the rank header is sent to `endpoint` (a router's pick; a hint always claims): false from any feature withholds it. */
   claims?(route: R, endpoint: RouteEndpoint): boolean;
   /** The request took a slot on `endpoint` (its first, or a retry's), before the rank header is set. */

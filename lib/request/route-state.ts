@@ -61,6 +61,8 @@ export class RouteState implements Deadlined {
   bodyDeadline: NodeJS.Timeout | undefined = undefined;
   /** The context the policy picked with, so that a retry can pick again with it. */
   context: PickContext | undefined = undefined;
+  /** The share of the prompt the pick found its endpoint holding (its result's, copied at pick time); 0 where the policy estimates none. */
+  matchedShare = 0;
   /** The model the body named, where requests are routed by model: a retry stays in its pool. */
   model: string | undefined = undefined;
   /** The healthy endpoints of the request's model pool, where requests are routed by model. */

@@ -96,7 +96,7 @@ describe('SLO routing of disaggregated requests', () => {
       body: JSON.stringify({ model: 'mock-model', prompt: prompt(1, 'hopeless'), max_tokens: 10, stream: true }),
     });
     expect(answer.status).toBe(503);
-    expect((await answer.json()).error.type).toBe('ServiceUnavailableError');
+    expect(((await answer.json()) as { error: { type: string } }).error.type).toBe('ServiceUnavailableError');
     expect(Number(answer.headers.get('retry-after'))).toBeGreaterThanOrEqual(1);
     expect(prefill.stats().requests.length).toBe(before);
     expect(await metricValue(gateway.registry, 'dp_router_slo_requests_total', { outcome: 'shed' })).toBe(1);

@@ -5,11 +5,10 @@
  * processes on loopback. Only the ports are moved to free ones.
  */
 import { describe, expect, it } from '@jest/globals';
-import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
-import { freePort, waitFor } from '../helpers';
+import { freePort, runCommand, waitFor } from '../helpers';
 import { expressMajor } from '../helpers/app';
 
 const ROOT = join(__dirname, '..', '..');
@@ -44,30 +43,6 @@ async function kvEventsBase(): Promise<number> {
   }
 }
 
-async function run(args: string[], listening: RegExp): Promise<{ url: string; stop: () => Promise<void>; out: () => string }> {
-  const child = spawn(args[0], args.slice(1), { cwd: ROOT, detached: true });
-  const closed = new Promise<void>((resolve) => child.on('close', () => resolve()));
-  let out = '';
-  child.stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
-  child.stderr.on('data', (chunk: Buffer) => (out += chunk.toString()));
-  const stop = async () => {
-    try {
-      process.kill(-child.pid!, 'SIGTERM');
-    } catch {
-      // already gone
-    }
-    await closed;
-  };
-  try {
-    await waitFor(() => listening.test(out) || child.exitCode !== null, 30_000, () => `no ${listening} in ${JSON.stringify(out)}`);
-  } catch (error) {
-    await stop();
-    throw error;
-  }
-  if (!listening.test(out)) throw new Error(`exited: ${out}`);
-  return { url: listening.exec(out)![1], stop, out: () => out };
-}
-
 // The child processes load express 5 whatever the jest project maps `express` to: run them once.
 const describeProcess = expressMajor === 4 ? describe.skip : describe;
 
@@ -81,10 +56,10 @@ describeProcess("the README's exact prefix routing block, as processes", () => {
       line.map((arg, index) => (line[index - 1] === '--port' ? '0' : line[index - 1] === '--kv-events-port' ? String(base) : arg.replace(/:5557\b/, `:${base}`).replace(/:6557\b/, `:${base + 1000}`)));
     const stops: Array<() => Promise<void>> = [];
     try {
-      const mock = await run(movePorts(mockLine), /mock vLLM listening on (http:\/\/127\.0\.0\.1:\d+)/);
+      const mock = await runCommand(movePorts(mockLine), /mock vLLM listening on (http:\/\/127\.0\.0\.1:\d+)/);
       stops.push(mock.stop);
       const gatewayArgs = movePorts(gatewayLine).map((arg) => arg.replace('http://127.0.0.1:8000', mock.url));
-      const gateway = await run([...gatewayArgs.slice(0, 3), '--port', '0', ...gatewayArgs.slice(3)], /express-dp-router listening on (http:\/\/127\.0\.0\.1:\d+)/);
+      const gateway = await runCommand([...gatewayArgs.slice(0, 3), '--port', '0', ...gatewayArgs.slice(3)], /express-dp-router listening on (http:\/\/127\.0\.0\.1:\d+)/);
       stops.push(gateway.stop);
       expect(gateway.out()).toContain('policy prefix-aware (exact, on KV events)');
       const decisions: string[] = [];

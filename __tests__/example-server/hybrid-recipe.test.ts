@@ -6,10 +6,9 @@
  * so every global rank must reach its engine with the gateway's defaults.
  */
 import { describe, expect, it } from '@jest/globals';
-import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { waitFor } from '../helpers';
+import { runCommand } from '../helpers';
 import { expressMajor } from '../helpers/app';
 
 const ROOT = join(__dirname, '..', '..');
@@ -23,31 +22,6 @@ function recipe(): string[][] {
     .trim()
     .split('\n')
     .map((line) => line.replace(/\s*&$/, '').split(/\s+/));
-}
-
-/** Runs `npm …` in a process group of its own; resolves with the URL it prints, and a stop for the group. */
-async function run(args: string[], listening: RegExp): Promise<{ url: string; stop: () => Promise<void> }> {
-  const child: ChildProcessWithoutNullStreams = spawn(args[0], args.slice(1), { cwd: ROOT, detached: true });
-  const closed = new Promise<void>((resolve) => child.on('close', () => resolve()));
-  let out = '';
-  child.stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
-  child.stderr.on('data', (chunk: Buffer) => (out += chunk.toString()));
-  const stop = async () => {
-    try {
-      process.kill(-child.pid!, 'SIGTERM');
-    } catch {
-      // already gone
-    }
-    await closed;
-  };
-  try {
-    await waitFor(() => listening.test(out) || child.exitCode !== null, 30_000, () => `no ${listening} in ${JSON.stringify(out)}`);
-  } catch (error) {
-    await stop();
-    throw error;
-  }
-  if (!listening.test(out)) throw new Error(`exited: ${out}`);
-  return { url: listening.exec(out)![1], stop };
 }
 
 const MOCK = /mock vLLM listening on (http:\/\/127\.0\.0\.1:\d+)/;
@@ -75,12 +49,12 @@ describeProcess("the README's hybrid recipe, as processes", () => {
     const withPort = (line: string[], port: string) => line.map((arg, index) => (line[index - 1] === '--port' ? port : arg));
     const stops: Array<() => Promise<void>> = [];
     try {
-      const a = await run(withPort(nodeA, '0'), MOCK);
+      const a = await runCommand(withPort(nodeA, '0'), MOCK);
       stops.push(a.stop);
-      const b = await run(withPort(nodeB, '0'), MOCK);
+      const b = await runCommand(withPort(nodeB, '0'), MOCK);
       stops.push(b.stop);
       const urls = gateway.map((arg) => arg.replace(`127.0.0.1:${portOf(nodeA)}`, a.url.slice(7)).replace(`127.0.0.1:${portOf(nodeB)}`, b.url.slice(7)));
-      const front = await run([...urls.slice(0, 3), '--port', '0', ...urls.slice(3)], GATEWAY);
+      const front = await runCommand([...urls.slice(0, 3), '--port', '0', ...urls.slice(3)], GATEWAY);
       stops.push(front.stop);
       for (let rank = 0; rank < 8; rank++) {
         const answer = await chat(front.url, { 'x-data-parallel-rank': String(rank) });
@@ -99,12 +73,12 @@ describeProcess("the README's hybrid recipe, as processes", () => {
     const stops: Array<() => Promise<void>> = [];
     try {
       // Tokens a second apart, so that four requests at once are all in flight and spread over the four engines.
-      const node = await run(
+      const node = await runCommand(
         ['npm', 'run', 'mock', '--', '--port', '0', '--data-parallel-size', '8', '--data-parallel-size-local', '4', '--data-parallel-start-rank', '4', '--decode-ms', '250'],
         MOCK,
       );
       stops.push(node.stop);
-      const gateway = await run(['npm', 'start', '--', '--port', '0', '--upstream', `${node.url}@4-7`], GATEWAY);
+      const gateway = await runCommand(['npm', 'start', '--', '--port', '0', '--upstream', `${node.url}@4-7`], GATEWAY);
       stops.push(gateway.stop);
       const answers = await Promise.all([false, true, false, true].map((stream) => chat(gateway.url, {}, stream)));
       for (const answer of answers) {

@@ -9,6 +9,7 @@ export * from './fixtures'; // shared option sets (the seed scenario)
 export * from './lifecycle'; // closedAfterEach: what a test starts is closed after it
 export * from './option-error'; // thrownOptionError: the OptionError a call throws
 export * from './prometheus'; // a real Prometheus server, dashboard queries
+export * from './process-group'; // runCommand: a README command line run as a process group, stopped by SIGTERM
 export * from './raw-http';
 export * from './redis'; // a real redis-server on a free loopback port, killed by PID // hostile bytes both ways over node:net
 export * from './vllm'; // a mock vLLM that can be killed and restarted on its port

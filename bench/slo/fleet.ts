@@ -8,6 +8,9 @@ import type { AddressInfo } from 'node:net';
 import { Registry } from 'prom-client';
 import { startMockVllm, type MockVllm, type MockVllmOptions } from '../../example-server/mock-vllm';
 import { dpRouter, type DpRouter, type DpRouterOptions } from '../../lib';
+import { metricSum } from '../receipts/fleet';
+
+export { metricSum };
 
 export interface Fleet {
   readonly mock: MockVllm;
@@ -78,13 +81,6 @@ async function joinStreams(mock: MockVllm, router: DpRouter, ranks: number): Pro
   }
 }
 
-/** The sum of a metric's samples matching `labels`. */
-export async function metricSum(router: DpRouter, name: string, labels: Record<string, string> = {}): Promise<number> {
-  const metric = router.registry.getSingleMetric(name);
-  if (metric === undefined) return 0;
-  const { values } = await metric.get();
-  return values.filter((sample) => Object.entries(labels).every(([key, value]) => String(sample.labels[key]) === value)).reduce((sum, sample) => sum + sample.value, 0);
-}
 
 /** The median of a histogram's observations matching `labels`, interpolated in its buckets; NaN when empty. */
 export async function histogramMedian(router: DpRouter, name: string, labels: Record<string, string>): Promise<number> {

@@ -141,6 +141,8 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
     } else {
       const picked = this.pick(req, res, next, route, path, bytes);
       if (picked === null) return;
+      // SLO routing shed it at the prefill pick: no prefill rank, with the decode rank held, meets its objectives.
+      if (route.slo?.shed === true) return route.slo.answerShed(res);
       prefill = picked;
     }
     const id = req.headers['x-request-id'];
@@ -150,7 +152,8 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
       this.prefillFailed(req, res, next, route, bytes, 'unavailable');
       return;
     }
-    if (config.exposeDecision) res.setHeader(DECISION_HEADER, `${String(res.getHeader(DECISION_HEADER) ?? '')}; prefill=${prefill.upstream}@${prefill.rank}`);
+    const decision = config.exposeDecision ? String(res.getHeader(DECISION_HEADER) ?? '') : undefined;
+    if (decision !== undefined) res.setHeader(DECISION_HEADER, `${route.slo?.withPairNote(decision) ?? decision}; prefill=${prefill.upstream}@${prefill.rank}`);
     if (this.bootstrap === undefined) this.nixl(req, res, next, route, path, bytes, prefill, source, []);
     else this.mooncake(req, res, next, route, path, bytes, prefill, source, requestId);
   }
@@ -175,7 +178,9 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
     const affinityKey = policy.usesAffinityKey ? pool.inputs.affinityKey(req, view, route.lease) : undefined;
     const context: PickContext = { path, affinityKey, prompt };
     const exact = prompt !== undefined && skip === undefined ? pool.exact?.lookupRequest(path, bytes, candidates, view?.members) : undefined;
-    const picking: PrefixPickContext = exact === undefined ? context : { ...context, exact };
+    // With `slo`, a first pick is steered to the prefill rank that, with the decode rank held, meets the objectives.
+    const slo = skip === undefined ? route.slo?.prefillSteer() : undefined;
+    const picking: PrefixPickContext = { ...context, ...(exact !== undefined && { exact }), ...(slo !== undefined && { slo }) };
     try {
       const chosen = policy.pick(candidates, picking).endpoint;
       if (candidates.includes(chosen)) return chosen;
@@ -198,7 +203,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
       this.answer(res, 400, 'BadRequestError', 'Request body must be a JSON object.');
       return;
     }
-    this.sendPrefill(req, res, path, prefill, source, body).then((result) => {
+    this.sendPrefill(req, res, route, path, prefill, source, body).then((result) => {
       if (res.destroyed) {
         this.cancelledDuringPrefill(prefill, result);
         return;
@@ -243,7 +248,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
         this.answer(res, 400, 'BadRequestError', 'Request body must be a JSON object.');
         return;
       }
-      this.sendPrefill(req, res, path, prefill, source, body).then((result) => {
+      this.sendPrefill(req, res, route, path, prefill, source, body).then((result) => {
         // The decode leg is on its way whatever this says: it is counted, not acted on.
         if (!clientGone(res)) this.judge(req, route, prefill, result);
       }, next);
@@ -252,7 +257,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
   }
 
   /** Sends the prefill leg, holding the endpoint's slot until it settles; a client that leaves aborts it. */
-  private sendPrefill(req: RoutedRequest, res: ServerResponse, path: string, prefill: RouteEndpoint, source: DecisionSource, body: Buffer): Promise<PrefillResult> {
+  private sendPrefill(req: RoutedRequest, res: ServerResponse, route: RouteState, path: string, prefill: RouteEndpoint, source: DecisionSource, body: Buffer): Promise<PrefillResult> {
     const { pool } = this;
     prefill.inflight++;
     pool.metrics.dispatched(prefill, source);
@@ -268,6 +273,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
       const seconds = (performance.now() - started) / 1000;
       pool.metrics.finished(prefill, seconds);
       pool.legMetrics?.prefilled(prefill, seconds);
+      route.slo?.prefilled(prefill, seconds, result.ok && result.status >= 200 && result.status < 300);
       if (trial && res.destroyed) pool.detector!.abandoned(prefill, res);
       return result;
     });

@@ -15,6 +15,7 @@ import { LatencyModel, type RankLatency } from './latency-model';
 import type { LabelledEndpoint, SloMetrics } from './metrics';
 import { MAX_OBJECTIVE_MS, TPOT_HEADER, TTFT_HEADER, type SloConfig } from './options';
 import { meanTokenGap, watchStream, type StreamTiming } from './stream-timing';
+import { PrefillSteer, type PrefillPrediction } from './prefill-steer';
 
 /** Token gaps a stream must show before its mean teaches the model (`max_tokens: 2` says little of decode speed). */
 export const MIN_TOKENS = 8;
@@ -46,6 +47,13 @@ export class SloTicket implements SloSteer, Objectives {
   predictedTpot = NaN;
   /** No rank was predicted to meet its objectives, and `slo.shed` is on. */
   shed = false;
+  /** Disaggregated: the decode rank's part of the TTFT as predicted (seconds; NaN when cold), the prefill leg's prediction and measured duration. */
+  decodeWait = NaN;
+  private prefill: PrefillPrediction | undefined = undefined;
+  private prefillSeconds = NaN;
+  private disaggregated = false;
+  /** The decision header's note as the decode pick wrote it (replaced by the pair's). */
+  private decodeNote = '';
   private loadAtFirst = 0;
   private firstSeconds = NaN;
   private counted = false;
@@ -76,6 +84,7 @@ export class SloTicket implements SloSteer, Objectives {
     this.load = est.load[at];
     this.predictedTtft = choice.predicted ? est.ttft[at] : NaN;
     this.predictedTpot = choice.predicted && routing.model.tpotWarm ? est.tpot[at] : NaN;
+    this.decodeWait = this.predictedTtft;
     if (!choice.meets && routing.config.shed && this.hasObjectives) {
       this.shed = true;
       return -1;
@@ -85,7 +94,53 @@ export class SloTicket implements SloSteer, Objectives {
 
   /** What the decision header adds (`exposeDecision`): the predicted TTFT at the chosen rank, when one was made. */
   get note(): string {
+    return (this.decodeNote = this.ttftNote());
+  }
+
+  private ttftNote(): string {
     return Number.isNaN(this.predictedTtft) ? '' : `; predicted_ttft_ms=${Math.round(this.predictedTtft * 1000)}`;
+  }
+
+  /**
+   * The steer of a disaggregated request's prefill pick (lib/slo/prefill-steer.ts), for the decode
+   * rank it holds (a retry's pick goes where the policy says, unsteered). Without objectives the
+   * policy's choice stands: the pair's TTFT is only predicted, and the prefill rank learns.
+   */
+  prefillSteer(): PrefillSteer {
+    const { routing } = this;
+    this.disaggregated = true;
+    return new PrefillSteer(routing.prefillModel, routing.prefillEstimates, routing.choice, this, (choice, prediction, ttft) => {
+      this.prefill = prediction;
+      if (!choice.predicted) return choice.at;
+      this.predictedTtft = ttft;
+      if (!choice.meets && routing.config.shed && this.hasObjectives) {
+        this.shed = true;
+        return -1;
+      }
+      return choice.at;
+    });
+  }
+
+  /** The decision header with the pair's predicted TTFT in place of the decode rank's own. */
+  withPairNote(header: string): string {
+    if (this.prefill === undefined) return header;
+    const pair = this.ttftNote();
+    return this.decodeNote === '' ? header + pair : header.replace(this.decodeNote, pair);
+  }
+
+  /** The prefill leg at `endpoint` answered (`ok`: with a success) `seconds` after it was sent: its prefill rank learns from it. */
+  prefilled(endpoint: Endpoint, seconds: number, ok: boolean): void {
+    const prefill = this.prefill;
+    this.disaggregated = true;
+    if (ok) this.prefillSeconds = seconds;
+    if (!ok || !this.evidence || prefill === undefined || prefill.rank === undefined || prefill.endpoint !== endpoint) return;
+    const model = this.routing.prefillModel;
+    model.learnTtft(prefill.rank, this.source, model.weigh(this.source), prefill.work, prefill.load, seconds);
+  }
+
+  /** Answers a request shed at its prefill pick (503 with `Retry-After`). */
+  answerShed(res: ServerResponse): void {
+    this.routing.answerShed(res, this);
   }
 
   /** Seconds a shed request is told to wait: the least predicted time to first token, at least 1. */
@@ -111,7 +166,9 @@ export class SloTicket implements SloSteer, Objectives {
     this.loadAtFirst = endpoint.load;
     if (this.tpot > 0) routing.model.rank(endpoint.key).decoding(this.tpot, +1);
     if (!Number.isNaN(this.predictedTtft)) routing.metrics.predictionError(endpoint.upstream, 'ttft', Math.abs(seconds - this.predictedTtft));
-    if (this.evidence && rank !== undefined) routing.model.learnTtft(rank, this.source, routing.model.weigh(this.source), this.work, this.load, seconds);
+    // Disaggregated, the decode rank's part is what follows the prefill leg's answer (the KV transfer, the queue, a first step).
+    const own = this.disaggregated ? seconds - this.prefillSeconds : seconds;
+    if (this.evidence && rank !== undefined && own >= 0) routing.model.learnTtft(rank, this.source, routing.model.weigh(this.source), this.work, this.load, own);
   }
 
   private ended(timing: StreamTiming, complete: boolean, started: number): void {
@@ -141,6 +198,9 @@ export class SloRouting {
   readonly model: LatencyModel;
   readonly estimates = new SloEstimates();
   readonly choice: SloChoice = { at: 0, meets: true, predicted: false };
+  /** The prefill pool's ranks (disaggregation): their own shape and speeds, learned from the prefill legs' durations. */
+  readonly prefillModel: LatencyModel;
+  readonly prefillEstimates = new SloEstimates();
 
   constructor(
     readonly config: SloConfig,
@@ -148,6 +208,7 @@ export class SloRouting {
     minSources = 3,
   ) {
     this.model = new LatencyModel(minSources);
+    this.prefillModel = new LatencyModel(minSources);
   }
 
   /**

@@ -69,8 +69,8 @@ export async function startFleet(options: FleetOptions = {}): Promise<Fleet> {
 let probes = 0;
 
 /** Requests straight to each rank until the router's stream of it is fresh (a SUB joins asynchronously). */
-export async function joinStreams(mock: MockVllm, router: DpRouter): Promise<void> {
-  for (let rank = 0; rank < RANKS; rank++) {
+export async function joinStreams(mock: MockVllm, router: DpRouter, ranks = RANKS): Promise<void> {
+  for (let rank = 0; rank < ranks; rank++) {
     for (let attempt = 0; ; attempt++) {
       if (attempt > 400) throw new Error(`rank ${rank}'s KV events never arrived`);
       const res = await fetch(`${mock.url}/v1/completions`, {

@@ -8,7 +8,7 @@ import type { AddressInfo } from 'node:net';
 import { Registry } from 'prom-client';
 import { startMockVllm, type MockVllm, type MockVllmOptions } from '../../example-server/mock-vllm';
 import { dpRouter, type DpRouter, type DpRouterOptions } from '../../lib';
-import { metricSum } from '../receipts/fleet';
+import { joinStreams, metricSum } from '../receipts/fleet';
 
 export { metricSum };
 
@@ -61,26 +61,6 @@ export async function startFleet(mockOptions: MockVllmOptions, shape: RouterShap
     },
   };
 }
-
-let probes = 0;
-
-/** Requests straight to each rank until the router's stream of it is fresh (a SUB joins asynchronously). */
-async function joinStreams(mock: MockVllm, router: DpRouter, ranks: number): Promise<void> {
-  for (let rank = 0; rank < ranks; rank++) {
-    for (let attempt = 0; ; attempt++) {
-      if (attempt > 400) throw new Error(`rank ${rank}'s KV events never arrived`);
-      const res = await fetch(`${mock.url}/v1/completions`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json', 'x-data-parallel-rank': String(rank) },
-        body: JSON.stringify({ prompt: `probe ${probes++} ${'lorem ipsum dolor '.repeat(8)}`, max_tokens: 1 }),
-      });
-      await res.arrayBuffer();
-      if (await metricSum(router, 'dp_router_kv_stream_fresh', { rank: String(rank) }) === 1) break;
-      await new Promise((resolve) => setTimeout(resolve, 25));
-    }
-  }
-}
-
 
 /** The median of a histogram's observations matching `labels`, interpolated in its buckets; NaN when empty. */
 export async function histogramMedian(router: DpRouter, name: string, labels: Record<string, string>): Promise<number> {

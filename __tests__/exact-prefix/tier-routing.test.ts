@@ -82,7 +82,7 @@ const FAMILY = words('handbook', 40);
 describe('tier-aware exact routing (prefixAware.tierWeights) through the router, on the mock CPU tier', () => {
   it.each([
     ['current', 'vLLM 52a31cc'],
-    ['map', 'newer vLLM'],
+    ['array-batch', 'newer vLLM'],
   ] as const)('sends a prompt every GPU evicted to the rank whose CPU tier holds it, not where a new prefix would go (%s layout: %s)', async (layout) => {
     const mock = await startMockVllm({ dataParallelSize: RANKS, kvEvents: { layout }, model: 'mock-model', cacheBlocksPerRank: 40, cpuBlocksPerRank: 400 });
     started.push(mock);

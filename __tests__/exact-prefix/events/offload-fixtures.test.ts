@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import { describe, expect, it } from '@jest/globals';
 import { Unpackr } from 'msgpackr';
 import { decodeKvEventBatch, type KvEvent } from '../../../lib/exact-prefix/events/decode';
+import { encodeKvBatch, type MockKvEvent } from '../../../example-server/mock-vllm/kv-events';
 import type { VllmRecording } from '../vllm-recordings';
 
 type Hash = number | bigint | Uint8Array;
@@ -96,5 +97,30 @@ describe("the decoder on vLLM's offloading connector events", () => {
     const [old, newer] = VERSIONS.map((version) => recording(version).vllmDecoded[0].events.find((event) => event.type === 'BlockStored' && event.medium === 'CPU'));
     expect(old?.type === 'BlockStored' && old.block_hashes.every((hash) => typeof hash === 'object' && 'bytes' in hash && hash.bytes.length === 64)).toBe(true);
     expect(newer?.type === 'BlockStored' && newer.block_hashes.every((hash) => typeof hash === 'number' || typeof hash === 'bigint')).toBe(true);
+  });
+
+  it("newer vLLM's messages are the mock's 'array-batch' layout byte for byte (an array batch of map events, defaults left out)", () => {
+    for (const frames of recording('vllm-db92053').frames) {
+      const [ts, events, rank] = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: 'bigint' }).unpack(Buffer.from(frames[2], 'hex')) as [number, Array<Record<string, never>>, number];
+      const mock = events.map(
+        (event): MockKvEvent =>
+          event.type === 'BlockRemoved'
+            ? { type: 'BlockRemoved', blockHashes: event.block_hashes, medium: event.medium, groupIdx: event.group_idx }
+            : {
+                type: 'BlockStored',
+                blockHashes: event.block_hashes,
+                parentBlockHash: event.parent_block_hash,
+                tokenIds: event.token_ids,
+                blockSize: event.block_size,
+                loraId: event.lora_id,
+                medium: event.medium,
+                loraName: event.lora_name,
+                extraKeys: event.extra_keys,
+                groupIdx: event.group_idx,
+                kvCacheSpecKind: event.kv_cache_spec_kind,
+              },
+      );
+      expect(encodeKvBatch({ ts, events: mock, dataParallelRank: rank }, 'array-batch').toString('hex')).toBe(frames[2]);
+    }
   });
 });

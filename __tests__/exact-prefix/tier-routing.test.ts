@@ -83,7 +83,7 @@ describe('tier-aware exact routing (prefixAware.tierWeights) through the router,
   it.each([
     ['current', 'vLLM 52a31cc'],
     ['array-batch', 'newer vLLM'],
-  ] as const)('sends a prompt every GPU evicted to the rank whose CPU tier holds it, not where a new prefix would go (%s layout: %s)', async (layout) => {
+  ] as const)('sends a prompt every GPU evicted to the rank whose CPU tier holds it, not where a new prefix would go (%s layout: %s)', async (layout, _version) => {
     const mock = await startMockVllm({ dataParallelSize: RANKS, kvEvents: { layout }, model: 'mock-model', cacheBlocksPerRank: 40, cpuBlocksPerRank: 400 });
     started.push(mock);
     const gw = await gateway(mock);

@@ -11,10 +11,10 @@
  *    Contenders, on the same seeded arrivals, each on a fresh mock: round-robin, today's exact
  *    routing (prefix-aware on the mock's KV events), SLO routing (the same with `slo`).
  * 2. Tiers: a GPU cache that spills to a CPU tier 5× larger (loading a block ~6× cheaper than
- *    recomputing it), the tier's events as vLLM 52a31cc and newer vLLM publish them, two workloads
- *    (Zipf-popular families of their own prompts; a preamble all families share, equally popular,
- *    tier-workload.ts): today's exact routing (lower tiers not scored) against tier-aware routing
- *    (`prefixAware.tierWeights`).
+ *    recomputing it), the tier's events as vLLM 52a31cc and newer vLLM publish them, three
+ *    workloads (Zipf-popular or equally popular families of their own prompts; a preamble all
+ *    families share, equally popular, tier-workload.ts): today's exact routing (lower tiers not
+ *    scored) against tier-aware routing (`prefixAware.tierWeights`).
  *
  * Figures are measured at the client. Requests sent in the first tenth of a run (caches and the
  * latency model cold) are left out of the figures. Writes bench/results/slo-<time>.json.
@@ -36,11 +36,13 @@ const TTFT_OBJECTIVE_MS = 300;
 const TIER_FAMILIES = 24;
 /**
  * The tier scenario's workloads: the first as first measured, whose families' leads tell the
- * ranks apart (so today's routing already keeps most families to one rank); the second, a
- * preamble every family shares before its own context, equally popular (tier-workload.ts).
+ * ranks apart (so today's routing already keeps most families to one rank); the same equally
+ * popular; and a preamble every family shares before its own context, equally popular
+ * (tier-workload.ts).
  */
 const TIER_WORKLOADS = [
   ['zipf, own prompts', (rate: number, ms: number) => planRequests(seed + 3, rate, ms, { ...SHAPE, families: TIER_FAMILIES, interactiveShare: 1 })],
+  ['flat, own prompts', (rate: number, ms: number) => planTierRequests(seed + 3, rate, ms, { ...TIER_SHAPE, preambleWords: 0 })],
   ['shared preamble, flat', (rate: number, ms: number) => planTierRequests(seed + 3, rate, ms)],
 ] as const;
 const TIER_RATE = 8;

@@ -6,14 +6,15 @@
  * the preamble, so the GPU's events cannot tell the ranks apart for a family the GPUs evicted,
  * while the families' contexts (~53 blocks each, 24 of them) fit in the four CPU tiers together
  * and not in one: routing on the GPU alone spreads a family over the ranks and its context is
- * recomputed, routing on the tiers keeps it where a tier holds it.
+ * recomputed, routing on the tiers keeps it where a tier holds it. Without the preamble
+ * (`preambleWords` 0) the same families differ from their first block, as the Zipf workload's do.
  */
 import { exponential, seededRng } from '../routing/rng';
 import { words, type PlannedRequest } from './workload';
 
 export interface TierShape {
   families: number;
-  /** Words of the preamble every family's prompt opens with (~7 blocks of 16 tokens). */
+  /** Words of the preamble every family's prompt opens with (~7 blocks of 16 tokens); 0: none, each family's prompt its own from its first block. */
   preambleWords: number;
   /** Words of each family's own context after it. */
   contextWords: number;
@@ -26,8 +27,8 @@ export const TIER_SHAPE: TierShape = { families: 24, preambleWords: 25, contextW
 /** Interactive chats arriving in `durationMs` at `ratePerSecond` on average, each family alike likely; the same for the same seed and rate. */
 export function planTierRequests(seed: number, ratePerSecond: number, durationMs: number, shape: TierShape = TIER_SHAPE): PlannedRequest[] {
   const prompts = seededRng(seed);
-  const preamble = `Assistant handbook. ${words(prompts, shape.preambleWords)}`;
-  const systems = Array.from({ length: shape.families }, (_, k) => `${preamble}\nTenant ${k} context. ${words(prompts, shape.contextWords)}`);
+  const preamble = shape.preambleWords > 0 ? `Assistant handbook. ${words(prompts, shape.preambleWords)}\n` : '';
+  const systems = Array.from({ length: shape.families }, (_, k) => `${preamble}Tenant ${k} context. ${words(prompts, shape.contextWords)}`);
   const arrivals = seededRng(seed + 1);
   const mix = seededRng(seed + 2);
   const planned: PlannedRequest[] = [];

@@ -9,8 +9,8 @@ import { join } from 'node:path';
 import { describe, expect, it } from '@jest/globals';
 import { Unpackr } from 'msgpackr';
 import { decodeKvEventBatch, type KvEvent } from '../../../lib/exact-prefix/events/decode';
-import { encodeKvBatch, type MockKvEvent } from '../../../example-server/mock-vllm/kv-events';
-import type { VllmRecording } from '../vllm-recordings';
+import { encodeKvBatch } from '../../../example-server/mock-vllm/kv-events';
+import { mockEvent, type VllmEvent, type VllmRecording } from '../vllm-recordings';
 
 type Hash = number | bigint | Uint8Array;
 
@@ -101,25 +101,9 @@ describe("the decoder on vLLM's offloading connector events", () => {
 
   it("newer vLLM's messages are the mock's 'array-batch' layout byte for byte (an array batch of map events, defaults left out)", () => {
     for (const frames of recording('vllm-db92053').frames) {
-      const [ts, events, rank] = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: 'bigint' }).unpack(Buffer.from(frames[2], 'hex')) as [number, Array<Record<string, never>>, number];
-      const mock = events.map(
-        (event): MockKvEvent =>
-          event.type === 'BlockRemoved'
-            ? { type: 'BlockRemoved', blockHashes: event.block_hashes, medium: event.medium, groupIdx: event.group_idx }
-            : {
-                type: 'BlockStored',
-                blockHashes: event.block_hashes,
-                parentBlockHash: event.parent_block_hash,
-                tokenIds: event.token_ids,
-                blockSize: event.block_size,
-                loraId: event.lora_id,
-                medium: event.medium,
-                loraName: event.lora_name,
-                extraKeys: event.extra_keys,
-                groupIdx: event.group_idx,
-                kvCacheSpecKind: event.kv_cache_spec_kind,
-              },
-      );
+      const [ts, events, rank] = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: 'bigint' }).unpack(Buffer.from(frames[2], 'hex')) as [number, unknown[], number];
+      // The maps carry vLLM's field names, as its decoded events do; hashes exact (msgpackr's bigints).
+      const mock = events.map((event) => mockEvent(event as VllmEvent));
       expect(encodeKvBatch({ ts, events: mock, dataParallelRank: rank }, 'array-batch').toString('hex')).toBe(frames[2]);
     }
   });

@@ -180,7 +180,7 @@ describe('the CPU tier (cpuBlocksPerRank)', () => {
 
   it.each([
     ['current', 'vLLM 52a31cc: one event per batch, the 32-byte hashes'],
-    ['map', 'newer vLLM: one event per block, the int hashes'],
+    ['array-batch', 'newer vLLM: map events, one per block, the int hashes'],
   ] as const)("loads a prompt evicted from the GPU back from the CPU tier, publishing the tier's stores and evictions (%s layout: %s)", async (layout, _form) => {
     const mock = await startMock({ dataParallelSize: 1, cacheBlocksPerRank: 40, cpuBlocksPerRank: 200, kvEvents: { layout } });
     const feed = await subscribe(mock);
@@ -200,7 +200,7 @@ describe('the CPU tier (cpuBlocksPerRank)', () => {
       for (const event of cpuStored) {
         if (event.type !== 'stored') continue;
         expect({ parent: event.parentBlockHash, tokens: event.tokenIds, blockSize: event.blockSize }).toEqual({ parent: null, tokens: [], blockSize: 0 });
-        if (layout === 'map') {
+        if (layout === 'array-batch') {
           expect(event.blockHashes).toHaveLength(1);
           expect(gpuStored.has(event.blockHashes[0])).toBe(true);
         } else {

@@ -10,9 +10,11 @@
  *    (measured first: closed loops on the mock itself, every rank full), shared-prefix families.
  *    Contenders, on the same seeded arrivals, each on a fresh mock: round-robin, today's exact
  *    routing (prefix-aware on the mock's KV events), SLO routing (the same with `slo`).
- * 2. Tiers: a GPU cache that spills to a CPU tier 8× larger (loading a block ~6× cheaper than
- *    recomputing it), the tier's events as vLLM 52a31cc and newer vLLM publish them: today's exact
- *    routing (lower tiers not scored) against tier-aware routing (`prefixAware.tierWeights`).
+ * 2. Tiers: a GPU cache that spills to a CPU tier 5× larger (loading a block ~6× cheaper than
+ *    recomputing it), the tier's events as vLLM 52a31cc and newer vLLM publish them, three
+ *    workloads (Zipf-popular or equally popular families of their own prompts; a preamble all
+ *    families share, equally popular, tier-workload.ts): today's exact routing (lower tiers not
+ *    scored) against tier-aware routing (`prefixAware.tierWeights`).
  *
  * Figures are measured at the client. Requests sent in the first tenth of a run (caches and the
  * latency model cold) are left out of the figures. Writes bench/results/slo-<time>.json.
@@ -25,12 +27,25 @@ import { runClosedLoop, runOpenLoop, type Outcome } from './client';
 import { startFleet, type RouterShape } from './fleet';
 import { formatPerRank, formatSlo, formatTiers, summarize, tierSummary, type ContenderResult, type TierResult } from './report';
 import { planRequests, SHAPE } from './workload';
+import { planTierRequests, TIER_SHAPE } from './tier-workload';
 
 const RANKS = 8;
 const SPEEDS = [1, 1, 1, 1, 1, 1, 0.5, 0.5];
 const TTFT_OBJECTIVE_MS = 300;
-/** The tier scenario's families: ~60 blocks each. */
+/** The tier scenario's first workload (Zipf-popular families of ~60 blocks, each its own prompt): kept as first measured. */
 const TIER_FAMILIES = 24;
+/**
+ * The tier scenario's workloads: the first as first measured, whose families' leads tell the
+ * ranks apart (so today's routing already keeps most families to one rank); the same equally
+ * popular; and a preamble every family shares before its own context, equally popular
+ * (tier-workload.ts).
+ */
+const TIER_WORKLOADS = [
+  ['zipf, own prompts', (rate: number, ms: number) => planRequests(seed + 3, rate, ms, { ...SHAPE, families: TIER_FAMILIES, interactiveShare: 1 })],
+  ['flat, own prompts', (rate: number, ms: number) => planTierRequests(seed + 3, rate, ms, { ...TIER_SHAPE, preambleWords: 0 })],
+  ['shared preamble, flat', (rate: number, ms: number) => planTierRequests(seed + 3, rate, ms)],
+] as const;
+const TIER_RATE = 8;
 /** The timed engine: a slow model, so that a loaded 2-core machine keeps up with its chunks. */
 const SCHEDULER = { speeds: SPEEDS, stepMs: 40, stepMsPerSeq: 2, prefillMsPerToken: 0.1, maxNumBatchedTokens: 2048 };
 const SLO_MOCK: MockVllmOptions = { dataParallelSize: RANKS, scheduler: SCHEDULER, maxNumSeqs: 16, cacheBlocksPerRank: 1500 };
@@ -130,47 +145,48 @@ async function tierScenario() {
     await fleet.close();
     return dir;
   });
-  for (const layout of ['current', 'map'] as const) {
+  for (const layout of ['current', 'array-batch'] as const) {
     const mock: MockVllmOptions = {
       dataParallelSize: 4,
       // Prefill dominates the time to first token here (a long prompt's recompute ~0.3 s, its load from CPU ~0.05 s).
       scheduler: { stepMs: 10, stepMsPerSeq: 1, prefillMsPerToken: 0.3 },
       maxNumSeqs: 16,
-      // 24 families of ~60 blocks: a GPU cache holds one, a CPU tier under seven; the four
-      // tiers together hold them all only if each family keeps to a rank whose tier has it.
+      // Families of ~60 blocks: a GPU cache holds one, a CPU tier under seven; the four tiers
+      // together hold 24 of them only if each family keeps to a rank whose tier has it.
       cacheBlocksPerRank: 80,
       cpuBlocksPerRank: 400,
       kvEvents: { layout },
     };
     const version = layout === 'current' ? 'vLLM 52a31cc' : 'newer vLLM';
-    for (const [name, weights] of [
-      // Weights are merged over the defaults (GPU 1, CPU 0.8): today's routing gives the CPU tier 0.
-      ['exact (today)', { GPU: 1, CPU: 0 }],
-      ['tier-aware', { GPU: 1, CPU: 0.8 }],
-    ] as const) {
-      process.stdout.write(`  tiers, ${version}: ${name}...\n`);
-      let fleet;
-      try {
-        fleet = await startFleet(mock, { policy: 'prefix-aware', prefixAware: { tokenizer, tierWeights: weights } as never, exposeDecision: true });
-      } catch (error) {
-        // A build without tiers is today's routing as it is; tier-aware routing is then not present.
-        if (name === 'tier-aware' || !/tierWeights/.test((error as Error).message)) {
-          results.push({ name, version, missing: (error as Error).message });
-          continue;
+    for (const [workload, plan] of TIER_WORKLOADS) {
+      for (const [name, weights] of [
+        // Weights are merged over the defaults (GPU 1, CPU 0.8): today's routing gives the CPU tier 0.
+        ['exact (today)', { GPU: 1, CPU: 0 }],
+        ['tier-aware', { GPU: 1, CPU: 0.8 }],
+      ] as const) {
+        process.stdout.write(`  tiers, ${version}, ${workload}: ${name}...\n`);
+        let fleet;
+        try {
+          fleet = await startFleet(mock, { policy: 'prefix-aware', prefixAware: { tokenizer, tierWeights: weights } as never, exposeDecision: true });
+        } catch (error) {
+          // A build without tiers is today's routing as it is; tier-aware routing is then not present.
+          if (name === 'tier-aware' || !/tierWeights/.test((error as Error).message)) {
+            results.push({ name, version, workload, missing: (error as Error).message });
+            continue;
+          }
+          fleet = await startFleet(mock, { policy: 'prefix-aware', prefixAware: { tokenizer }, exposeDecision: true });
         }
-        fleet = await startFleet(mock, { policy: 'prefix-aware', prefixAware: { tokenizer }, exposeDecision: true });
-      }
-      try {
-        const planned = planRequests(seed + 3, 8, tierSeconds * 1000, { ...SHAPE, families: TIER_FAMILIES, interactiveShare: 1 });
-        const outcomes: Outcome[] = await runOpenLoop(fleet.url, planned, () => ({}));
-        results.push(await tierSummary(name, version, fleet, outcomes, tierSeconds * 100));
-      } finally {
-        await fleet.close();
+        try {
+          const outcomes: Outcome[] = await runOpenLoop(fleet.url, plan(TIER_RATE, tierSeconds * 1000), () => ({}));
+          results.push(await tierSummary(name, version, workload, fleet, outcomes, tierSeconds * 100));
+        } finally {
+          await fleet.close();
+        }
       }
     }
   }
   process.stdout.write(`\n${formatTiers(results)}\n`);
-  return results;
+  return { rate: TIER_RATE, seconds: tierSeconds, sharedPreamble: TIER_SHAPE, results };
 }
 
 async function main(): Promise<void> {

@@ -125,10 +125,11 @@ export function formatSlo(results: readonly ContenderResult[]): string {
 }
 
 export type TierResult =
-  | { name: string; version: string; missing: string }
+  | { name: string; version: string; workload: string; missing: string }
   | {
       name: string;
       version: string;
+      workload: string;
       missing?: undefined;
       requests: number;
       failed: number;
@@ -139,7 +140,7 @@ export type TierResult =
       invalidEvents: number;
     };
 
-export async function tierSummary(name: string, version: string, fleet: Fleet, outcomes: readonly Outcome[], warmupMs: number): Promise<TierResult> {
+export async function tierSummary(name: string, version: string, workload: string, fleet: Fleet, outcomes: readonly Outcome[], warmupMs: number): Promise<TierResult> {
   const counted = outcomes.filter((one) => one.sentAt >= warmupMs);
   const ok = counted.filter((one) => one.status === 200);
   const ttfts = sorted(ok.map((one) => one.ttftMs));
@@ -154,6 +155,7 @@ export async function tierSummary(name: string, version: string, fleet: Fleet, o
   return {
     name,
     version,
+    workload,
     requests: counted.length,
     failed: counted.length - ok.length,
     ttftP50: quantileSorted(ttfts, 0.5),
@@ -165,10 +167,16 @@ export async function tierSummary(name: string, version: string, fleet: Fleet, o
 }
 
 export function formatTiers(results: readonly TierResult[]): string {
+  const today = new Map(results.flatMap((one) => (one.missing === undefined && one.name === 'exact (today)' ? [[`${one.version}/${one.workload}`, one] as const] : [])));
+  /** A figure with its ratio to today's routing's on the same events and workload. */
+  const against = (one: TierResult & { missing?: undefined }, value: number, of: (base: typeof one) => number) => {
+    const base = today.get(`${one.version}/${one.workload}`);
+    return base === undefined || base === one ? ms(value) : `${ms(value)} (${(value / of(base)).toFixed(2)}×)`;
+  };
   const rows = results.map((one) =>
     one.missing !== undefined
-      ? [one.version, one.name, `not present: ${one.missing.split('\n')[0].slice(0, 80)}`, '', '', '', '', '']
-      : [one.version, one.name, ms(one.ttftP50), ms(one.ttftP99), share(one.gpuHitRate), share(one.cpuHitRate), String(one.invalidEvents), String(one.failed)],
+      ? [one.version, one.workload, one.name, `not present: ${one.missing.split('\n')[0].slice(0, 80)}`, '', '', '', '', '']
+      : [one.version, one.workload, one.name, against(one, one.ttftP50, (base) => base.ttftP50), against(one, one.ttftP99, (base) => base.ttftP99), share(one.gpuHitRate), share(one.cpuHitRate), String(one.invalidEvents), String(one.failed)],
   );
-  return markdownTable(['events as', 'contender', 'TTFT p50', 'TTFT p99', 'GPU hits', 'CPU hits', 'invalid events', 'failed'], rows);
+  return markdownTable(['events as', 'workload', 'contender', 'TTFT p50', 'TTFT p99', 'GPU hits', 'CPU hits', 'invalid events', 'failed'], rows);
 }

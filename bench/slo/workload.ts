@@ -48,7 +48,8 @@ export interface PlannedRequest {
 
 const SYLLABLES = ['ka', 'lo', 'mi', 'ren', 'tu', 'sa', 'vel', 'do', 'ni', 'qua', 'per', 'zo', 'li', 'mon', 'tar', 'ex'];
 
-function words(random: Rng, count: number): string {
+/** `count` made-up words. */
+export function words(random: Rng, count: number): string {
   const out: string[] = [];
   for (let i = 0; i < count; i++) {
     const length = 1 + Math.floor(random() * 3);

@@ -17,7 +17,8 @@ import type { MockKvEvent } from './kv-events';
  * carry (kv_cache_utils.py:77-80): fixtures/vllm-52a31cc/offload-cpu.json shows both. The mock's
  * hashes are 53-bit numbers; their 32 bytes end with the number's 8 big-endian bytes, so that
  * their low 64 bits are the GPU events' int, as vLLM's are. (Newer vLLM converts them and sends
- * one event per block: engine-events.ts writes that form with the `map` layout.)
+ * one event per block: engine-events.ts writes that form with the layouts of map events,
+ * `array-batch` being newer vLLM's own.)
  */
 export class CpuTier {
   /** Map insertion order is the LRU order: oldest first. */

@@ -99,7 +99,8 @@ export async function startEngineEvents(config: KvEventsConfig, ranks: readonly 
  * connector's CPU stores after the GPU events (scheduler.py appends the connector's events).
  */
 function shaped(events: MockKvEvent[], config: KvEventsConfig): MockKvEvent[] {
-  if (!config.hybrid && !config.offload && config.layout !== 'map') return events;
+  const mapEvents = config.layout === 'array-batch' || config.layout === 'map';
+  if (!config.hybrid && !config.offload && !mapEvents) return events;
   const out: MockKvEvent[] = [];
   if (config.hybrid) {
     for (const event of events) {
@@ -127,8 +128,8 @@ function shaped(events: MockKvEvent[], config: KvEventsConfig): MockKvEvent[] {
       out.push({ type: 'BlockStored', blockHashes: event.blockHashes, parentBlockHash: null, tokenIds: [], blockSize: 0, loraId: null, medium: 'CPU', loraName: null });
     }
   }
-  // The cache's own CPU tier (cpuBlocksPerRank) in newer vLLM's form; `offload`'s stores stay as they were.
-  if (config.layout === 'map') return out.flatMap(newerCpuEvent);
+  // The cache's own CPU tier (cpuBlocksPerRank) in newer vLLM's form (its events are maps); `offload`'s stores stay as they were.
+  if (mapEvents) return out.flatMap(newerCpuEvent);
   return out;
 }
 

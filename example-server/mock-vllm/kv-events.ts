@@ -44,8 +44,13 @@ export type MockKvEvent =
  * - 'v0.9': BlockStored up to `lora_id`, BlockRemoved only `block_hashes`, no batch rank (vLLM
  *   before #18925);
  * - 'v0.10': as 'v0.9' with `medium` on both events and the rank when set;
- * - 'array-batch' and 'map': events (and the batch) as maps tagged by `type`. vLLM never wrote
- *   these (its structs have always been `array_like`); other producers may, and the router reads them.
+ * - 'array-batch': the batch an array, each event a map tagged `type` whose fields equal to
+ *   their default are left out: what newer vLLM writes (upstream main db92053, 2026-08:
+ *   `KVCacheEvent` is no longer `array_like`, kv_events.py:36-41, since #42892; `KVEventBatch`
+ *   still is, kv_events.py:25-33; fixtures/vllm-db92053/offload-cpu.json was recorded from it);
+ *   a GPU store names its `kv_cache_spec_kind`, as there;
+ * - 'map': the batch a map too. vLLM never wrote that (its batch has always been `array_like`);
+ *   other producers may, and the router reads it.
  */
 export type KvLayout = 'current' | 'v0.9' | 'v0.10' | 'array-batch' | 'map';
 
@@ -142,6 +147,8 @@ function eventFields(event: MockKvEvent, layout: KvLayout): Field[] {
       // A map leaves out fields with a None default while None (omit_defaults=True).
       if (event.extraKeys != null) fields.push(['extra_keys', event.extraKeys]);
       if (event.groupIdx != null) fields.push(['group_idx', event.groupIdx]);
+      if (event.kvCacheSpecKind != null) fields.push(['kv_cache_spec_kind', event.kvCacheSpecKind]);
+      if (event.kvCacheSpecSlidingWindow != null) fields.push(['kv_cache_spec_sliding_window', event.kvCacheSpecSlidingWindow]);
       return fields;
     }
     default:

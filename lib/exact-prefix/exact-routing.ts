@@ -99,7 +99,6 @@ export interface ExactRouting extends ExactLookup {
   close(): Promise<void>;
 }
 
-
 /** One upstream's stream, index and agreement. */
 interface UpstreamStream {
   readonly upstream: ExactUpstream;
@@ -286,11 +285,11 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
     const evidence = unmodelled(kind, body, true) === undefined;
     const adapterIn = (stream: UpstreamStream) => (model !== undefined && (stream.index.isAdapter(model) || options.isAdapter?.(model) === true) ? model : undefined);
     const matched = new Int32Array(candidates.length).fill(-1);
-    let tiered: Float64Array | undefined;
+    let [tiered, reached]: [Float64Array | undefined, Int32Array | undefined] = [undefined, undefined];
     let promptBlocks = 0;
     // One lookup per upstream, shared by its candidates; its block keys kept for the speculation.
     const found = new Map<UpstreamStream, Int32Array>();
-    const weighted = new Map<UpstreamStream, Float64Array | undefined>();
+    const weighted = new Map<UpstreamStream, { tiered: Float64Array; reached: Int32Array } | undefined>();
     const keysOf = new Map<UpstreamStream, BlockKeys>();
     for (let at = 0; at < candidates.length; at++) {
       const candidate = candidates[at];
@@ -308,14 +307,15 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
         if (promptBlocks === 0) promptBlocks = match.promptBlocks;
         else if (match.promptBlocks !== promptBlocks) blocks = blocks.map((held) => Math.floor((held * promptBlocks) / match.promptBlocks));
         found.set(stream, blocks);
-        weighted.set(stream, match.weightedBlocks?.map((held) => (held * promptBlocks) / match.promptBlocks));
+        weighted.set(stream, match.weightedBlocks && { tiered: match.weightedBlocks.map((held) => (held * promptBlocks) / match.promptBlocks), reached: match.reachedBlocks!.map((held) => Math.floor((held * promptBlocks) / match.promptBlocks)) });
       }
-      matched[at] = blocks[stream.index.positionOf(candidate.rank)];
+      const position = stream.index.positionOf(candidate.rank);
+      matched[at] = blocks[position];
       const tiers = weighted.get(stream);
-      if (tiers !== undefined) (tiered ??= new Float64Array(candidates.length).fill(NaN))[at] = tiers[stream.index.positionOf(candidate.rank)];
+      if (tiers !== undefined) [(tiered ??= new Float64Array(candidates.length).fill(NaN))[at], (reached ??= new Int32Array(candidates.length))[at]] = [tiers.tiered[position], tiers.reached[position]];
     }
     // Where no lower tier counts, the GPU's blocks (−1: approximate).
-    if (tiered !== undefined) for (let at = 0; at < candidates.length; at++) if (Number.isNaN(tiered[at])) tiered[at] = matched[at];
+    if (tiered !== undefined) for (let at = 0; at < candidates.length; at++) if (Number.isNaN(tiered[at])) [tiered[at], reached![at]] = [matched[at], matched[at]];
     if (promptBlocks === 0) return undefined;
     const pick: ExactPick = new ExactPick(promptBlocks, matched, (at) => {
       const chosen = candidates[at];
@@ -342,7 +342,7 @@ export function createExactRouting(options: ExactRoutingOptions): ExactRouting {
         });
         pick.ticket.source = from?.();
       }
-    }, tiered);
+    }, tiered, reached);
     return pick;
   }
 

@@ -26,7 +26,14 @@ export class ExactPick {
     private readonly onChosen: (at: number) => void = () => undefined,
     /** Per candidate, where a lower tier holds blocks of the prompt: `matched` plus those blocks at their tier's weight (`prefixAware.tierWeights`). */
     readonly tiered: Float64Array | undefined = undefined,
+    /** With `tiered`: per candidate, the leading blocks held on the GPU and then in a scored lower tier, unweighted. */
+    readonly reached: Int32Array | undefined = undefined,
   ) {}
+
+  /** Whether candidate `at` holds the prompt's first `lead` blocks, on the GPU or in a lower tier that is scored. */
+  holdsLead(at: number, lead: number): boolean {
+    return this.matched[at] >= lead || (this.reached !== undefined && this.reached[at] >= lead);
+  }
 
   /** The policy chose candidate `at`: records speculative entries; returns the index that scored it. */
   chose(at: number): IndexSource {

@@ -40,8 +40,8 @@ const FORGET_AFTER_PICKS = 4096;
  *   (`MISS_WEIGHT`: a miss also copies the prefix onto a second cache);
  * - its **content share** above its fair part, at most half the prompt, see `contentBalance`;
  *
- * and the least wins. A prompt whose lead (its first 4 blocks) no candidate holds is a new
- * prefix: it goes to the first endpoint of the lead's rendezvous (highest-random-weight) order
+ * and the least wins. A prompt whose lead (its first 4 blocks) no candidate holds (on the GPU,
+ * or by the exact index in a lower tier `prefixAware.tierWeights` scores) is a new prefix: it goes to the first endpoint of the lead's rendezvous (highest-random-weight) order
  * whose queue (with its content share) is within `placementSlack` prompts of the shortest and
  * whose load is within session-affinity's bound at its defaults (`max(⌈loadFactor × mean⌉,
  * least + loadSlack)`, see {@link SessionAffinitySettings}). That order depends only on the
@@ -194,7 +194,8 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       if (held >= 0) {
         if (exactBalance) cost += contentCost(index, fairRecent, blockCount);
         candidateQueues[at] = cost;
-        if (held >= exactLead) anyMatch = true;
+        // A prefix kept in a scored lower tier is not new either: its holder is priced, not passed over for the lead's order.
+        if (exact!.holdsLead(at, exactLead)) anyMatch = true;
         cost += MISS_WEIGHT * exactUncachedAt(blockCount, exact!, at);
       } else {
         cost += contentCost(index, fairRecent, blockCount);

@@ -9,7 +9,8 @@ import { join } from 'node:path';
 import { describe, expect, it } from '@jest/globals';
 import { Unpackr } from 'msgpackr';
 import { decodeKvEventBatch, type KvEvent } from '../../../lib/exact-prefix/events/decode';
-import type { VllmRecording } from '../vllm-recordings';
+import { encodeKvBatch } from '../../../example-server/mock-vllm/kv-events';
+import { mockEvent, type VllmEvent, type VllmRecording } from '../vllm-recordings';
 
 type Hash = number | bigint | Uint8Array;
 
@@ -96,5 +97,14 @@ describe("the decoder on vLLM's offloading connector events", () => {
     const [old, newer] = VERSIONS.map((version) => recording(version).vllmDecoded[0].events.find((event) => event.type === 'BlockStored' && event.medium === 'CPU'));
     expect(old?.type === 'BlockStored' && old.block_hashes.every((hash) => typeof hash === 'object' && 'bytes' in hash && hash.bytes.length === 64)).toBe(true);
     expect(newer?.type === 'BlockStored' && newer.block_hashes.every((hash) => typeof hash === 'number' || typeof hash === 'bigint')).toBe(true);
+  });
+
+  it("newer vLLM's messages are the mock's 'array-batch' layout byte for byte (an array batch of map events, defaults left out)", () => {
+    for (const frames of recording('vllm-db92053').frames) {
+      const [ts, events, rank] = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: 'bigint' }).unpack(Buffer.from(frames[2], 'hex')) as [number, unknown[], number];
+      // The maps carry vLLM's field names, as its decoded events do; hashes exact (msgpackr's bigints).
+      const mock = events.map((event) => mockEvent(event as VllmEvent));
+      expect(encodeKvBatch({ ts, events: mock, dataParallelRank: rank }, 'array-batch').toString('hex')).toBe(frames[2]);
+    }
   });
 });

@@ -60,6 +60,8 @@ describe('lower KV-cache tiers in the exact index', () => {
     expect(Array.from(match.matchedBlocks)).toEqual([2, 2]);
     // Rank 0: 2 GPU blocks + 2 CPU blocks × 0.8.
     expect(Array.from(match.weightedBlocks!)).toEqual([2 + 2 * 0.8, 2]);
+    // How far each rank holds the prompt in a scored tier, unweighted: rank 0 all 4 blocks (a prefix not new there), rank 1 its GPU run.
+    expect(Array.from(match.reachedBlocks!)).toEqual([4, 2]);
     expect(index.tiers.counts(0)).toEqual([['CPU', 2]]);
   });
 

@@ -52,6 +52,12 @@ export interface KvPrefixMatch {
   matchedBlocks: Int32Array;
   /** Per rank, where some rank holds lower-tier blocks: `matchedBlocks` plus the weighted blocks past them a lower tier holds (tier-index.ts). */
   weightedBlocks?: Float64Array;
+  /**
+   * With `weightedBlocks`: per rank, the leading blocks held on the GPU and then in the lower tier
+   * that scores best, unweighted. Whether a rank holds the prompt's lead in a tier that is scored:
+   * a prefix evicted from every GPU but kept on a CPU tier is not a new one.
+   */
+  reachedBlocks?: Int32Array;
 }
 
 /** Options of `KvExactIndex.match`. */

@@ -231,13 +231,16 @@ export class KvExactIndex implements KvEventSink {
       matchedBlocks[r] = b;
     }
     let weightedBlocks: Float64Array | undefined;
+    let reachedBlocks: Int32Array | undefined;
     for (let r = 0; r < states.length; r++) {
       if (!this.tiers.holds(r) || matchedBlocks[r] >= promptBlocks) continue;
       weightedBlocks ??= Float64Array.from(matchedBlocks);
+      reachedBlocks ??= Int32Array.from(matchedBlocks);
       const from = matchedBlocks[r];
       weightedBlocks[r] += this.tiers.extra(r, from, promptBlocks, (b) => nextKey(this.key, keys, b === 0 ? root : values[b - 1], tokens, b, size));
+      reachedBlocks[r] = this.tiers.reached;
     }
-    return { blockSize: size, promptBlocks, matchedBlocks, weightedBlocks };
+    return { blockSize: size, promptBlocks, matchedBlocks, weightedBlocks, reachedBlocks };
   }
 
   /**

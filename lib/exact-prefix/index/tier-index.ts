@@ -67,6 +67,8 @@ class Tier {
 /** Every lower tier of each rank (by the index's rank position). */
 export class LowerTiers {
   private readonly ranks: Array<Map<MediumLabel, Tier>>;
+  /** Set by {@link extra}: the leading blocks its best tier reaches, unweighted (the GPU run's end when none). */
+  reached = 0;
 
   constructor(
     rankCount: number,
@@ -118,12 +120,16 @@ export class LowerTiers {
    */
   extra(at: number, from: number, promptBlocks: number, keyAt: (b: number) => number): number {
     let best = 0;
+    this.reached = from;
     for (const tier of this.ranks[at].values()) {
       if (tier.weight <= 0 || tier.keys.size === 0) continue;
       let reached = from;
       for (let b = from; b < promptBlocks && b < reached + CHUNK_REACH; b++) if (tier.keys.has(keyAt(b))) reached = b + 1;
       const worth = (reached - from) * tier.weight;
-      if (worth > best) best = worth;
+      if (worth > best) {
+        best = worth;
+        this.reached = reached;
+      }
     }
     return best;
   }

@@ -147,7 +147,10 @@ describe('chooseWithObjectives', () => {
     const out = chooseWithObjectives(model, est, 4, { ttft: 0, tpot: 0 }, 0, choice());
     // The policy's cheapest of the others (cost = uncached + load): rank 2, the first of 2 and 3 at 10.
     expect(out.at).toBe(2);
-    const free = estimates([10, 10, 10, 10], [0, 2, 0, 0], [0.015, Infinity, Infinity, Infinity]);
+    // Every rank runs a stream with that objective: idle, rank 0 makes it 0.01 + 0.002 = 12 ms, within
+    // 80 %; rank 1 16 ms, the slow ranks 2 × 12 = 24 ms. (With ranks running no objective, those
+    // come first: choose.test.ts.)
+    const free = estimates([10, 10, 10, 10], [0, 2, 0, 0], [0.015, 0.015, 0.015, 0.015]);
     expect(chooseWithObjectives(model, free, 4, { ttft: 0, tpot: 0 }, 0, choice()).at).toBe(0);
   });
 

@@ -178,7 +178,7 @@ function spare(model: LatencyModel, est: SloEstimates, count: number, bestAt: nu
     const slow = model.tpot(rank, 1) > busy;
     const tier = slow ? (load[at] <= share ? 0 : 2) : tightest[at] === Infinity ? 1 : 2;
     if (tier > chosenTier) continue;
-    if (chosen < 0 || tier < chosenTier || (tier === 0 ? less(cost[at], cost[chosen]) : at === bestAt || (chosen !== bestAt && (load[at] < load[chosen] || (load[at] === load[chosen] && less(cost[at], cost[chosen])))))) {
+    if (chosen < 0 || tier < chosenTier || (tier === 0 ? less(cost[at], cost[chosen]) : tier === 1 && rank.objectiveAt !== ranks[chosen].objectiveAt ? rank.objectiveAt < ranks[chosen].objectiveAt : at === bestAt || (chosen !== bestAt && (load[at] < load[chosen] || (load[at] === load[chosen] && less(cost[at], cost[chosen])))))) {
       chosen = at;
       chosenTier = tier;
     }

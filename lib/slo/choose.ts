@@ -151,8 +151,10 @@ export function chooseWithObjectives(model: LatencyModel, est: SloEstimates, cou
  * (its capacity, not a faster rank's time). First a rank that serves no objective: predicted,
  * with nothing else running, to miss the TPOT objectives seen (a slower GPU), holding no more
  * than its share of the requests in flight; the policy's cheapest of those. Then a rank where no
- * stream with a TPOT objective is decoding: its prefill and decode slow nobody's objective now.
- * Then the others. In the last two, the policy's choice `bestAt` if it is among them; else the
+ * stream with a TPOT objective is decoding: its prefill and decode slow nobody's objective now;
+ * the one where none has decoded for longest first (least loaded, a rank between two interactive
+ * streams came first, and the next ones met the batch prefill there). Then the others. Among
+ * those, the policy's choice `bestAt` if it is among them; else the
  * least loaded, so that the class spreads over the ranks instead of filling a few that the
  * requests with objectives then avoid (the policy's cost breaks ties). None: the least predicted
  * TTFT where it breaks no stream's objective, if within {@link YIELD} times the least anywhere,

@@ -154,11 +154,11 @@ export function chooseWithObjectives(model: LatencyModel, est: SloEstimates, cou
  * stream with a TPOT objective is decoding: its prefill and decode slow nobody's objective now;
  * the one where none has decoded for longest first (least loaded, a rank between two interactive
  * streams came first, and the next ones met the batch prefill there). Then the others. Among
- * those, the policy's choice `bestAt` if it is among them; else the
- * least loaded, so that the class spreads over the ranks instead of filling a few that the
- * requests with objectives then avoid (the policy's cost breaks ties). None: the least predicted
- * TTFT where it breaks no stream's objective, if within {@link YIELD} times the least anywhere,
- * else that least (it yields, it does not starve).
+ * those, the policy's choice `bestAt` if it is among them; else the least loaded, so that the
+ * class spreads over the ranks instead of filling a few that the requests with objectives then
+ * avoid (the policy's cost breaks ties). None: the least predicted TTFT where it breaks no
+ * stream's objective, if within {@link YIELD} times the least anywhere, else that least (it
+ * yields, it does not starve).
  */
 function spare(model: LatencyModel, est: SloEstimates, count: number, bestAt: number): number {
   const { uncached, load, ttft, ranks, cost, tightest } = est;

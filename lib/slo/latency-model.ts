@@ -264,6 +264,7 @@ export class LatencyModel {
     if (this.speedsStale) this.relateSpeeds();
   }
 
+  /** A pass over the ranks, at the next `prepare` after a sample (a sample moves a rank's speeds). */
   private relateSpeeds(): void {
     this.speedsStale = false;
     let sum = 0;

@@ -100,18 +100,6 @@ describe('chooseWithObjectives: requests without objectives', () => {
     expect(chooseWithObjectives(model, est, 4, none, 0, choice()).at).toBe(1);
   });
 
-  it('among ranks where no stream with an objective decodes, prefer the one where none has for longest', () => {
-    // Rank 0, the policy's choice and idle, ran a stream with an objective until moments ago;
-    // rank 1 (load 1, first token 20 + 10 + 20 = 50 ms against its own 40 ms) never did. The slow ranks are queued.
-    const est = seenObjective(estimates([{ uncached: 10, load: 0 }, { uncached: 10, load: 1 }, { uncached: 10, ahead: 20, load: 1 }, { uncached: 10, ahead: 20, load: 1 }]));
-    est.ranks[0].objectiveAt = 1000;
-    try {
-      expect(chooseWithObjectives(model, est, 4, none, 0, choice()).at).toBe(1);
-    } finally {
-      est.ranks[0].objectiveAt = -Infinity;
-    }
-  });
-
   it('before any TPOT objective is seen, no rank counts as too slow: the policy’s choice, where it has room', () => {
     // The first scenario without the objective: rank 0, the policy's choice, runs 1: 20 + 10 + 20 = 50 ms against its own 40 ms.
     const est = estimates([{ uncached: 10, load: 1 }, { uncached: 10, load: 1 }, { uncached: 10, load: 0 }, { uncached: 20, load: 0 }]);

@@ -196,8 +196,6 @@ export class RankLatency {
   readonly tpot = new RankSpeed();
   /** The least TPOT objective (seconds) of the streams decoding here; Infinity when none has one. */
   tightestTpot = Infinity;
-  /** When (`performance.now()`) a stream with a TPOT objective last began or stopped decoding here; -Infinity: never. */
-  objectiveAt = -Infinity;
   /** Those objectives, one entry per stream. */
   private readonly goals: number[] = [];
 
@@ -212,7 +210,6 @@ export class RankLatency {
     let least = Infinity;
     for (const one of goals) if (one < least) least = one;
     this.tightestTpot = least;
-    this.objectiveAt = performance.now();
   }
 }
 

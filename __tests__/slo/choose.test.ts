@@ -91,6 +91,15 @@ describe('chooseWithObjectives: requests without objectives', () => {
     expect(chooseWithObjectives(model, est, 4, none, 0, choice()).at).toBe(1);
   });
 
+  it('prefer a rank where no stream with an objective decodes to the policy’s choice where one does', () => {
+    // Both slow ranks queued (2 × (60 + 10 + 20) = 180 ms against their own 80 ms). Rank 0, the
+    // policy's choice, runs a stream with a 30 ms objective that one more decode leaves within it
+    // (10 + 2 × 2 = 14 ms, under 80 % of 30), its first token 10 + 10 + 20 = 40 ms (its own: 30 ms);
+    // rank 1 runs nothing with an objective, its first token 20 + 10 + 20 = 50 ms (its own: 40 ms).
+    const est = seenObjective(estimates([{ uncached: 5, load: 1, tightest: 0.03 }, { uncached: 10, load: 1 }, { uncached: 10, ahead: 20, load: 1 }, { uncached: 10, ahead: 20, load: 1 }]));
+    expect(chooseWithObjectives(model, est, 4, none, 0, choice()).at).toBe(1);
+  });
+
   it('before any TPOT objective is seen, no rank counts as too slow: the policy’s choice, where it has room', () => {
     // The first scenario without the objective: rank 0, the policy's choice, runs 1: 20 + 10 + 20 = 50 ms against its own 40 ms.
     const est = estimates([{ uncached: 10, load: 1 }, { uncached: 10, load: 1 }, { uncached: 10, load: 0 }, { uncached: 20, load: 0 }]);
@@ -107,6 +116,23 @@ describe('chooseWithObjectives: requests with both objectives', () => {
     // Rank 1 lacks 10 blocks, idle: TTFT 20 + 20 = 40 ms (0.2), TPOT 12 ms (0.4): 0.6. Slow ranks run 2: 32 ms, they miss.
     const est = estimates([{ uncached: 0, load: 5 }, { uncached: 10, load: 0 }, { uncached: 0, load: 2 }, { uncached: 0, load: 2 }]);
     expect(chooseWithObjectives(model, est, 4, objectives, 0, choice())).toEqual({ at: 1, meets: true, predicted: true });
+  });
+
+  it('with none predicted to meet them within headroom, among those predicted to meet them, the least used in sum, not by the worst share', () => {
+    // Rank 0 holds the prompt, runs 8: TTFT 80 + 20 = 100 ms (0.5), TPOT 10 + 18 = 28 ms (0.93): 1.43.
+    // Rank 1 lacks 40 blocks, runs 7: TTFT 80 + 70 + 20 = 170 ms (0.85), TPOT 26 ms (0.87): 1.72,
+    // the smaller worst share. Slow ranks lacking 40 blocks, running 4: TTFT 2 × 140 = 280 ms, a miss.
+    const est = estimates([{ uncached: 0, load: 8 }, { uncached: 40, load: 7 }, { uncached: 40, load: 4 }, { uncached: 40, load: 4 }]);
+    expect(chooseWithObjectives(model, est, 4, objectives, 1, choice())).toEqual({ at: 0, meets: false, predicted: true });
+  });
+
+  it('with every rank predicted to miss, a fast rank over one too slow for the TPOT objective even alone', () => {
+    // TPOT ≤ 20 ms: the slow ranks make 24 ms a token alone. Rank 2 holds the prompt, idle: TTFT
+    // 2 × 20 = 40 ms, TPOT 24 ms (1.2 of it), the least worst share. The fast ranks are queued: rank
+    // 0, 2 × 110 + 20 + 20 = 260 ms (1.3 of 200), TPOT 16 ms; rank 1, 300 ms (1.5). Rank 0.
+    const tight = { ttft: 0.2, tpot: 0.02 };
+    const est = estimates([{ uncached: 10, ahead: 100, load: 2 }, { uncached: 10, ahead: 120, load: 2 }, { uncached: 0, load: 0 }, { uncached: 0, load: 1 }]);
+    expect(chooseWithObjectives(model, est, 4, tight, 2, choice())).toEqual({ at: 0, meets: false, predicted: true });
   });
 
   it('keep the hit when it saves more than the load costs', () => {

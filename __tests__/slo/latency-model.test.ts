@@ -48,6 +48,24 @@ describe('LatencyModel', () => {
     }
   });
 
+  it('predicts a rank’s TPOT at its TTFT speed until its own streams have ended, then at its own', () => {
+    const model = new LatencyModel();
+    // Every rank's first tokens; only the fast ranks' streams have ended (the slow ranks run long answers).
+    for (const { rank, work, load, source } of samples(2000)) {
+      const at = model.rank(`u#${rank}`);
+      model.learnTtft(at, source, model.weigh(source), work, load, trueTtft(rank, work, load));
+      if (rank < 2) model.learnTpot(at, source, model.weigh(source), load, trueTpot(rank, load));
+    }
+    model.prepare();
+    // Twice as slow to its first token: twice the fast ranks' 10 + 2 × 3 = 16 ms, 32 ms, the truth.
+    expect(Math.abs(model.tpot(model.rank('u#2'), 3) / trueTpot(2, 3) - 1)).toBeLessThan(0.05);
+    // Rank 3's streams end, 1.5 × as slow per token as the fast ranks (not 2): 24 ms, from its own.
+    const rank3 = model.rank('u#3');
+    for (let i = 0; i < 300; i++) model.learnTpot(rank3, `s${i % 3}`, model.weigh(`s${i % 3}`), i % 9, 1.5 * trueTpot(0, i % 9));
+    model.prepare();
+    expect(Math.abs(model.tpot(rank3, 3) / (1.5 * trueTpot(0, 3)) - 1)).toBeLessThan(0.05);
+  });
+
   it('follows one source in full when it is the only one (a single application behind the gateway)', () => {
     const model = new LatencyModel();
     for (let i = 0; i < 10; i++) expect(model.weigh('only')).toBe(1);
@@ -147,7 +165,10 @@ describe('chooseWithObjectives', () => {
     const out = chooseWithObjectives(model, est, 4, { ttft: 0, tpot: 0 }, 0, choice());
     // The policy's cheapest of the others (cost = uncached + load): rank 2, the first of 2 and 3 at 10.
     expect(out.at).toBe(2);
-    const free = estimates([10, 10, 10, 10], [0, 2, 0, 0], [0.015, Infinity, Infinity, Infinity]);
+    // Every rank runs a stream with that objective: idle, rank 0 makes it 0.01 + 0.002 = 12 ms, within
+    // 80 %; rank 1 16 ms, the slow ranks 2 × 12 = 24 ms. (With ranks running no objective, those
+    // come first: choose.test.ts.)
+    const free = estimates([10, 10, 10, 10], [0, 2, 0, 0], [0.015, 0.015, 0.015, 0.015]);
     expect(chooseWithObjectives(model, free, 4, { ttft: 0, tpot: 0 }, 0, choice()).at).toBe(0);
   });
 

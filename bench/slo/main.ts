@@ -1,5 +1,5 @@
 /**
- * npm run bench:slo [-- --quick] [--seed N] [--seconds N] [--load 0.65] [--rate R] [--only slo|tiers] [--out FILE]
+ * npm run bench:slo [-- --quick] [--seed N] [--seconds N] [--load 0.65] [--rate R] [--only slo|tiers] [--contenders exact,slo] [--out FILE]
  *
  * SLO routing against the timed mock vLLM (example-server/mock-vllm/scheduler.ts), real HTTP and
  * ZeroMQ on loopback, one process:
@@ -129,8 +129,11 @@ async function sloScenario() {
     ['exact (today)', { policy: 'prefix-aware', prefixAware: { tokenizer }, exposeDecision: true }],
     ['slo', { policy: 'prefix-aware', prefixAware: { tokenizer }, exposeDecision: true, slo: { trust: true } } as RouterShape],
   ];
+  // --contenders exact,slo runs only those (by their names' first word): a tuning run's shorter loop.
+  const chosen = value('contenders')?.split(',');
   const results: ContenderResult[] = [];
   for (const [name, shape] of contenders) {
+    if (chosen !== undefined && !chosen.includes(name.split(' ')[0])) continue;
     process.stdout.write(`  ${name}...\n`);
     results.push(await runContender(name, shape, rate, tpotObjectiveMs));
   }

@@ -79,13 +79,24 @@ export interface SloChoice {
 }
 
 /**
- * Predicts every candidate, then: with objectives, among the candidates predicted to meet both
- * (within {@link HEADROOM}) the one that uses least of them, the sum of its predictions' shares of
- * the objectives (its TTFT share prices the cache hit, its TPOT share the decodes running there;
- * without a TTFT objective, the fewest uncached blocks), the fewest uncached blocks then the
- * policy's cost breaking ties; none: the least bad (the least worst ratio of prediction to
- * objective). Taking the best hit outright filled the cache holders to the edge of the TPOT
- * objective while ranks beside them ran half empty. Without objectives see {@link spare}.
+ * Predicts every candidate, then: with objectives, the candidates in four tiers, the first one
+ * not empty deciding: predicted to meet both objectives within {@link HEADROOM} and to leave
+ * every stream decoding there within it too; to meet them (and leave those streams within their
+ * own) without headroom; to miss them; to miss TPOT even alone (a slower GPU). In the first two,
+ * the one that uses least of the objectives, the sum of its predictions' shares (its TTFT share
+ * prices the cache hit against the queue and the load, its TPOT share the decodes running there;
+ * without a TTFT objective, the fewest uncached blocks); in the last two, the least bad (the least
+ * worst ratio of prediction to objective). The fewest uncached blocks, then the policy's cost,
+ * break ties. Only the first tier `meets` (a shed otherwise).
+ *
+ * Taking the best hit outright filled the cache holders to the edge of the TPOT objective while
+ * ranks beside them ran half empty. With the second tier read as the third (slo-tune), most
+ * decisions of `bench:slo` (379 of 439 in one run) were "least bad" by the worst share alone,
+ * TPOT's: the TTFT share, and with it the queue, no longer counted, and while the fitted cost of
+ * a request in flight was still small (the first ten seconds) requests herded onto one rank
+ * whose predicted TPOT barely grew with its load. A rank too slow for the TPOT objective came
+ * before a fast one predicted to miss TTFT: a miss for certain against a prediction that may err.
+ * Without objectives see {@link spare}.
  */
 export function chooseWithObjectives(model: LatencyModel, est: SloEstimates, count: number, objectives: Objectives, bestAt: number, out: SloChoice): SloChoice {
   const { ttft: ttftGoal, tpot: tpotGoal } = objectives;
@@ -107,33 +118,29 @@ export function chooseWithObjectives(model: LatencyModel, est: SloEstimates, cou
     out.at = spare(model, est, count, bestAt);
     return out;
   }
-  let best = -1;
-  let bestUse = Infinity;
-  let leastBad = bestAt;
-  let leastBadness = Infinity;
+  let best = bestAt;
+  let bestTier = 4;
+  let bestKey = Infinity;
   for (let at = 0; at < count; at++) {
     const ttftShare = ttftGoal > 0 ? ttft[at] / ttftGoal : 0;
     const tpotShare = tpotGoal > 0 ? tpot[at] / tpotGoal : 0;
     const badness = Math.max(ttftShare, tpotShare);
     // Meeting its own objectives is not enough where it would break a running stream's.
-    if (badness <= HEADROOM && !breaks(est, at)) {
-      // The TTFT share prices the cache hit (the prefill it saves) against the load; without a TTFT objective, the hit itself.
-      const use = ttftGoal > 0 ? ttftShare + tpotShare : uncached[at];
-      if (best < 0 || use < bestUse || (use === bestUse && (uncached[at] < uncached[best] || (uncached[at] === uncached[best] && less(est.cost[at], est.cost[best]))))) {
-        best = at;
-        bestUse = use;
-      }
-    } else if (badness < leastBadness) {
-      leastBadness = badness;
-      leastBad = at;
+    const tier =
+      badness <= HEADROOM && !breaks(est, at, HEADROOM) ? 0
+      : badness <= 1 && !breaks(est, at, 1) ? 1
+      : tpotWarm && tpotGoal > 0 && model.tpot(ranks[at], 1) > tpotGoal ? 3
+      : 2;
+    // Met (within headroom or not): the TTFT share prices the cache hit (the prefill it saves) against the load; without a TTFT objective, the hit itself. Missed: the least bad.
+    const key = tier < 2 ? (ttftGoal > 0 ? ttftShare + tpotShare : uncached[at]) : badness;
+    if (tier < bestTier || (tier === bestTier && (key < bestKey || (key === bestKey && (uncached[at] < uncached[best] || (uncached[at] === uncached[best] && less(est.cost[at], est.cost[best]))))))) {
+      best = at;
+      bestTier = tier;
+      bestKey = key;
     }
   }
-  if (best >= 0) {
-    out.at = best;
-    return out;
-  }
-  out.at = leastBad;
-  out.meets = false;
+  out.at = best;
+  out.meets = bestTier === 0;
   return out;
 }
 
@@ -143,21 +150,24 @@ export function chooseWithObjectives(model: LatencyModel, est: SloEstimates, cou
  * token is predicted within {@link YIELD} times the rank's own time for it with nothing ahead
  * (its capacity, not a faster rank's time). First a rank that serves no objective: predicted,
  * with nothing else running, to miss the TPOT objectives seen (a slower GPU), holding no more
- * than its share of the requests in flight; the policy's cheapest of those. Else the policy's
- * choice `bestAt` if it qualifies; else the least loaded, so that the class spreads over the
- * ranks instead of filling a few that the requests with objectives then avoid (the policy's cost
- * breaks ties). None: the least predicted TTFT
- * where it breaks no stream's objective, if within {@link YIELD} times the least anywhere, else
- * that least (it yields, it does not starve).
+ * than its share of the requests in flight; the policy's cheapest of those. Then a rank where no
+ * stream with a TPOT objective is decoding: its prefill and decode slow nobody's objective now.
+ * Then the others. Among those, the policy's choice `bestAt` if it is among them; else the
+ * least loaded, so that the class spreads over the ranks instead of filling a few that the
+ * requests with objectives then avoid (the policy's cost breaks ties). None: the least predicted
+ * TTFT where it breaks no stream's objective, if within {@link YIELD} times the least anywhere,
+ * else that least (it yields, it does not starve). (Taking, among the ranks where no stream with
+ * an objective decodes, the one where none had for longest first, 8e63731, concentrated the
+ * batch class on one fast rank: its TTFT p99 rose, the attainment did not, over three runs.)
  */
 function spare(model: LatencyModel, est: SloEstimates, count: number, bestAt: number): number {
-  const { uncached, load, ttft, ranks, cost } = est;
+  const { uncached, load, ttft, ranks, cost, tightest } = est;
   const busy = model.tpotWarm && est.objectiveTpot > 0 ? HEADROOM * est.objectiveTpot : Infinity;
   let total = 0;
   for (let at = 0; at < count; at++) total += load[at];
   const share = total / count;
   let chosen = -1;
-  let chosenFree = false;
+  let chosenTier = 3;
   let soonest = 0;
   let soonestSpared = -1;
   for (let at = 0; at < count; at++) {
@@ -166,11 +176,13 @@ function spare(model: LatencyModel, est: SloEstimates, count: number, bestAt: nu
     if (soonestSpared < 0 || ttft[at] < ttft[soonestSpared]) soonestSpared = at;
     const rank = ranks[at];
     if (ttft[at] > YIELD * model.ttft(rank, uncached[at], 0)) continue;
-    const free = load[at] <= share && model.tpot(rank, 1) > busy;
-    if (chosen >= 0 && chosenFree && !free) continue;
-    if (chosen < 0 || (free && !chosenFree) || (free ? less(cost[at], cost[chosen]) : at === bestAt || (chosen !== bestAt && (load[at] < load[chosen] || (load[at] === load[chosen] && less(cost[at], cost[chosen])))))) {
+    // A slow rank past its share is one of the others: filled further, its queue holds batch first tokens for seconds.
+    const slow = model.tpot(rank, 1) > busy;
+    const tier = slow ? (load[at] <= share ? 0 : 2) : tightest[at] === Infinity ? 1 : 2;
+    if (tier > chosenTier) continue;
+    if (chosen < 0 || tier < chosenTier || (tier === 0 ? less(cost[at], cost[chosen]) : at === bestAt || (chosen !== bestAt && (load[at] < load[chosen] || (load[at] === load[chosen] && less(cost[at], cost[chosen])))))) {
       chosen = at;
-      chosenFree = free;
+      chosenTier = tier;
     }
   }
   if (chosen >= 0) return chosen;
@@ -178,10 +190,10 @@ function spare(model: LatencyModel, est: SloEstimates, count: number, bestAt: nu
 }
 
 /** Whether one more request at `at` would put its decoding streams' TPOT past the tightest of their objectives. */
-function breaks(est: SloEstimates, at: number): boolean {
+function breaks(est: SloEstimates, at: number, headroom = HEADROOM): boolean {
   const tightest = est.tightest[at];
   // `tpot` was predicted with the request's own decode counted: what every stream there would see.
-  return tightest !== Infinity && est.tpot[at] > HEADROOM * tightest;
+  return tightest !== Infinity && est.tpot[at] > headroom * tightest;
 }
 
 /** `a < b`, with NaN (a candidate the policy did not finish pricing) last. */

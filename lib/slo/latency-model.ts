@@ -225,6 +225,9 @@ export class LatencyModel {
   private c = 0;
   private t0 = 0;
   private t1 = 0;
+  /** The ranks' mean ratio of TPOT speed to TTFT speed, for a rank whose TPOT is not measured yet (see `tpot`). */
+  private tpotPerTtft = 1;
+  private speedsStale = false;
 
   constructor(minSources = 3) {
     this.shares = new SourceShares(minSources);
@@ -255,6 +258,20 @@ export class LatencyModel {
     const tpot = this.tpotFit.solve();
     this.t1 = tpot[0];
     this.t0 = tpot[1];
+    if (this.speedsStale) this.relateSpeeds();
+  }
+
+  /** A pass over the ranks, at the next `prepare` after a sample (a sample moves a rank's speeds). */
+  private relateSpeeds(): void {
+    this.speedsStale = false;
+    let sum = 0;
+    let count = 0;
+    for (const rank of this.ranks.values()) {
+      if (rank.tpot.samples === 0 || rank.ttft.samples === 0) continue;
+      sum += rank.tpot.factor / rank.ttft.factor;
+      count++;
+    }
+    this.tpotPerTtft = count === 0 ? 1 : sum / count;
   }
 
   /** Predicted TTFT in seconds on `rank` with `work` blocks of prefill (ahead + own) and `load` requests in flight. */
@@ -262,9 +279,17 @@ export class LatencyModel {
     return rank.ttft.factor * (this.a * work + this.b * load + this.c);
   }
 
-  /** Predicted TPOT in seconds on `rank` with `load` requests in flight during the decode (the request's own included). */
+  /**
+   * Predicted TPOT in seconds on `rank` with `load` requests in flight during the decode (the
+   * request's own included). Before the rank's first TPOT sample, at its TTFT speed (the same
+   * engine's, learned from first tokens seconds sooner) as the measured ranks relate the two. A rank's TPOT is learned at a stream's end,
+   * and a slower GPU taking only long answers (the batch class) showed none for its first ten
+   * seconds in `bench:slo`: predicted at the fleet's speed, it drew requests with a TPOT objective
+   * it could not meet.
+   */
   tpot(rank: RankLatency, load: number): number {
-    return rank.tpot.factor * (this.t0 + this.t1 * load);
+    const factor = rank.tpot.samples > 0 ? rank.tpot.factor : rank.ttft.samples > 0 ? rank.ttft.factor * this.tpotPerTtft : 1;
+    return factor * (this.t0 + this.t1 * load);
   }
 
   /** The source's weight for one more observation (counted). */
@@ -281,6 +306,7 @@ export class LatencyModel {
     const predicted = rank.ttft.factor * shaped;
     const y = warm && predicted > 0 ? clip(seconds, predicted) : seconds;
     if (warm && shaped > 0) rank.ttft.learn(source, y, shaped, weight);
+    this.speedsStale = true;
     if (rank.ttft.agrees(source)) this.ttftFit.add([work, load, 1], y / rank.ttft.factor, weight);
   }
 
@@ -293,6 +319,7 @@ export class LatencyModel {
     const predicted = rank.tpot.factor * shaped;
     const y = warm && predicted > 0 ? clip(seconds, predicted) : seconds;
     if (warm && shaped > 0) rank.tpot.learn(source, y, shaped, weight);
+    this.speedsStale = true;
     if (rank.tpot.agrees(source)) this.tpotFit.add([load, 1], y / rank.tpot.factor, weight);
   }
 

@@ -9,7 +9,7 @@ import { startExampleGateway, startMockOnPort, type RunningGateway } from '../..
 import { startMockVllm } from '../../example-server/mock-vllm';
 import { expressMajor, serve } from '../helpers/app';
 import { startRedis } from '../helpers/redis';
-import { freeUdpPort } from '../helpers/udp';
+import { freeUdpPort } from '../helpers/ports';
 import { sleep, waitFor } from '../helpers/wait';
 
 const ROOT = join(__dirname, '..', '..');

@@ -10,6 +10,7 @@ import { metricValue, parseExposition, serve, startGateway, sumSamples, type Tes
 import { rawRequest } from './helpers/raw-http';
 import { seedScenario } from './helpers/fixtures';
 import { waitFor } from './helpers/wait';
+import { freePort } from './helpers/ports';
 
 let upstream: EchoUpstream;
 let gateway: TestGateway | undefined;
@@ -262,9 +263,8 @@ describe('body-field hints (SGLang)', () => {
   });
 
   it('moves an inserted field to the rank a retry goes to', async () => {
-    const dead = await serve(() => undefined);
-    const deadUrl = dead.url;
-    await dead.close();
+    // Nothing listens there, and no other test's listen(0) takes it meanwhile (below the ephemeral range).
+    const deadUrl = `http://127.0.0.1:${await freePort()}`;
     gateway = await startGateway({
       upstreams: [
         { url: deadUrl, name: 'dead', dataParallelSize: 2 },

@@ -34,7 +34,6 @@ async function main(): Promise<void> {
   // eslint-disable-next-line @typescript-eslint/no-require-imports
   const { startExampleGateway } = require('./gateway') as typeof import('./gateway');
   const gateway = await startExampleGateway(settings, logger);
-  logger.info({ otlpEndpoint: settings.otlpEndpoint && redactUrl(settings.otlpEndpoint) }, gateway.summary);
 
   // A terminal's Ctrl-C reaches every process of the group, and npm (`npm start`, whose script
   // execs node so that a SIGTERM to npm alone reaches it) forwards it once more: copies of one
@@ -67,6 +66,9 @@ async function main(): Promise<void> {
   };
   process.on('SIGINT', shutdown);
   process.on('SIGTERM', shutdown);
+  // The listening line last: a supervisor may signal the moment it reads it, and a SIGTERM
+  // that came before the handlers would kill node outright (no drain, npm exits by signal).
+  logger.info({ otlpEndpoint: settings.otlpEndpoint && redactUrl(settings.otlpEndpoint) }, gateway.summary);
 }
 
 /** How close two deliveries of one signal are to be one: npm forwards what the terminal sent the whole group. */

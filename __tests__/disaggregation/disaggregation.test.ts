@@ -1,10 +1,9 @@
 import { describe, expect, it } from '@jest/globals';
-import { createServer, request as httpRequest } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { request as httpRequest } from 'node:http';
 import OpenAI from 'openai';
 import { startMockVllm, type MockVllm, type MockVllmOptions } from '../../example-server/mock-vllm';
 import { dpRouter, OptionError, type Options } from '../../lib';
-import { allIdle, closedAfterEach, exchange, metricValue, rawRequest, serve, startDnsmasq, startGateway, waitFor, type TestGateway } from '../helpers';
+import { allIdle, closedAfterEach, exchange, freePort, metricValue, rawRequest, serve, startDnsmasq, startGateway, waitFor, type TestGateway } from '../helpers';
 
 const started = closedAfterEach();
 const COMPLETION = '{"model":"mock-model","prompt":"The quick brown fox jumps over the lazy dog, again and again.","max_tokens":3,"min_tokens":2}';
@@ -581,13 +580,4 @@ async function leaveAfter(url: string, body: string, when: () => boolean): Promi
   outgoing.end(body);
   await waitFor(when, 2000, 'the leg to start');
   outgoing.destroy();
-}
-
-/** A port nothing listens on. */
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as AddressInfo;
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  return port;
 }

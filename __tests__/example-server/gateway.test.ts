@@ -9,7 +9,7 @@ import { startExampleGateway, startMockOnPort, type RunningGateway } from '../..
 import { startMockVllm } from '../../example-server/mock-vllm';
 import { expressMajor, serve } from '../helpers/app';
 import { startRedis } from '../helpers/redis';
-import { freeUdpPort } from '../helpers/udp';
+import { freePort, freeUdpPort } from '../helpers/ports';
 import { sleep, waitFor } from '../helpers/wait';
 
 const ROOT = join(__dirname, '..', '..');
@@ -284,14 +284,6 @@ describeProcess('npm start (the process)', () => {
 });
 
 describe("the embedded mock's port", () => {
-  /** A port nothing listens on now (the OS's choice, released). */
-  const freePort = async () => {
-    const probe = await serve(() => undefined);
-    const port = Number(new URL(probe.url).port);
-    await probe.close();
-    return port;
-  };
-
   it('is --mock-port when given', async () => {
     const port = await freePort();
     const gateway = await startExampleGateway(parseCommandLine(['--port', '0', '--mock-port', String(port)]) as GatewaySettings);
@@ -491,10 +483,8 @@ describe("the example gateway's access log", () => {
   it('logs a gateway 502 with the vLLM error it answered, not a stack', async () => {
     const lines: Array<Record<string, unknown>> = [];
     const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) });
-    // A port nothing listens on: the connection is refused.
-    const probe = await serve(() => undefined);
-    const refused = probe.url;
-    await probe.close();
+    // A port nothing listens on (below the ephemeral range: no other test's listen(0) takes it): the connection is refused.
+    const refused = `http://127.0.0.1:${await freePort()}`;
     const settings = parseCommandLine(['--port', '0', '--upstream', refused, '--dp-size', '1']) as GatewaySettings;
     const gateway = await startExampleGateway(settings, logger);
     try {

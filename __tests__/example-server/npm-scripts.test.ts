@@ -25,22 +25,33 @@ function portFree(port: number): Promise<boolean> {
 
 /**
  * Spawns `npm args…` in a process group of its own (so that whatever it leaves behind can be
- * cleaned up), waits for `listening`, sends SIGTERM to the npm process alone, and returns the
- * ports the line named and npm's exit.
+ * cleaned up), sends SIGTERM to the npm process alone in the same turn as the `listening` line
+ * arrives (as a supervisor that starts routing and stopping on that line may: a child that
+ * prints it before it handles SIGTERM dies of the signal), and returns the ports the line named
+ * and npm's exit.
  */
 async function sigtermToNpm(args: string[], listening: RegExp): Promise<{ ports: number[]; exit: { code: number | null; signal: NodeJS.Signals | null }; out: string }> {
   const npm = spawn('npm', args, { cwd: ROOT, detached: true });
   let out = '';
-  npm.stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
-  npm.stderr.on('data', (chunk: Buffer) => (out += chunk.toString()));
+  let ports: number[] | undefined;
+  const onOutput = (chunk: Buffer) => {
+    out += chunk.toString();
+    if (ports !== undefined) return;
+    const line = listening.exec(out);
+    if (line === null) return;
+    ports = line.slice(1).map(Number);
+    npm.kill('SIGTERM');
+  };
+  npm.stdout.on('data', onOutput);
+  npm.stderr.on('data', onOutput);
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => npm.on('exit', (code, signal) => resolve({ code, signal })));
   try {
-    await waitFor(() => listening.test(out), 30_000, () => `no ${listening} in ${JSON.stringify(out)}`);
-    const ports = [...listening.exec(out)!.slice(1)].map(Number);
-    npm.kill('SIGTERM');
+    await waitFor(() => ports !== undefined || npm.exitCode !== null || npm.signalCode !== null, 30_000, () => `no ${listening} in ${JSON.stringify(out)}`);
     const exit = await exited;
-    await waitFor(async () => (await Promise.all(ports.map(portFree))).every(Boolean), 10_000, () => `a port of ${ports.join(', ')} is still held after npm exited: ${out}`);
-    return { ports, exit, out };
+    if (ports === undefined) throw new Error(`npm exited (${JSON.stringify(exit)}) before ${listening}: ${out}`);
+    const held = ports;
+    await waitFor(async () => (await Promise.all(held.map(portFree))).every(Boolean), 10_000, () => `a port of ${held.join(', ')} is still held after npm exited: ${out}`);
+    return { ports: held, exit, out };
   } finally {
     try {
       process.kill(-npm.pid!, 'SIGKILL');

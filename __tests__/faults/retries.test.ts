@@ -1,7 +1,7 @@
 import { afterEach, describe, expect, it } from '@jest/globals';
 import { request as httpRequest } from 'node:http';
 import type { Options } from '../../lib';
-import { allIdle, echoUpstreams, exchange, metricValue, parseExposition, startEchoUpstream, startGateway, sumSamples, type TestGateway, waitFor } from '../helpers';
+import { allIdle, echoUpstreams, exchange, freePort, metricValue, parseExposition, startGateway, sumSamples, type TestGateway, waitFor } from '../helpers';
 
 let gateway: TestGateway | undefined;
 
@@ -12,11 +12,9 @@ afterEach(async () => {
 
 const echo = echoUpstreams();
 
-/** An address where nothing listens any more. */
+/** An address where nothing listens (below the ephemeral range: no other test's listen(0) takes it meanwhile). */
 async function deadUrl(): Promise<string> {
-  const upstream = await startEchoUpstream();
-  await upstream.close();
-  return upstream.url;
+  return `http://127.0.0.1:${await freePort()}`;
 }
 
 /** Two upstreams serving ranks 0 and 1 each (replicas), the dead one first in round-robin order. */

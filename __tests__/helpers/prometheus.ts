@@ -1,8 +1,8 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { accessSync, constants, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { freePort } from './ports';
 import { waitFor } from './wait';
 
 /** The repository root. */
@@ -24,18 +24,6 @@ export function findExecutable(name: string): string | undefined {
     }
   }
   return undefined;
-}
-
-/** A TCP port that was free a moment ago, for servers that cannot listen on port 0. */
-export function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as net.AddressInfo;
-      server.close(() => resolve(port));
-    });
-  });
 }
 
 /** A Prometheus server started by a test. */

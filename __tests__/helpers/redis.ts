@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { freePort } from './prometheus';
+import { freePort } from './ports';
 import { waitFor } from './wait';
 
 /** A real redis-server on a free loopback port, without persistence; `stop()` kills it by PID. */

@@ -1,10 +1,9 @@
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { request as httpRequest, Agent } from 'node:http';
-import { createServer as createNetServer, type AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { startMockVllm, type MockVllm } from '../../example-server/mock-vllm';
 import { exponential, seededRng } from '../routing/rng';
-import { freeUdpPort } from '../lib/udp-port';
+import { freePort, freeUdpPort } from '../lib/ports';
 import { startBenchRedis, type BenchRedis } from '../lib/redis-server';
 
 /** How the gateways learn each other's load: not at all, UDP datagrams, or a Redis channel. */
@@ -81,17 +80,6 @@ process.once('exit', () => {
   for (const child of running) child.kill('SIGKILL');
 });
 
-/** A TCP port on 127.0.0.1 that was free a moment ago. */
-function freeTcpPort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const probe = createNetServer().once('error', reject);
-    probe.listen(0, '127.0.0.1', () => {
-      const { port } = probe.address() as AddressInfo;
-      probe.close(() => resolve(port));
-    });
-  });
-}
-
 /**
  * Starts a gateway process (the example server, with the lag probe preloaded) and resolves
  * with its URL once `/healthz` answers. Node runs it directly (no tsx wrapper process), so the
@@ -99,19 +87,26 @@ function freeTcpPort(): Promise<number> {
  */
 async function startGatewayProcess(args: string[]): Promise<GatewayProcess> {
   const env = { ...process.env, DP_ROUTER_PEER_SECRET: 'bench:gateways peers on loopback' };
-  const port = await freeTcpPort();
+  // Below the ephemeral range: no other process's listen(0) takes it before the gateway binds it.
+  const port = await freePort();
   const node = ['--disable-warning=DEP0060', '--import', 'tsx', '--import', join(__dirname, 'lag-probe.ts'), join(ROOT, 'example-server', 'main.ts')];
   const child = spawn(process.execPath, [...node, '--port', String(port), '--log-level', 'warn', ...args], { cwd: ROOT, env });
   running.add(child);
   child.once('exit', () => running.delete(child));
   const probes: Array<(line: string) => void> = [];
-  const probe = () =>
-    new Promise<{ p50: number; p99: number; cpuUs: number }>((resolve) => {
-      probes.push((line) => resolve(JSON.parse(line) as { p50: number; p99: number; cpuUs: number }));
-      child.kill('SIGUSR2');
-    });
   let output = '';
   let pending = '';
+  // A gateway that dies mid-run fails the run, naming why, instead of leaving its probe unanswered.
+  const died = new Promise<never>((_, reject) => child.once('exit', (code, signal) => reject(new Error(`gateway on port ${port} exited (${code ?? signal}) during the run: ${output}`))));
+  died.catch(() => undefined);
+  const probe = () =>
+    Promise.race([
+      new Promise<{ p50: number; p99: number; cpuUs: number }>((resolve) => {
+        probes.push((line) => resolve(JSON.parse(line) as { p50: number; p99: number; cpuUs: number }));
+        child.kill('SIGUSR2');
+      }),
+      died,
+    ]);
   child.stdout.on('data', (chunk: Buffer) => {
     pending += chunk.toString();
     for (let newline = pending.indexOf('\n'); newline !== -1; newline = pending.indexOf('\n')) {
@@ -132,7 +127,8 @@ async function startGatewayProcess(args: string[]): Promise<GatewayProcess> {
       child.kill('SIGKILL');
       throw new Error(`gateway did not listen within ${START_TIMEOUT_MS} ms: ${output}`);
     }
-    const healthy = await fetch(`${url}/healthz`).then((answer) => answer.ok, () => false);
+    // Bounded, so that the loop goes on checking the child's exit whatever holds the port.
+    const healthy = await fetch(`${url}/healthz`, { signal: AbortSignal.timeout(2_000) }).then((answer) => answer.ok, () => false);
     if (healthy) return { url, child, probe };
     await new Promise((resolve) => setTimeout(resolve, 100));
   }

@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { createServer } from 'node:net';
+import { freePort } from './ports';
 
 /** A redis-server the benchmark started on a free loopback port, without persistence. */
 export interface BenchRedis {
@@ -9,13 +9,7 @@ export interface BenchRedis {
 
 /** Starts `redis-server` (it must be installed) and resolves once it accepts connections. */
 export async function startBenchRedis(): Promise<BenchRedis> {
-  const port = await new Promise<number>((resolve, reject) => {
-    const probe = createServer().once('error', reject);
-    probe.listen(0, '127.0.0.1', () => {
-      const { port: free } = probe.address() as { port: number };
-      probe.close(() => resolve(free));
-    });
-  });
+  const port = await freePort();
   const child = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: ['ignore', 'pipe', 'inherit'] });
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
   await new Promise<void>((resolve, reject) => {

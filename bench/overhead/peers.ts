@@ -18,7 +18,7 @@ import { join } from 'node:path';
 import { coreCount, hasTaskset, pinSelf, processCpuMs, startChild, type BenchChild } from '../lib/cpu';
 import { startBenchRedis, type BenchRedis } from '../lib/redis-server';
 import { fixed, median, parseArgs } from '../lib/stats';
-import { freeUdpPort } from '../lib/udp-port';
+import { freeUdpPort } from '../lib/ports';
 import { createPoster } from './client';
 import { describeBuild, libraryBuildFrom, prepareLibrary, startContender } from './contender-process';
 

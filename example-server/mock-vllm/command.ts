@@ -203,7 +203,6 @@ export async function runMockCommand(argv: readonly string[]): Promise<void> {
   const count = options.dataParallelSize ?? 4;
   const ranks = `${start}-${start + count - 1} (X-data-parallel-rank 0-${count - 1})`;
   const events = mock.kvEvents ? `; KV events from ${mock.kvEvents.endpoints[0]} (rank ${start}; +1 per rank), replay ${mock.kvEvents.replayEndpoints[0]}` : '';
-  process.stdout.write(`mock vLLM listening on ${mock.url}: model ${options.model ?? 'mock-model'}, ranks ${ranks}${events}\n`);
   // A terminal's Ctrl-C reaches the mock twice under `npm run mock` (from the terminal, and
   // forwarded by npm): the first closes it, the others wait for that.
   let stopping = false;
@@ -214,4 +213,7 @@ export async function runMockCommand(argv: readonly string[]): Promise<void> {
   };
   process.on('SIGINT', stop);
   process.on('SIGTERM', stop);
+  // The listening line last: whoever reads it may signal at once, and a SIGTERM before the
+  // handlers would kill node outright (the port freed by the kernel, npm exiting by signal).
+  process.stdout.write(`mock vLLM listening on ${mock.url}: model ${options.model ?? 'mock-model'}, ranks ${ranks}${events}\n`);
 }

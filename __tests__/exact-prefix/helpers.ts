@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import type { KvEventType, KvGapOutcome, KvStreamListener } from '../../lib/exact-prefix/events/subscriber';
+import { ephemeralStart } from '../helpers/ports';
 import { sleep } from '../helpers/wait';
 
 /** A fixture's bytes: hex pairs, `#` comments and whitespace ignored. */
@@ -86,8 +87,10 @@ export async function untilJoined(probe: () => Promise<unknown>, ready: () => bo
 
 /** A base port with `count` free ports after it on 127.0.0.1 (a probe; the caller retries on a race). */
 export async function freePortRun(count: number): Promise<number> {
+  // Below the ephemeral range, as helpers/ports.ts' freePort: a port listen(0) handed to another test file's server is not taken between the probe and the bind.
+  const end = ephemeralStart() - count;
   for (let attempt = 0; attempt < 50; attempt++) {
-    const base = 20_000 + Math.floor(Math.random() * 40_000);
+    const base = 10_000 + Math.floor(Math.random() * (end - 10_000));
     if (await allFree(base, count)) return base;
   }
   throw new Error(`no run of ${count} free ports found`);

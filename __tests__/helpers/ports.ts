@@ -17,7 +17,7 @@ import { createServer } from 'node:net';
 const LOWEST = 10_000;
 
 /** Where the kernel's ephemeral range starts: Linux's setting, else 32768 (below every other OS's default). */
-function ephemeralStart(): number {
+export function ephemeralStart(): number {
   try {
     const start = Number(readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]);
     if (Number.isInteger(start)) return start;

@@ -282,10 +282,10 @@ export class LatencyModel {
   /**
    * Predicted TPOT in seconds on `rank` with `load` requests in flight during the decode (the
    * request's own included). Before the rank's first TPOT sample, at its TTFT speed (the same
-   * engine's, learned from first tokens seconds sooner) as the measured ranks relate the two. A rank's TPOT is learned at a stream's end,
-   * and a slower GPU taking only long answers (the batch class) showed none for its first ten
-   * seconds in `bench:slo`: predicted at the fleet's speed, it drew requests with a TPOT objective
-   * it could not meet.
+   * engine's, learned from first tokens seconds sooner) as the measured ranks relate the two. A
+   * rank's TPOT is learned at a stream's end, and a slower GPU taking only long answers (the batch
+   * class) showed none for its first ten seconds in `bench:slo`: predicted at the fleet's speed,
+   * it drew requests with a TPOT objective it could not meet.
    */
   tpot(rank: RankLatency, load: number): number {
     const factor = rank.tpot.samples > 0 ? rank.tpot.factor : rank.ttft.samples > 0 ? rank.ttft.factor * this.tpotPerTtft : 1;

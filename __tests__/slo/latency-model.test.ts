@@ -1,6 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import { chooseWithObjectives, SloEstimates, type SloChoice } from '../../lib/slo/choose';
-import { LatencyModel, solveNonNegative, WARM_SAMPLES } from '../../lib/slo/latency-model';
+import { LatencyModel, WARM_SAMPLES } from '../../lib/slo/latency-model';
 
 /**
  * The ground truth the model is fed, set here: rank r's TTFT = speed[r] × (2 ms per block of
@@ -184,19 +184,5 @@ describe('chooseWithObjectives', () => {
     const est = estimates([0, 0, 0, 0], [0, 0, 0, 0]);
     est.ranks = [0, 1, 2, 3].map((at) => cold.rank(`u#${at}`));
     expect(chooseWithObjectives(cold, est, 4, { ttft: 0.001, tpot: 0 }, 3, choice())).toEqual({ at: 3, meets: true, predicted: false });
-  });
-});
-
-describe('solveNonNegative', () => {
-  it('solves the normal equations, and holds a coefficient that would go negative at 0', () => {
-    // y = 2x + 1 exactly, at x = 0..3: xx = [[14, 6], [6, 4]], xy = [34, 16].
-    // (The small ridge that keeps degenerate fits solvable moves them by about 0.1 %.)
-    const [slope, constant] = solveNonNegative(Float64Array.from([14, 6, 6, 4]), Float64Array.from([34, 16]), 2)!;
-    expect(slope).toBeCloseTo(2, 1);
-    expect(constant).toBeCloseTo(1, 1);
-    // y = 5 − x: the slope would be negative; held at 0, the constant is the mean (3.5).
-    const [held, mean] = solveNonNegative(Float64Array.from([14, 6, 6, 4]), Float64Array.from([16, 14]), 2)!;
-    expect(held).toBe(0);
-    expect(mean).toBeCloseTo(3.5, 2);
   });
 });

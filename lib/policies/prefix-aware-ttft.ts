@@ -1,4 +1,5 @@
 import type { Endpoint } from '../types';
+import { DecayedFit } from './decayed-fit';
 
 /**
  * What dpRouter keeps on each endpoint for a policy with `learnsFirstTokens` (`prefix-aware`):
@@ -43,19 +44,11 @@ const SAMPLE_DECAY = 1 - 1 / 256;
  * returns the prior: 0 (the waiting blocks alone predict).
  */
 export class PrefillCostModel {
-  /** Decayed sums of x·xᵀ (x = [blocks, load, count]) and x·y, upper triangle. */
-  private s11 = 0;
-  private s12 = 0;
-  private s13 = 0;
-  private s22 = 0;
-  private s23 = 0;
-  private s33 = 0;
-  private t1 = 0;
-  private t2 = 0;
-  private t3 = 0;
+  /** Over x = [blocks, load, count], y = seconds. */
+  private readonly fit = new DecayedFit(3, SAMPLE_DECAY);
+  /** First tokens learned (a sample may count several). */
   samples = 0;
   private ratio = 0;
-  private stale = false;
   /** The fitted seconds per block (0 until fitted): for tracing and the docs. */
   secondsPerBlock = 0;
 
@@ -65,36 +58,15 @@ export class PrefillCostModel {
    */
   learn(blocks: number, load: number, count: number, seconds: number): void {
     if (!(seconds >= 0) || count <= 0) return;
-    const d = SAMPLE_DECAY;
-    this.s11 = this.s11 * d + blocks * blocks;
-    this.s12 = this.s12 * d + blocks * load;
-    this.s13 = this.s13 * d + blocks * count;
-    this.s22 = this.s22 * d + load * load;
-    this.s23 = this.s23 * d + load * count;
-    this.s33 = this.s33 * d + count * count;
-    this.t1 = this.t1 * d + blocks * seconds;
-    this.t2 = this.t2 * d + load * seconds;
-    this.t3 = this.t3 * d + count * seconds;
+    this.fit.add([blocks, load, count], seconds);
     this.samples += count;
-    this.stale = true;
   }
 
   /** Blocks of prefill one unit of load is worth. */
   blocksPerLoad(): number {
-    if (!this.stale) return this.ratio;
-    this.stale = false;
-    if (this.samples < MIN_SAMPLES) return this.ratio;
-    // A small relative ridge keeps a degenerate fit (constant load, say) solvable.
-    const a11 = this.s11 * 1.001 + 1e-9;
-    const a22 = this.s22 * 1.001 + 1e-9;
-    const a33 = this.s33 * 1.001 + 1e-9;
-    const [a12, a13, a23] = [this.s12, this.s13, this.s23];
-    const det = a11 * (a22 * a33 - a23 * a23) - a12 * (a12 * a33 - a23 * a13) + a13 * (a12 * a23 - a22 * a13);
-    if (!(Math.abs(det) > 0)) return this.ratio;
-    const [t1, t2, t3] = [this.t1, this.t2, this.t3];
-    // Cramer's rule for the first two coefficients.
-    const a = (t1 * (a22 * a33 - a23 * a23) - a12 * (t2 * a33 - a23 * t3) + a13 * (t2 * a23 - a22 * t3)) / det;
-    const b = (a11 * (t2 * a33 - a23 * t3) - t1 * (a12 * a33 - a23 * a13) + a13 * (a12 * t3 - t2 * a13)) / det;
+    // Unconstrained: a load that seems to cost nothing (b < 0) is priced at 0 below, not refitted away.
+    if (this.samples < MIN_SAMPLES || !this.fit.refresh(false)) return this.ratio;
+    const [a, b] = this.fit.theta;
     if (a > 0 && Number.isFinite(b)) {
       this.secondsPerBlock = a;
       this.ratio = Math.max(0, b / a);

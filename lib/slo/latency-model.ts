@@ -18,6 +18,7 @@
  * cannot move it at all, nor, its samples of that rank being left out of the fit, the shape;
  * with fewer, their pooled ratio.
  */
+import { DecayedFit } from '../policies/decayed-fit';
 import { SourceShares } from './source-shares';
 
 /** Samples before the fleet's shape replaces "no prediction". */
@@ -107,89 +108,6 @@ function bound(factor: number): number {
   return Number.isFinite(factor) && factor > 0 ? Math.min(MAX_SPEED, Math.max(1 / MAX_SPEED, factor)) : 1;
 }
 
-/** A decayed weighted least-squares fit of y ≈ θ·x, with x of up to 3 features (the last one the constant 1). */
-class Fit {
-  private readonly xx: Float64Array;
-  private readonly xy: Float64Array;
-  readonly theta: Float64Array;
-  samples = 0;
-  private stale = false;
-
-  constructor(private readonly n: 2 | 3) {
-    this.xx = new Float64Array(n * n);
-    this.xy = new Float64Array(n);
-    this.theta = new Float64Array(n);
-  }
-
-  add(x: readonly number[], y: number, weight: number): void {
-    const { n, xx, xy } = this;
-    for (let i = 0; i < n; i++) {
-      xy[i] = xy[i] * FLEET_DECAY + weight * x[i] * y;
-      for (let j = 0; j < n; j++) xx[i * n + j] = xx[i * n + j] * FLEET_DECAY + weight * x[i] * x[j];
-    }
-    this.samples++;
-    this.stale = true;
-  }
-
-  /** Solves the normal equations when samples came since the last solve; coefficients stay ≥ 0 (times grow with work). */
-  solve(): Float64Array {
-    if (!this.stale) return this.theta;
-    this.stale = false;
-    const { n } = this;
-    const solved = solveNonNegative(this.xx, this.xy, n);
-    if (solved !== undefined) this.theta.set(solved);
-    return this.theta;
-  }
-}
-
-/**
- * The least-squares solution with each coefficient ≥ 0: a negative one is dropped (held at 0)
- * and the rest refitted, at most n times. A small relative ridge keeps a degenerate fit
- * (a constant feature, say) solvable.
- */
-export function solveNonNegative(xx: Float64Array, xy: Float64Array, n: number): number[] | undefined {
-  const free = new Array<boolean>(n).fill(true);
-  for (let round = 0; round < n; round++) {
-    const idx = free.flatMap((on, i) => (on ? [i] : []));
-    if (idx.length === 0) return new Array<number>(n).fill(0);
-    const m = idx.length;
-    const a = idx.map((i) => idx.map((j) => xx[i * n + j] * (i === j ? 1.001 : 1) + (i === j ? 1e-12 : 0)));
-    const b = idx.map((i) => xy[i]);
-    const solution = gauss(a, b, m);
-    if (solution === undefined) return undefined;
-    const negative = solution.findIndex((value) => value < 0);
-    if (negative < 0) {
-      const out = new Array<number>(n).fill(0);
-      idx.forEach((i, at) => (out[i] = solution[at]));
-      return out;
-    }
-    free[idx[negative]] = false;
-  }
-  return undefined;
-}
-
-function gauss(a: number[][], b: number[], m: number): number[] | undefined {
-  for (let col = 0; col < m; col++) {
-    let pivot = col;
-    for (let row = col + 1; row < m; row++) if (Math.abs(a[row][col]) > Math.abs(a[pivot][col])) pivot = row;
-    if (!(Math.abs(a[pivot][col]) > 0)) return undefined;
-    [a[col], a[pivot]] = [a[pivot], a[col]];
-    [b[col], b[pivot]] = [b[pivot], b[col]];
-    for (let row = col + 1; row < m; row++) {
-      const f = a[row][col] / a[col][col];
-      for (let k = col; k < m; k++) a[row][k] -= f * a[col][k];
-      b[row] -= f * b[col];
-    }
-  }
-  const x = new Array<number>(m).fill(0);
-  for (let row = m - 1; row >= 0; row--) {
-    let sum = b[row];
-    for (let k = row + 1; k < m; k++) sum -= a[row][k] * x[k];
-    x[row] = sum / a[row][row];
-  }
-  return x.every(Number.isFinite) ? x : undefined;
-}
-
 /** One rank's learned speeds (kept by the model, read per candidate). */
 export class RankLatency {
   readonly ttft = new RankSpeed();
@@ -216,8 +134,8 @@ export class RankLatency {
 /** The fleet's shape and each rank's speed; see the module comment. */
 export class LatencyModel {
   private readonly ranks = new Map<string, RankLatency>();
-  private readonly ttftFit = new Fit(3);
-  private readonly tpotFit = new Fit(2);
+  private readonly ttftFit = new DecayedFit(3, FLEET_DECAY);
+  private readonly tpotFit = new DecayedFit(2, FLEET_DECAY);
   private readonly shares: SourceShares;
   // The shape, read at each decision (refreshed by `prepare`).
   private a = 0;
@@ -251,11 +169,14 @@ export class LatencyModel {
 
   /** Refreshes the shape from the fits: once per decision, before the per-candidate predictions. */
   prepare(): void {
-    const ttft = this.ttftFit.solve();
+    // Coefficients held ≥ 0: a time grows with work and load.
+    this.ttftFit.refresh(true);
+    const ttft = this.ttftFit.theta;
     this.a = ttft[0];
     this.b = ttft[1];
     this.c = ttft[2];
-    const tpot = this.tpotFit.solve();
+    this.tpotFit.refresh(true);
+    const tpot = this.tpotFit.theta;
     this.t1 = tpot[0];
     this.t0 = tpot[1];
     if (this.speedsStale) this.relateSpeeds();

@@ -66,6 +66,20 @@ describe('LatencyModel', () => {
     expect(Math.abs(model.tpot(rank3, 3) / (1.5 * trueTpot(0, 3)) - 1)).toBeLessThan(0.05);
   });
 
+  it('one hostile source reporting a rank without TPOT samples four times slower to its first token does not move the TPOT it borrows', () => {
+    const model = new LatencyModel();
+    // Every source's first tokens; only ranks 0 and 1's streams have ended. Interleaved: each honest sample followed by a hostile one on rank 2.
+    for (const { rank, work, load, source } of samples(2000)) {
+      const at = model.rank(`u#${rank}`);
+      model.learnTtft(at, source, model.weigh(source), work, load, trueTtft(rank, work, load));
+      if (rank < 2) model.learnTpot(at, source, model.weigh(source), load, trueTpot(rank, load));
+      if (rank === 2) model.learnTtft(at, 'evil', model.weigh('evil'), work, load, 4 * trueTtft(rank, work, load));
+    }
+    model.prepare();
+    // Rank 2 is twice as slow (SLOWNESS): its borrowed TPOT stays its true 2 × (10 + 2 × 3) = 32 ms, not 4 × that.
+    expect(Math.abs(model.tpot(model.rank('u#2'), 3) / trueTpot(2, 3) - 1)).toBeLessThan(0.1);
+  });
+
   it('follows one source in full when it is the only one (a single application behind the gateway)', () => {
     const model = new LatencyModel();
     for (let i = 0; i < 10; i++) expect(model.weigh('only')).toBe(1);

@@ -25,7 +25,7 @@ import type { MockVllmOptions } from '../../example-server/mock-vllm';
 import { parseArgs } from '../lib/stats';
 import { runClosedLoop, runOpenLoop, type Outcome } from './client';
 import { startFleet, type RouterShape } from './fleet';
-import { formatPerRank, formatSlo, formatTiers, summarize, tierSummary, type ContenderResult, type TierResult } from './report';
+import { formatPerRank, formatSlo, formatTiers, formatWindows, summarize, tierSummary, type ContenderResult, type TierResult } from './report';
 import { planRequests, SHAPE } from './workload';
 import { planTierRequests, TIER_SHAPE } from './tier-workload';
 
@@ -146,7 +146,7 @@ async function sloScenario() {
     process.stdout.write(`  ${name}...\n`);
     results.push(await runContender(name, shape, rate, tpotObjectiveMs));
   }
-  process.stdout.write(`\n${formatSlo(results)}\n\n${formatPerRank(results)}\n`);
+  process.stdout.write(`\n${formatSlo(results)}\n\n${formatPerRank(results)}\n\n${formatWindows(results)}\n`);
   return { tokenMs, tpotObjectiveMs, saturated, rate, results };
 }
 

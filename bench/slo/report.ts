@@ -29,7 +29,15 @@ export type ContenderResult =
       tpotErrorRouterMs: number;
       /** Per rank: interactive and batch requests served, the interactive ones' attainment, the batch ones' TTFT p99. */
       perRank: Array<{ rank: number; speed: number; interactive: number; batch: number; attainment: number; batchTtftP99: number }>;
+      /** Per {@link WINDOW_MS} of sent time, the warm-up's included: interactive requests sent and those that missed an objective. */
+      byWindow: Array<{ fromS: number; interactive: number; missed: number }>;
     };
+
+/**
+ * The windows of sent time the misses are counted in: a run's misses gather in a few (its first
+ * seconds, a burst of the seeded arrivals), and its attainment moves with where they fall.
+ */
+export const WINDOW_MS = 4000;
 
 export interface Objectives {
   ttftMs: number;
@@ -80,7 +88,29 @@ export async function summarize(name: string, fleet: Fleet, outcomes: readonly O
       const attainment = mine.filter((one) => ttftMet(one) && tpotMet(one)).length / Math.max(1, mine.length);
       return { rank, speed, interactive: mine.length, batch: itsBatch.length, attainment, batchTtftP99: quantileSorted(sorted(itsBatch.map((one) => one.ttftMs)), 0.99) };
     }),
+    byWindow: windows(outcomes, (one) => ttftMet(one) && tpotMet(one)),
   };
+}
+
+function windows(outcomes: readonly Outcome[], met: (one: Outcome) => boolean): Array<{ fromS: number; interactive: number; missed: number }> {
+  const out: Array<{ fromS: number; interactive: number; missed: number }> = [];
+  for (const one of outcomes) {
+    if (one.kind !== 'interactive') continue;
+    const at = Math.floor(one.sentAt / WINDOW_MS);
+    while (out.length <= at) out.push({ fromS: (out.length * WINDOW_MS) / 1000, interactive: 0, missed: 0 });
+    out[at].interactive++;
+    if (!met(one)) out[at].missed++;
+  }
+  return out;
+}
+
+/** Per contender, the interactive requests that missed of those sent, per window of sent time (the first tenth is not counted in the attainment). */
+export function formatWindows(results: readonly ContenderResult[]): string {
+  const present = results.flatMap((one) => (one.missing === undefined ? [one] : []));
+  const count = Math.max(0, ...present.map((one) => one.byWindow.length));
+  const heads = Array.from({ length: count }, (_, at) => `${(at * WINDOW_MS) / 1000} s`);
+  const rows = present.map((one) => [one.name, ...Array.from({ length: count }, (_, at) => (one.byWindow[at] === undefined ? '' : `${one.byWindow[at].missed}/${one.byWindow[at].interactive}`))]);
+  return markdownTable(['interactive missed/sent, by sent time', ...heads], rows);
 }
 
 /** Per contender, each rank's share of the interactive and of the batch requests, its interactive attainment and its batch TTFT p99. */

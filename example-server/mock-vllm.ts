@@ -151,6 +151,10 @@ export async function startMockVllm(options: MockVllmOptions = {}): Promise<Mock
     dropBlocksSilently(rank?: number) {
       for (const state of engine.ranks) if (rank === undefined || state.globalRank === rank) (state.cache as { dropSilently?: () => void }).dropSilently?.();
     },
+    schedulerState(rank: number) {
+      const local = engine.ranks.findIndex((state) => state.globalRank === rank);
+      return scheduler === undefined || local < 0 ? undefined : scheduler.inspect(local);
+    },
   };
 }
 

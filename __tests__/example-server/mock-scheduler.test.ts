@@ -131,6 +131,31 @@ describe('the timed engine (scheduler)', () => {
     expect(seen[2].tokens[0]).toBeGreaterThan(Math.min(seen[0].tokens[19], seen[1].tokens[19]));
   });
 
+  it('shows what a rank holds (schedulerState): the running with their tokens sampled, the waiting, then nothing', async () => {
+    const mock = await startMock({ dataParallelSize: 2, maxNumSeqs: 2, scheduler: { stepMs: 20 } });
+    const origin = performance.now();
+    const streams = [stream(mock, 1, `state 0`, 20, origin), stream(mock, 1, `state 1`, 12, origin), stream(mock, 1, `state 2`, 7, origin)];
+    // Read once both running requests have sampled a token: the third waits for a seat until one ends (12 steps on).
+    let state = mock.schedulerState(1)!;
+    for (const until = performance.now() + 5000; !(state.running.length === 2 && state.running.every((one) => one.emitted > 0)) && performance.now() < until; state = mock.schedulerState(1)!) {
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+    expect(state.running.map((one) => one.outputTokens).sort((a, b) => a - b)).toEqual([12, 20]);
+    for (const one of state.running) {
+      expect(one.prefillLeft).toBe(0);
+      expect(one.emitted).toBeGreaterThan(0);
+      expect(one.emitted).toBeLessThan(one.outputTokens);
+    }
+    expect(state.waiting).toEqual([{ outputTokens: 7 }]);
+    expect(mock.schedulerState(0)).toEqual({ running: [], waiting: [] });
+    // A rank the mock does not serve, and a mock without the timed engine, have no state.
+    expect(mock.schedulerState(5)).toBeUndefined();
+    await Promise.all(streams);
+    expect(mock.schedulerState(1)).toEqual({ running: [], waiting: [] });
+    const untimed = await startMock({ dataParallelSize: 1 });
+    expect(untimed.schedulerState(0)).toBeUndefined();
+  });
+
   it('refuses what it cannot honour, naming the option and the fix', async () => {
     await expect(startMockVllm({ dataParallelSize: 3, scheduler: { speeds: [1, 0.5] } })).rejects.toThrow(/scheduler\.speeds must be a number > 0 or one per engine \(3\)/);
     await expect(startMockVllm({ scheduler: {}, decodeMsPerToken: 5 })).rejects.toThrow(/decodeMsPerToken .* drop decodeMsPerToken/);

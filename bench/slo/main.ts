@@ -28,6 +28,7 @@ import { startFleet, type RouterShape } from './fleet';
 import { formatPerRank, formatSlo, formatTiers, formatWindows, summarize, tierSummary, type ContenderResult, type TierResult } from './report';
 import { planRequests, SHAPE } from './workload';
 import { planTierRequests, TIER_SHAPE } from './tier-workload';
+import { Oracle } from './oracle';
 
 const RANKS = 8;
 const SPEEDS = [1, 1, 1, 1, 1, 1, 0.5, 0.5];
@@ -120,6 +121,19 @@ async function runContender(name: string, shape: RouterShape, rate: number, tpot
   }
 }
 
+/** The oracle (oracle.ts): no router, the client places each request by the engines' state and names its rank. */
+async function runOracle(rate: number, tpotObjectiveMs: number): Promise<ContenderResult> {
+  const fleet = await startFleet(SLO_MOCK, undefined);
+  try {
+    const planned = planRequests(seed, rate, seconds * 1000);
+    const oracle = new Oracle(fleet.mock, { ...SCHEDULER, maxNumSeqs: SLO_MOCK.maxNumSeqs! }, SHAPE.interactiveMaxTokens, tpotObjectiveMs, TTFT_OBJECTIVE_MS);
+    const outcomes = await runOpenLoop(fleet.url, planned, (one) => ({ 'x-data-parallel-rank': String(oracle.place(one)) }));
+    return await summarize('oracle', fleet, outcomes, seconds * 100, { ttftMs: TTFT_OBJECTIVE_MS, tpotMs: tpotObjectiveMs }, SPEEDS);
+  } finally {
+    await fleet.close();
+  }
+}
+
 async function sloScenario() {
   process.stdout.write(`SLO: ${RANKS} ranks at speeds ${SPEEDS.join(',')}; measuring a fast rank's token time and the fleet's saturation...\n`);
   const tokenMs = await fastTokenTime();
@@ -145,6 +159,11 @@ async function sloScenario() {
     if (chosen !== undefined && !chosen.includes(name.split(' ')[0])) continue;
     process.stdout.write(`  ${name}...\n`);
     results.push(await runContender(name, shape, rate, tpotObjectiveMs));
+  }
+  // Only when named: a fourth run, and a yardstick rather than a router.
+  if (chosen?.includes('oracle')) {
+    process.stdout.write('  oracle...\n');
+    results.push(await runOracle(rate, tpotObjectiveMs));
   }
   process.stdout.write(`\n${formatSlo(results)}\n\n${formatPerRank(results)}\n\n${formatWindows(results)}\n`);
   return { tokenMs, tpotObjectiveMs, saturated, rate, results };

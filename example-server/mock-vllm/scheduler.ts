@@ -23,7 +23,7 @@
  *   computed, and a smaller one per token loaded from the CPU tier, all divided by the rank's
  *   speed (a slower GPU, a noisy neighbour).
  */
-import type { MockSchedulerOptions } from './types';
+import type { MockSchedulerOptions, SchedulerState } from './types';
 
 /** The timed engine's settings, resolved. */
 export interface SchedulerConfig {
@@ -79,6 +79,13 @@ class RankScheduler {
 
   get waitingCount(): number {
     return this.waiting.length;
+  }
+
+  inspect(): SchedulerState {
+    return {
+      running: this.running.filter((seq) => !seq.cancelled).map((seq) => ({ prefillLeft: Math.max(0, seq.prefillLeft), emitted: seq.emitted, outputTokens: seq.job.outputTokens })),
+      waiting: this.waiting.map((seq) => ({ outputTokens: seq.job.outputTokens })),
+    };
   }
 
   submit(job: SchedulerJob): SubmittedJob {
@@ -164,6 +171,11 @@ export class MockScheduler {
   /** Queues `job` on the engine of local index `local`. */
   submit(local: number, job: SchedulerJob): SubmittedJob {
     return this.ranks[local].submit(job);
+  }
+
+  /** What engine `local` holds now (a bench's oracle reads it). */
+  inspect(local: number): SchedulerState {
+    return this.ranks[local].inspect();
   }
 
   /** Requests waiting to be scheduled on engine `local` (`vllm:num_requests_waiting`). */

@@ -260,4 +260,16 @@ export interface MockVllm {
    * subscribers: an index built from the events then holds blocks the engine does not.
    */
   dropBlocksSilently(rank?: number): void;
+  /**
+   * Bench hook: what `rank`'s timed engine holds now (`scheduler` option; `undefined` without it):
+   * its running requests with the prompt tokens each has left to compute, and the output tokens
+   * of those waiting. `bench:slo`'s oracle places by it.
+   */
+  schedulerState(rank: number): SchedulerState | undefined;
+}
+
+/** One rank's timed engine as {@link MockVllm.schedulerState} reads it. */
+export interface SchedulerState {
+  readonly running: ReadonlyArray<{ readonly prefillLeft: number; readonly emitted: number; readonly outputTokens: number }>;
+  readonly waiting: ReadonlyArray<{ readonly outputTokens: number }>;
 }

@@ -45,12 +45,10 @@ interface SimSeq {
   prefill: number;
   left: number;
   readonly interactive: boolean;
-  readonly fresh: boolean;
   /** Step time summed over its decode steps from now, and their count. */
   gapMs: number;
   gaps: number;
   firstMs: number;
-  lastMs: number;
 }
 
 interface SimResult {
@@ -103,7 +101,6 @@ function simulate(engine: OracleEngine, speed: number, running: SimSeq[], waitin
         seq.gaps++;
       }
       seq.left--;
-      seq.lastMs = now;
     }
     for (let at = run.length - 1; at >= 0; at--) if (run[at].left === 0) run.splice(at, 1);
   }
@@ -114,8 +111,8 @@ function simulate(engine: OracleEngine, speed: number, running: SimSeq[], waitin
   };
 }
 
-function seq(prefill: number, left: number, interactive: boolean, fresh = false): SimSeq {
-  return { prefill, left, interactive, fresh, gapMs: 0, gaps: 0, firstMs: NaN, lastMs: NaN };
+function seq(prefill: number, left: number, interactive: boolean): SimSeq {
+  return { prefill, left, interactive, gapMs: 0, gaps: 0, firstMs: NaN };
 }
 
 /** Places each request by the engines' state when it is sent; see the module comment. */
@@ -149,7 +146,7 @@ export class Oracle {
       // A waiting request's prompt is looked up when it is scheduled: taken as its own part only.
       const waiting = state.waiting.map((one) => seq(one.outputTokens === this.interactiveTokens ? QUESTION_TOKENS : DOCUMENT_TOKENS, one.outputTokens, one.outputTokens === this.interactiveTokens));
       const cached = this.written[rank] - (this.lastSent[rank].get(planned.family) ?? -Infinity) < CACHE_TOKENS;
-      const fresh = seq(own + (cached ? 0 : FAMILY_TOKENS), planned.maxTokens, interactive, true);
+      const fresh = seq(own + (cached ? 0 : FAMILY_TOKENS), planned.maxTokens, interactive);
       const speed = this.engine.speeds[rank];
       const without = simulate(this.engine, speed, running, waiting, undefined);
       const withIt = simulate(this.engine, speed, running, waiting, fresh);

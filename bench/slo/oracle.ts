@@ -19,6 +19,7 @@
  * an upper mark for a router that predicts that state, not a proof that none does better.
  */
 import type { MockVllm } from '../../example-server/mock-vllm';
+import type { SchedulerConfig } from '../../example-server/mock-vllm/scheduler';
 import type { PlannedRequest } from './workload';
 
 /** Prompt tokens, as the mock's tokenizer cuts the workload's text (docs/performance.md, "SLO routing"). */
@@ -32,14 +33,8 @@ const BATCH_TTFT_MS = 700;
 /** What the HTTP hops and the step under way add to a first token, ms. */
 const OVERHEAD_MS = 25;
 
-export interface OracleEngine {
-  readonly speeds: readonly number[];
-  readonly stepMs: number;
-  readonly stepMsPerSeq: number;
-  readonly prefillMsPerToken: number;
-  readonly maxNumBatchedTokens: number;
-  readonly maxNumSeqs: number;
-}
+/** The timed engine's settings the simulation follows (no CPU tier in this scenario). */
+export type OracleEngine = Omit<SchedulerConfig, 'cpuLoadMsPerToken'>;
 
 interface SimSeq {
   prefill: number;
@@ -59,7 +54,11 @@ interface SimResult {
   others: number[];
 }
 
-/** Runs one engine's steps from `running` and `waiting` until every interactive stream and `fresh` are done. */
+/**
+ * Runs one engine's steps from `running` and `waiting` until every interactive stream and `fresh`
+ * are done: the mock scheduler's `step` and `endStep` (scheduler.ts) as a dry run, since those
+ * run on timers over live requests.
+ */
 function simulate(engine: OracleEngine, speed: number, running: SimSeq[], waiting: SimSeq[], fresh: SimSeq | undefined): SimResult {
   const run = running.map((seq) => ({ ...seq }));
   const queue = waiting.map((seq) => ({ ...seq }));

@@ -1,6 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import { chooseWithObjectives, SloEstimates, type SloChoice } from '../../lib/slo/choose';
-import { LatencyModel, WARM_SAMPLES } from '../../lib/slo/latency-model';
+import { LatencyModel, WARM_SAMPLES, type RankLatency } from '../../lib/slo/latency-model';
 
 /**
  * The ground truth the model is fed, set here: rank r's TTFT = speed[r] × (2 ms per block of
@@ -12,7 +12,7 @@ const trueTtft = (rank: number, work: number, load: number) => SLOWNESS[rank] * 
 const trueTpot = (rank: number, load: number) => SLOWNESS[rank] * (0.01 + 0.002 * load);
 
 /** A reproducible stream of samples: (rank, work, load) cycling over values that span the features. */
-function* samples(count: number): Generator<{ rank: number; work: number; load: number; source: string }> {
+function* samples(count: number): Generator<Sample> {
   for (let i = 0; i < count; i++) yield { rank: i % 4, work: 10 + ((i * 37) % 200), load: (i * 13) % 9, source: `s${i % 3}` };
 }
 
@@ -22,6 +22,19 @@ function teach(model: LatencyModel, count: number, ttftOf = trueTtft, tpotOf = t
     const at = model.rank(`u#${rank}`);
     model.learnTtft(at, source, model.weigh(source), work, load, ttftOf(rank, work, load));
     model.learnTpot(at, source, model.weigh(source), load, tpotOf(rank, load));
+  }
+}
+
+type Sample = { rank: number; work: number; load: number; source: string };
+
+/** Every rank's first tokens, but only ranks 0 and 1's streams ended (the slow ranks run long answers); `also` after each sample. */
+function teachFastStreamsOnly(model: LatencyModel, also: (at: RankLatency, sample: Sample) => void = () => undefined): void {
+  for (const sample of samples(2000)) {
+    const { rank, work, load, source } = sample;
+    const at = model.rank(`u#${rank}`);
+    model.learnTtft(at, source, model.weigh(source), work, load, trueTtft(rank, work, load));
+    if (rank < 2) model.learnTpot(at, source, model.weigh(source), load, trueTpot(rank, load));
+    also(at, sample);
   }
 }
 
@@ -50,12 +63,7 @@ describe('LatencyModel', () => {
 
   it('predicts a rank’s TPOT at its TTFT speed until its own streams have ended, then at its own', () => {
     const model = new LatencyModel();
-    // Every rank's first tokens; only the fast ranks' streams have ended (the slow ranks run long answers).
-    for (const { rank, work, load, source } of samples(2000)) {
-      const at = model.rank(`u#${rank}`);
-      model.learnTtft(at, source, model.weigh(source), work, load, trueTtft(rank, work, load));
-      if (rank < 2) model.learnTpot(at, source, model.weigh(source), load, trueTpot(rank, load));
-    }
+    teachFastStreamsOnly(model);
     model.prepare();
     // Twice as slow to its first token: twice the fast ranks' 10 + 2 × 3 = 16 ms, 32 ms, the truth.
     expect(Math.abs(model.tpot(model.rank('u#2'), 3) / trueTpot(2, 3) - 1)).toBeLessThan(0.05);
@@ -68,13 +76,10 @@ describe('LatencyModel', () => {
 
   it('one hostile source reporting a rank without TPOT samples four times slower to its first token does not move the TPOT it borrows', () => {
     const model = new LatencyModel();
-    // Every source's first tokens; only ranks 0 and 1's streams have ended. Interleaved: each honest sample followed by a hostile one on rank 2.
-    for (const { rank, work, load, source } of samples(2000)) {
-      const at = model.rank(`u#${rank}`);
-      model.learnTtft(at, source, model.weigh(source), work, load, trueTtft(rank, work, load));
-      if (rank < 2) model.learnTpot(at, source, model.weigh(source), load, trueTpot(rank, load));
+    // Interleaved: each honest sample of rank 2 followed by a hostile one.
+    teachFastStreamsOnly(model, (at, { rank, work, load }) => {
       if (rank === 2) model.learnTtft(at, 'evil', model.weigh('evil'), work, load, 4 * trueTtft(rank, work, load));
-    }
+    });
     model.prepare();
     // Rank 2 is twice as slow (SLOWNESS): its borrowed TPOT stays its true 2 × (10 + 2 × 3) = 32 ms, not 4 × that.
     expect(Math.abs(model.tpot(model.rank('u#2'), 3) / trueTpot(2, 3) - 1)).toBeLessThan(0.1);

@@ -24,9 +24,9 @@ import { join, resolve } from 'node:path';
 import type { MockVllmOptions } from '../../example-server/mock-vllm';
 import { parseArgs } from '../lib/stats';
 import { runClosedLoop, runOpenLoop, type Outcome } from './client';
-import { startFleet, type RouterShape } from './fleet';
+import { startFleet, type Fleet, type RouterShape } from './fleet';
 import { formatPerRank, formatSlo, formatTiers, formatWindows, summarize, tierSummary, type ContenderResult, type TierResult } from './report';
-import { planRequests, SHAPE } from './workload';
+import { planRequests, SHAPE, type PlannedRequest } from './workload';
 import { planTierRequests, TIER_SHAPE } from './tier-workload';
 import { Oracle } from './oracle';
 
@@ -104,7 +104,11 @@ async function saturation(): Promise<number> {
   }
 }
 
-async function runContender(name: string, shape: RouterShape, rate: number, tpotObjectiveMs: number): Promise<ContenderResult> {
+/** What a contender adds to each planned request, given its fleet (made once per run). */
+type HeadersFor = (fleet: Fleet) => (planned: PlannedRequest) => Record<string, string>;
+
+/** One contender's run: a fresh fleet (`shape` in front of the mock; none: the mock alone), the seeded arrivals, the figures. */
+async function runContender(name: string, shape: RouterShape, rate: number, tpotObjectiveMs: number, headersFor: HeadersFor): Promise<ContenderResult> {
   let fleet;
   try {
     fleet = await startFleet(SLO_MOCK, shape);
@@ -113,25 +117,25 @@ async function runContender(name: string, shape: RouterShape, rate: number, tpot
   }
   try {
     const planned = planRequests(seed, rate, seconds * 1000);
-    const objectives = { 'x-slo-ttft-ms': String(TTFT_OBJECTIVE_MS), 'x-slo-tpot-ms': String(Math.round(tpotObjectiveMs)) };
-    const outcomes = await runOpenLoop(fleet.url, planned, (one) => (one.kind === 'interactive' ? objectives : {}));
+    const outcomes = await runOpenLoop(fleet.url, planned, headersFor(fleet));
     return await summarize(name, fleet, outcomes, seconds * 100, { ttftMs: TTFT_OBJECTIVE_MS, tpotMs: tpotObjectiveMs }, SPEEDS);
   } finally {
     await fleet.close();
   }
 }
 
+/** A router's contender: the interactive class's objectives in headers (trusted by the slo contender). */
+function objectivesFor(tpotObjectiveMs: number): HeadersFor {
+  const objectives = { 'x-slo-ttft-ms': String(TTFT_OBJECTIVE_MS), 'x-slo-tpot-ms': String(Math.round(tpotObjectiveMs)) };
+  return () => (one) => (one.kind === 'interactive' ? objectives : {});
+}
+
 /** The oracle (oracle.ts): no router, the client places each request by the engines' state and names its rank. */
-async function runOracle(rate: number, tpotObjectiveMs: number): Promise<ContenderResult> {
-  const fleet = await startFleet(SLO_MOCK, undefined);
-  try {
-    const planned = planRequests(seed, rate, seconds * 1000);
+function oracleFor(tpotObjectiveMs: number): HeadersFor {
+  return (fleet) => {
     const oracle = new Oracle(fleet.mock, { ...SCHEDULER, maxNumSeqs: SLO_MOCK.maxNumSeqs! }, SHAPE.interactiveMaxTokens, tpotObjectiveMs, TTFT_OBJECTIVE_MS);
-    const outcomes = await runOpenLoop(fleet.url, planned, (one) => ({ 'x-data-parallel-rank': String(oracle.place(one)) }));
-    return await summarize('oracle', fleet, outcomes, seconds * 100, { ttftMs: TTFT_OBJECTIVE_MS, tpotMs: tpotObjectiveMs }, SPEEDS);
-  } finally {
-    await fleet.close();
-  }
+    return (one) => ({ 'x-data-parallel-rank': String(oracle.place(one)) });
+  };
 }
 
 async function sloScenario() {
@@ -158,12 +162,12 @@ async function sloScenario() {
   for (const [name, shape] of contenders) {
     if (chosen !== undefined && !chosen.includes(name.split(' ')[0])) continue;
     process.stdout.write(`  ${name}...\n`);
-    results.push(await runContender(name, shape, rate, tpotObjectiveMs));
+    results.push(await runContender(name, shape, rate, tpotObjectiveMs, objectivesFor(tpotObjectiveMs)));
   }
   // Only when named: a fourth run, and a yardstick rather than a router.
   if (chosen?.includes('oracle')) {
     process.stdout.write('  oracle...\n');
-    results.push(await runOracle(rate, tpotObjectiveMs));
+    results.push(await runContender('oracle', undefined, rate, tpotObjectiveMs, oracleFor(tpotObjectiveMs)));
   }
   process.stdout.write(`\n${formatSlo(results)}\n\n${formatPerRank(results)}\n\n${formatWindows(results)}\n`);
   return { tokenMs, tpotObjectiveMs, saturated, rate, results };

@@ -144,8 +144,7 @@ export class Oracle {
       const running = state.running.map((one) => seq(one.prefillLeft, one.outputTokens - one.emitted, one.outputTokens === this.interactiveTokens));
       // A waiting request's prompt is looked up when it is scheduled: taken as its own part only.
       const waiting = state.waiting.map((one) => seq(one.outputTokens === this.interactiveTokens ? QUESTION_TOKENS : DOCUMENT_TOKENS, one.outputTokens, one.outputTokens === this.interactiveTokens));
-      const cached = this.written[rank] - (this.lastSent[rank].get(planned.family) ?? -Infinity) < CACHE_TOKENS;
-      const fresh = seq(own + (cached ? 0 : FAMILY_TOKENS), planned.maxTokens, interactive);
+      const fresh = seq(this.promptLeft(rank, planned.family, own), planned.maxTokens, interactive);
       const speed = this.engine.speeds[rank];
       const without = simulate(this.engine, speed, running, waiting, undefined);
       const withIt = simulate(this.engine, speed, running, waiting, fresh);
@@ -172,9 +171,14 @@ export class Oracle {
         bestKey = key;
       }
     }
-    const cached = this.written[best] - (this.lastSent[best].get(planned.family) ?? -Infinity) < CACHE_TOKENS;
-    this.written[best] += own + (cached ? 0 : FAMILY_TOKENS);
+    this.written[best] += this.promptLeft(best, planned.family, own);
     this.lastSent[best].set(planned.family, this.written[best]);
     return best;
+  }
+
+  /** The prompt tokens `rank` would compute for a request of `family` with `own` tokens after the family's prompt. */
+  private promptLeft(rank: number, family: number, own: number): number {
+    const cached = this.written[rank] - (this.lastSent[rank].get(family) ?? -Infinity) < CACHE_TOKENS;
+    return own + (cached ? 0 : FAMILY_TOKENS);
   }
 }

@@ -1,5 +1,5 @@
 /**
- * npm run bench:slo [-- --quick] [--seed N] [--seconds N] [--load 0.65] [--rate R] [--only slo|tiers] [--contenders exact,slo] [--out FILE]
+ * npm run bench:slo [-- --quick] [--seed N] [--seconds N] [--load 0.65] [--rate R] [--only slo|tiers] [--contenders exact,slo] [--outcomes] [--out FILE]
  *
  * SLO routing against the timed mock vLLM (example-server/mock-vllm/scheduler.ts), real HTTP and
  * ZeroMQ on loopback, one process:
@@ -17,7 +17,8 @@
  *    scored) against tier-aware routing (`prefixAware.tierWeights`).
  *
  * Figures are measured at the client. Requests sent in the first tenth of a run (caches and the
- * latency model cold) are left out of the figures. Writes bench/results/slo-<time>.json.
+ * latency model cold) are left out of the figures. Writes bench/results/slo-<time>.json (with
+ * `--outcomes`, every request's outcome per contender too).
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -63,6 +64,8 @@ const seconds = Number(value('seconds') ?? (quick ? 20 : 40));
 const tierSeconds = Math.round(seconds * 0.75);
 const load = Number(value('load') ?? 0.65);
 const only = value('only');
+/** Keep every request's outcome in the results file (sent time, class, rank, TTFT, TPOT, predicted TTFT). */
+const keepOutcomes = args.get('outcomes') === true;
 
 async function fastTokenTime(): Promise<number> {
   const fleet = await startFleet(SLO_MOCK, undefined);
@@ -118,7 +121,8 @@ async function runContender(name: string, shape: RouterShape, rate: number, tpot
   try {
     const planned = planRequests(seed, rate, seconds * 1000);
     const outcomes = await runOpenLoop(fleet.url, planned, headersFor(fleet));
-    return await summarize(name, fleet, outcomes, seconds * 100, { ttftMs: TTFT_OBJECTIVE_MS, tpotMs: tpotObjectiveMs }, SPEEDS);
+    const result = await summarize(name, fleet, outcomes, seconds * 100, { ttftMs: TTFT_OBJECTIVE_MS, tpotMs: tpotObjectiveMs }, SPEEDS);
+    return keepOutcomes && result.missing === undefined ? { ...result, outcomes } : result;
   } finally {
     await fleet.close();
   }

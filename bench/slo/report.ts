@@ -27,6 +27,8 @@ export type ContenderResult =
       /** Medians of the router's prediction-error histograms, ms. */
       ttftErrorRouterMs: number;
       tpotErrorRouterMs: number;
+      /** Every request's outcome at the client (`--outcomes`: kept in the results file, for a look at where a run missed). */
+      outcomes?: readonly Outcome[];
       /** Per rank: interactive and batch requests served, the interactive ones' attainment, the batch ones' TTFT p99. */
       perRank: Array<{ rank: number; speed: number; interactive: number; batch: number; attainment: number; batchTtftP99: number }>;
       /** Per {@link WINDOW_MS} of sent time, the warm-up's included: interactive requests sent and those that missed an objective. */

@@ -1,5 +1,5 @@
 /**
- * npm run bench:slo [-- --quick] [--seed N] [--seconds N] [--load 0.65] [--rate R] [--only slo|tiers] [--contenders exact,slo] [--outcomes] [--out FILE]
+ * npm run bench:slo [-- --quick] [--seed N | --seeds 47,48,49] [--seconds N] [--load 0.65] [--rate R] [--only slo|tiers] [--contenders exact,slo] [--outcomes] [--out FILE]
  *
  * SLO routing against the timed mock vLLM (example-server/mock-vllm/scheduler.ts), real HTTP and
  * ZeroMQ on loopback, one process:
@@ -26,7 +26,7 @@ import type { MockVllmOptions } from '../../example-server/mock-vllm';
 import { parseArgs } from '../lib/stats';
 import { runClosedLoop, runOpenLoop, type Outcome } from './client';
 import { startFleet, type Fleet, type RouterShape } from './fleet';
-import { formatPerRank, formatSlo, formatTiers, formatWindows, summarize, tierSummary, type ContenderResult, type TierResult } from './report';
+import { formatPerRank, formatSeeds, formatSlo, formatTiers, formatWindows, summarize, tierSummary, type ContenderResult, type SeedResults, type TierResult } from './report';
 import { planRequests, SHAPE, type PlannedRequest } from './workload';
 import { planTierRequests, TIER_SHAPE } from './tier-workload';
 import { Oracle } from './oracle';
@@ -59,6 +59,16 @@ const value = (name: string): string | undefined => {
   return typeof given === 'string' ? given : undefined;
 };
 const seed = Number(value('seed') ?? 47);
+/**
+ * The seeds whose arrivals the SLO scenario runs, one after another (`--seeds 47,48,49`; default
+ * `--seed`'s): one seed's bursts move a rule's attainment by several points, so rules are compared
+ * over several (docs/performance.md, "Packing the batch class").
+ */
+const seeds = (value('seeds') ?? String(seed)).split(',').map((one) => {
+  const parsed = Number(one);
+  if (!Number.isSafeInteger(parsed)) throw new Error(`--seeds: '${one}' is not an integer`);
+  return parsed;
+});
 const seconds = Number(value('seconds') ?? (quick ? 20 : 40));
 /** The tier scenario's runs are shorter: four of them. */
 const tierSeconds = Math.round(seconds * 0.75);
@@ -110,8 +120,8 @@ async function saturation(): Promise<number> {
 /** What a contender adds to each planned request, given its fleet (made once per run). */
 type HeadersFor = (fleet: Fleet) => (planned: PlannedRequest) => Record<string, string>;
 
-/** One contender's run: a fresh fleet (`shape` in front of the mock; none: the mock alone), the seeded arrivals, the figures. */
-async function runContender(name: string, shape: RouterShape, rate: number, tpotObjectiveMs: number, headersFor: HeadersFor): Promise<ContenderResult> {
+/** One contender's run: a fresh fleet (`shape` in front of the mock; none: the mock alone), seed `arrivals`' requests, the figures. */
+async function runContender(name: string, shape: RouterShape, arrivals: number, rate: number, tpotObjectiveMs: number, headersFor: HeadersFor): Promise<ContenderResult> {
   let fleet;
   try {
     fleet = await startFleet(SLO_MOCK, shape);
@@ -119,7 +129,7 @@ async function runContender(name: string, shape: RouterShape, rate: number, tpot
     return { name, missing: (error as Error).message };
   }
   try {
-    const planned = planRequests(seed, rate, seconds * 1000);
+    const planned = planRequests(arrivals, rate, seconds * 1000);
     const outcomes = await runOpenLoop(fleet.url, planned, headersFor(fleet));
     const result = await summarize(name, fleet, outcomes, seconds * 100, { ttftMs: TTFT_OBJECTIVE_MS, tpotMs: tpotObjectiveMs }, SPEEDS);
     return keepOutcomes && result.missing === undefined ? { ...result, outcomes } : result;
@@ -162,19 +172,25 @@ async function sloScenario() {
   ];
   // --contenders exact,slo runs only those (by their names' first word): a tuning run's shorter loop.
   const chosen = value('contenders')?.split(',');
-  const results: ContenderResult[] = [];
-  for (const [name, shape] of contenders) {
-    if (chosen !== undefined && !chosen.includes(name.split(' ')[0])) continue;
-    process.stdout.write(`  ${name}...\n`);
-    results.push(await runContender(name, shape, rate, tpotObjectiveMs, objectivesFor(tpotObjectiveMs)));
+  const bySeed: SeedResults[] = [];
+  for (const arrivals of seeds) {
+    if (seeds.length > 1) process.stdout.write(`seed ${arrivals}:\n`);
+    const results: ContenderResult[] = [];
+    for (const [name, shape] of contenders) {
+      if (chosen !== undefined && !chosen.includes(name.split(' ')[0])) continue;
+      process.stdout.write(`  ${name}...\n`);
+      results.push(await runContender(name, shape, arrivals, rate, tpotObjectiveMs, objectivesFor(tpotObjectiveMs)));
+    }
+    // Only when named: a fourth run, and a yardstick rather than a router.
+    if (chosen?.includes('oracle')) {
+      process.stdout.write('  oracle...\n');
+      results.push(await runContender('oracle', undefined, arrivals, rate, tpotObjectiveMs, oracleFor(tpotObjectiveMs)));
+    }
+    process.stdout.write(`\n${formatSlo(results)}\n\n${formatPerRank(results)}\n\n${formatWindows(results)}\n\n`);
+    bySeed.push({ seed: arrivals, results });
   }
-  // Only when named: a fourth run, and a yardstick rather than a router.
-  if (chosen?.includes('oracle')) {
-    process.stdout.write('  oracle...\n');
-    results.push(await runContender('oracle', undefined, rate, tpotObjectiveMs, oracleFor(tpotObjectiveMs)));
-  }
-  process.stdout.write(`\n${formatSlo(results)}\n\n${formatPerRank(results)}\n\n${formatWindows(results)}\n`);
-  return { tokenMs, tpotObjectiveMs, saturated, rate, results };
+  if (bySeed.length > 1) process.stdout.write(`${formatSeeds(bySeed)}\n`);
+  return { tokenMs, tpotObjectiveMs, saturated, rate, results: bySeed[0].results, ...(bySeed.length > 1 && { bySeed }) };
 }
 
 async function tierScenario() {
@@ -233,7 +249,7 @@ async function main(): Promise<void> {
   const slo = only === 'tiers' ? undefined : await sloScenario();
   const tiers = only === 'slo' ? undefined : await tierScenario();
   mkdirSync(resolve(out, '..'), { recursive: true });
-  writeFileSync(out, JSON.stringify({ seed, seconds, load, quick, scheduler: SCHEDULER, workload: SHAPE, slo, tiers }, null, 2));
+  writeFileSync(out, JSON.stringify({ seed, seeds, seconds, load, quick, scheduler: SCHEDULER, workload: SHAPE, slo, tiers }, null, 2));
   process.stdout.write(`\nwritten to ${out}\n`);
   process.exit(0);
 }

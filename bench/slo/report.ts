@@ -130,6 +130,25 @@ export function formatPerRank(results: readonly ContenderResult[]): string {
 const ms = (value: number) => (Number.isFinite(value) ? `${Math.round(value)} ms` : 'n/a');
 const share = (value: number) => (Number.isFinite(value) ? percent(value) : 'n/a');
 
+/** One seed's arrivals and what each contender made of them. */
+export interface SeedResults {
+  readonly seed: number;
+  readonly results: readonly ContenderResult[];
+}
+
+/** Per contender, each seed's attainment and batch TTFT p99, and their means (the figures to compare rules by). */
+export function formatSeeds(bySeed: readonly SeedResults[]): string {
+  const names = bySeed[0].results.map((one) => one.name);
+  const rows = names.map((name) => {
+    const runs = bySeed.map(({ results }) => results.find((one) => one.name === name));
+    const measured = runs.filter((one): one is Extract<ContenderResult, { missing?: undefined }> => one !== undefined && one.missing === undefined);
+    const cells = runs.map((one) => (one === undefined || one.missing !== undefined ? 'n/a' : `${share(one.attainment)} / ${ms(one.batchTtftP99)}`));
+    const mean = (pick: (one: (typeof measured)[number]) => number) => measured.reduce((sum, one) => sum + pick(one), 0) / measured.length;
+    return [name, ...cells, measured.length === 0 ? 'n/a' : `${share(mean((one) => one.attainment))} / ${ms(mean((one) => one.batchTtftP99))}`];
+  });
+  return markdownTable(['attainment / batch TTFT p99', ...bySeed.map(({ seed }) => `seed ${seed}`), 'mean'], rows);
+}
+
 export function formatSlo(results: readonly ContenderResult[]): string {
   const rows = results.map((one) =>
     one.missing !== undefined

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { redisTokenStore, type Options, type TokenStore } from '../../lib';
 import { startMockVllm } from '../../example-server/mock-vllm';
-import { closedAfterEach, exchange, metricValue, startGateway, thrownOptionError, waitFor, type TestGateway } from '../helpers';
+import { closedAfterEach, exchange, freePort, metricValue, startGateway, thrownOptionError, waitFor, type TestGateway } from '../helpers';
 import { redisClient, startRedis } from './helpers';
 
 const started = closedAfterEach();
@@ -104,10 +104,15 @@ describe('redisTokenStore', () => {
   });
 });
 
-/** A real one-node Redis Cluster (every slot on it): a script whose keys hash to two slots fails there with CROSSSLOT. */
+/**
+ * A real one-node Redis Cluster (every slot on it): a script whose keys hash to two slots fails there with CROSSSLOT.
+ * Its bus port is chosen too: Redis's default, the port + 10000, lands in the kernel's ephemeral range,
+ * where any connect() may hold it (CI on Node 22: "bind: Address already in use", the server exited).
+ */
 async function startClusterRedis() {
   const folder = mkdtempSync(join(tmpdir(), 'dp-router-cluster-'));
-  const redis = await startRedis(undefined, ['--cluster-enabled', 'yes', '--cluster-config-file', join(folder, 'nodes.conf')]);
+  const cluster = ['--cluster-enabled', 'yes', '--cluster-config-file', join(folder, 'nodes.conf'), '--cluster-port', String(await freePort())];
+  const redis = await startRedis(undefined, cluster);
   started.push({ close: async () => (await redis.stop(), rmSync(folder, { recursive: true, force: true })) });
   await client(redis.url).call('CLUSTER', 'ADDSLOTSRANGE', '0', '16383');
   await waitFor(async () => String(await client(redis.url).call('CLUSTER', 'INFO')).includes('cluster_state:ok'), 10_000);

@@ -16,7 +16,7 @@ for (let i = 0; i < 2000; i++) {
   const source = `s${i % 3}`;
   const at = model.rank(`u#${rank}`);
   model.learnTtft(at, source, model.weigh(source), work, load, SLOWNESS[rank] * (0.002 * work + 0.01 * load + 0.02));
-  model.learnTpot(at, source, model.weigh(source), load, SLOWNESS[rank] * (0.01 + 0.002 * load));
+  model.learnTpot(at, source, model.weigh(source), load, 0, SLOWNESS[rank] * (0.01 + 0.002 * load));
 }
 
 interface Candidate {

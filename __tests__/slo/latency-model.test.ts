@@ -21,7 +21,7 @@ function teach(model: LatencyModel, count: number, ttftOf = trueTtft, tpotOf = t
     if (!filter(source)) continue;
     const at = model.rank(`u#${rank}`);
     model.learnTtft(at, source, model.weigh(source), work, load, ttftOf(rank, work, load));
-    model.learnTpot(at, source, model.weigh(source), load, tpotOf(rank, load));
+    model.learnTpot(at, source, model.weigh(source), load, 0, tpotOf(rank, load));
   }
 }
 
@@ -33,7 +33,7 @@ function teachFastStreamsOnly(model: LatencyModel, also: (at: RankLatency, sampl
     const { rank, work, load, source } = sample;
     const at = model.rank(`u#${rank}`);
     model.learnTtft(at, source, model.weigh(source), work, load, trueTtft(rank, work, load));
-    if (rank < 2) model.learnTpot(at, source, model.weigh(source), load, trueTpot(rank, load));
+    if (rank < 2) model.learnTpot(at, source, model.weigh(source), load, 0, trueTpot(rank, load));
     also(at, sample);
   }
 }
@@ -69,7 +69,7 @@ describe('LatencyModel', () => {
     expect(Math.abs(model.tpot(model.rank('u#2'), 3) / trueTpot(2, 3) - 1)).toBeLessThan(0.05);
     // Rank 3's streams end, 1.5 × as slow per token as the fast ranks (not 2): 24 ms, from its own.
     const rank3 = model.rank('u#3');
-    for (let i = 0; i < 300; i++) model.learnTpot(rank3, `s${i % 3}`, model.weigh(`s${i % 3}`), i % 9, 1.5 * trueTpot(0, i % 9));
+    for (let i = 0; i < 300; i++) model.learnTpot(rank3, `s${i % 3}`, model.weigh(`s${i % 3}`), i % 9, 0, 1.5 * trueTpot(0, i % 9));
     model.prepare();
     expect(Math.abs(model.tpot(rank3, 3) / (1.5 * trueTpot(0, 3)) - 1)).toBeLessThan(0.05);
   });
@@ -99,9 +99,9 @@ describe('LatencyModel', () => {
     for (const { rank, work, load, source } of samples(2000)) {
       const at = attacked.rank(`u#${rank}`);
       attacked.learnTtft(at, source, attacked.weigh(source), work, load, trueTtft(rank, work, load));
-      attacked.learnTpot(at, source, attacked.weigh(source), load, trueTpot(rank, load));
+      attacked.learnTpot(at, source, attacked.weigh(source), load, 0, trueTpot(rank, load));
       attacked.learnTtft(at, 'evil', attacked.weigh('evil'), work, load, hostile(rank, trueTtft(rank, work, load)));
-      attacked.learnTpot(at, 'evil', attacked.weigh('evil'), load, hostile(rank, trueTpot(rank, load)));
+      attacked.learnTpot(at, 'evil', attacked.weigh('evil'), load, 0, hostile(rank, trueTpot(rank, load)));
     }
     const ratio = (model: LatencyModel, kind: 'ttft' | 'tpot') => model.rank('u#0')[kind].factor / model.rank('u#1')[kind].factor;
     // Rank 0 is as fast as rank 1 for the honest sources, and stays so.

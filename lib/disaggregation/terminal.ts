@@ -127,6 +127,7 @@ export class DisaggregatedTerminal implements Terminal, PoolTerminal {
     // In place, before the request id is read or set: a nominated `X-Request-Id` is the client's
     // connection's, and both legs then carry the same headers (the forwarder's pass finds nothing left).
     this.stripHopByHop(route.headers);
+    route.slo?.prefillsElsewhere();
     const verdict = pool.inputs.headerHint(req, trusted);
     if (req.headers[PREFILL_HINT_HEADER] !== undefined) delete req.headers[PREFILL_HINT_HEADER];
     let prefill: RouteEndpoint | undefined;

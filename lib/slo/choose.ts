@@ -2,7 +2,7 @@
  * The choice with objectives, pure: given each candidate's estimates (from the prefix-aware
  * policy) and the latency model, which candidate a request goes to.
  */
-import type { LatencyModel, RankLatency } from './latency-model';
+import { PREFILL_SECONDS, type LatencyModel, type RankLatency } from './latency-model';
 
 /**
  * The share of an objective a prediction may use and still count as meeting it. A request's
@@ -34,6 +34,8 @@ export class SloEstimates {
   ahead = new Float64Array(0);
   /** Requests in flight there (its load). */
   load = new Float64Array(0);
+  /** When the estimates were made, seconds (`performance.now()`'s clock): the ranks' prefill rates are read as of then. */
+  now = 0;
   /** The policy's own cost (lower is better), the tie-break. */
   cost = new Float64Array(0);
   /** Each candidate's rank in the model. */
@@ -111,7 +113,8 @@ export function chooseWithObjectives(model: LatencyModel, est: SloEstimates, cou
   for (let at = 0; at < count; at++) {
     const rank = ranks[at];
     ttft[at] = model.ttft(rank, ahead[at] + uncached[at], load[at]);
-    tpot[at] = tpotWarm ? model.tpot(rank, load[at] + 1) : 0;
+    // Its own prefill counted with the rank's: the streams decoding there share steps with it.
+    tpot[at] = tpotWarm ? model.tpot(rank, load[at] + 1, rank.prefillRate(est.now) + uncached[at] / PREFILL_SECONDS) : 0;
   }
   out.predicted = true;
   if (ttftGoal === 0 && tpotGoal === 0) {

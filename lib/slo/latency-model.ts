@@ -2,15 +2,23 @@
  * The latency model: per rank, the time to first token (TTFT) and the time per output token
  * (TPOT) a request would see there, learned online from what the router measures itself.
  *
- *   TTFT(r) = k_r × (a·W + b·D + c)      TPOT(r) = m_r × (t0 + t1·D')
+ *   TTFT(r) = k_r × (a·W + b·D + c)      TPOT(r) = m_r × (t0 + t1·D' + t2·P)
  *
  * `W` is the prefill ahead of the request on the rank plus its own uncached part, in the
  * prefix-aware policy's blocks (docs/slo-routing.md); `D` the requests in flight there (its load:
  * every running request slows each engine step), `D'` the same during the request's decode (its
- * own included). The shape (a, b, c, t0, t1) is fitted over every rank by decayed least squares;
+ * own included); `P` the uncached blocks the router sent to the rank per token the stream
+ * decoded (vLLM's chunked prefill computes them in the same steps as the decodes: each slows
+ * every stream there). The shape (a, b, c, t0, t1, t2) is fitted over every rank by decayed least squares;
  * `k_r` and `m_r` are each rank's speed against that shape (a slower GPU, a noisy neighbour).
- * A prediction is five multiply-adds; learning (a few dozen operations, at a first token and at
+ * A prediction is a few multiply-adds; learning (a few dozen operations, at a first token and at
  * a stream's end) and the fits (solved when next read after a sample) stay off the decision.
+ *
+ * Without `P`, the first seconds' streams, slowed by every family prompt's first prefill at a
+ * low load, taught a TPOT flat in the load (0.1–0.4 ms per request in flight against the mock's
+ * 2 ms, for ten seconds and more): interactive streams herded onto the ranks holding their
+ * prefixes (docs/performance.md, "Prefill in the TPOT model"). With it, the fit read the mock's
+ * own costs within seconds (2.0 ms per request, 4.7 ms per block and token).
  *
  * Every observation is bounded: its weight by its source's share ({@link SourceShares}), its
  * value to [¼, 4×] the current prediction once the model is warm. A rank's speed is the median
@@ -21,6 +29,13 @@
 import { DecayedFit } from '../policies/decayed-fit';
 import { SourceShares } from './source-shares';
 
+/**
+ * The time over which a rank's rate of prefill sent is averaged, seconds: about an interactive
+ * answer's decode, the span whose steps the prefill sent now will share.
+ */
+export const PREFILL_SECONDS = 2;
+/** The most of a stream's time a prediction gives to the prefill it shares steps with (the fixed point in `tpot` diverges at all of it). */
+const MAX_PREFILL_SHARE = 0.8;
 /** Samples before the fleet's shape replaces "no prediction". */
 export const WARM_SAMPLES = 16;
 /** Fleet fits follow about the last 512 samples. */
@@ -116,6 +131,25 @@ export class RankLatency {
   tightestTpot = Infinity;
   /** Those objectives, one entry per stream. */
   private readonly goals: number[] = [];
+  /** Uncached blocks sent here, ever: a stream's `P` is their growth over its decode. */
+  prefilled = 0;
+  /** Blocks per second sent here, decayed over {@link PREFILL_SECONDS}, as of `rateAt` (seconds). */
+  private rate = 0;
+  private rateAt = 0;
+
+  /** A request with `blocks` uncached blocks was sent here at `now` (seconds, `performance.now()`'s clock); negative: one counted here was sent elsewhere. */
+  sent(blocks: number, now: number): void {
+    if (!Number.isFinite(blocks) || blocks === 0) return;
+    this.prefilled = Math.max(0, this.prefilled + blocks);
+    this.rate = Math.max(0, this.prefillRate(now) + blocks / PREFILL_SECONDS);
+    this.rateAt = now;
+  }
+
+  /** Uncached blocks per second sent here lately, at `now` (seconds). */
+  prefillRate(now: number): number {
+    const age = now - this.rateAt;
+    return age > 0 ? this.rate * Math.exp(-age / PREFILL_SECONDS) : this.rate;
+  }
 
   /** A stream with TPOT objective `goal` began (`+1`) or stopped (`-1`) decoding here. */
   decoding(goal: number, change: 1 | -1): void {
@@ -135,7 +169,7 @@ export class RankLatency {
 export class LatencyModel {
   private readonly ranks = new Map<string, RankLatency>();
   private readonly ttftFit = new DecayedFit(3, FLEET_DECAY);
-  private readonly tpotFit = new DecayedFit(2, FLEET_DECAY);
+  private readonly tpotFit = new DecayedFit(3, FLEET_DECAY);
   private readonly shares: SourceShares;
   // The shape, read at each decision (refreshed by `prepare`).
   private a = 0;
@@ -143,6 +177,7 @@ export class LatencyModel {
   private c = 0;
   private t0 = 0;
   private t1 = 0;
+  private t2 = 0;
   /** The ranks' mean ratio of TPOT speed to TTFT speed, for a rank whose TPOT is not measured yet (see `tpot`). */
   private tpotPerTtft = 1;
   private speedsStale = false;
@@ -178,7 +213,8 @@ export class LatencyModel {
     this.tpotFit.refresh(true);
     const tpot = this.tpotFit.theta;
     this.t1 = tpot[0];
-    this.t0 = tpot[1];
+    this.t2 = tpot[1];
+    this.t0 = tpot[2];
     if (this.speedsStale) this.relateSpeeds();
   }
 
@@ -202,15 +238,17 @@ export class LatencyModel {
 
   /**
    * Predicted TPOT in seconds on `rank` with `load` requests in flight during the decode (the
-   * request's own included). Before the rank's first TPOT sample, at its TTFT speed (the same
+   * request's own included) and `prefillRate` uncached blocks a second sent there. The blocks a
+   * step computes are that rate times the step's own time, so TPOT = base + t2 × rate × TPOT: its
+   * fixed point. Before the rank's first TPOT sample, at its TTFT speed (the same
    * engine's, learned from first tokens seconds sooner) as the measured ranks relate the two. A
    * rank's TPOT is learned at a stream's end, and a slower GPU taking only long answers (the batch
    * class) showed none for its first ten seconds in `bench:slo`: predicted at the fleet's speed,
    * it drew requests with a TPOT objective it could not meet.
    */
-  tpot(rank: RankLatency, load: number): number {
+  tpot(rank: RankLatency, load: number, prefillRate = 0): number {
     const factor = rank.tpot.samples > 0 ? rank.tpot.factor : rank.ttft.samples > 0 ? rank.ttft.factor * this.tpotPerTtft : 1;
-    return factor * (this.t0 + this.t1 * load);
+    return (factor * (this.t0 + this.t1 * load)) / (1 - Math.min(MAX_PREFILL_SHARE, factor * this.t2 * prefillRate));
   }
 
   /** The source's weight for one more observation (counted). */
@@ -231,23 +269,26 @@ export class LatencyModel {
     if (rank.ttft.agrees(source)) this.ttftFit.add([work, load, 1], y / rank.ttft.factor, weight);
   }
 
-  /** A measured mean TPOT (seconds) of a stream with `load` requests in flight on average during its decode. */
-  learnTpot(rank: RankLatency, source: string, weight: number, load: number, seconds: number): void {
-    if (!(seconds >= 0) || !(load >= 0)) return;
+  /**
+   * A measured mean TPOT (seconds) of a stream with `load` requests in flight on average during
+   * its decode and `prefill` uncached blocks sent to its rank per token it decoded.
+   */
+  learnTpot(rank: RankLatency, source: string, weight: number, load: number, prefill: number, seconds: number): void {
+    if (!(seconds >= 0) || !(load >= 0) || !(prefill >= 0)) return;
     const warm = this.tpotWarm;
     if (warm) this.prepare();
-    const shaped = this.t0 + this.t1 * load;
+    const shaped = this.t0 + this.t1 * load + this.t2 * prefill;
     const predicted = rank.tpot.factor * shaped;
     const y = warm && predicted > 0 ? clip(seconds, predicted) : seconds;
     if (warm && shaped > 0) rank.tpot.learn(source, y, shaped, weight);
     this.speedsStale = true;
-    if (rank.tpot.agrees(source)) this.tpotFit.add([load, 1], y / rank.tpot.factor, weight);
+    if (rank.tpot.agrees(source)) this.tpotFit.add([load, prefill, 1], y / rank.tpot.factor, weight);
   }
 
   /** The shape, for tracing and the docs. */
-  get shape(): { a: number; b: number; c: number; t0: number; t1: number } {
+  get shape(): { a: number; b: number; c: number; t0: number; t1: number; t2: number } {
     this.prepare();
-    return { a: this.a, b: this.b, c: this.c, t0: this.t0, t1: this.t1 };
+    return { a: this.a, b: this.b, c: this.c, t0: this.t0, t1: this.t1, t2: this.t2 };
   }
 }
 

@@ -54,7 +54,10 @@ export class SloTicket implements SloSteer, Objectives {
   private disaggregated = false;
   /** The decision header's note as the decode pick wrote it (replaced by the pair's). */
   private decodeNote = '';
+  /** The uncached blocks counted as sent to `rank` (its prefill rate), until the request is disaggregated. */
+  private sentBlocks = 0;
   private loadAtFirst = 0;
+  private prefilledAtFirst = 0;
   private firstSeconds = NaN;
   private counted = false;
 
@@ -76,10 +79,13 @@ export class SloTicket implements SloSteer, Objectives {
       est.ranks[at] = rank;
       est.tightest[at] = rank.tightestTpot;
     }
+    est.now = performance.now() / 1000;
     const choice = chooseWithObjectives(routing.model, est, count, this, bestAt, routing.choice);
     const at = choice.at;
     this.endpoint = candidates[at] as unknown as Measured;
     this.rank = est.ranks[at];
+    this.sentBlocks = est.uncached[at];
+    this.rank.sent(this.sentBlocks, est.now);
     this.work = est.ahead[at] + est.uncached[at];
     this.load = est.load[at];
     this.predictedTtft = choice.predicted ? est.ttft[at] : NaN;
@@ -99,6 +105,18 @@ export class SloTicket implements SloSteer, Objectives {
 
   private ttftNote(): string {
     return Number.isNaN(this.predictedTtft) ? '' : `; predicted_ttft_ms=${Math.round(this.predictedTtft * 1000)}`;
+  }
+
+  /**
+   * The request is disaggregated: its prompt is computed on a prefill rank, not on the decode
+   * rank it was counted at (the decode pick comes first), whose streams then share no steps with it.
+   */
+  prefillsElsewhere(): void {
+    const { rank, sentBlocks } = this;
+    this.disaggregated = true;
+    if (rank === undefined || sentBlocks === 0) return;
+    this.sentBlocks = 0;
+    rank.sent(-sentBlocks, performance.now() / 1000);
   }
 
   /**
@@ -164,6 +182,7 @@ export class SloTicket implements SloSteer, Objectives {
     const { routing, rank, endpoint } = this;
     if (endpoint === undefined) return;
     this.loadAtFirst = endpoint.load;
+    this.prefilledAtFirst = routing.model.rank(endpoint.key).prefilled;
     if (this.tpot > 0) routing.model.rank(endpoint.key).decoding(this.tpot, +1);
     if (!Number.isNaN(this.predictedTtft)) routing.metrics.predictionError(endpoint.upstream, 'ttft', Math.abs(seconds - this.predictedTtft));
     // Disaggregated, the decode rank's part is what follows the prefill leg's answer (the KV transfer, the queue, a first step).
@@ -182,7 +201,8 @@ export class SloTicket implements SloSteer, Objectives {
       if (!Number.isNaN(this.predictedTpot)) routing.metrics.predictionError(endpoint.upstream, 'tpot', Math.abs(gap - this.predictedTpot));
       const rank = this.rank;
       if (this.evidence && rank !== undefined && !timing.backpressured && timing.after >= MIN_TOKENS) {
-        routing.model.learnTpot(rank, this.source, routing.model.weigh(this.source), (this.loadAtFirst + endpoint.load) / 2, gap);
+        const prefill = (routing.model.rank(endpoint.key).prefilled - this.prefilledAtFirst) / timing.after;
+        routing.model.learnTpot(rank, this.source, routing.model.weigh(this.source), (this.loadAtFirst + endpoint.load) / 2, prefill, gap);
       }
     }
     if (!this.hasObjectives || this.counted) return;

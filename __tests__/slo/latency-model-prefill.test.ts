@@ -1,4 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { PassThrough } from 'node:stream';
 import { chooseWithObjectives, SloEstimates, type SloChoice } from '../../lib/slo/choose';
 import { DecayedFit } from '../../lib/policies/decayed-fit';
 import { LatencyModel, PREFILL_SECONDS } from '../../lib/slo/latency-model';
@@ -162,7 +164,7 @@ describe('SloTicket: the prefill it counts at its rank', () => {
       est.cost[at] = at;
     }
     expect(ticket.steer(candidates, 2, 1)).toBe(1);
-    return { rank: routing.model.rank('u#1'), ticket };
+    return { rank: routing.model.rank('u#1'), ticket, routing, candidates };
   }
 
   it('counts a request’s uncached blocks at the rank it goes to', () => {
@@ -179,5 +181,14 @@ describe('SloTicket: the prefill it counts at its rank', () => {
     // Once: a second call (the prefill pick's) takes nothing more.
     ticket.prefillsElsewhere();
     expect(rank.prefilled).toBe(0);
+  });
+
+  it('moves them with a retry that took the request to another rank', () => {
+    const { rank, ticket, routing, candidates } = routed(40);
+    const answer = Object.assign(new PassThrough(), { statusCode: 200, headers: { 'content-type': 'text/event-stream' } });
+    ticket.answered(candidates[0] as never, answer as unknown as IncomingMessage, { writableNeedDrain: false } as ServerResponse, performance.now());
+    expect(rank.prefilled).toBe(0);
+    expect(routing.model.rank('u#0').prefilled).toBe(40);
+    answer.destroy();
   });
 });

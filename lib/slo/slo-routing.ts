@@ -170,7 +170,16 @@ export class SloTicket implements SloSteer, Objectives {
   answered(endpoint: Measured, answer: IncomingMessage, res: ServerResponse, started: number): void {
     const status = answer.statusCode ?? 0;
     if (status < 200 || status >= 300 || !isEventStreamMediaType(answer.headers['content-type'])) return;
-    if (endpoint !== this.endpoint) this.rank = undefined;
+    if (endpoint !== this.endpoint) {
+      // A retry took it elsewhere: its prompt is computed there.
+      const blocks = this.sentBlocks;
+      if (blocks !== 0 && this.rank !== undefined) {
+        const now = performance.now() / 1000;
+        this.rank.sent(-blocks, now);
+        this.routing.model.rank(endpoint.key).sent(blocks, now);
+      }
+      this.rank = undefined;
+    }
     this.endpoint = endpoint;
     watchStream(answer, res, (timing, complete) => this.ended(timing, complete, started));
   }

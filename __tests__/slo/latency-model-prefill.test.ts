@@ -192,3 +192,43 @@ describe('SloTicket: the prefill it counts at its rank', () => {
     answer.destroy();
   });
 });
+
+describe('LatencyModel: one source against the cost of prefill', () => {
+  /**
+   * 3,000 streams from three honest sources over four ranks, loads 1–12 and 0–3 blocks a token;
+   * with `hostile`, as many again from one source reporting its streams 4 × slower whenever its
+   * rank was being sent a block a token or more: an attempt to make every rank taking new prompts
+   * look slow to everyone's streams.
+   */
+  function taught(hostile: boolean): LatencyModel {
+    const model = new LatencyModel();
+    const random = lcg(48);
+    const teachOne = (rank: number, source: string, load: number, blocks: number, factor: number) => {
+      const at = model.rank(`u#${rank}`);
+      model.learnTtft(at, source, model.weigh(source), 10, load, trueTtft(rank, 10, load));
+      model.learnTpot(at, source, model.weigh(source), load, blocks, trueTpot(rank, load, blocks) * factor);
+    };
+    for (let i = 0; i < 3000; i++) {
+      const rank = i % 4;
+      teachOne(rank, `app${i % 3}`, 1 + Math.floor(random() * 12), random() * 3, 1);
+      if (!hostile) continue;
+      const [load, blocks] = [1 + Math.floor(random() * 12), random() * 3];
+      teachOne(rank, 'evil', load, blocks, blocks >= 1 ? 4 : 1);
+    }
+    model.prepare();
+    return model;
+  }
+
+  it('half the traffic, its streams 4 × slower while their rank is sent prefill: no rank’s predicted TPOT moves by 5 %', () => {
+    const control = taught(false);
+    const attacked = taught(true);
+    for (let rank = 0; rank < 4; rank++) {
+      for (const [load, blocks] of [[2, 0], [10, 0], [4, 2]]) {
+        const truth = trueTpot(rank, load, blocks);
+        for (const model of [control, attacked]) {
+          expect(Math.abs(model.tpot(model.rank(`u#${rank}`), load, blocks / truth) / truth - 1)).toBeLessThan(0.05);
+        }
+      }
+    }
+  });
+});

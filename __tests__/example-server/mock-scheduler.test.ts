@@ -60,12 +60,14 @@ const promptOf = (tag: string, tokens: number) => `${tag} `.padEnd(tokens * 4, `
 
 describe('the timed engine (scheduler)', () => {
   it('runs a half-speed rank at about half the pace of a full-speed one, side by side', async () => {
-    const mock = await startMock({ dataParallelSize: 2, scheduler: { speeds: [1, 0.5], stepMs: 20, stepMsPerSeq: 0 } });
+    // Steps long enough that a loaded machine's late timers (tens of ms a step, added to both ranks
+    // alike) cannot close the gap: 60 ms against 120 ms, still 1.46× with 70 ms added to every step.
+    const mock = await startMock({ dataParallelSize: 2, scheduler: { speeds: [1, 0.5], stepMs: 60, stepMsPerSeq: 0 } });
     const origin = performance.now();
     const [fast, slow] = await Promise.all([stream(mock, 0, 'same prompt', 12, origin), stream(mock, 1, 'same prompt', 12, origin)]);
     expect(fast.tokens).toHaveLength(12);
     expect(slow.tokens).toHaveLength(12);
-    // 12 steps of 20 ms against 12 of 40 ms: the slow rank's stream ends last, taking well over 1.3× as long.
+    // 12 steps of 60 ms against 12 of 120 ms: the slow rank's stream ends last, taking well over 1.3× as long.
     expect(slow.tokens[11]).toBeGreaterThan(fast.tokens[11]);
     expect(slow.tokens[11]).toBeGreaterThan(1.3 * fast.tokens[11]);
   });
@@ -82,9 +84,12 @@ describe('the timed engine (scheduler)', () => {
   });
 
   it('slows every decode as the running batch grows', async () => {
-    const mock = await startMock({ dataParallelSize: 2, scheduler: { stepMs: 10, stepMsPerSeq: 10 } });
+    // The per-sequence cost dominates so that late timers on a loaded machine (CI's Node 26 run
+    // saw a lone stream's 20 ms steps take 92 ms) cannot close the gap: 22 ms against 182 ms a
+    // step is still 2.7× with 70 ms added to every step.
+    const mock = await startMock({ dataParallelSize: 2, scheduler: { stepMs: 2, stepMsPerSeq: 20 } });
     const origin = performance.now();
-    // Rank 0 runs one stream, rank 1 nine at once (steps of 20 ms against 100 ms).
+    // Rank 0 runs one stream, rank 1 nine at once.
     const [alone, ...crowd] = await Promise.all([stream(mock, 0, 'alone', 8, origin), ...Array.from({ length: 9 }, (_, i) => stream(mock, 1, `crowd ${i}`, 8, origin))]);
     const pace = (seen: Seen) => (seen.tokens[7] - seen.tokens[0]) / 7;
     expect(pace(crowd[0])).toBeGreaterThan(2 * pace(alone));

@@ -98,10 +98,14 @@ describe('SLO-aware routing', () => {
     }
     expect(upstream.served[0]).toBeGreaterThan(8);
     const ranks: number[] = [];
-    // 36 ms: met on a fast rank (20 ms a token alone, 25 ms with another stream), not on a slow one (80 ms).
-    for (let i = 0; i < 12; i++) ranks.push((await streamCompletion(gateway.url, prompt(i, 'interactive'), 10, { 'x-slo-tpot-ms': '36', 'x-api-key': 'honest-0' })).rank);
+    // 48 ms: met on a fast rank (20 ms a token alone, 25 ms with another stream), not on a slow one
+    // (80 ms). The fast ranks' predictions, 20–23 ms on an idle machine, read up to 28 ms on a loaded
+    // one; within the headroom (0.8 × 48 = 38.4 ms) they stay candidates (at 36 ms, 28.8, rank 0 fell
+    // out in a full CI-like run and took none).
+    for (let i = 0; i < 12; i++) ranks.push((await streamCompletion(gateway.url, prompt(i, 'interactive'), 10, { 'x-slo-tpot-ms': '48', 'x-api-key': 'honest-0' })).rank);
     // Rank 0 meets the objective for everyone but the hostile client: it keeps taking interactive requests
-    // (the pooled view, the hostile client's third of the weight at up to 4 × the prediction, would put it near 50 ms).
+    // (the pooled view, the hostile client's third of the weight at up to 4 × the prediction, puts it at
+    // ~61 ms, past the objective: with every rank's speed pooled, rank 0 took none of the twelve).
     expect(ranks.filter((rank) => rank === 0).length).toBeGreaterThanOrEqual(4);
     expect(ranks.every((rank) => SPEEDS[rank] === 1)).toBe(true);
     // About 25 s alone (the streams' timing is the test's); more on a loaded machine.

@@ -8,6 +8,11 @@
  * gives its slot back), so loads move as they do under traffic; the `harness` row is that
  * bookkeeping with a constant pick, included in every other row.
  *
+ * With `slo`: the same prefix-aware pick steered by SLO routing (lib/slo), its latency model
+ * warm and every candidate predicted, half the requests with objectives (the choice among the
+ * candidates) and half without (where they cost the others least), side by side with the
+ * unsteered pick of the same run.
+ *
  * Also measured, for context: what a prefix-aware request costs before the pick (JSON.parse
  * and prompt extraction of the body), and the rank handler's whole per-request work
  * (hint stripping, decision, metrics) with and without prom-client metrics.
@@ -35,6 +40,9 @@ import { parseOptions } from '../lib/options';
 import { RequestLifecycle } from '../lib/request/lifecycle';
 import { RouterServices } from '../lib/compose/services';
 import type { PickContext, Policy } from '../lib/types';
+import { createSloMetrics } from '../lib/slo/metrics';
+import { parseSlo } from '../lib/slo/options';
+import { SloRouting, type SloTicket } from '../lib/slo/slo-routing';
 import { fixed, markdownTable, median, parseArgs } from './lib/stats';
 
 const args = parseArgs(process.argv.slice(2));
@@ -55,6 +63,8 @@ const BATCH_MS = QUICK ? 20 : 60;
 const WARM_MS = QUICK ? 250 : 1000;
 const ENDPOINT_COUNTS = [8, 64, 512];
 const PROMPT_SIZES = [1024, 8192, 65536];
+/** The prompt size of the SLO-steered cells. */
+const SLO_PROMPT_BYTES = 8192;
 
 /** Endpoints as the router builds them: upstreams of 8 ranks each. */
 function makeEndpoints(count: number): RouteEndpoint[] {
@@ -176,6 +186,38 @@ function headerPolicies(): Array<[string, () => Policy, readonly PickContext[]]>
   ];
 }
 
+/** Streams each rank's latency model learns from before the SLO cells are timed (three sources, as the model's median needs). */
+const SLO_SAMPLES_PER_RANK = 24;
+
+/**
+ * Pick contexts for the prefix-aware pick steered by SLO routing: one router's `SloRouting`,
+ * its model warm on every endpoint (first tokens and streams at loads 1–12, their prefill
+ * included), a stream with an objective decoding on every other rank (so that the choice checks
+ * what it would break there), and a ticket per prompt, every other one with the bench's
+ * interactive objectives (TTFT 300 ms, TPOT 64 ms), the rest without.
+ */
+function sloContexts(prompts: readonly string[], endpoints: readonly RouteEndpoint[]): Array<PickContext & { readonly slo: SloTicket }> {
+  const routing = new SloRouting(parseSlo('slo', { trust: true }, 'prefix-aware')!, createSloMetrics(undefined));
+  const { model } = routing;
+  for (const [at, endpoint] of endpoints.entries()) {
+    const rank = model.rank(endpoint.key);
+    for (let i = 0; i < SLO_SAMPLES_PER_RANK; i++) {
+      const source = `tenant-${i % 3}`;
+      const load = 1 + (i % 12);
+      model.learnTtft(rank, source, model.weigh(source), 20 + (i % 5) * 10, load, 0.05 + 0.002 * (20 + (i % 5) * 10) + 0.004 * load);
+      model.learnTpot(rank, source, model.weigh(source), load, (i % 4) * 0.5, 0.04 + 0.002 * load + 0.0047 * (i % 4) * 0.5);
+    }
+    if (at % 2 === 0) rank.decoding(0.064, +1);
+  }
+  const objectives = { 'x-slo-ttft-ms': '300', 'x-slo-tpot-ms': '64' };
+  return prompts.map((prompt, i) => ({
+    path: '/v1/completions',
+    affinityKey: undefined,
+    prompt,
+    slo: routing.ticket(i % 2 === 0 ? { ...objectives } : {}, true),
+  }));
+}
+
 function measureBodyCost(size: number): { parseNs: number; extractNs: number } {
   const prompts = makePrompts(size, 16);
   const bodies = prompts.map((prompt, i) => Buffer.from(JSON.stringify({ model: 'bench', max_tokens: 16, user: `u${i}`, prompt })));
@@ -260,6 +302,17 @@ function main(): void {
       cells.push({ policy: 'prefix-aware', endpoints: count, promptBytes: size, nsPerPick: ns, picks });
     }
   }
+  // The SLO-steered pick on the middle prompt size, measured after the unsteered one of the same run.
+  const sloPrompts = makePrompts(SLO_PROMPT_BYTES, 256);
+  for (const count of ENDPOINT_COUNTS) {
+    const endpoints = makeEndpoints(count);
+    const contexts = sloContexts(sloPrompts, endpoints);
+    const { ns, picks } = measurePicks(prefixAware(), endpoints, contexts);
+    // A cold model predicts nothing and steers nothing: the cell would time the unsteered pick.
+    const predicted = contexts.filter((ctx) => !Number.isNaN(ctx.slo.predictedTpot)).length;
+    if (predicted < contexts.length) throw new Error(`bench:decide: ${contexts.length - predicted} of ${contexts.length} SLO-steered picks made no TPOT prediction`);
+    cells.push({ policy: 'prefix-aware + slo', endpoints: count, promptBytes: SLO_PROMPT_BYTES, nsPerPick: ns, picks });
+  }
   const bodyCosts = PROMPT_SIZES.map((size) => ({ bytes: size, ...measureBodyCost(size) }));
   const handler = [
     { policy: 'least-outstanding', metrics: true, ns: measureHandler('least-outstanding', true) },
@@ -284,6 +337,15 @@ function main(): void {
     ['prompt', ...ENDPOINT_COUNTS.map((n) => `${n} endpoints`)],
     PROMPT_SIZES.map((bytes) => [size(bytes), ...ENDPOINT_COUNTS.map((n) => fmt(pickCell('prefix-aware', n, bytes).nsPerPick))]),
   );
+  out += `\n\n## prefix-aware steered by SLO routing (${size(SLO_PROMPT_BYTES)} prompt, model warm, half the requests with objectives)\n\n`;
+  out += markdownTable(
+    ['', ...ENDPOINT_COUNTS.map((n) => `${n} endpoints`)],
+    [
+      ['prefix-aware', ...ENDPOINT_COUNTS.map((n) => fmt(pickCell('prefix-aware', n, SLO_PROMPT_BYTES).nsPerPick))],
+      ['prefix-aware + slo', ...ENDPOINT_COUNTS.map((n) => fmt(pickCell('prefix-aware + slo', n, SLO_PROMPT_BYTES).nsPerPick))],
+      ['ratio', ...ENDPOINT_COUNTS.map((n) => `${fixed(pickCell('prefix-aware + slo', n, SLO_PROMPT_BYTES).nsPerPick / pickCell('prefix-aware', n, SLO_PROMPT_BYTES).nsPerPick, 2)}×`)],
+    ],
+  );
   out += '\n\n## Before the pick: body work a prefix-aware request costs (per request)\n\n';
   out += markdownTable(
     ['prompt', 'JSON.parse(body)', 'extractPrompt(parsed)'],
@@ -307,6 +369,9 @@ function main(): void {
   // Issue 27's bound on the decision cost of predicted time to first token.
   const issue27 = pickCell('prefix-aware', 64, 8192).nsPerPick;
   targets.push({ name: 'prefix-aware ≤ 30 µs per pick at 64 endpoints on an 8 KB prompt (issue 27)', pass: issue27 <= 30_000, figure: fmt(issue27) });
+  // The same bound for the SLO-steered pick: it predicts every candidate, where the unsteered pick may stop early.
+  const slo64 = pickCell('prefix-aware + slo', 64, SLO_PROMPT_BYTES).nsPerPick;
+  targets.push({ name: 'prefix-aware + slo ≤ 30 µs per pick at 64 endpoints on an 8 KB prompt (issue 27\'s bound)', pass: slo64 <= 30_000, figure: fmt(slo64) });
   out += '\n\n## Targets\n\n';
   for (const target of targets) out += `${target.pass ? 'PASS' : 'MISS'} ${target.name}: ${target.figure}\n`;
 

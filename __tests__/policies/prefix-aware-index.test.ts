@@ -76,6 +76,30 @@ describe('BlockIndex.recordChain', () => {
     }
   });
 
+  it('finds the same leading run from any guess (the steered search starts from the previous holder’s run)', () => {
+    const key = 0x7531;
+    const index = new BlockIndex(300, key);
+    const all = chains(11, 600, 40);
+    let guessed = 0;
+    for (const [at, chain] of all.entries()) {
+      index.recordChain(chain, chain.length);
+      if (at % 7 !== 0) continue;
+      // Earlier chains, some partly evicted: the run is the count of leading blocks held, one by one.
+      for (const earlier of all.slice(Math.max(0, at - 40), at + 1)) {
+        let held = 0;
+        while (held < earlier.length && index.has(earlier[held])) held++;
+        for (let guess = 0; guess <= earlier.length + 1; guess++) {
+          expect(index.leadingRun(earlier, earlier.length, 0, undefined, guess)).toBe(held);
+          // With a run to beat, 0 when the run falls short of it, as without a guess.
+          const toBeat = 1 + (guess % earlier.length);
+          expect(index.leadingRun(earlier, earlier.length, toBeat, undefined, guess)).toBe(index.leadingRun(earlier, earlier.length, toBeat));
+          guessed++;
+        }
+      }
+    }
+    expect(guessed).toBeGreaterThan(10_000);
+  });
+
   it('leaves an index as record does when a probe run is full and blocks cannot be added', () => {
     const key = 0x1234567;
     const maxBlocks = 256;

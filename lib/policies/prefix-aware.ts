@@ -112,7 +112,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
    * Completes the cost of `candidates[at]`, a holder of the lead, by its leading run, unless it
    * cannot reach `bound`: then its cost is NaN (it neither wins nor ties). Returns the new bound.
    */
-  function searchAt(at: number, blockCount: number, bound: number): number {
+  function searchAt(at: number, blockCount: number, bound: number, guess = 0): number {
     const cost = candidateCosts[at];
     // Uncached blocks are at least none: skip the search when even none cannot win (or tie).
     if (cost > bound) {
@@ -121,7 +121,7 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
     }
     // To win or tie, the run must reach `toBeat` blocks: one probe tells when it cannot.
     const toBeat = bound === INFINITY ? 0 : ceil(blockCount - (bound - cost) / MISS_WEIGHT - 1e-9);
-    const run = (states.cachedAt(at).index as BlockIndex).leadingRun(blockHashes, blockCount, toBeat, homes);
+    const run = (states.cachedAt(at).index as BlockIndex).leadingRun(blockHashes, blockCount, toBeat, homes, guess);
     const total = cost + MISS_WEIGHT * (blockCount - run);
     // A run cut short (0 below `toBeat`) is of a candidate that cannot be chosen.
     candidateRuns[at] = run;
@@ -217,10 +217,19 @@ export function prefixAware(options: PrefixAwareOptions = {}): PrefixAwarePolicy
       if (cost < bound) bound = cost;
     }
     if (firstHolder >= 0) {
-      // With objectives every holder's run is needed (the cheapest may miss them): no bound.
-      const holderBound = slo === undefined ? bound : INFINITY;
-      bound = min(bound, searchAt(firstHolder, blockCount, holderBound));
-      for (let at = 0; at < candidates.length; at++) if (candidateHolds[at] === 1 && at !== firstHolder) bound = min(bound, searchAt(at, blockCount, slo === undefined ? bound : INFINITY));
+      if (slo === undefined) {
+        bound = min(bound, searchAt(firstHolder, blockCount, bound));
+        for (let at = 0; at < candidates.length; at++) if (candidateHolds[at] === 1 && at !== firstHolder) bound = min(bound, searchAt(at, blockCount, bound));
+      } else {
+        // With objectives every holder's run is needed (the cheapest may miss them): no bound,
+        // but each search starts from the run the one before found (the same, mostly).
+        let guess = 0;
+        for (let at = 0; at < candidates.length; at++) {
+          if (candidateHolds[at] !== 1) continue;
+          bound = min(bound, searchAt(at, blockCount, INFINITY, guess));
+          guess = candidateRuns[at];
+        }
+      }
     }
     let bestAt = 0;
     let bestCost = INFINITY;

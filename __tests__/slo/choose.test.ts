@@ -64,13 +64,14 @@ describe('chooseWithObjectives: requests without objectives', () => {
   it('go to a slow rank only up to its share of the requests in flight', () => {
     // Loads 0, 1, 3, 0: a share of 1. Rank 2 runs 3: its TTFT, 2 × (100 + 30 + 20) = 300 ms, is
     // within 1.5 × its own 240 ms, but it holds more than its share. Rank 3 is queued past its own
-    // time (2 × (220 + 20) against 2 × (100 + 20)). The least loaded fast rank takes it: rank 0.
+    // time (2 × (220 + 20) against 2 × (100 + 20)). A fast rank takes it: rank 1, which already
+    // runs one and no stream with an objective, before idle rank 0 (see “fill a fast rank…” below).
     // (The policy chose rank 3.)
     const est = seenObjective(estimates([{ uncached: 50, load: 0 }, { uncached: 50, load: 1 }, { uncached: 50, load: 3 }, { uncached: 50, ahead: 60, load: 0 }]));
-    expect(chooseWithObjectives(model, est, 4, none, 3, choice()).at).toBe(0);
+    expect(chooseWithObjectives(model, est, 4, none, 3, choice()).at).toBe(1);
   });
 
-  it('with no slow rank that has room, go to the least loaded fast rank that has, not to the policy’s cache holder', () => {
+  it('with no slow rank that has room, go to a fast rank that has, not to the policy’s cache holder queued past its own time', () => {
     // Both slow ranks queued (2 × (50 + 20) = 140 ms against their own 80 ms). The policy's choice,
     // rank 0, holds the prompt but runs 3 (TTFT 0 + 30 + 20 = 50 ms, 2.5 × its own 20 ms); rank 1,
     // idle, misses it all: 2 × 10 + 20 = 40 ms, its own.
@@ -98,6 +99,19 @@ describe('chooseWithObjectives: requests without objectives', () => {
     // rank 1 runs nothing with an objective, its first token 20 + 10 + 20 = 50 ms (its own: 40 ms).
     const est = seenObjective(estimates([{ uncached: 5, load: 1, tightest: 0.03 }, { uncached: 10, load: 1 }, { uncached: 10, ahead: 20, load: 1 }, { uncached: 10, ahead: 20, load: 1 }]));
     expect(chooseWithObjectives(model, est, 4, none, 0, choice()).at).toBe(1);
+  });
+
+  it('fill a fast rank already running requests without objectives before an idle one, even the policy’s choice', () => {
+    // Both slow ranks queued (2 × (60 + 10 + 20) = 180 ms against their own 80 ms). Neither fast
+    // rank runs a stream with an objective: rank 0 runs 2 without (its first token 40 + 20 + 20 =
+    // 80 ms, within 1.5 × its own 60 ms), rank 1 nothing, and the policy chose it. An idle fast rank
+    // given this request is one the next requests with objectives avoid: the batch class would
+    // take another fast rank from them (docs/performance.md, "A third batch rank").
+    const est = seenObjective(estimates([{ uncached: 20, load: 2 }, { uncached: 10, load: 0 }, { uncached: 10, ahead: 20, load: 1 }, { uncached: 10, ahead: 20, load: 1 }]));
+    expect(chooseWithObjectives(model, est, 4, none, 1, choice()).at).toBe(0);
+    // Past 1.5 × its own time (running 4: 40 + 40 + 20 = 100 ms), the idle one.
+    const full = seenObjective(estimates([{ uncached: 20, load: 4 }, { uncached: 10, load: 0 }, { uncached: 10, ahead: 20, load: 1 }, { uncached: 10, ahead: 20, load: 1 }]));
+    expect(chooseWithObjectives(model, full, 4, none, 1, choice()).at).toBe(1);
   });
 
   it('before any TPOT objective is seen, no rank counts as too slow: the policy’s choice, where it has room', () => {

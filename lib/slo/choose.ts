@@ -154,10 +154,14 @@ export function chooseWithObjectives(model: LatencyModel, est: SloEstimates, cou
  * (its capacity, not a faster rank's time). First a rank that serves no objective: predicted,
  * with nothing else running, to miss the TPOT objectives seen (a slower GPU), holding no more
  * than its share of the requests in flight; the policy's cheapest of those. Then a rank where no
- * stream with a TPOT objective is decoding: its prefill and decode slow nobody's objective now.
- * Then the others. Among those, the policy's choice `bestAt` if it is among them; else the
- * least loaded, so that the class spreads over the ranks instead of filling a few that the
- * requests with objectives then avoid (the policy's cost breaks ties). None: the least predicted
+ * stream with a TPOT objective is decoding: its prefill and decode slow nobody's objective now;
+ * one that already runs requests before one that runs none. An idle fast rank given such a
+ * request is one the next requests with objectives avoid (its predicted TPOT counts the prefill
+ * sent there), and while it holds the class it gets more of it: in `bench:slo` an overflow from
+ * the ranks already serving the class turned a third fast rank into one (docs/performance.md,
+ * "A third batch rank"). Then the others. Among those, the policy's choice `bestAt` if it is
+ * among them; else the least loaded, so that the class spreads over the ranks instead of filling
+ * a few that the requests with objectives then avoid (the policy's cost breaks ties). None: the least predicted
  * TTFT where it breaks no stream's objective, if within {@link YIELD} times the least anywhere,
  * else that least (it yields, it does not starve). (Taking, among the ranks where no stream with
  * an objective decodes, the one where none had for longest first, 8e63731, concentrated the
@@ -170,7 +174,7 @@ function spare(model: LatencyModel, est: SloEstimates, count: number, bestAt: nu
   for (let at = 0; at < count; at++) total += load[at];
   const share = total / count;
   let chosen = -1;
-  let chosenTier = 3;
+  let chosenTier = 4;
   let soonest = 0;
   let soonestSpared = -1;
   for (let at = 0; at < count; at++) {
@@ -181,7 +185,8 @@ function spare(model: LatencyModel, est: SloEstimates, count: number, bestAt: nu
     if (ttft[at] > YIELD * model.ttft(rank, uncached[at], 0)) continue;
     // A slow rank past its share is one of the others: filled further, its queue holds batch first tokens for seconds.
     const slow = model.tpot(rank, 1) > busy;
-    const tier = slow ? (load[at] <= share ? 0 : 2) : tightest[at] === Infinity ? 1 : 2;
+    // Tiers: 0 a slow rank within its share, 1 a fast rank running requests but none with an objective, 2 an idle fast rank, 3 the others.
+    const tier = slow ? (load[at] <= share ? 0 : 3) : tightest[at] === Infinity ? (load[at] > 0 ? 1 : 2) : 3;
     if (tier > chosenTier) continue;
     if (chosen < 0 || tier < chosenTier || (tier === 0 ? less(cost[at], cost[chosen]) : at === bestAt || (chosen !== bestAt && (load[at] < load[chosen] || (load[at] === load[chosen] && less(cost[at], cost[chosen])))))) {
       chosen = at;

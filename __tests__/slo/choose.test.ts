@@ -118,6 +118,9 @@ describe('chooseWithObjectives: requests without objectives', () => {
     // The first scenario without the objective: rank 0, the policy's choice, runs 1: 20 + 10 + 20 = 50 ms against its own 40 ms.
     const est = estimates([{ uncached: 10, load: 1 }, { uncached: 10, load: 1 }, { uncached: 10, load: 0 }, { uncached: 20, load: 0 }]);
     expect(chooseWithObjectives(model, est, 4, none, 0, choice()).at).toBe(0);
+    // Nor is an idle rank kept for a class not seen: the policy's idle choice, not the busy rank 0 (as once one is, above).
+    const idle = estimates([{ uncached: 20, load: 2 }, { uncached: 10, load: 0 }, { uncached: 10, ahead: 20, load: 1 }, { uncached: 10, ahead: 20, load: 1 }]);
+    expect(chooseWithObjectives(model, idle, 4, none, 1, choice()).at).toBe(1);
   });
 });
 

@@ -186,7 +186,8 @@ function spare(model: LatencyModel, est: SloEstimates, count: number, bestAt: nu
     // A slow rank past its share is one of the others: filled further, its queue holds batch first tokens for seconds.
     const slow = model.tpot(rank, 1) > busy;
     // Tiers: 0 a slow rank within its share, 1 a fast rank running requests but none with an objective, 2 an idle fast rank, 3 the others.
-    const tier = slow ? (load[at] <= share ? 0 : 3) : tightest[at] === Infinity ? (load[at] > 0 ? 1 : 2) : 3;
+    // Before any objective is seen there is no class to keep ranks for: an idle rank does not come later.
+    const tier = slow ? (load[at] <= share ? 0 : 3) : tightest[at] === Infinity ? (load[at] > 0 || est.objectiveTpot === 0 ? 1 : 2) : 3;
     if (tier > chosenTier) continue;
     if (chosen < 0 || tier < chosenTier || (tier === 0 ? less(cost[at], cost[chosen]) : at === bestAt || (chosen !== bestAt && (load[at] < load[chosen] || (load[at] === load[chosen] && less(cost[at], cost[chosen])))))) {
       chosen = at;

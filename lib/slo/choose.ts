@@ -155,13 +155,15 @@ export function chooseWithObjectives(model: LatencyModel, est: SloEstimates, cou
  * with nothing else running, to miss the TPOT objectives seen (a slower GPU), holding no more
  * than its share of the requests in flight; the policy's cheapest of those. Then a rank where no
  * stream with a TPOT objective is decoding: its prefill and decode slow nobody's objective now;
- * one that already runs requests before one that runs none. An idle fast rank given such a
- * request is one the next requests with objectives avoid (its predicted TPOT counts the prefill
- * sent there), and while it holds the class it gets more of it: in `bench:slo` an overflow from
- * the ranks already serving the class turned a third fast rank into one (docs/performance.md,
- * "A third batch rank"). Then the others. Among those, the policy's choice `bestAt` if it is
- * among them; else the least loaded, so that the class spreads over the ranks instead of filling
- * a few that the requests with objectives then avoid (the policy's cost breaks ties). None: the least predicted
+ * once an objective has been seen, one that already runs requests before one that runs none. An
+ * idle fast rank given such a request is one the next requests with objectives avoid (its
+ * predicted TPOT counts the prefill sent there), and while it holds the class it gets more of
+ * it: in `bench:slo` an overflow from the ranks serving the class took a third fast rank from the
+ * interactive class (docs/performance.md, "A third batch rank": the order lowered the class's
+ * TTFT p99 and did not stop that in every run). Then the others. Among those, the policy's
+ * choice `bestAt` if it is among them; else the least loaded, so that the class spreads over the
+ * ranks instead of filling a few that the requests with objectives then avoid (the policy's
+ * cost breaks ties). None: the least predicted
  * TTFT where it breaks no stream's objective, if within {@link YIELD} times the least anywhere,
  * else that least (it yields, it does not starve). (Taking, among the ranks where no stream with
  * an objective decodes, the one where none had for longest first, 8e63731, concentrated the

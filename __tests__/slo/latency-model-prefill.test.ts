@@ -3,9 +3,10 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { PassThrough } from 'node:stream';
 import { chooseWithObjectives, SloEstimates, type SloChoice } from '../../lib/slo/choose';
 import { DecayedFit } from '../../lib/policies/decayed-fit';
-import { LatencyModel, PREFILL_SECONDS } from '../../lib/slo/latency-model';
+import { LatencyModel, PREFILL_SECONDS, RankLatency } from '../../lib/slo/latency-model';
 import { createSloMetrics } from '../../lib/slo/metrics';
 import { parseSlo } from '../../lib/slo/options';
+import { sloHooks } from '../../lib/slo/route-hooks';
 import { SloRouting } from '../../lib/slo/slo-routing';
 import type { Endpoint } from '../../lib/types';
 
@@ -150,6 +151,23 @@ describe('chooseWithObjectives with the prefill sent to each rank', () => {
   });
 });
 
+describe('RankLatency: the prefill rate', () => {
+  it('takes back what is left of one request’s part, decayed since it was sent, not the others’', () => {
+    const rank = new RankLatency();
+    rank.sent(40, 10);
+    rank.sent(40, 12);
+    // At 12 s: 20 × e^-1 from the first, 20 from the second.
+    expect(rank.prefillRate(12)).toBeCloseTo(20 * Math.exp(-1) + 20, 6);
+    rank.withdraw(40, 10, 12);
+    expect(rank.prefillRate(12)).toBeCloseTo(20, 6);
+    expect(rank.prefilled).toBe(40);
+    // Never below none, whatever is taken back.
+    rank.withdraw(400, 12, 12);
+    expect(rank.prefillRate(12)).toBe(0);
+    expect(rank.prefilled).toBe(0);
+  });
+});
+
 describe('SloTicket: the prefill it counts at its rank', () => {
   function routed(uncached: number) {
     const routing = new SloRouting(parseSlo('slo', { trust: true }, 'prefix-aware')!, createSloMetrics(undefined));
@@ -181,6 +199,40 @@ describe('SloTicket: the prefill it counts at its rank', () => {
     // Once: a second call (the prefill pick's) takes nothing more.
     ticket.prefillsElsewhere();
     expect(rank.prefilled).toBe(0);
+  });
+
+  it('takes them back when no 2xx answer came (the engine refused it, or none came), and keeps them with one', () => {
+    // One client's requests that vLLM refuses (a prompt past the context length) would otherwise keep the rank's rate up for everyone.
+    for (const answer of [{ statusCode: 400 }, { statusCode: 503 }, null, undefined]) {
+      const { rank, routing, ticket } = routed(40);
+      // Through the route hook the router calls when the response closes.
+      sloHooks(routing).closed({ slo: ticket } as never, undefined as never, answer as IncomingMessage | null | undefined);
+      expect(rank.prefilled).toBe(0);
+      expect(rank.prefillRate(performance.now() / 1000)).toBeLessThan(0.01);
+    }
+    const { rank, ticket } = routed(40);
+    ticket.closed({ statusCode: 200 } as IncomingMessage);
+    expect(rank.prefilled).toBe(40);
+  });
+
+  it('counts nothing for a request it sheds (nothing goes upstream)', () => {
+    const routing = new SloRouting(parseSlo('slo', { trust: true, shed: true }, 'prefix-aware')!, createSloMetrics(undefined));
+    // First tokens of 1 s everywhere, from three sources: an objective of 100 ms is met nowhere.
+    for (let i = 0; i < 40; i++) {
+      const source = `s${i % 3}`;
+      routing.model.learnTtft(routing.model.rank(`u#${i % 2}`), source, routing.model.weigh(source), 10, 1, 1);
+    }
+    const ticket = routing.ticket({ 'x-slo-ttft-ms': '100' }, true);
+    const est = routing.estimates;
+    est.ensure(2);
+    for (let at = 0; at < 2; at++) {
+      est.uncached[at] = 40;
+      est.ahead[at] = 0;
+      est.load[at] = 0;
+      est.cost[at] = at;
+    }
+    expect(ticket.steer([{ key: 'u#0' }, { key: 'u#1' }] as unknown as Endpoint[], 2, 0)).toBe(-1);
+    for (const key of ['u#0', 'u#1']) expect(routing.model.rank(key).prefilled).toBe(0);
   });
 
   it('moves them with a retry that took the request to another rank', () => {

@@ -137,11 +137,24 @@ export class RankLatency {
   private rate = 0;
   private rateAt = 0;
 
-  /** A request with `blocks` uncached blocks was sent here at `now` (seconds, `performance.now()`'s clock); negative: one counted here was sent elsewhere. */
+  /** A request with `blocks` uncached blocks was sent here at `now` (seconds, `performance.now()`'s clock). */
   sent(blocks: number, now: number): void {
-    if (!Number.isFinite(blocks) || blocks === 0) return;
-    this.prefilled = Math.max(0, this.prefilled + blocks);
-    this.rate = Math.max(0, this.prefillRate(now) + blocks / PREFILL_SECONDS);
+    if (!(blocks > 0) || !Number.isFinite(blocks)) return;
+    this.prefilled += blocks;
+    this.rate = this.prefillRate(now) + blocks / PREFILL_SECONDS;
+    this.rateAt = now;
+  }
+
+  /**
+   * Takes back `blocks` counted by {@link sent} at `sentAt`: the request's prompt was not computed
+   * here after all (computed elsewhere, or the engine refused the request). What is left of its
+   * part of the rate, decayed since, is removed, not the part of other requests.
+   */
+  withdraw(blocks: number, sentAt: number, now: number): void {
+    if (!(blocks > 0) || !Number.isFinite(blocks)) return;
+    this.prefilled = Math.max(0, this.prefilled - blocks);
+    const age = Math.max(0, now - sentAt);
+    this.rate = Math.max(0, this.prefillRate(now) - (blocks / PREFILL_SECONDS) * Math.exp(-age / PREFILL_SECONDS));
     this.rateAt = now;
   }
 

@@ -21,7 +21,8 @@ interface SloCarrier {
 /**
  * SLO routing on the request's way (request/route-hooks.ts): the objectives taken (and their
  * headers removed) at the front, the pick steered by them, a shed answered before anything goes
- * upstream, the predicted TTFT in the decision header, and the stream's timings learned.
+ * upstream, the predicted TTFT in the decision header, the stream's timings learned, and the
+ * prompt counted at its rank taken back when no 2xx answer came.
  */
 export function sloHooks(slo: SloRouting) {
   return {
@@ -45,5 +46,8 @@ export function sloHooks(slo: SloRouting) {
       if (streamed) route.slo?.firstToken(seconds);
     },
     watchesFirstToken: (route: SloCarrier): boolean => route.slo !== undefined,
+    closed(route: SloCarrier, _endpoint: RouteEndpoint, answer: IncomingMessage | null | undefined): void {
+      route.slo?.closed(answer);
+    },
   };
 }

@@ -54,8 +54,9 @@ export class SloTicket implements SloSteer, Objectives {
   private disaggregated = false;
   /** The decision header's note as the decode pick wrote it (replaced by the pair's). */
   private decodeNote = '';
-  /** The uncached blocks counted as sent to `rank` (its prefill rate), until the request is disaggregated. */
+  /** The uncached blocks counted as sent to `rank` (its prefill rate), until taken back, and when (seconds). */
   private sentBlocks = 0;
+  private sentAt = 0;
   private loadAtFirst = 0;
   private prefilledAtFirst = 0;
   private firstSeconds = NaN;
@@ -84,8 +85,6 @@ export class SloTicket implements SloSteer, Objectives {
     const at = choice.at;
     this.endpoint = candidates[at] as unknown as Measured;
     this.rank = est.ranks[at];
-    this.sentBlocks = est.uncached[at];
-    this.rank.sent(this.sentBlocks, est.now);
     this.work = est.ahead[at] + est.uncached[at];
     this.load = est.load[at];
     this.predictedTtft = choice.predicted ? est.ttft[at] : NaN;
@@ -95,6 +94,10 @@ export class SloTicket implements SloSteer, Objectives {
       this.shed = true;
       return -1;
     }
+    // Counted as it goes, so that the next picks see it; taken back if no engine computes it.
+    this.sentBlocks = est.uncached[at];
+    this.sentAt = est.now;
+    this.rank.sent(this.sentBlocks, est.now);
     return at;
   }
 
@@ -112,11 +115,27 @@ export class SloTicket implements SloSteer, Objectives {
    * rank it was counted at (the decode pick comes first), whose streams then share no steps with it.
    */
   prefillsElsewhere(): void {
-    const { rank, sentBlocks } = this;
     this.disaggregated = true;
+    this.takeBack();
+  }
+
+  /** Takes the blocks counted at the rank back (once). */
+  private takeBack(): void {
+    const { rank, sentBlocks } = this;
     if (rank === undefined || sentBlocks === 0) return;
     this.sentBlocks = 0;
-    rank.sent(-sentBlocks, performance.now() / 1000);
+    rank.withdraw(sentBlocks, this.sentAt, performance.now() / 1000);
+  }
+
+  /**
+   * The request's response closed: without a 2xx answer (the engine refused it, or none came) its
+   * prompt was not computed where it was counted. Else one client's requests that vLLM refuses
+   * (a prompt past the context length, say) would keep a rank's prefill rate up, and the
+   * predicted TPOT there, for every client.
+   */
+  closed(answer: IncomingMessage | null | undefined): void {
+    const status = answer?.statusCode ?? 0;
+    if (status < 200 || status >= 300) this.takeBack();
   }
 
   /**
@@ -175,8 +194,9 @@ export class SloTicket implements SloSteer, Objectives {
       const blocks = this.sentBlocks;
       if (blocks !== 0 && this.rank !== undefined) {
         const now = performance.now() / 1000;
-        this.rank.sent(-blocks, now);
+        this.rank.withdraw(blocks, this.sentAt, now);
         this.routing.model.rank(endpoint.key).sent(blocks, now);
+        this.sentAt = now;
       }
       this.rank = undefined;
     }

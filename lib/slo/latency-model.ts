@@ -8,8 +8,9 @@
  * prefix-aware policy's blocks (docs/slo-routing.md); `D` the requests in flight there (its load:
  * every running request slows each engine step), `D'` the same during the request's decode (its
  * own included); `P` the uncached blocks the router sent to the rank per token the stream
- * decoded (vLLM's chunked prefill computes them in the same steps as the decodes: each slows
- * every stream there). The shape (a, b, c, t0, t1, t2) is fitted over every rank by decayed least squares;
+ * decoded (vLLM's chunked prefill computes them in the same steps as the decodes, each slowing
+ * every stream there: 52a31cc vllm/v1/core/sched/scheduler.py:364-498 schedules the running
+ * requests' tokens, then from 548 the waiting requests' prefill from the same step's budget). The shape (a, b, c, t0, t1, t2) is fitted over every rank by decayed least squares;
  * `k_r` and `m_r` are each rank's speed against that shape (a slower GPU, a noisy neighbour).
  * A prediction is a few multiply-adds; learning (a few dozen operations, at a first token and at
  * a stream's end) and the fits (solved when next read after a sample) stay off the decision.

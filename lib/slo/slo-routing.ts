@@ -130,8 +130,10 @@ export class SloTicket implements SloSteer, Objectives {
   /**
    * The request's response closed: without a 2xx answer (the engine refused it, or none came) its
    * prompt was not computed where it was counted. Else one client's requests that vLLM refuses
-   * (a prompt past the context length, say) would keep a rank's prefill rate up, and the
-   * predicted TPOT there, for every client.
+   * would keep a rank's prefill rate up, and the predicted TPOT there, for every client: a prompt
+   * past the context length, say, which vLLM 52a31cc refuses while rendering it, before the engine
+   * sees it (vllm/renderers/params.py:324-348 and 415-437, `VLLMValidationError`), with a 400
+   * (vllm/entrypoints/utils.py:361-366).
    */
   closed(answer: IncomingMessage | null | undefined): void {
     const status = answer?.statusCode ?? 0;
